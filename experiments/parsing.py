@@ -67,3 +67,165 @@ def split_sections(text: str, names: list[str]) -> dict[str, str]:
         if not out[name]:
             out[name] = text[m.end():end].strip()
     return out
+
+
+_NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def extract_rating(text: str, label: str = "Rating", lo: int = 1, hi: int = 5) -> int | None:
+    """Whole-number score after the first ``label:`` (e.g. ``Rating: 4``, ``**Rating:** 4/5``, ``Rating: [4]``,
+    ``Rating: four``). None when the label is missing, the value is not a whole number, or it lies outside lo..hi."""
+    if not text:
+        return None
+    m = re.search(rf"\**{re.escape(label)}\**\s*[:=]\s*\**\s*[\[(]?\s*([0-9]+(?:\.[0-9]+)?|[A-Za-z]+)\b(?!\.[0-9])", text, flags=re.I)
+    if not m:
+        return None
+    token = m.group(1).lower()
+    if token.isdigit():
+        value = int(token)
+    elif token in _NUMBER_WORDS:
+        value = _NUMBER_WORDS[token]
+    else:
+        return None  # "3.5", "high", "<number>"
+    return value if lo <= value <= hi else None
+
+
+# -- multiple choice by choice text, and verdicts (added for CRAFT-MD; generic) ------
+
+LETTERS = "ABCDEFGHIJ"
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"[^a-z0-9]+", " ", (s or "").lower())).strip()
+
+
+def match_choice(text: str, choices: list[str], *, fuzzy_threshold: float | None = 85.0) -> tuple[int | None, str]:
+    """Map a free-text answer to one of ``choices`` (0-based index), or None.
+
+    One rule for every model, in this order (the second value names the step that decided):
+    1. ``letter``: an explicit letter — ``Answer: B``, ``(B)``, ``B)``, ``B.`` or a lone ``B`` at the start;
+    2. ``exact``: the whole answer equals a choice text (case/punctuation-insensitive);
+    3. ``contains``: exactly one choice's text occurs in the answer (the longest wins if one contains another);
+    4. ``fuzzy``: rapidfuzz ``token_set_ratio`` of answer vs each choice; the best one if it is >= the
+       threshold and strictly better than the runner-up;
+    5. ``unparsed``: none of these -> None (counted as wrong by callers).
+    """
+    if not text or not choices:
+        return None, "unparsed"
+    letters = LETTERS[: len(choices)]
+    t = text.strip()
+    m = re.search(rf"(?i:answer|choice|option)\**\s*(?:(?i:is))?\s*[:\-]?\s*\**\s*\(?([{letters}])(?![A-Za-z0-9])", t)
+    if not m:
+        m = re.match(rf"^\W*\(?([{letters}])(?:[).:\]]|\s*$|\s+[-–:])", t)
+    if m:
+        return letters.index(m.group(1).upper()), "letter"
+    nt = _norm(t)
+    normed = [_norm(c) for c in choices]
+    for i, c in enumerate(normed):
+        if c and nt == c:
+            return i, "exact"
+    hits = [i for i, c in enumerate(normed) if c and re.search(rf"(?<![a-z0-9]){re.escape(c)}(?![a-z0-9])", nt)]
+    if hits:
+        hits = [i for i in hits if not any(j != i and normed[i] in normed[j] for j in hits)]
+        if len(hits) == 1:
+            return hits[0], "contains"
+        return None, "unparsed"
+    if fuzzy_threshold is not None:
+        from rapidfuzz import fuzz
+
+        scores = sorted(((fuzz.token_set_ratio(nt, c), i) for i, c in enumerate(normed)), reverse=True)
+        if scores and scores[0][0] >= fuzzy_threshold and (len(scores) == 1 or scores[0][0] > scores[1][0]):
+            return scores[0][1], "fuzzy"
+    return None, "unparsed"
+
+
+def extract_verdict(text: str, yes: tuple[str, ...] = ("yes", "correct", "true", "same"), no: tuple[str, ...] = ("no", "incorrect", "false", "different")) -> bool | None:
+    """First standalone yes-like or no-like word in ``text`` (a ``Verdict:``/``Answer:`` line first), else None."""
+    if not text:
+        return None
+    line = extract_after(text, "Verdict") or extract_after(text, "Answer") or text
+    for src in (line, text):
+        m = re.search(r"(?<![a-z])(" + "|".join(map(re.escape, sorted(yes + no, key=len, reverse=True))) + r")(?![a-z])", src.lower())
+        if m:
+            return m.group(1) in yes
+    return None
+
+
+# -- lists, verdicts, numbers, choices (added for DERA; generic) ----------------------------
+
+_NONE_WORDS = {"none", "nothing", "no concepts", "n/a", "na", "[]", "empty"}
+
+
+def extract_list(text: str) -> list[str] | None:
+    """Items of a list reply: a JSON array, else bullet/numbered lines, else comma-separated.
+
+    ``[]`` / ``none`` give an empty list; an empty or missing reply gives None.
+    """
+    if text is None or not text.strip():
+        return None
+    stripped = text.strip()
+    if stripped.lower().strip(" .") in _NONE_WORDS:
+        return []
+    value = extract_json(stripped)
+    if isinstance(value, list):
+        return [str(v).strip() for v in value if str(v).strip()]
+    lines = [ln.strip() for ln in stripped.splitlines() if ln.strip()]
+    items: list[str] = []
+    for ln in lines:
+        ln = re.sub(r"^(?:[-*•]+|\d+[.)])\s*", "", ln).strip()
+        if len(lines) == 1:
+            items.extend(p.strip() for p in ln.split(","))
+        else:
+            items.append(ln)
+    items = [i.strip().strip('"“”').strip() for i in items]
+    return [i for i in items if i and i.lower().strip(" .") not in _NONE_WORDS]
+
+
+def extract_indices(text: str, n: int) -> list[int] | None:
+    """1-based item numbers in ``1..n`` named by a reply (JSON array or bare numbers), sorted, unique.
+
+    ``[]`` / ``none`` give an empty list; a reply with no number in range gives None.
+    """
+    if text is None or not text.strip():
+        return None
+    if text.strip().lower().strip(" .") in _NONE_WORDS:
+        return []
+    value = extract_json(text)
+    nums = value if isinstance(value, list) else re.findall(r"(?<![\w.])\d+(?![\w.])", text)
+    out = set()
+    for v in nums:
+        try:
+            i = int(v)
+        except (TypeError, ValueError):
+            continue
+        if 1 <= i <= n:
+            out.add(i)
+    if not out and not (isinstance(value, list) and not value):
+        return None
+    return sorted(out)
+
+
+def extract_bool(text: str) -> bool | None:
+    """A True/False (yes/no) verdict: the first such word in the reply, or None."""
+    m = re.search(r"\b(true|false|yes|no)\b", text or "", flags=re.I)
+    if not m:
+        return None
+    return m.group(1).lower() in ("true", "yes")
+
+
+def extract_number(text: str) -> float | None:
+    """The first number in the reply (``0.8``, ``.8``, ``80``), or None."""
+    m = re.search(r"-?\d*\.?\d+", text or "")
+    return float(m.group(0)) if m else None
+
+
+def extract_choice(text: str, letters: str = "ABCDE") -> str | None:
+    """A multiple-choice letter: after ``Answer:`` if present, else the first standalone letter."""
+    if not text:
+        return None
+    after = extract_after(text, "answer")
+    for cand in ([after] if after else []) + [text]:
+        m = re.search(rf"(?<![A-Za-z])\(?([{letters}])\)?(?![A-Za-z])", cand)
+        if m:
+            return m.group(1)
+    return None

@@ -49,12 +49,13 @@ def normalize_for_bleu(text: str) -> list[str]:
     return text.split()
 
 
-def corpus_bleu(hypotheses: list[str], references: list[str], n: int) -> float:
-    """Corpus BLEU-n with uniform weights, x100 (nltk)."""
+def corpus_bleu(hypotheses: list[str], references: list[str], n: int, tokenize=None) -> float:
+    """Corpus BLEU-n with uniform weights, x100 (nltk). ``tokenize`` defaults to ``normalize_for_bleu``."""
     from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu as _bleu
 
-    hyps = [normalize_for_bleu(h) for h in hypotheses]
-    refs = [[normalize_for_bleu(r)] for r in references]
+    tokenize = tokenize or normalize_for_bleu
+    hyps = [tokenize(h) for h in hypotheses]
+    refs = [[tokenize(r)] for r in references]
     weights = tuple([1.0 / n] * n)
     return 100.0 * _bleu(refs, hyps, weights=weights, smoothing_function=SmoothingFunction().method0)
 

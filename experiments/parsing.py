@@ -116,7 +116,7 @@ def match_choice(text: str, choices: list[str], *, fuzzy_threshold: float | None
     t = text.strip()
     m = re.search(rf"(?i:answer|choice|option)\**\s*(?:(?i:is))?\s*[:\-]?\s*\**\s*\(?([{letters}])(?![A-Za-z0-9])", t)
     if not m:
-        m = re.match(rf"^\W*\(?([{letters}])(?:[).:\]]|\s*$|\s+[-–:])", t)
+        m = re.match(rf"^\W*\(?([{letters}])(?:[).:\]]|\s*$|\s*\n|\s+[-–:])", t)
     if m:
         return letters.index(m.group(1).upper()), "letter"
     nt = _norm(t)
@@ -139,19 +139,21 @@ def match_choice(text: str, choices: list[str], *, fuzzy_threshold: float | None
     return None, "unparsed"
 
 
-def extract_verdict(text: str, yes: tuple[str, ...] = ("yes", "correct", "true", "same"), no: tuple[str, ...] = ("no", "incorrect", "false", "different")) -> bool | None:
-    """First standalone yes-like or no-like word in ``text`` (a ``Verdict:``/``Answer:`` line first), else None."""
+def extract_verdict(text: str, yes: tuple[str, ...] = ("yes", "correct", "true", "match", "same"), no: tuple[str, ...] = ("no", "incorrect", "false", "different")) -> bool | None:
+    """A yes/no verdict: the first word after a ``Verdict:`` label if there is one, else the reply's first word.
+
+    Strict on purpose: a judge that rambles ("Decide whether ... correct diagnosis") gives None, not a verdict.
+    """
     if not text:
         return None
-    line = extract_after(text, "Verdict") or extract_after(text, "Answer") or text
-    for src in (line, text):
-        m = re.search(r"(?<![a-z])(" + "|".join(map(re.escape, sorted(yes + no, key=len, reverse=True))) + r")(?![a-z])", src.lower())
-        if m:
-            return m.group(1) in yes
-    return None
+    words = sorted(yes + no, key=len, reverse=True)
+    pattern = r"^[\W_]*(" + "|".join(map(re.escape, words)) + r")(?![a-z])(?!\s*:)"
+    labelled = extract_after(text, "Verdict")
+    m = re.match(pattern, (labelled if labelled is not None else text).strip().lower())
+    return (m.group(1) in yes) if m else None
 
 
-# -- lists, verdicts, numbers, choices (added for DERA; generic) ----------------------------
+# -- lists, numbers, letters (added for DERA; generic) --------------------------------------------
 
 _NONE_WORDS = {"none", "nothing", "no concepts", "n/a", "na", "[]", "empty"}
 

@@ -48,18 +48,28 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Read a JSONL file; raise naming the file and line of anything unreadable."""
-    rows = []
+def iter_jsonl(path: str | Path, *, objects: bool = True):
+    """Yield (line number, value) for each non-blank line of a JSONL file.
+
+    Raise a DataError naming the file and line for invalid JSON, or (with ``objects``) for a
+    line that is not a JSON object. Every data loader reads JSONL through this.
+    """
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-    return rows
+            if objects and not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object")
+            yield lineno, row
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read a JSONL file; raise naming the file and line of anything unreadable."""
+    return [row for _, row in iter_jsonl(path, objects=False)]
 
 
 class RunDir:

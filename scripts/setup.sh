@@ -45,6 +45,23 @@ else
   echo "$WANT" > "$STAMP"
 fi
 
+step "checking Chromium (headless; the report test renders the HTML report with it)"
+if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+  echo "chromium present"
+elif ! command -v apt-get >/dev/null 2>&1; then
+  echo "note: apt-get is not available here; install Chromium yourself (tests/test_report_chromium.py needs a \`chromium\` command)"
+elif [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  echo "installed $(chromium --version 2>/dev/null || echo chromium)"
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  echo "installed $(chromium --version 2>/dev/null || echo chromium)"
+else
+  echo "note: Chromium is missing and installing it needs root: run \`sudo apt-get install chromium\` (used by tests/test_report_chromium.py)"
+fi
+
 step "preparing the embedded default model"
 "$VENV/bin/medstack" models prepare embedded
 echo

@@ -123,7 +123,9 @@ class LLMClient:
         backoff: float = 1.0,
         cache: ResponseCache | None = None,
         allow_remote: bool = False,
+        send_seed: bool = False,
     ):
+        self.send_seed = send_seed  # see _send: seeded sampling crashes the vLLM CPU engine
         if "default" not in endpoints and endpoints:
             endpoints = {**endpoints, "default": next(iter(endpoints.values()))}
         for ep in endpoints.values():
@@ -200,7 +202,9 @@ class LLMClient:
             frequency_penalty=gen.frequency_penalty,
             n=gen.n,
         )
-        if gen.seed is not None:
+        # The seed stays in the cache key but is NOT sent: on the vLLM CPU build (0.32) a seeded request that
+        # hits chunked prefill kills the engine ("CPU Generator does not use offset"), taking the server down.
+        if gen.seed is not None and self.send_seed:
             params["seed"] = gen.seed
         if gen.stop:
             params["stop"] = list(gen.stop)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
-import yaml
 
 from serving.cache import ResponseCache
 from serving.client import Endpoint, GenConfig, LLMClient

@@ -1,0 +1,184 @@
+"""`medstack compare`: CRAFT-MD runs (local or imported) side by side with the same statistics.
+
+Tables of comparisons, each Holm–Bonferroni corrected on its own:
+- ``runs|<format>.<mode>``: every pair of runs, in one format and mode;
+- ``formats|<run>|<mode>``: every pair of formats, within one run and mode (the paper's vignette vs
+  conversational contrast).
+Each pair is paired on case_id (cases scored in both), per-case correctness averaged over trials;
+paired two-sided bootstrap (experiments.stats, 10,000 resamples, fixed seed) and, where every paired
+value is 0/1 (one trial), McNemar's test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from experiments.craftmd.metrics import accuracy, case_scores, formats_modes, per_specialty
+from experiments.craftmd.settings import FORMATS, MODES
+from experiments.results import load_run
+from experiments.stats import holm, mcnemar_test, paired_bootstrap
+from models.errors import MedstackError
+
+
+def load_runs(paths: list[str]) -> list[dict]:
+    runs = []
+    for p in paths:
+        run = load_run(p)
+        name = (run.get("config") or {}).get("name") or Path(p).name
+        run["name"] = name
+        runs.append(run)
+    names = [r["name"] for r in runs]
+    for r in runs:
+        if names.count(r["name"]) > 1:
+            r["name"] = f"{r['name']} ({Path(r['path']).name})"
+    if len({r["name"] for r in runs}) != len(runs):
+        raise MedstackError("two results directories have the same run name and folder name; rename one")
+    return runs
+
+
+def paired_test(sa: dict, sb: dict) -> dict:
+    common = sorted(set(sa) & set(sb))
+    a = [sa[c] for c in common]
+    b = [sb[c] for c in common]
+    out = {"n_paired": len(common)}
+    if not common:
+        return {**out, "mean_diff": None, "p": None, "mcnemar_p": None}
+    t = paired_bootstrap(a, b)
+    out.update(mean_diff=t.mean_diff, diff_ci=[t.low, t.high], p=t.p_value)
+    binary = all(v in (0.0, 1.0) for v in a + b)
+    if binary:
+        m = mcnemar_test(a, b)
+        out.update(mcnemar_p=m["p_value"], mcnemar_table=m["table"])
+    else:
+        out["mcnemar_p"] = None  # per-case values are trial means, not paired binary outcomes
+    return out
+
+
+def _holm_table(tests: list[dict]) -> None:
+    idx = [i for i, t in enumerate(tests) if t.get("p") is not None]
+    adj = holm([tests[i]["p"] for i in idx])
+    for i, p in zip(idx, adj):
+        tests[i]["p_holm"] = p
+    for t in tests:
+        t.setdefault("p_holm", None)
+
+
+def compare(paths: list[str]) -> dict:
+    runs = load_runs(paths)
+    fm_by_run = {r["name"]: formats_modes(r["records"]) for r in runs}
+    acc_rows, tests = [], []
+    scores = {}
+    for r in runs:
+        for f, m in fm_by_run[r["name"]]:
+            acc_rows.append({"run": r["name"], "format": f, "mode": m, **accuracy(r["records"], f, m)})
+            scores[(r["name"], f, m)] = case_scores(r["records"], f, m)
+    # between runs, per format and mode
+    for f in FORMATS:
+        for m in MODES:
+            names = [r["name"] for r in runs if (f, m) in fm_by_run[r["name"]]]
+            table = [{"table": f"runs|{f}.{m}", "a": a, "b": b, "format": f, "mode": m, **paired_test(scores[(a, f, m)], scores[(b, f, m)])}
+                     for a, b in itertools.combinations(names, 2)]
+            _holm_table(table)
+            tests += table
+    # between formats, within a run and mode
+    for r in runs:
+        for m in MODES:
+            fmts = [f for f in FORMATS if (f, m) in fm_by_run[r["name"]]]
+            table = [{"table": f"formats|{r['name']}|{m}", "a": fa, "b": fb, "run": r["name"], "mode": m,
+                      **paired_test(scores[(r["name"], fa, m)], scores[(r["name"], fb, m)])} for fa, fb in itertools.combinations(fmts, 2)]
+            _holm_table(table)
+            tests += table
+    return {
+        "runs": [{"name": r["name"], "path": r["path"], "records": len(r["records"]), "cases": len({x.get("case_id") for x in r["records"]})} for r in runs],
+        "accuracy": acc_rows,
+        "tests": tests,
+        "per_specialty": {r["name"]: per_specialty(r["records"]) for r in runs},
+    }
+
+
+def _f(x, nd=3):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def summary_markdown(result: dict) -> str:
+    L = ["# CRAFT-MD comparison", "", "Runs: " + ", ".join(f"{r['name']} ({r['cases']} cases, {r['records']} records)" for r in result["runs"]), ""]
+    for m in MODES:
+        rows = [a for a in result["accuracy"] if a["mode"] == m]
+        if not rows:
+            continue
+        fmts = [f for f in FORMATS if any(a["format"] == f for a in rows)]
+        L += [f"## {m.upper()} accuracy [95% bootstrap CI] (n = cases)", "", "| run | " + " | ".join(fmts) + " |", "| --- |" + " --- |" * len(fmts)]
+        for r in result["runs"]:
+            cells = []
+            for f in fmts:
+                a = next((x for x in rows if x["run"] == r["name"] and x["format"] == f), None)
+                cells.append("–" if not a or a["accuracy"] is None else f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] n={a['n']}")
+            L.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+        L.append("")
+    L += ["## Paired tests (paired bootstrap on case_id, Holm within each table; McNemar where paired binary)", "",
+          "| table | a | b | n | mean diff (a−b) | p | p (Holm) | McNemar p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in result["tests"]:
+        L.append(f"| {t['table']} | {t['a']} | {t['b']} | {t['n_paired']} | {_f(t.get('mean_diff'))} | {_f(t.get('p'), 4)} | {_f(t.get('p_holm'), 4)} | {_f(t.get('mcnemar_p'), 4)} |")
+    L += ["", "## Per specialty (accuracy, n cases)", "", "| run | specialty | " + " | ".join(f"{f}.{m}" for f in FORMATS for m in MODES) + " |",
+          "| --- | --- |" + " --- |" * (len(FORMATS) * len(MODES))]
+    for run, by in result["per_specialty"].items():
+        for spec, accs in by.items():
+            cells = [(f"{accs[k]['accuracy']:.2f} ({accs[k]['n']})" if k in accs and accs[k]["accuracy"] is not None else "–") for k in (f"{f}.{m}" for f in FORMATS for m in MODES)]
+            L.append(f"| {run} | {spec} | " + " | ".join(cells) + " |")
+    return "\n".join(L) + "\n"
+
+
+def bar_chart(result: dict, path: Path) -> None:
+    """Formats side by side per run, one panel per mode (MCQ, FRQ), 95% CIs as error bars (cf. paper Fig. 2c)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    modes = [m for m in MODES if any(a["mode"] == m for a in result["accuracy"])]
+    names = [r["name"] for r in result["runs"]]
+    fmts = [f for f in FORMATS if any(a["format"] == f for a in result["accuracy"])]
+    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(max(6, 1.8 * len(names) * len(modes) + 2), 4.2), squeeze=False)
+    width = 0.8 / max(1, len(fmts))
+    colors = {"vignette": "#4c72b0", "multiturn": "#dd8452", "singleturn": "#55a868", "summarized": "#c44e52"}
+    for ax, m in zip(axes[0], modes):
+        x = np.arange(len(names))
+        for j, f in enumerate(fmts):
+            vals, lo, hi = [], [], []
+            for n in names:
+                a = next((r for r in result["accuracy"] if r["run"] == n and r["format"] == f and r["mode"] == m), None)
+                v = a["accuracy"] if a and a["accuracy"] is not None else np.nan
+                vals.append(v)
+                lo.append(v - a["ci_low"] if a and a["accuracy"] is not None else 0)
+                hi.append(a["ci_high"] - v if a and a["accuracy"] is not None else 0)
+            pos = x + (j - (len(fmts) - 1) / 2) * width
+            ax.bar(pos, vals, width, yerr=[lo, hi], capsize=3, label=f, color=colors.get(f))
+            for px, v in zip(pos, vals):
+                if np.isnan(v):  # no scored answer: say so, rather than a bar of height 0
+                    ax.text(px, 0.01, "n/a", ha="center", va="bottom", fontsize=7, rotation=90, color="#555")
+        ax.set_xticks(x, names, rotation=15 if len(names) > 3 else 0)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{'4-choice MCQ' if m == 'mcq' else 'FRQ'}")
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="format", loc="lower center", ncol=len(fmts), fontsize=8, frameon=False)
+    fig.suptitle("CRAFT-MD accuracy by format (95% bootstrap CI)")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_compare(paths: list[str], out: str | Path) -> dict:
+    if len(paths) < 1:
+        raise MedstackError("give at least one results directory")
+    result = compare(paths)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "summary.md").write_text(summary_markdown(result))
+    bar_chart(result, out / "accuracy.png")
+    return result

@@ -1,0 +1,144 @@
+"""Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL, both into one case shape.
+
+A case is a dict: ``case_id``, ``vignette``, ``choices`` (list of 4, or [] when the source has
+none), ``answer`` (correct diagnosis text), ``answer_index`` (0-based index into choices, or None),
+``specialty``, ``dataset``. Bad input raises :class:`DataError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from experiments.results import iter_jsonl
+from models.errors import DataError
+from experiments.parsing import match_choice
+
+CSV_COLUMNS = ("case_vignette", "choice_1", "choice_2", "choice_3", "choice_4", "answer", "category", "dataset", "case_id")
+
+
+def answer_index(answer: str, choices: list[str]) -> int | None:
+    """Which choice is the correct answer: the same matcher as for model answers, without the letter step.
+
+    Catches trailing-space variants in the published file ('Melanoma ' vs 'Melanoma'); returns None
+    when the answer matches no choice (one published case: 'Henoch-Scholein vasculitis' vs 'IgA vasculitis').
+    """
+    if not choices:
+        return None
+    stripped = [c.strip().lower() for c in choices]
+    if answer.strip().lower() in stripped:
+        return stripped.index(answer.strip().lower())
+    idx, how = match_choice(answer, choices, fuzzy_threshold=90.0)
+    return idx if how in ("exact", "contains", "fuzzy") else None
+
+
+def load_csv(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in CSV_COLUMNS if c not in header]
+        if missing:
+            raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (expected {', '.join(CSV_COLUMNS)}; an unnamed index column first is allowed)")
+        cases, seen = [], set()
+        for row in reader:
+            line = reader.line_num
+            cid = (row.get("case_id") or "").strip()
+            if not cid:
+                raise DataError(f"{path}:{line}: empty case_id")
+            if cid in seen:
+                raise DataError(f"{path}:{line}: duplicate case_id {cid!r}")
+            seen.add(cid)
+            vignette = (row.get("case_vignette") or "").strip()
+            answer = (row.get("answer") or "").strip()
+            if not vignette or not answer:
+                raise DataError(f"{path}:{line}: case {cid}: empty case_vignette or answer")
+            choices = [(row.get(f"choice_{i}") or "").strip() for i in range(1, 5)]
+            if any(not c for c in choices):
+                raise DataError(f"{path}:{line}: case {cid}: empty choice")
+            cases.append({
+                "case_id": cid, "vignette": vignette, "choices": choices, "answer": answer,
+                "answer_index": answer_index(answer, choices), "specialty": (row.get("category") or "").strip() or "unknown",
+                "dataset": (row.get("dataset") or "").strip(), "source": f"{path.name}:{line}",
+            })
+    return cases
+
+
+def _flatten(value, indent: str = "") -> list[str]:
+    """OSCE sub-objects (nested dicts/lists) as readable lines."""
+    if isinstance(value, dict):
+        lines = []
+        for k, v in value.items():
+            label = k.replace("_", " ")
+            if isinstance(v, (dict, list)):
+                lines.append(f"{indent}{label}:")
+                lines.extend(_flatten(v, indent + "  "))
+            else:
+                lines.append(f"{indent}{label}: {v}")
+        return lines
+    if isinstance(value, list):
+        return [f"{indent}- {', '.join(map(str, value))}"] if all(not isinstance(x, (dict, list)) for x in value) else [l for x in value for l in _flatten(x, indent)]
+    return [f"{indent}{value}"]
+
+
+def osce_vignette(actor: dict) -> str:
+    """The patient-actor section of an OSCE case as a vignette paragraph (what the patient can tell)."""
+    parts = []
+    demo = actor.get("Demographics")
+    if demo:
+        parts.append(f"A {demo}.")
+    if actor.get("History"):
+        parts.append(str(actor["History"]).strip())
+    sym = actor.get("Symptoms") or {}
+    if isinstance(sym, dict):
+        if sym.get("Primary_Symptom"):
+            parts.append(f"Main symptom: {sym['Primary_Symptom']}.")
+        sec = sym.get("Secondary_Symptoms")
+        if sec:
+            parts.append(f"Other symptoms: {', '.join(map(str, sec)) if isinstance(sec, list) else sec}.")
+    for key, label in (("Past_Medical_History", "Past medical history"), ("Medications", "Medications"), ("Current_Medications", "Current medications"),
+                       ("Drug_History", "Drug history"), ("Social_History", "Social history"), ("Review_of_Systems", "Review of systems")):
+        v = actor.get(key)
+        if v:
+            text = v if isinstance(v, str) else "; ".join(l.strip() for l in _flatten(v))
+            parts.append(f"{label}: {str(text).strip().rstrip('.')}.")
+    return " ".join(parts)
+
+
+def load_osce(path: Path) -> list[dict]:
+    """AgentClinic OSCE JSONL: Patient_Actor -> vignette, Correct_Diagnosis -> answer.
+
+    The OSCE cases carry no answer choices, so ``choices`` is [] and only FRQ is asked
+    (MCQ is skipped and recorded as such). Case ids are ``osce_<line-1>``; specialty is 'OSCE'.
+    """
+    cases = []
+    for lineno, row in iter_jsonl(path):
+        osce = row.get("OSCE_Examination")
+        if not isinstance(osce, dict) or not isinstance(osce.get("Patient_Actor"), dict) or not osce.get("Correct_Diagnosis"):
+            raise DataError(f"{path}:{lineno}: expected OSCE_Examination with Patient_Actor and Correct_Diagnosis")
+        choices = osce.get("Choices") or []
+        answer = str(osce["Correct_Diagnosis"]).strip()
+        cases.append({
+            "case_id": str(row.get("id", f"osce_{lineno - 1}")), "vignette": osce_vignette(osce["Patient_Actor"]),
+            "choices": choices, "answer": answer, "answer_index": answer_index(answer, choices) if choices else None,
+            "specialty": "OSCE", "dataset": "agentclinic", "source": f"{path.name}:{lineno}",
+        })
+    return cases
+
+
+def load_cases(path: str | Path, *, specialty: str | None = None, limit: int | None = None) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{p}: no such file")
+    if p.suffix.lower() == ".csv":
+        cases = load_csv(p)
+    elif p.suffix.lower() in (".jsonl", ".json"):
+        cases = load_osce(p)
+    else:
+        raise DataError(f"{p}: unknown case format (expected a CRAFT-MD .csv or an AgentClinic OSCE .jsonl)")
+    if specialty:
+        wanted = specialty.strip().lower()
+        known = sorted({c["specialty"] for c in cases})
+        cases = [c for c in cases if c["specialty"].lower() == wanted]
+        if not cases:
+            raise DataError(f"{p}: no case of specialty {specialty!r}; specialties here: {', '.join(known)}")
+    return cases[:limit] if limit else cases

@@ -1,0 +1,178 @@
+"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> our results format.
+
+Input: a folder of ``*.json`` files, one per case, each with ``case_id``, ``case_vignette``,
+``question``, ``correct_ans`` and ``trial_0`` .. ``trial_4``; a trial holds ``<fmt>_mcq`` /
+``<fmt>_frq`` answers (free text), ``extracted_ans_<fmt>_frq``, ``evaluation_<fmt>_frq`` (0/1),
+``multiturn_conversation`` and ``summarized_conversation``. Output: one record per (case, trial)
+with the same shape as a local run, so `compare` treats both alike.
+
+MCQ mapping (identical for every imported model, and the same matcher local runs use,
+``experiments.parsing.match_choice``): the four choices come from the file (``choices`` /
+``options`` key, or ``A. ...`` lines in ``question``) or, with ``--cases``, from the case CSV by
+``case_id``. The free-text answer is mapped by, in order: an explicit letter; normalized exact
+match of a choice text; exactly one choice text contained in the answer; rapidfuzz
+token_set_ratio >= 85 with a unique best; else unparsed = wrong. Without any choices the answer is
+matched the same way against the correct answer alone (recorded as ``mcq_mapping: answer_only``).
+FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI); a missing one is unscored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from experiments.craftmd import grading
+from experiments.craftmd.data import answer_index, load_cases
+from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
+from experiments.craftmd.protocol import stop_reason_for
+from experiments.craftmd.settings import FORMATS
+from experiments.parsing import match_choice
+from experiments.results import RunDir
+from models.errors import DataError, MedstackError
+
+ROLE_TO_AGENT = {"user": "patient", "patient": "patient", "human": "patient", "assistant": "doctor", "doctor": "doctor", "clinician": "doctor", "model": "doctor"}
+
+
+def choices_from_question(question: str) -> list[str]:
+    found = re.findall(r"^\s*\(?([A-Da-d])[.):]\s*(.+?)\s*$", question or "", flags=re.M)
+    return [t for _, t in found] if len(found) == 4 else []
+
+
+def parse_conversation(conv, where: str) -> list[dict]:
+    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' lines) -> transcript."""
+    if conv is None:
+        return []
+    turns: list[tuple[str, str]] = []
+    if isinstance(conv, str):
+        for line in conv.splitlines():
+            m = re.match(r"^\s*\**\s*(doctor|patient|assistant|user|clinician)\s*\**\s*:\s*(.*)$", line, flags=re.I)
+            if m:
+                turns.append((ROLE_TO_AGENT[m.group(1).lower()], m.group(2).strip()))
+            elif turns and line.strip():
+                turns[-1] = (turns[-1][0], (turns[-1][1] + " " + line.strip()).strip())
+    elif isinstance(conv, list):
+        for i, t in enumerate(conv):
+            if isinstance(t, dict):
+                role, content = str(t.get("role", "")).lower(), t.get("content", "")
+            elif isinstance(t, (list, tuple)) and len(t) == 2:
+                role, content = str(t[0]).lower(), t[1]
+            else:
+                raise DataError(f"{where}: conversation item {i} is neither {{role, content}} nor [role, text]")
+            if role == "system":
+                continue
+            if role not in ROLE_TO_AGENT:
+                raise DataError(f"{where}: conversation item {i} has unknown role {role!r}")
+            turns.append((ROLE_TO_AGENT[role], str(content).strip()))
+    else:
+        raise DataError(f"{where}: multiturn_conversation must be a list or a string")
+    out, turn = [], 0
+    for agent, content in turns:
+        if agent == "doctor":
+            turn += 1
+        out.append({"agent": agent, "content": content, "turn": turn})
+    return out
+
+
+def infer_stop(transcript: list[dict]) -> str | None:
+    if not transcript:
+        return None
+    if transcript[-1]["agent"] == "doctor":
+        return stop_reason_for(transcript[-1]["content"], "Final Diagnosis") or "no_question"
+    return "turn_cap"
+
+
+def mcq_answer(text, choices: list[str], correct: str) -> dict:
+    text = "" if text is None else str(text)
+    if choices:
+        out = grading.parse_mcq(text, choices, answer_index(correct, choices))
+        out["mcq_mapping"] = "choices"
+        return out
+    idx, how = match_choice(text, [correct])
+    return {"answer": text, "choice": None, "choice_text": correct if idx == 0 else None, "parsed_by": how, "correct": int(idx == 0), "mcq_mapping": "answer_only"}
+
+
+def frq_answer(trial: dict, fmt: str) -> dict:
+    ev = trial.get(f"evaluation_{fmt}_frq")
+    extracted = trial.get(f"extracted_ans_{fmt}_frq")
+    try:
+        correct = None if ev is None or ev == "" else int(float(ev))
+    except (TypeError, ValueError):
+        correct = None
+    status = None
+    if isinstance(extracted, str):
+        status = {"multiple": "multiple", "none": "none"}.get(extracted.strip().lower().strip("."), "ok")
+    return {"answer": trial.get(f"{fmt}_frq"), "extracted": extracted, "extraction_status": status,
+            "correct": correct, "grade_source": "published" if correct is not None else "unscored_missing"}
+
+
+def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, dict) or "case_id" not in data:
+        raise DataError(f"{path}: expected an object with case_id, case_vignette, correct_ans and trial_0..")
+    cid = str(data["case_id"])
+    correct = str(data.get("correct_ans") or data.get("answer") or "").strip()
+    if not correct:
+        raise DataError(f"{path}: case {cid}: no correct_ans")
+    case = cases_by_id.get(cid, {})
+    choices = data.get("choices") or data.get("options") or choices_from_question(data.get("question", "")) or case.get("choices") or []
+    if isinstance(choices, dict):
+        choices = [choices[k] for k in sorted(choices)]
+    trials = sorted((k for k in data if re.fullmatch(r"trial_\d+", k)), key=lambda k: int(k.split("_")[1]))
+    if not trials:
+        raise DataError(f"{path}: case {cid}: no trial_<k> entries")
+    records = []
+    for key in trials:
+        trial, k = data[key], int(key.split("_")[1])
+        where = f"{path} ({key})"
+        if not isinstance(trial, dict):
+            raise DataError(f"{where}: expected an object")
+        transcript = parse_conversation(trial.get("multiturn_conversation"), where)
+        answers = {}
+        for fmt in FORMATS:
+            a = {}
+            if f"{fmt}_mcq" in trial:
+                a["mcq"] = mcq_answer(trial[f"{fmt}_mcq"], choices, correct)
+            if f"{fmt}_frq" in trial or f"evaluation_{fmt}_frq" in trial:
+                a["frq"] = frq_answer(trial, fmt)
+            if a:
+                answers[fmt] = a
+        main = (answers.get("multiturn") or {}).get("mcq") or {}
+        records.append({
+            "id": f"{cid}/t{k}", "case_id": cid, "trial": k, "specialty": data.get("category") or data.get("specialty") or case.get("specialty") or "unknown",
+            "dataset": data.get("dataset") or case.get("dataset"), "source": path.name, "model": name, "roles": {"clinical": name},
+            "correct_answer": correct, "choices": choices, "transcript": transcript, "stop_reason": infer_stop(transcript),
+            "n_doctor_turns": sum(t["agent"] == "doctor" for t in transcript), "summary": trial.get("summarized_conversation"),
+            "answers": answers, "correct": main.get("correct"), "correct_metric": "multiturn.mcq",
+            "parse_errors": [f"{f}.mcq: unparsed choice" for f, d in answers.items() if d.get("mcq", {}).get("parsed_by") == "unparsed"],
+            "errors": [], "imported": True,
+        })
+    return records
+
+
+def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | None = None) -> dict:
+    src = Path(src)
+    if not src.is_dir():
+        raise MedstackError(f"{src} is not a folder of CRAFT-MD result files")
+    files = sorted(src.glob("*.json"))
+    if not files:
+        raise DataError(f"{src}: no *.json result files")
+    cases_by_id = {c["case_id"]: c for c in load_cases(cases_csv)} if cases_csv else {}
+    config = {"experiment": "craftmd", "name": name, "imported_from": str(src.resolve()), "cases": cases_csv, "mcq_mapping": "experiments.parsing.match_choice (fuzzy 85)"}
+    converted = [rec for f in files for rec in convert_file(f, name, cases_by_id)]  # all files valid before anything is written
+    rundir = RunDir(Path(out), config)
+    done = rundir.done_ids()
+    for rec in converted:
+        if rec["id"] not in done:
+            rundir.append(rec)
+    rundir.write_identity({"clinical": {"alias": name, "imported_from": str(src.resolve())}})
+    records = rundir.records()
+    metrics = run_metrics(records)
+    metrics["per_specialty"] = per_specialty(records)
+    metrics["mcq_mapping"] = {"answer_only": sum(1 for r in records for d in r["answers"].values() if d.get("mcq", {}).get("mcq_mapping") == "answer_only")}
+    rundir.write_metrics(metrics)
+    rundir.write_summary(summary_markdown(name, metrics))
+    return metrics

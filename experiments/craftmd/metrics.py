@@ -1,0 +1,89 @@
+"""Pure aggregation of CRAFT-MD records (local or imported; same shape).
+
+Per-case correctness is the mean over that case's scored trials; accuracy is the mean of those
+per-case values over cases (equal to the mean over records when every case has the same number of
+trials), with a 95% percentile bootstrap CI over cases. Unscored answers (grader verdict unparseable,
+case answer not among its choices) are left out and counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from experiments.craftmd.settings import FORMATS, MODES
+from experiments.stats import mean_ci
+
+
+def answer_of(record: dict, fmt: str, mode: str) -> dict | None:
+    return ((record.get("answers") or {}).get(fmt) or {}).get(mode)
+
+
+def case_scores(records: list[dict], fmt: str, mode: str) -> dict[str, float]:
+    per = defaultdict(list)
+    for r in records:
+        a = answer_of(r, fmt, mode)
+        if a is not None and a.get("correct") is not None:
+            per[str(r["case_id"])].append(float(a["correct"]))
+    return {cid: sum(v) / len(v) for cid, v in per.items()}
+
+
+def formats_modes(records: list[dict]) -> list[tuple[str, str]]:
+    seen = {(f, m) for r in records for f, d in (r.get("answers") or {}).items() for m in d}
+    return [(f, m) for f in FORMATS for m in MODES if (f, m) in seen]
+
+
+def accuracy(records: list[dict], fmt: str, mode: str) -> dict:
+    scores = case_scores(records, fmt, mode)
+    present = [answer_of(r, fmt, mode) for r in records]
+    present = [a for a in present if a is not None and not a.get("skipped")]
+    ci = mean_ci(scores.values())
+    return {"accuracy": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None, "ci_high": ci.high if ci.n else None,
+            "n": ci.n, "n_answers": len(present), "unscored": sum(a.get("correct") is None for a in present)}
+
+
+def run_metrics(records: list[dict]) -> dict:
+    good = [r for r in records if "error" not in r or r.get("answers")]
+    out: dict = {"records": len(records), "case_errors": len(records) - len(good), "cases": len({r.get("case_id") for r in good})}
+    out["accuracy"] = {f"{f}.{m}": accuracy(good, f, m) for f, m in formats_modes(good)}
+    stops = Counter(r.get("stop_reason") for r in good if r.get("stop_reason"))
+    out["stop_reasons"] = dict(stops)
+    turns = [r.get("n_doctor_turns", 0) for r in good if r.get("transcript")]
+    out["mean_doctor_turns"] = sum(turns) / len(turns) if turns else None
+    n_answers = sum(1 for r in good for d in (r.get("answers") or {}).values() for a in d.values() if not a.get("skipped"))
+    n_parse = sum(len(r.get("parse_errors") or []) for r in good)
+    out["parse_errors"] = n_parse
+    out["parse_error_rate"] = n_parse / n_answers if n_answers else None
+    frq = [a for r in good for d in (r.get("answers") or {}).values() for m, a in d.items() if m == "frq"]
+    out["frq_extraction_status"] = dict(Counter(a.get("extraction_status") for a in frq))
+    out["frq_grade_source"] = dict(Counter(a.get("grade_source") for a in frq))
+    out["request_errors"] = sum(len(r.get("errors") or []) for r in good)
+    return out
+
+
+def per_specialty(records: list[dict]) -> dict:
+    by = defaultdict(list)
+    for r in records:
+        by[r.get("specialty") or "unknown"].append(r)
+    return {s: {f"{f}.{m}": accuracy(rs, f, m) for f, m in formats_modes(rs)} for s, rs in sorted(by.items())}
+
+
+def fmt_acc(a: dict) -> str:
+    if a.get("accuracy") is None:
+        return "–"
+    return f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] (n={a['n']})"
+
+
+def summary_markdown(name: str, metrics: dict) -> str:
+    lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}, case errors: {metrics['case_errors']}", "",
+             "| format | MCQ accuracy [95% CI] | FRQ accuracy [95% CI] |", "| --- | --- | --- |"]
+    acc = metrics["accuracy"]
+    for f in FORMATS:
+        if f"{f}.mcq" in acc or f"{f}.frq" in acc:
+            lines.append(f"| {f} | {fmt_acc(acc.get(f'{f}.mcq', {}))} | {fmt_acc(acc.get(f'{f}.frq', {}))} |")
+    lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}",
+              f"parse errors: {metrics['parse_errors']} (rate {metrics['parse_error_rate']}); FRQ extraction: {metrics['frq_extraction_status']}; "
+              f"FRQ grade source: {metrics['frq_grade_source']}; failed requests: {metrics['request_errors']}"]
+    run = metrics.get("run")
+    if run:
+        lines.append(f"wall time: {run.get('wall_seconds')} s; output tokens/s: {run.get('output_tokens_per_s')}; requests: {run.get('requests')}; cache hits: {run.get('cache_hits')}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,83 @@
+"""CRAFT-MD run settings (YAML -> this class -> run). Every paper number lives in configs/*.yaml."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from experiments.config import RunSettings
+
+FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
+MODES = ("mcq", "frq")
+STOP_REASONS = ("final_diagnosis", "no_question", "turn_cap")
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 128
+
+
+class CraftSettings(RunSettings):
+    experiment: str = "craftmd"
+    name: str | None = None  # run name shown by `compare` (default: the clinical model alias)
+    formats: list[str] = list(FORMATS)
+    mcq: bool = True
+    frq: bool = True
+    trials: int = 5
+    specialty: str | None = None
+    max_turns: int = 10  # doctor turns per conversation (the turn cap)
+    final_marker: str = "Final Diagnosis"
+    roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
+    sampling: dict[str, Sampling] = {
+        "doctor": Sampling(temperature=0.7, max_tokens=96),
+        "patient": Sampling(temperature=0.7, max_tokens=64),
+        "answer": Sampling(temperature=0.7, max_tokens=48),
+        "summarizer": Sampling(temperature=0.0, max_tokens=200),
+        "grader": Sampling(temperature=0.0, max_tokens=32),
+    }
+    # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
+    # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
+    completion_steps: list[str] = []
+    concurrency: int = 16
+
+    @field_validator("completion_steps")
+    @classmethod
+    def _completion_steps(cls, v):
+        bad = [x for x in v if x not in ("answer", "grader", "summarizer")]
+        if bad:
+            raise ValueError(f"unknown completion step(s) {', '.join(bad)}; valid: answer, grader, summarizer")
+        return v
+
+    @field_validator("formats", mode="before")
+    @classmethod
+    def _formats(cls, v):
+        if isinstance(v, str):
+            v = [x.strip() for x in v.split(",") if x.strip()]
+        bad = [x for x in v if x not in FORMATS]
+        if bad:
+            raise ValueError(f"unknown format(s) {', '.join(bad)}; valid: {', '.join(FORMATS)}")
+        return list(v)
+
+    @field_validator("trials", "max_turns")
+    @classmethod
+    def _positive(cls, v):
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling(cls, v):
+        missing = {"doctor", "patient", "answer", "summarizer", "grader"} - set(v)
+        if missing:
+            raise ValueError(f"sampling needs entries for: {', '.join(sorted(missing))}")
+        return v
+
+    @field_validator("roles")
+    @classmethod
+    def _roles(cls, v):
+        missing = {"clinical", "patient", "grader"} - set(v)
+        if missing:
+            raise ValueError(f"roles needs: {', '.join(sorted(missing))}")
+        return {**v, "summarizer": v.get("summarizer") or v["grader"]}

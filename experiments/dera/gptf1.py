@@ -1,0 +1,98 @@
+"""GPT-F1: LLM-judged concept coverage of a predicted summary section against a ground truth.
+
+Per section: the judge lists the medical concepts of each text (extraction), then checks
+which concepts of one list are found in the other text or its list (verification), allowing
+clinically equivalent wording.
+
+    recall    = tp_gt / (tp_gt + fn)      ground-truth concepts found in the prediction
+    precision = tp_pred / (tp_pred + fp)  predicted concepts found in the ground truth
+    F1        = harmonic mean
+
+Conventions (ours; the paper does not say): both lists empty -> P = R = F1 = 1; a ratio with
+an empty denominator otherwise -> 0. A judge reply that cannot be parsed leaves the section
+unscored (P/R/F1 = None, counted), never silently 0. Concept lists are kept in the record.
+"""
+
+from __future__ import annotations
+
+from experiments.dera.calls import CaseLog
+from experiments.dera.settings import GptF1Settings
+from experiments.parsing import extract_indices, extract_list
+
+MAX_CONCEPTS = 40
+
+
+def prf(n_gt: int, tp_gt: int, n_pred: int, tp_pred: int) -> dict:
+    """Precision/recall/F1 from counts (pure)."""
+    if n_gt == 0 and n_pred == 0:
+        return {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    recall = tp_gt / n_gt if n_gt else 0.0
+    precision = tp_pred / n_pred if n_pred else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen, out = set(), []
+    for i in items:
+        k = i.lower().strip(" .")
+        if k and k not in seen:
+            seen.add(k)
+            out.append(i.strip())
+    return out[:MAX_CONCEPTS]
+
+
+async def extract_concepts(log: CaseLog, text: str, settings: GptF1Settings, step: str) -> list[str] | None:
+    if not text.strip():
+        return []
+    r = await log.call(step, "judge", "gptf1_extract", settings.extraction, text=text)
+    items = extract_list(r.text) if r.ok else None
+    if not log.parsed(step, items is not None, r.error or "no concept list in reply", r.text):
+        return None
+    return _dedupe(items)
+
+
+async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: list[str], settings: GptF1Settings, step: str) -> list[int] | None:
+    """1-based numbers of ``list_b`` concepts found in ``snippet`` / ``list_a``."""
+    if not list_b:
+        return []
+    if not snippet.strip() and not list_a:
+        return []
+    numbered = "\n".join(f"{i}. {c}" for i, c in enumerate(list_b, 1))
+    r = await log.call(step, "judge", "gptf1_verify", settings.verification,
+                       snippet=snippet, list_a=", ".join(list_a) or "(none)", list_b=numbered)
+    found = extract_indices(r.text, len(list_b)) if r.ok else None
+    log.parsed(step, found is not None, r.error or "no concept numbers in reply", r.text)
+    return found
+
+
+async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: GptF1Settings, *,
+                        label: str, concept_cache: dict[str, list[str] | None]) -> dict:
+    async def concepts(text: str, who: str):
+        if text not in concept_cache:
+            concept_cache[text] = await extract_concepts(log, text, settings, f"gptf1:{label}:extract_{who}")
+        return concept_cache[text]
+
+    gt_c = await concepts(gt_text, "gt")
+    pred_c = await concepts(pred_text, "pred")
+    out = {"gt_concepts": gt_c, "pred_concepts": pred_c}
+    if gt_c is None or pred_c is None:
+        return {**out, "scored": False, "precision": None, "recall": None, "f1": None}
+    found_gt = await count_found(log, pred_text, pred_c, gt_c, settings, f"gptf1:{label}:recall")
+    found_pred = await count_found(log, gt_text, gt_c, pred_c, settings, f"gptf1:{label}:precision")
+    out.update({"gt_found_in_pred": found_gt, "pred_found_in_gt": found_pred})
+    if found_gt is None or found_pred is None:
+        return {**out, "scored": False, "precision": None, "recall": None, "f1": None}
+    return {**out, "scored": True, **prf(len(gt_c), len(found_gt), len(pred_c), len(found_pred))}
+
+
+async def score_summary(log: CaseLog, gt: dict, pred: dict, sections: list[str], settings: GptF1Settings, *,
+                        label: str, concept_cache: dict | None = None) -> dict:
+    """GPT-F1 per section and the average over the scored sections."""
+    cache = concept_cache if concept_cache is not None else {}
+    per = {}
+    for s in sections:
+        per[s] = await score_section(log, gt.get(s, ""), pred.get(s, ""), settings, label=f"{label}:{s}", concept_cache=cache)
+    scored = [v for v in per.values() if v["scored"]]
+    avg = {k: (sum(v[k] for v in scored) / len(scored) if scored else None) for k in ("precision", "recall", "f1")}
+    return {"sections": per, "average": avg, "unscored_sections": len(per) - len(scored)}

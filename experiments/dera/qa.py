@@ -1,0 +1,191 @@
+"""DERA for open-ended (and multiple-choice) MedQA, SPEC 2.3, with the 1-shot baseline in the same run.
+
+    1. One-shot prompt sampled ``answer.n`` (5) times in one request; majority vote over the
+       exact answer strings = the 1-shot baseline (tie: the first completion among the top answers).
+    2. The vote distribution ("'X' 60%, 'Y' 40%") -> an explanation message that does not commit:
+       the Decider's first message.
+    3. Researcher (teacher: no answer, quotes the question, <= 4 sentences, STOP when done) and
+       Decider (``Answer: ...`` + response) alternate for at most ``max_turns`` turns
+       (a turn = a Researcher message and the Decider's reply).
+    4. Final answer: the one-shot prompt with the whole chat as context, ``final.n`` (5) samples
+       in one request, majority vote = the DERA answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from experiments.dera.calls import CaseLog, case_seed
+from experiments.dera.data import format_options
+from experiments.dera.settings import QASettings
+from experiments.parsing import extract_after, extract_choice, has_marker
+
+LABELS = {"researcher": "Teacher", "decider": "Student"}
+
+
+# -- pure helpers -------------------------------------------------------------------------------
+
+def answer_from_completion(text: str, mcq: bool) -> str | None:
+    """The answer a completion gives: a letter (MCQ), else its first non-empty line with an
+    ``Answer:`` label, surrounding quotes/spaces and a trailing full stop removed."""
+    if not text or not text.strip():
+        return None
+    if mcq:
+        return extract_choice(text)
+    line = next(ln for ln in text.strip().splitlines() if ln.strip()).strip()
+    labelled = extract_after(line, "answer")
+    line = (labelled or line).strip().strip('"“”*').strip()
+    line = line[:-1].rstrip() if line.endswith(".") else line
+    return line or None
+
+
+def majority_vote(answers: list[str | None]) -> str | None:
+    """Most frequent exact string; ties go to the earliest completion among the top answers. None if no answer."""
+    valid = [a for a in answers if a]
+    if not valid:
+        return None
+    counts = Counter(valid)
+    top = max(counts.values())
+    return next(a for a in valid if counts[a] == top)
+
+
+def vote_distribution(answers: list[str | None]) -> list[tuple[str, float]]:
+    """(answer, share) by decreasing share, ties in order of first appearance; unanswered samples excluded."""
+    valid = [a for a in answers if a]
+    if not valid:
+        return []
+    counts = Counter(valid)
+    order = {a: i for i, a in reversed(list(enumerate(valid)))}
+    return [(a, c / len(valid)) for a, c in sorted(counts.items(), key=lambda kv: (-kv[1], order[kv[0]]))]
+
+
+def vote_distribution_text(answers: list[str | None]) -> str:
+    dist = vote_distribution(answers)
+    if not dist:
+        return "no usable answers"
+    return ", ".join(f"'{a}' {round(100 * s)}%" for a, s in dist)
+
+
+def dialogue_text(messages: list[dict]) -> str:
+    if not messages:
+        return "(no messages yet)"
+    return "\n".join(f"{LABELS[m['agent']]}: {m['content']}" for m in messages)
+
+
+# -- protocol -----------------------------------------------------------------------------------
+
+def _options_block(q: dict, settings: QASettings) -> str:
+    return f"Options: {format_options(q.get('options'))}\n" if settings.mcq else ""
+
+
+def _oneshot(q: dict, settings: QASettings) -> tuple[str, dict]:
+    if settings.mcq:
+        return "qa_oneshot_mcq", {"question": q["question_open"] if not q.get("question") else q["question"], "options": format_options(q["options"])}
+    return "qa_oneshot", {"question": q["question_open"]}
+
+
+async def sample_answers(log: CaseLog, step: str, template: str, sampling, settings: QASettings, **values) -> dict:
+    r = await log.call(step, "decider", template, sampling, **values)
+    answers = [answer_from_completion(t, settings.mcq) for t in r.texts]
+    for i, a in enumerate(answers):
+        log.parsed(f"{step}:{i}", a is not None, r.error or "no answer in completion", r.texts[i] if i < len(r.texts) else "")
+    if not r.ok:
+        log.parsed(step, False, r.error or "request failed")
+    return {"completions": r.texts, "answers": answers, "vote": majority_vote(answers),
+            "distribution": vote_distribution(answers), "distribution_text": vote_distribution_text(answers)}
+
+
+async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QASettings) -> dict:
+    question = q["question_open"] if not settings.mcq else (q.get("question") or q["question_open"])
+    transcript = [{"agent": "decider", "content": explanation, "turn": 1}]
+    stop_reason = "turn_cap"
+    opts = _options_block(q, settings)
+    decider_template = "qa_decider_mcq" if settings.mcq else "qa_decider"
+    stated: list[str | None] = []
+
+    def history(tail: list[dict]) -> dict:
+        return {"dialogue": dialogue_text(tail)}
+
+    for _ in range(settings.max_turns):
+        turn = len(transcript) + 1
+        r = await log.call(f"researcher:{turn}", "researcher", "qa_researcher", settings.dialogue, history=transcript, build=history,
+                           question=question, options_block=opts)
+        if not r.ok:
+            stop_reason = "error"
+            break
+        stop = has_marker(r.text, "STOP")
+        transcript.append({"agent": "researcher", "content": r.text.strip() or "STOP", "turn": turn})
+        if stop:
+            stop_reason = "researcher_stop"
+            break
+        turn += 1
+        d = await log.call(f"decider:{turn}", "decider", decider_template, settings.dialogue, history=transcript, build=history,
+                           question=question, options=format_options(q.get("options")))
+        if not d.ok:
+            stop_reason = "error"
+            break
+        said = extract_after(d.text, "answer")
+        if said and settings.mcq:
+            said = extract_choice(said)
+        log.parsed(f"decider:{turn}", bool(said), "no 'Answer: ...' line", d.text)
+        stated.append(said)
+        transcript.append({"agent": "decider", "content": d.text.strip(), "turn": turn, "answer": said})
+    return {"transcript": transcript, "stop_reason": stop_reason, "stated_answers": stated,
+            "turns": sum(1 for m in transcript if m["agent"] == "researcher")}
+
+
+def make_solver(client, settings: QASettings, model: str, scorer):
+    """``scorer(log, q, answers: dict[arm, str|None]) -> dict`` adds the per-arm scores."""
+
+    async def solve(q: dict) -> dict:
+        t0 = time.perf_counter()
+        log = CaseLog(client, case_seed(settings.seed, q["id"]))
+        template, values = _oneshot(q, settings)
+        base = await sample_answers(log, "oneshot", template, settings.answer, settings, **values)
+        opts = _options_block(q, settings)
+        question = values["question"]
+        ex = await log.call("decider:explain", "decider", "qa_explain", settings.explain,
+                            question=question, options_block=opts, distribution=base["distribution_text"])
+        explanation = ex.text.strip() if ex.ok else ""
+        dia = await run_qa_dialogue(log, q, explanation or "(no explanation)", settings)
+        oneshot_prompt = "\n" + _render_oneshot(template, values)
+
+        def final_history(tail):
+            return {"dialogue": dialogue_text(tail), "oneshot": oneshot_prompt}
+
+        final = await sample_answers_with_history(log, settings, dia["transcript"], final_history)
+        answers = {"oneshot": base["vote"], "dera": final["vote"]}
+        rec = {
+            "id": q["id"], "input_id": q["id"], "model": model, "mcq": settings.mcq,
+            "question": question, "gold": q["answer_idx"] if settings.mcq else q["answer"],
+            "gold_text": q["answer"], "options": q.get("options"),
+            "oneshot": base, "explanation": explanation, **dia, "final": final,
+            "answers": answers, "answer_changed": answers["oneshot"] != answers["dera"],
+        }
+        rec["scores"] = await scorer(log, q, answers)
+        dera_correct = rec["scores"]["dera"].get("accuracy" if settings.mcq else "exact")
+        rec["correct"] = None if dera_correct is None else int(dera_correct)
+        rec.update(log.fields())
+        rec["seconds"] = round(time.perf_counter() - t0, 2)
+        return rec
+
+    return solve
+
+
+def _render_oneshot(template: str, values: dict) -> str:
+    from experiments.dera.prompts import render
+
+    return render(template, **values)
+
+
+async def sample_answers_with_history(log: CaseLog, settings: QASettings, transcript: list[dict], build) -> dict:
+    r = await log.call("decider:final", "decider", "qa_final", settings.final, history=transcript, build=build)
+    answers = [answer_from_completion(t, settings.mcq) for t in r.texts]
+    for i, a in enumerate(answers):
+        log.parsed(f"decider:final:{i}", a is not None, "no answer in completion", r.texts[i])
+    if not r.ok:
+        log.parsed("decider:final", False, r.error or "request failed")
+    return {"completions": r.texts, "answers": answers, "vote": majority_vote(answers),
+            "distribution": vote_distribution(answers), "distribution_text": vote_distribution_text(answers),
+            "error": r.error}

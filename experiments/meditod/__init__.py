@@ -1,0 +1,1 @@
+"""MediTOD (Saley et al., 2024): NLU, POL and NLG baselines with the dataset authors' metrics."""

@@ -1,0 +1,372 @@
+"""MediTOD scorers (SPEC 4), pure functions equal to the dataset authors' scorer.
+
+Stable interface: ``score(task, golds, preds, **options) -> dict`` with ``task`` in
+{"nlu", "pol", "nlg"}. ``golds``/``preds`` are aligned lists: for NLU/POL each element is a
+turn's list (``nlu`` / ``actions``); a prediction of ``None`` means "unparseable" (format error,
+scored as empty). For NLG they are strings.
+
+NLU tuples (per intent entry): no slots -> ``(intent,)``; medical slots (name contains
+``_symptom``, ``_medical_history``, ``_family_history``, ``_habit``, ``_medical_test``,
+``_exposure``, ``_medication``) -> ``(intent, slot, value)`` for the head (canonical) and
+``(intent, slot, value, attr, v)`` per other attribute value (lists expanded; no head -> value
+"dummy"), canonical only for the slot family's canonical attributes; occupation / residence /
+travel -> ``(intent, slot, attr, v)``, canonical only for ``status``; basic_information ->
+``(intent, slot, attr, v)``, all canonical; other slots contribute nothing.
+
+POL tuples (per action): no slots -> ``(action,)``; medical slots (``symptom`` exactly, names
+containing medical_history / family_history / habit / medical_test / exposure / medication /
+disease) -> head ``(action, slot, value)`` and per check ``(action, slot, value, type)``
+(canonical) and ``(action, slot, value, type, v)`` (canonical iff the type is canonical for
+the slot); occupation / residence / travel -> ``(action, slot, value)`` non-canonical, check
+types ``(action, slot, type)`` canonical, check values ``(action, slot, type, v)`` canonical iff
+type is ``status``; basic_information -> ``(action, slot, value)`` non-canonical. A malformed
+action contributes nothing (as in the authors' scorer).
+
+Micro P/R/F1 over canonical ("medical"), non-canonical ("non-medical") and all tuples, over the
+turns that are not skipped (NLU: empty gold or a lone slot-less ``inform``; POL: empty gold or a
+lone slot-less ``inquire``). Joint accuracy (tuple sets equal) and the format-error rate are,
+as in the authors' scorer, divided by ALL turns including skipped ones.
+POL Precision@K (K = 1, 4, 8, inf): within each dialogue, prediction i scores 1 if its tuple set
+equals the gold tuple set of any of turns i .. i+K-1 (all turns, none skipped).
+NLG: lower-case + punctuation split (the authors' normalization), corpus BLEU-2/4 x100 (nltk),
+ROUGE-1/L F (rouge-score, mean over pairs), BERTScore F1 (local encoder; mean).
+
+Optional adjudication of non-canonical matches: pass ``judgments`` = {(gold_value, pred_value):
+bool} (e.g. from an LLM asked whether two phrases mean the same); within each tuple group
+(all elements but the value) each gold value is matched to an unused equivalent prediction.
+``adjudication_pairs`` lists the pairs a judge must decide.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections import defaultdict
+from typing import Iterable
+
+SYMPTOM_CANON = ("location", "progression", "severity", "lesion_size", "rash_swollen", "itching", "lesions_peel_off")
+MEDICATION_CANON = ("respone_to", "impact")
+NLU_MEDICAL = ("_medical_history", "_family_history", "_habit", "_medical_test", "_exposure")
+POL_MEDICAL = ("medical_history", "family_history", "habit", "medical_test", "exposure")
+SOCIAL = ("occupation", "residence", "travel")
+P_AT_K = (1, 4, 8, math.inf)
+
+Tuples = tuple[set, set]  # (canonical, non-canonical)
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _values(v) -> list:
+    vals = v if isinstance(v, list) else [v]
+    for x in vals:
+        hash(x)  # unhashable (dict/list) values are malformed, as in the authors' set-based scorer
+    return vals
+
+
+def _items(data) -> list[dict]:
+    """A slot's list of item dicts; anything else is malformed (empty containers give nothing)."""
+    if not data:
+        return []
+    if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+        raise _Malformed(f"slot data must be a list of objects, got {data!r:.60}")
+    return data
+
+
+# ---------------------------------------------------------------- NLU
+
+def nlu_entry_tuples(entry: dict) -> Tuples:
+    """Canonical and non-canonical tuples of one ``{intent, slots}`` entry (raises on malformed)."""
+    if not isinstance(entry, dict) or "intent" not in entry:
+        raise _Malformed("an NLU entry must be an object with 'intent'")
+    intent = entry["intent"]
+    hash(intent)
+    slots = entry.get("slots", {})
+    if not isinstance(slots, dict):
+        raise _Malformed("'slots' must be an object")
+    if len(slots) == 0:
+        return {(intent,)}, set()
+    canon, noncanon = set(), set()
+    for slot, data in slots.items():
+        if "_symptom" in slot:
+            canon_attrs = SYMPTOM_CANON
+        elif any(m in slot for m in NLU_MEDICAL):
+            canon_attrs = ()
+        elif "_medication" in slot:
+            canon_attrs = MEDICATION_CANON
+        else:
+            canon_attrs = None
+        if canon_attrs is not None:
+            for ee in _items(data):
+                if "value" in ee:
+                    head = ee["value"]
+                    hash(head)
+                    canon.add((intent, slot, head))
+                else:
+                    head = "dummy"
+                for key, v in ee.items():
+                    if key == "value":
+                        continue
+                    target = canon if key in canon_attrs else noncanon
+                    target.update((intent, slot, head, key, vv) for vv in _values(v))
+        elif slot in SOCIAL or slot == "basic_information":
+            for ee in _items(data):
+                for key, v in ee.items():
+                    target = canon if (slot == "basic_information" or key == "status") else noncanon
+                    target.update((intent, slot, key, vv) for vv in _values(v))
+    return canon, noncanon
+
+
+def nlu_tuples(nlu) -> Tuples:
+    """Tuples of a whole turn label; raises ``_Malformed``/TypeError on a malformed prediction."""
+    if not isinstance(nlu, list):
+        raise _Malformed("an NLU label must be a list")
+    canon, noncanon = set(), set()
+    for entry in nlu:
+        c, n = nlu_entry_tuples(entry)
+        canon |= c
+        noncanon |= n
+    return canon, noncanon
+
+
+def nlu_skipped(gold: list) -> bool:
+    return len(gold) == 0 or (len(gold) == 1 and gold[0].get("intent") == "inform" and len(gold[0].get("slots", {}) or {}) == 0)
+
+
+# ---------------------------------------------------------------- POL
+
+def pol_action_tuples(entry: dict) -> Tuples:
+    if not isinstance(entry, dict) or "action" not in entry:
+        raise _Malformed("an action must be an object with 'action'")
+    intent = entry["action"]
+    hash(intent)
+    slots = {k: v for k, v in entry.items() if k != "action"}
+    if not slots:
+        return {(intent,)}, set()
+    canon, noncanon = set(), set()
+    for slot, data in slots.items():
+        if slot == "symptom":
+            canon_attrs = SYMPTOM_CANON
+        elif any(m in slot for m in POL_MEDICAL):
+            canon_attrs = ()
+        elif "medication" in slot:
+            canon_attrs = MEDICATION_CANON
+        elif "disease" in slot:
+            canon_attrs = ()
+        else:
+            canon_attrs = None
+        if canon_attrs is not None:
+            if not isinstance(data, list):
+                raise _Malformed("action slot data must be a list")
+            for ee in data:
+                if "value" in ee:
+                    head = ee["value"]
+                    canon.add((intent, slot, head))
+                else:
+                    head = "dummy"
+                for ck in ee.get("checks", []):
+                    ctype = ck.get("type", "dummy")
+                    if "type" in ck:
+                        canon.add((intent, slot, head, ctype))
+                    target = canon if ctype in canon_attrs else noncanon
+                    for vv in ck.get("values", []):
+                        target.add((intent, slot, head, ctype, vv))
+        elif slot in SOCIAL:
+            for item in data:
+                if "value" in item:
+                    noncanon.add((intent, slot, item["value"]))
+                for ck in item.get("checks", []):
+                    ctype = ck.get("type", "dummy")
+                    if "type" in ck:
+                        canon.add((intent, slot, ctype))
+                    target = canon if ctype == "status" else noncanon
+                    for vv in ck.get("values", []):
+                        target.add((intent, slot, ctype, vv))
+        elif slot == "basic_information":
+            for item in data:
+                if "value" in item:
+                    noncanon.add((intent, slot, item["value"]))
+    return canon, noncanon
+
+
+def pol_tuples(actions) -> Tuples:
+    """Tuples of a turn's actions. Like the authors' scorer, a malformed action adds nothing."""
+    if isinstance(actions, dict):
+        actions = [actions]
+    canon, noncanon = set(), set()
+    if not isinstance(actions, list):
+        return canon, noncanon
+    for entry in actions:
+        try:
+            c, n = pol_action_tuples(entry)
+        except Exception:  # noqa: BLE001 - any malformed piece voids that action only
+            continue
+        canon |= c
+        noncanon |= n
+    return canon, noncanon
+
+
+def pol_skipped(gold: list) -> bool:
+    return len(gold) == 0 or (len(gold) == 1 and gold[0].get("action") == "inquire" and len(gold[0]) == 1)
+
+
+# ---------------------------------------------------------------- P/R/F1
+
+def prf(tp: float, fp: float, fn: float) -> tuple[float, float, float]:
+    p = tp / (tp + fp) if tp + fp > 0 else 0.0
+    r = tp / (tp + fn) if tp + fn > 0 else 0.0
+    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    return p, r, f
+
+
+def _groups(tuples: Iterable[tuple]) -> dict[tuple, list]:
+    g: dict[tuple, set] = defaultdict(set)
+    for t in tuples:
+        g[t[:-1]].add(t[-1])
+    return {k: sorted(v, key=lambda x: (-len(str(x)), str(x))) for k, v in g.items()}
+
+
+def _adjudicated_counts(gold: set, pred: set, judgments: dict) -> tuple[int, int, int]:
+    """TP/FP/FN of non-canonical tuples where values of the same group may match by judgment."""
+    tp = fp = fn = 0
+    gg, pg = _groups(gold), _groups(pred)
+    for gid, gvals in gg.items():
+        pvals = pg.get(gid)
+        if pvals is None:
+            fn += len(gvals)
+            continue
+        used: set[int] = set()
+        for gv in gvals:
+            for j, pv in enumerate(pvals):
+                if j not in used and (gv == pv or judgments.get((str(gv), str(pv)), False)):
+                    used.add(j)
+                    tp += 1
+                    break
+            else:
+                fn += 1
+        fp += len(pvals) - len(used)
+    fp += sum(len(v) for k, v in pg.items() if k not in gg)
+    return tp, fp, fn
+
+
+def structured_scores(task: str, golds: list, preds: list, judgments: dict | None = None) -> dict:
+    """NLU / POL micro P/R/F1 (canonical, non-canonical, all), joint accuracy, format errors."""
+    tuples, skipped = (nlu_tuples, nlu_skipped) if task == "nlu" else (pol_tuples, pol_skipped)
+    c = [0, 0, 0]
+    n = [0, 0, 0]
+    joint = format_errors = scored = 0
+    for gold, pred in zip(golds, preds, strict=True):
+        malformed = pred is None or not isinstance(pred, (list, dict) if task == "pol" else list)
+        if skipped(gold):
+            continue
+        scored += 1
+        g_c, g_n = tuples(gold)
+        try:
+            p_c, p_n = tuples(pred)
+        except Exception:  # noqa: BLE001 - any malformed prediction is a format error, scored as empty
+            malformed = True
+            p_c, p_n = set(), set()
+        format_errors += int(malformed)
+        c[0] += len(g_c & p_c)
+        c[1] += len(p_c - g_c)
+        c[2] += len(g_c - p_c)
+        if judgments is not None:
+            tp, fp, fn = _adjudicated_counts(g_n, p_n, judgments)
+        else:
+            tp, fp, fn = len(g_n & p_n), len(p_n - g_n), len(g_n - p_n)
+        n[0] += tp
+        n[1] += fp
+        n[2] += fn
+        joint += int((g_c | g_n) == (p_c | p_n))
+    turns = len(golds)
+    out = {"turns": turns, "scored_turns": scored}
+    for name, counts in (("medical", c), ("non_medical", n), ("", [c[i] + n[i] for i in range(3)])):
+        p, r, f = prf(*counts)
+        pre = f"{name}_" if name else ""
+        out.update({f"{pre}precision": p, f"{pre}recall": r, f"{pre}f1": f, f"{pre}gold_tuples": counts[0] + counts[2]})
+    out["joint_accuracy"] = joint / turns if turns else 0.0
+    out["format_errors"] = format_errors
+    out["format_error_rate"] = format_errors / turns if turns else 0.0
+    return out
+
+
+def precision_at_k(golds: list, preds: list, dialog_ids: list | None = None, ks=P_AT_K) -> dict:
+    """POL Precision@K over all turns, predictions compared within their own dialogue."""
+    groups: dict = defaultdict(list)
+    for i, did in enumerate(dialog_ids if dialog_ids is not None else [None] * len(golds)):
+        groups[did].append(i)
+    out = {}
+    for k in ks:
+        hits = total = 0
+        for idxs in groups.values():
+            gold_sets = [set().union(*pol_tuples(golds[i])) for i in idxs]
+            for a, i in enumerate(idxs):
+                pred = set().union(*pol_tuples(preds[i])) if preds[i] is not None else set()
+                end = len(idxs) if k == math.inf else min(a + int(k), len(idxs))
+                hits += int(any(pred == gold_sets[b] for b in range(a, end)))
+                total += 1
+        out[f"p@{'inf' if k == math.inf else int(k)}"] = hits / total if total else 0.0
+    return out
+
+
+def adjudication_pairs(task: str, golds: list, preds: list) -> list[tuple[str, str]]:
+    """The (gold value, predicted value) pairs of non-canonical groups present in both (scored turns only)."""
+    tuples, skipped = (nlu_tuples, nlu_skipped) if task == "nlu" else (pol_tuples, pol_skipped)
+    pairs: set = set()
+    for gold, pred in zip(golds, preds):
+        if skipped(gold) or pred is None:
+            continue
+        try:
+            p_n = tuples(pred)[1]
+        except Exception:  # noqa: BLE001
+            continue
+        gg, pg = _groups(tuples(gold)[1]), _groups(p_n)
+        for gid, gvals in gg.items():
+            for gv in gvals:
+                for pv in pg.get(gid, []):
+                    if gv != pv:
+                        pairs.add((str(gv), str(pv)))
+    return sorted(pairs)
+
+
+# ---------------------------------------------------------------- NLG
+
+def normalize_text(text: str) -> str:
+    """The authors' NLG normalization: strip, tabs to spaces, lower-case, space out ASCII punctuation."""
+    text = text.strip().replace("\t", " ").lower()
+    for p in string.punctuation:
+        text = text.replace(p, f" {p} ")
+    return " ".join(text.split())
+
+
+def nlg_scores(golds: list[str], preds: list[str], *, encoder: str | None = None, bertscore: bool = True) -> dict:
+    from experiments.metrics.text import bertscore_f1, corpus_bleu, rouge
+
+    g = [normalize_text(x) for x in golds]
+    p = [normalize_text(x or "") for x in preds]
+    out = {"turns": len(golds), "empty_predictions": sum(1 for x in p if not x)}
+    out["bleu2"] = corpus_bleu(p, g, 2, tokenize=str.split) if g else 0.0
+    out["bleu4"] = corpus_bleu(p, g, 4, tokenize=str.split) if g else 0.0
+    out.update(rouge(p, g))
+    if bertscore:
+        f = bertscore_f1(p, g, model_path=encoder)
+        out["bertscore_f1"] = sum(f) / len(f) if f else 0.0
+    return out
+
+
+# ---------------------------------------------------------------- entry point
+
+def score(task: str, golds: list, preds: list, *, dialog_ids: list | None = None, judgments: dict | None = None,
+          encoder: str | None = None, bertscore: bool = True) -> dict:
+    """All metrics of ``task`` for aligned gold/prediction lists (see module docstring)."""
+    if len(golds) != len(preds):
+        raise ValueError(f"{len(golds)} gold labels but {len(preds)} predictions")
+    if task == "nlg":
+        return nlg_scores(golds, preds, encoder=encoder, bertscore=bertscore)
+    if task not in ("nlu", "pol"):
+        raise ValueError(f"unknown task {task!r}")
+    out = structured_scores(task, golds, preds, judgments)
+    if task == "pol":
+        out.update(precision_at_k(golds, preds, dialog_ids))
+    return out

@@ -1,0 +1,1 @@
+"""One self-contained offline HTML report over results directories (`medstack report`)."""

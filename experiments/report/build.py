@@ -1,0 +1,230 @@
+"""Build the report: results directories -> a view model -> one self-contained HTML file.
+
+All content goes through Jinja2 autoescaping (model output can hold anything, including
+markup); CSS and JS are inlined from ``templates/``; charts are embedded as base64 PNG.
+Records of any study render: the shared conventions get dedicated views (``transcript``,
+``scratchpad``, ``correct`` and grades, ``prediction`` next to ``gold``, ``error``), every
+other field goes into a collapsible JSON block.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from experiments.report.collect import find_runs, load_run_dir
+
+TEMPLATES = Path(__file__).with_name("templates")
+SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback"}
+GRADE_KEY = re.compile(r"correct|diagnos|answer|extract|grade|verdict|score|accuracy|label|outcome|status", re.I)
+NOT_GRADES = re.compile(r"reply|raw|prompt|hash|roles|usage|timing|tokens", re.I)
+GOLD_KEYS = ("gold", "target", "reference")  # MediTOD writes its gold label as `target`
+
+
+def _is_scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def fmt(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if isinstance(v, bool) else "-"
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.0f}"
+    if isinstance(v, (list, tuple)) and all(_is_scalar(x) for x in v):
+        text = ", ".join(fmt(x) for x in v)
+        return text if len(text) <= 200 else text[:200] + " ..."
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, ensure_ascii=False, default=str)[:300]
+    return str(v)
+
+
+# ---------------------------------------------------------------- metrics tables
+
+def metric_tables(data, title: str = "overview") -> list[dict]:
+    """Flatten nested metrics into tables: scalars of one level -> key/value table; a dict of
+    flat dicts -> one matrix (rows x union of keys); a list of dicts -> one table."""
+    if not isinstance(data, dict):
+        return [{"title": title, "columns": ["value"], "rows": [[fmt(data)]]}]
+    pairs, tables = [], []
+    for k, v in data.items():
+        name = f"{title}.{k}" if title != "overview" else str(k)
+        if _is_scalar(v) or (isinstance(v, list) and all(_is_scalar(x) for x in v)):
+            pairs.append([str(k), fmt(v)])
+        elif isinstance(v, list) and all(isinstance(x, dict) for x in v):
+            cols = list(dict.fromkeys(c for x in v for c in x))
+            if len(cols) > 10:  # wide: one column per entry instead
+                tables.append({"title": name, "columns": ["", *(str(i + 1) for i in range(len(v)))],
+                               "rows": [[c, *(fmt(x.get(c)) for x in v)] for c in cols]})
+            else:
+                tables.append({"title": name, "columns": cols, "rows": [[fmt(x.get(c)) for c in cols] for x in v]})
+        elif isinstance(v, dict) and v and all(isinstance(x, dict) and all(_is_scalar(y) for y in x.values()) for x in v.values()):
+            cols = list(dict.fromkeys(c for x in v.values() for c in x))
+            tables.append({"title": name, "columns": ["", *cols], "rows": [[str(r), *(fmt(x.get(c)) for c in cols)] for r, x in v.items()]})
+        elif isinstance(v, dict):
+            tables += metric_tables(v, name)
+        else:
+            pairs.append([str(k), fmt(v)])
+    head = [{"title": title, "columns": ["metric", "value"], "rows": pairs}] if pairs else []
+    return head + tables
+
+
+# ---------------------------------------------------------------- cases
+
+def outcome(rec: dict) -> str:
+    if rec.get("error") or rec.get("request_error"):
+        return "error"
+    c = rec.get("correct")
+    if isinstance(c, (bool, int, float)):
+        return "correct" if c == 1 else "incorrect" if c == 0 else "unscored"
+    return "unscored"
+
+
+def _text(v, sep: str = "\n\n") -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return sep.join(v)
+    return json.dumps(v, indent=2, ensure_ascii=False, default=str)
+
+
+def _turns(transcript) -> list[dict]:
+    if not isinstance(transcript, list):
+        return [{"agent": "?", "turn": "", "content": _text(transcript)}]
+    out = []
+    for i, t in enumerate(transcript):
+        if isinstance(t, dict):
+            agent = str(t.get("agent") or t.get("role") or "?")
+            out.append({"agent": agent, "turn": t.get("turn", i), "content": _text(t.get("content", t.get("text", "")))})
+        else:
+            out.append({"agent": "?", "turn": i, "content": _text(t)})
+    return out
+
+
+def _short(v, n: int = 160):
+    return v[:n] + " ..." if isinstance(v, str) and len(v) > n else v
+
+
+def nested_grades(rec: dict) -> dict | None:
+    """Grade-like fields of nested answers (e.g. CRAFT-MD's answers[format][mcq|frq]) as one table."""
+    rows = []
+
+    def walk(path: str, d: dict, depth: int) -> None:
+        leaf = {k: _short(v) for k, v in d.items() if _is_scalar(v) and GRADE_KEY.search(k) and not NOT_GRADES.search(k)}
+        if leaf:
+            rows.append((path, leaf))
+        if depth < 3:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(f"{path}.{k}", v, depth + 1)
+
+    for k, v in rec.items():
+        if k not in SPECIAL and isinstance(v, dict) and not NOT_GRADES.search(k):
+            walk(k, v, 1)
+    if not rows:
+        return None
+    cols = list(dict.fromkeys(c for _, leaf in rows for c in leaf))
+    return {"columns": ["", *cols], "rows": [[path, *(fmt(leaf.get(c)) if c in leaf else "" for c in cols)] for path, leaf in rows]}
+
+
+def case_view(rec: dict, run_model: str) -> dict:
+    grades = [[k, fmt(_short(v))] for k, v in rec.items()
+              if k not in SPECIAL and GRADE_KEY.search(k) and not NOT_GRADES.search(k) and _is_scalar(v)]
+    if "correct" in rec:
+        grades.insert(0, ["correct", fmt(rec["correct"])])
+    gold_key = next((k for k in GOLD_KEYS if k in rec), None)
+    rest = {k: v for k, v in rec.items() if k not in SPECIAL and not (k == gold_key and "prediction" in rec)}
+    error = rec.get("error") or rec.get("request_error")
+    return {
+        "id": str(rec.get("id", "?")),
+        "model": str(rec.get("model") or run_model or "?"),
+        "outcome": outcome(rec),
+        "turns": _turns(rec["transcript"]) if "transcript" in rec else [],
+        "grades": grades,
+        "nested_grades": nested_grades(rec),
+        "scratchpad": _text(rec["scratchpad"], "\n") if rec.get("scratchpad") not in (None, "", []) else None,
+        "prediction": _text(rec["prediction"]) if "prediction" in rec else None,
+        "gold": _text(rec[gold_key]) if gold_key and ("prediction" in rec or gold_key == "gold") else None,
+        "gold_label": gold_key or "gold",
+        "error": _text(error) if error else None,
+        "traceback": rec.get("traceback"),
+        "rest": json.dumps(rest, indent=2, ensure_ascii=False, default=str) if rest else None,
+    }
+
+
+# ---------------------------------------------------------------- runs
+
+def _run_model(run: dict) -> str:
+    roles = run["config"].get("roles") if isinstance(run["config"].get("roles"), dict) else {}
+    spec = roles.get("default") or next(iter(roles.values()), None) if roles else None
+    if not spec and run["config"].get("model"):
+        spec = run["config"]["model"]
+    if not spec and isinstance(run.get("bench"), dict):
+        spec = (run["bench"].get("config") or {}).get("model")
+    if not spec and isinstance(run.get("identity"), dict):
+        models = run["identity"].get("models") or {}
+        first = models.get("default") or next(iter(models.values()), None) if isinstance(models, dict) else None
+        spec = first.get("alias") if isinstance(first, dict) else first
+    return str(spec).partition("@")[0] if spec else ""
+
+
+def run_view(run: dict, idx: int, max_cases: int) -> dict:
+    model = _run_model(run)
+    cases = [case_view(r, model) for r in run["records"][:max_cases]]
+    outcomes = [outcome(r) for r in run["records"]]
+    scored = [o for o in outcomes if o in ("correct", "incorrect")]
+    metrics = run["metrics"] if run["metrics"] is not None else (run["bench"] or {}).get("results") if run["bench"] else None
+    run_stats = (run["metrics"] or {}).get("run", {}) if isinstance(run["metrics"], dict) else {}
+    if run["bench"] and not run_stats:
+        head = run["bench"].get("headline") or {}
+        run_stats = {"output_tokens_per_s": head.get("vllm_output_tokens_per_s")}
+    cfg = run["config"]
+    study = cfg.get("experiment") or cfg.get("study") or ("bench" if run["bench"] else "")
+    return {
+        "key": f"run{idx}",
+        "path": run["path"],
+        "name": "/".join(Path(run["path"]).parts[-2:]),
+        "study": str(study),
+        "model": model,
+        "n_records": len(run["records"]),
+        "n_shown": len(cases),
+        "accuracy": f"{sum(o == 'correct' for o in scored) / len(scored):.1%}" if scored else "-",
+        "n_correct": sum(o == "correct" for o in outcomes),
+        "n_incorrect": sum(o == "incorrect" for o in outcomes),
+        "n_error": sum(o == "error" for o in outcomes),
+        "tokens_per_s": fmt(run_stats.get("output_tokens_per_s")) if run_stats.get("output_tokens_per_s") is not None else "-",
+        "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
+        "metric_tables": metric_tables(metrics) if metrics is not None else [],
+        "charts": run["charts"],
+        "summary": run["summary"],
+        "config_text": run["config_text"],
+        "identity": json.dumps(run["identity"], indent=2, ensure_ascii=False) if run["identity"] is not None else "",
+        "bench_config": json.dumps(run["bench"].get("config"), indent=2) if run["bench"] else "",
+        "warnings": run["warnings"],
+        "cases": cases,
+    }
+
+
+def render(runs: list[dict], sources: list[str]) -> str:
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"], default=True))
+    models = sorted({c["model"] for r in runs for c in r["cases"]} | {r["model"] for r in runs if r["model"]})
+    return env.get_template("report.html.j2").render(
+        runs=runs, models=models, sources=sources,
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        n_cases=sum(len(r["cases"]) for r in runs),
+    )
+
+
+def build_report(paths: list[str], out: str | Path, max_cases: int = 500) -> Path:
+    dirs = find_runs(paths)
+    runs = [run_view(load_run_dir(d), i, max_cases) for i, d in enumerate(dirs)]
+    for r in runs:
+        for w in r["warnings"]:
+            print(f"warning: {w}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(runs, paths), encoding="utf-8")
+    return out

@@ -1,0 +1,95 @@
+"""Finding and reading results directories for the report, whatever study wrote them.
+
+A results directory is a folder holding ``records.jsonl``, ``metrics.json`` or
+``bench.json``. Unreadable files become warnings shown in the report (naming file and
+line), so one broken run does not hide the others.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import yaml
+
+from models.errors import DataError, MedstackError
+from experiments.results import read_jsonl
+
+MARKERS = ("records.jsonl", "metrics.json", "bench.json")
+
+
+def is_run_dir(p: Path) -> bool:
+    return p.is_dir() and any((p / m).exists() for m in MARKERS)
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    """Run folders given directly or found below the given folders (not below a run folder)."""
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise MedstackError(f"{p}: no such file or directory")
+        if not p.is_dir():
+            raise MedstackError(f"{p}: expected a results directory (a folder with records.jsonl / metrics.json / bench.json)")
+        stack = [p]
+        before = len(found)
+        while stack:
+            d = stack.pop()
+            if is_run_dir(d):
+                found.append(d)
+                continue
+            stack.extend(sorted((c for c in d.iterdir() if c.is_dir() and not c.name.startswith(".")), reverse=True))
+        if len(found) == before:
+            raise MedstackError(f"{p}: no results directories in it (none holds records.jsonl, metrics.json or bench.json)")
+    unique = []
+    for f in found:
+        if f.resolve() not in {u.resolve() for u in unique}:
+            unique.append(f)
+    return unique
+
+
+def _read_json(path: Path, warnings: list[str]):
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        warnings.append(f"{path}:{getattr(e, 'lineno', '?')}: not valid JSON ({getattr(e, 'msg', e)})")
+        return None
+
+
+def load_run_dir(p: Path) -> dict:
+    """Everything the report shows about one run; missing parts are None / empty."""
+    warnings: list[str] = []
+    records: list[dict] = []
+    if (p / "records.jsonl").exists():
+        try:
+            records = [r if isinstance(r, dict) else {"value": r} for r in read_jsonl(p / "records.jsonl")]
+        except DataError as e:
+            warnings.append(str(e))
+    config_text = (p / "config.yaml").read_text(encoding="utf-8", errors="replace") if (p / "config.yaml").exists() else ""
+    try:
+        config = yaml.safe_load(config_text) or {} if config_text else {}
+    except yaml.YAMLError as e:
+        warnings.append(f"{p / 'config.yaml'}: not valid YAML ({e})")
+        config = {}
+    bench = _read_json(p / "bench.json", warnings)
+    charts = []
+    for png in sorted(p.glob("*.png")):
+        charts.append({"name": png.name, "data": base64.b64encode(png.read_bytes()).decode("ascii")})
+    summary = (p / "summary.md").read_text(encoding="utf-8", errors="replace") if (p / "summary.md").exists() else ""
+    if not summary and (p / "bench.md").exists():
+        summary = (p / "bench.md").read_text(encoding="utf-8", errors="replace")
+    return {
+        "path": str(p),
+        "records": records,
+        "config": config if isinstance(config, dict) else {"value": config},
+        "config_text": config_text,
+        "metrics": _read_json(p / "metrics.json", warnings),
+        "identity": _read_json(p / "identity.json", warnings),
+        "bench": bench,
+        "summary": summary,
+        "charts": charts,
+        "warnings": warnings,
+    }

@@ -1,0 +1,71 @@
+"""`medstack finetune meditod-nlu|meditod-pol|meditod-nlg`: LoRA fine-tuning from the command line.
+
+The command resolves a recipe (``--config``, else the base's default config in
+``finetune/configs/``), applies the options on top, and calls :func:`finetune.sft.train`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from models.errors import MedstackError
+
+HELP = {
+    "nlu": "dialogue history + last exchange -> the patient turn's NLU (intents, slots) as JSON",
+    "pol": "dialogue history + dialogue state -> the doctor's next actions as JSON",
+    "nlg": "dialogue history + the doctor's actions -> the doctor's utterance",
+}
+
+
+def _command(task: str):
+    def finetune(
+        data: Path = typer.Option(..., "--data", help="MediTOD dialogs.json."),
+        base: str = typer.Option(..., "--base", help="Registry alias of the base model (e.g. embedded, llama3-8b-instruct, openbiollm-8b)."),
+        splits_dir: Optional[Path] = typer.Option(None, "--splits-dir", help="Folder with train_ids.json / valid_ids.json (default: beside --data)."),
+        config: Optional[Path] = typer.Option(None, "--config", help="Recipe YAML (default: finetune/configs/<base default>.yaml)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Output dir: checkpoints, adapter/, train_metrics.json, loss.png (re-run resumes)."),
+        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after N optimizer steps (overrides epochs)."),
+        epochs: Optional[float] = typer.Option(None, "--epochs", help="Training epochs."),
+        merge: bool = typer.Option(False, "--merge", help="Also write a merged base+adapter checkpoint to OUT/merged."),
+        early_stopping_patience: Optional[int] = typer.Option(None, "--early-stopping-patience", help="Stop after P evaluations without a lower valid loss."),
+        limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N training samples (smoke runs)."),
+        set_: List[str] = typer.Option([], "--set", help="Any recipe key, SECTION.KEY=VALUE (repeatable), e.g. --set lora.r=16 --set training.learning_rate=2e-4."),
+    ) -> None:
+        from finetune.recipe import default_config, load_recipe, merge_overrides, parse_assignments, strip_none
+
+        overrides = {
+            "out": str(out) if out else None,
+            "merge": True if merge else None,
+            "model": {"base": base},
+            "data": {"task": task, "dialogs": str(data), "splits_dir": str(splits_dir) if splits_dir else None, "limit": limit},
+            "training": {"max_steps": max_steps, "epochs": epochs, "early_stopping_patience": early_stopping_patience},
+        }
+        overrides = merge_overrides(strip_none(overrides), parse_assignments(set_))
+        if not data.exists():
+            raise MedstackError(f"--data {data}: file does not exist")
+        recipe = load_recipe(config or default_config(base), overrides)
+
+        from finetune.sft import train
+
+        metrics = train(recipe, log=lambda m: typer.echo(m, err=True))
+        typer.echo(
+            f"train loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f} over {metrics['global_step']} steps; "
+            f"valid loss {metrics['final_valid_loss'] if metrics['final_valid_loss'] is not None else '-'}; "
+            f"{metrics['train_tokens_per_s']} training tokens/s; {metrics['train_seconds']} s\n"
+            f"adapter: {metrics['adapter']}\nmetrics: {recipe.out_dir() / 'train_metrics.json'}"
+        )
+
+    finetune.__doc__ = (
+        f"LoRA supervised fine-tuning for MediTOD {task.upper()} ({HELP[task]}); loss on the completion only, "
+        "valid loss on the valid split, checkpoints (a re-run with the same --out resumes), a peft adapter in OUT/adapter "
+        f"that vLLM serves (`medstack serve --model BASE --lora {task}=OUT/adapter`)."
+    )
+    return finetune
+
+
+def register(app=None, run_app=None, score_app=None, import_app=None, data_app=None, finetune_app=None, **_) -> None:
+    for task in ("nlu", "pol", "nlg"):
+        finetune_app.command(f"meditod-{task}")(_command(task))

@@ -1,0 +1,211 @@
+"""The fine-tuning recipe: one YAML file per paper setting -> a validated :class:`Recipe`.
+
+Sections mirror alignment-handbook's argument groups: ``model`` (which base, how to
+load it), ``lora`` (the peft keys), ``data`` (task, files, splits, lengths) and
+``training`` (optimiser, schedule, batch, evaluation, checkpoints). Command-line
+options override single keys (``training.max_steps=30``); every validation error names
+the file and the key and says what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from experiments.config import ConfigError, load_settings
+from models.errors import MedstackError
+
+TASKS = ("nlu", "pol", "nlg")
+CONFIG_DIR = Path(__file__).with_name("configs")
+# the config a base alias gets when --config is not given
+DEFAULT_CONFIGS = {"embedded": "embedded-cpu.yaml", "llama3-8b-instruct": "llama3-8b-nlu.yaml", "openbiollm-8b": "openbiollm-8b-nlu.yaml"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Section):
+    base: str = "embedded"
+    """Registry alias of the base model (weights resolved locally, never downloaded)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Training dtype; ``auto`` = float32 on CPU, bfloat16 on GPU."""
+    attn_implementation: str | None = None
+    """e.g. ``eager`` (recommended for Gemma 3 training) or ``sdpa``; None = transformers' default."""
+    load_in_4bit: bool = False
+    """QLoRA-style 4-bit NF4 base via bitsandbytes (GPU only; bitsandbytes must be installed)."""
+    gradient_checkpointing: bool = False
+
+    @field_validator("base")
+    @classmethod
+    def _known_alias(cls, v: str) -> str:
+        from models.registry import load_registry
+
+        known = load_registry()
+        if v not in known:
+            raise ValueError(f"unknown base model alias {v!r}; known aliases: {', '.join(known)}")
+        return v
+
+
+class LoraSection(_Section):
+    r: int = Field(32, ge=1, description="LoRA rank (paper: 32)")
+    alpha: int = Field(32, ge=1, description="LoRA alpha (paper: 32)")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one target module is needed, e.g. [q_proj, v_proj]")
+        return v
+
+
+class DataSection(_Section):
+    task: Literal["nlu", "pol", "nlg"] = "nlu"
+    dialogs: str | None = None
+    """MediTOD ``dialogs.json``."""
+    splits_dir: str | None = None
+    """Folder with ``<split>_ids.json`` (default: the folder of ``dialogs``)."""
+    train_split: str = "train"
+    valid_split: str | None = "valid"
+    """None: no validation loss (and no early stopping)."""
+    max_length: int = Field(1024, ge=16, description="prompt + completion tokens; longer prompts lose their oldest history")
+    prompt_format: Literal["completion", "chat"] = "completion"
+    """completion: raw prompt (what `run --mode supervised` sends to /v1/completions); chat: the base's chat template."""
+    limit: int | None = Field(None, ge=1, description="use at most N training samples (smoke tests)")
+
+
+class TrainingSection(_Section):
+    learning_rate: float = Field(1e-4, gt=0)
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)
+    batch_size: int = Field(16, ge=1, description="effective batch = per_device x accumulation x processes")
+    per_device_train_batch_size: int = Field(1, ge=1)
+    per_device_eval_batch_size: int = Field(1, ge=1)
+    epochs: float = Field(3.0, gt=0)
+    max_steps: int = Field(-1, description="> 0 overrides epochs")
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    logging_steps: int = Field(1, ge=1)
+    eval_steps: int | None = Field(None, ge=1, description="None: evaluate once per epoch (or at the end with max_steps)")
+    save_steps: int | None = Field(None, ge=1, description="None: same as eval_steps")
+    save_total_limit: int = Field(2, ge=1)
+    early_stopping_patience: int | None = Field(None, ge=1, description="stop after P evaluations without a better valid loss")
+    seed: int = 42
+
+    @model_validator(mode="after")
+    def _batch_divisible(self):
+        if self.batch_size % self.per_device_train_batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not a multiple of per_device_train_batch_size {self.per_device_train_batch_size}"
+            )
+        return self
+
+    def accumulation(self, world_size: int = 1) -> int:
+        per_step = self.per_device_train_batch_size * world_size
+        if self.batch_size % per_step:
+            raise ConfigError(
+                f"training.batch_size {self.batch_size} cannot be split over {world_size} process(es) x "
+                f"per_device_train_batch_size {self.per_device_train_batch_size}"
+            )
+        return self.batch_size // per_step
+
+
+class Recipe(_Section):
+    version: int = 1
+    out: str | None = None
+    merge: bool = False
+    """Also write a merged (base + adapter) checkpoint to ``<out>/merged``."""
+    model: ModelSection = ModelSection()
+    lora: LoraSection = LoraSection()
+    data: DataSection = DataSection()
+    training: TrainingSection = TrainingSection()
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.training.early_stopping_patience and not self.data.valid_split:
+            raise ValueError("training.early_stopping_patience needs data.valid_split (early stopping watches the valid loss)")
+        return self
+
+    def out_dir(self) -> Path:
+        return Path(self.out or f"runs/finetune/meditod-{self.data.task}-{self.model.base}")
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def parse_assignments(items: list[str]) -> dict:
+    """``["training.max_steps=30", "lora.r=8"]`` -> nested override dict (values parsed as YAML scalars)."""
+    import yaml
+
+    out: dict = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"bad override {item!r}: expected SECTION.KEY=VALUE, e.g. training.max_steps=30")
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else None
+    return out
+
+
+def strip_none(d: dict) -> dict:
+    """Drop keys whose value is None (command-line options that were not given), recursively."""
+    return {k: strip_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+
+def merge_overrides(base: dict, extra: dict) -> dict:
+    """``extra`` on top of ``base``, section by section (an explicit null in ``extra`` is kept)."""
+    merged = dict(base)
+    for k, v in extra.items():
+        merged[k] = merge_overrides(merged.get(k) or {}, v) if isinstance(v, dict) and isinstance(merged.get(k), (dict, type(None))) else v
+    return merged
+
+
+def load_recipe(path: str | Path | None, overrides: dict | None = None) -> Recipe:
+    """YAML file (or defaults) + nested overrides -> Recipe; raises ConfigError naming file and key."""
+    import yaml
+
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist (shipped configs: {', '.join(sorted(x.name for x in CONFIG_DIR.glob('*.yaml')))})")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a mapping of sections (model, lora, data, training) at the top level")
+    merged = merge_overrides(data, overrides or {})
+    # load_settings validates and formats errors as "<file>: invalid settings\n  key.path: message"
+    try:
+        return load_settings(Recipe, None, merged)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("settings:", f"{path or 'recipe'}:", 1)) from None
+
+
+def default_config(base: str) -> Path | None:
+    name = DEFAULT_CONFIGS.get(base)
+    return CONFIG_DIR / name if name else None
+
+
+def require_4bit_support(recipe: Recipe, on_gpu: bool) -> None:
+    if not recipe.model.load_in_4bit:
+        return
+    import importlib.util
+
+    if not on_gpu:
+        raise MedstackError("model.load_in_4bit needs a CUDA GPU (bitsandbytes 4-bit kernels); set model.load_in_4bit=false on the CPU")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise MedstackError(
+            "model.load_in_4bit is set but bitsandbytes is not installed; `pip install bitsandbytes` on the GPU machine "
+            "(see requirements-gpu.txt) or set model.load_in_4bit=false"
+        )

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Demo step: MediTOD NLU in-context (k=5 retrieved exemplars) on the first test dialogue with the embedded model,
+# then its metrics table. Env: MS (medstack binary), OUT (demo out dir); MEDITOD_DATA (dialogs.json; default: the
+# public sample if present, else our test fixture), MEDITOD_LIMIT (turns of the dialogue to run, default 8; "all" for every turn).
+set -euo pipefail
+MS=${MS:-.venv/bin/medstack}
+OUT=${OUT:-runs/demo}
+DATA=${MEDITOD_DATA:-}
+if [ -z "$DATA" ]; then
+  for cand in ../shared/data/meditod/dialogs.json /work/shared/data/meditod/dialogs.json tests/fixtures/meditod/dialogs.json; do
+    if [ -f "$cand" ]; then DATA=$cand; break; fi
+  done
+fi
+LIMIT=${MEDITOD_LIMIT:-8}
+limit_args=(--limit "$LIMIT")
+[ "$LIMIT" = all ] && limit_args=()
+
+echo "data: $DATA"
+$MS data meditod --data "$DATA" --png "$OUT/meditod/data.png"
+first=$(python3 -c "import json,sys,os; print(json.load(open(os.path.join(os.path.dirname(sys.argv[1]),'test_ids.json')))[0])" "$DATA")
+echo "first test dialogue: $first"
+# the run prints its summary.md (metrics table + sustained tokens/s)
+$MS run meditod-nlu --data "$DATA" --split test --mode icl --k 5 --model embedded "${limit_args[@]}" --out "$OUT/meditod/nlu-icl"

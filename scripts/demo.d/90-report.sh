@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Last demo step: ONE offline HTML report over every run folder the demo wrote under $OUT.
+set -euo pipefail
+MS=${MS:-.venv/bin/medstack}
+OUT=${OUT:-runs/demo}
+if ! find "$OUT" \( -name records.jsonl -o -name metrics.json -o -name bench.json \) -print -quit 2>/dev/null | grep -q .; then
+  echo "no run folders under $OUT yet; nothing to report"
+  exit 0
+fi
+REPORT=$("$MS" report "$OUT" --out "$OUT/report.html" | tail -n 1)
+echo "report: $REPORT  (open it in a browser; it is one self-contained offline file)"

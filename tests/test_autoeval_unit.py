@@ -1,0 +1,322 @@
+"""Rubric auto-evaluation (SPEC 3.1) without a model: parsing, prompts, examples, metrics, and a scripted-judge run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.autoeval import judge as J
+from experiments.autoeval.metrics import agreement_metrics, load_reference, rank_agreement, rating_metrics
+from experiments.autoeval.run import AutoevalSettings, load_dialogues, run_autoeval
+from experiments.parsing import extract_rating
+from models.errors import DataError
+from serving.client import ChatResult, Endpoint
+
+FIX = Path(__file__).parent / "fixtures" / "autoeval"
+CRITERIA = J.select_criteria(J.load_criteria(), ["empathy", "concerns", "welfare", "understanding"])
+
+
+# ------------------------------------------------------------------ parsing
+
+@pytest.mark.parametrize("text,expected", [
+    ("Good: kind\nBad: rushed\nSummary: fine\nRating: 4", 4),
+    ("**Rating:** 5/5", 5),
+    ("rating: [2]", 2),
+    ("Rating: three", 3),
+    ("Rating: 4 out of 5\nRating: 1", 4),  # the first rating counts
+    ("Rating: 3.5", None),  # not a whole number
+    ("Rating: 0", None),  # out of range
+    ("Rating: 7", None),
+    ("Rating: 45", None),
+    ("Rating: <a whole number from 1 to 5>", None),  # the format line echoed back
+    ("Good: kind\nBad: rushed\nSummary: I would give it a 4", None),  # no label: unscored, never guessed
+    ("", None),
+])
+def test_extract_rating(text, expected):
+    assert extract_rating(text) == expected
+
+
+def test_parse_notes_sections():
+    notes = J.parse_notes("Good: asks about worry\nBad: no safety net\nadvice\nSummary: mixed\nRating: 3\n")
+    assert notes == {"good": "asks about worry", "bad": "no safety net advice", "summary": "mixed", "rating": 3}
+    assert J.parse_notes("garbage")["rating"] is None
+
+
+# ------------------------------------------------------------------ criteria, examples, dialogues
+
+def test_default_criteria_have_both_anchors():
+    names = [c.name for c in CRITERIA]
+    assert names == ["Showing Empathy", "Seeking and Addressing Concerns", "Maintaining Patient Welfare",
+                     "Confirming Knowledge and Understanding"]
+    assert all(len(c.score_5) > 40 and len(c.score_1) > 40 for c in CRITERIA)
+    assert J.select_criteria(J.load_criteria(), ["showing empathy"])[0].key == "empathy"
+    with pytest.raises(DataError, match="unknown criterion 'kindness'; valid: empathy, concerns, welfare, understanding"):
+        J.select_criteria(J.load_criteria(), ["kindness"])
+
+
+def test_default_examples_one_per_rating_point():
+    ex = J.load_examples(None, CRITERIA)
+    for c in CRITERIA:
+        assert sorted(ex[c.key]) == [1, 2, 3, 4, 5]
+        assert all(e.criterion == c.key and e.rating == r for r, e in ex[c.key].items())
+
+
+def _write_examples(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _ex(rating, crit="empathy", id_=None):
+    return {"id": id_ or f"{crit}-{rating}", "criterion": crit, "rating": rating,
+            "transcript": [{"agent": "doctor", "content": f"line {rating}", "turn": 0}]}
+
+
+def test_examples_errors_name_line(tmp_path):
+    emp = J.select_criteria(J.load_criteria(), ["empathy"])
+    with pytest.raises(DataError, match="no example for rating\\(s\\) 5"):
+        J.load_examples(_write_examples(tmp_path / "a.jsonl", [_ex(r) for r in (1, 2, 3, 4)]), emp)
+    with pytest.raises(DataError, match=r"b\.jsonl:3: second example for empathy rating 2"):
+        J.load_examples(_write_examples(tmp_path / "b.jsonl", [_ex(1), _ex(2), _ex(2, id_="dup")]), emp)
+    with pytest.raises(DataError, match=r"c\.jsonl:2: example 'x' has rating 6"):
+        J.load_examples(_write_examples(tmp_path / "c.jsonl", [_ex(1), {**_ex(6), "id": "x"}]), emp)
+
+
+def test_render_dialogue_cuts_and_marks():
+    tr = [{"agent": "doctor", "content": "How are you feeling today?", "turn": 0},
+          {"agent": "patient", "content": "Tired " * 30, "turn": 1},
+          {"agent": "doctor", "content": "Any fever?", "turn": 2}]
+    full, cut = J.render_dialogue(tr)
+    assert not cut and full.splitlines()[0] == "Doctor: How are you feeling today?" and full.splitlines()[2] == "Doctor: Any fever?"
+    short, cut = J.render_dialogue(tr, max_chars=100)
+    assert cut and short.startswith("Doctor: How are you") and "2 more turn(s) not shown" in short
+    assert len(short) < 160
+
+
+def test_load_dialogues_fixture_and_errors(tmp_path):
+    dialogues, counts = load_dialogues(FIX / "results")
+    assert [d["source_id"] for d in dialogues] == ["case-001/trial-0", "case-002/trial-0", "case-004/trial-0"]
+    assert counts == {"records_in_results": 4, "with_transcript": 3, "skipped_no_transcript": 1, "skipped_empty_transcript": 0}
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "records.jsonl").write_text('{"id": "a", "transcript": []}\n{"id": "b", "transcript": "Doctor: hi"}\n')
+    with pytest.raises(DataError, match=r"records\.jsonl:2 \(record 'b'\): 'transcript' must be a list"):
+        load_dialogues(bad)
+    (bad / "records.jsonl").write_text('{"id": "a", "transcript": [{"agent": "doctor", "content": "hi"}]}\n{"transcript": []}\n')
+    with pytest.raises(DataError, match=r"records\.jsonl:2: record has no 'id'"):
+        load_dialogues(bad)
+
+
+# ------------------------------------------------------------------ the few-shot prompt
+
+def test_rate_prompt_has_one_explained_example_per_rating_point():
+    crit = CRITERIA[0]
+    examples = J.load_examples(None, [crit])[crit.key]
+    explained = {r: {"explanation": {"good": f"good{r}", "bad": f"bad{r}", "summary": f"sum{r}"}} for r in J.RATINGS}
+    prompt = J.rate_prompt(crit, examples, explained, "Doctor: NEW DIALOGUE HERE", J.JudgeConfig())
+    assert crit.name in prompt and crit.score_5 in prompt and crit.score_1 in prompt
+    heads = re.findall(r"^=== Example (\d) ===$", prompt, flags=re.M)
+    assert heads == ["1", "2", "3", "4", "5"]
+    # each example block carries its own dialogue, the judge's notes and the KNOWN rating, in rating order
+    ratings = [int(x) for x in re.findall(r"^Rating: (\d)$", prompt, flags=re.M)]
+    assert ratings == [1, 2, 3, 4, 5]
+    for r in J.RATINGS:
+        assert examples[r].dialogue() in prompt and f"Good: good{r}\nBad: bad{r}\nSummary: sum{r}\nRating: {r}" in prompt
+    assert prompt.index("=== Example 5 ===") < prompt.index("NEW DIALOGUE HERE")
+    assert prompt.rstrip().endswith("Rating: a whole number from 1 to 5")
+
+
+def test_unparsed_explanation_falls_back_to_raw_words():
+    crit = CRITERIA[0]
+    ex = J.load_examples(None, [crit])[crit.key][3]
+    block = J.example_block(3, ex, {"explanation": {"good": "", "bad": "", "summary": ""}, "raw": "some   free text"}, 100)
+    assert "Summary: some free text" in block and "Good: (none noted)" in block and block.endswith("Rating: 3")
+
+
+# ------------------------------------------------------------------ metrics, hand-worked
+
+def test_rank_agreement_hand_worked_no_ties():
+    # judge [1,2,3,4,5] vs reference [2,1,3,5,4]: of the 10 pairs, (1,2) and (4,5) are discordant,
+    # the other 8 concordant -> Kendall tau = (8 - 2) / 10 = 0.6.
+    # Spearman: rank differences d = (-1, 1, 0, -1, 1), sum d^2 = 4 -> rho = 1 - 6*4 / (5*(25-1)) = 1 - 24/120 = 0.8.
+    a = rank_agreement([1, 2, 3, 4, 5], [2, 1, 3, 5, 4])
+    assert a["n"] == 5 and a["kendall_tau"] == pytest.approx(0.6) and a["spearman_rho"] == pytest.approx(0.8)
+
+
+def test_rank_agreement_hand_worked_with_ties():
+    # judge x = [1,1,2,3], reference y = [1,2,2,3]. Pairs (6): (0,1) tied in x only; (1,2) tied in y only;
+    # the 4 others concordant, none discordant. tau-b = (C - D) / sqrt((n0 - tx)(n0 - ty)) = 4 / sqrt(5*5) = 0.8.
+    # Spearman on average ranks: x -> [1.5,1.5,3,4], y -> [1,2.5,2.5,4]; centred (mean 2.5):
+    # dx = [-1,-1,.5,1.5], dy = [-1.5,0,0,1.5]; sum dx*dy = 3.75, sum dx^2 = sum dy^2 = 4.5 -> rho = 3.75/4.5 = 0.8333.
+    a = rank_agreement([1, 1, 2, 3], [1, 2, 2, 3])
+    assert a["kendall_tau"] == pytest.approx(0.8) and a["spearman_rho"] == pytest.approx(0.8333, abs=1e-4)
+
+
+def test_rank_agreement_undefined_cases():
+    assert rank_agreement([3], [4])["kendall_tau"] is None  # n < 2
+    const = rank_agreement([2, 2, 2], [1, 2, 3])  # a constant judge ranks nothing
+    assert const["n"] == 3 and const["kendall_tau"] is None and const["spearman_rho"] is None
+
+
+def test_agreement_matches_ids_and_counts_unscored(tmp_path):
+    ref = load_reference(FIX / "reference.csv", CRITERIA)
+    assert {"id": "case-001/trial-0", "criterion": "welfare", "rating": 3.0} in ref  # full name mapped to key
+    recs = [{"source_id": "case-001/trial-0", "criterion": "empathy", "rating": 5},
+            {"source_id": "case-002/trial-0", "criterion": "empathy", "rating": 1},
+            {"source_id": "case-004/trial-0", "criterion": "empathy", "rating": 3},
+            {"source_id": "case-001/trial-0", "criterion": "welfare", "rating": None},
+            {"source_id": "case-002/trial-0", "criterion": "welfare", "rating": 2},
+            {"source_id": "case-004/trial-0", "criterion": "welfare", "rating": 5}]
+    ag = agreement_metrics(recs, ref, CRITERIA)
+    # empathy: judge [5,1,3] vs ref [4,1,4]: pairs (0,1) C, (0,2) ref tie, (1,2) C -> tau-b = 2/sqrt(3*2) = 0.8165
+    assert ag["empathy"]["n"] == 3 and ag["empathy"]["kendall_tau"] == pytest.approx(0.8165, abs=1e-4)
+    assert ag["welfare"]["n"] == 2 and ag["welfare"]["judge_unscored"] == 1 and ag["welfare"]["reference_unmatched"] == 1
+    assert ag["all"]["n"] == 5 and ag["concerns"]["n"] == 0
+
+
+def test_reference_errors_name_file_and_line(tmp_path):
+    p = tmp_path / "r.csv"
+    p.write_text("id,criterion,rating\na,empathy,4\nb,empathy,high\n")
+    with pytest.raises(DataError, match=r"r\.csv:3: rating 'high' is not a number"):
+        load_reference(p, CRITERIA)
+    p.write_text("id,score\na,4\n")
+    with pytest.raises(DataError, match="missing column\\(s\\) criterion, rating"):
+        load_reference(p, CRITERIA)
+
+
+def test_rating_metrics_counts_unscored_never_zero():
+    recs = [{"criterion": "empathy", "rating": 4, "model": "m"}, {"criterion": "empathy", "rating": 2, "model": "m"},
+            {"criterion": "empathy", "rating": None, "parse_error": "x", "model": "m"},
+            {"criterion": "empathy", "rating": None, "error": "HTTP 400", "model": "m"}]
+    m = rating_metrics(recs, CRITERIA[:1])
+    e = m["criteria"]["empathy"]
+    assert e["mean"] == 3.0 and e["n"] == 2 and e["unscored"] == 2 and e["parse_errors"] == 1 and e["request_errors"] == 1
+    assert e["low"] <= 3.0 <= e["high"] and e["distribution"] == {"1": 0, "2": 1, "3": 0, "4": 1, "5": 0}
+    assert m["unscored_rate"] == 0.5
+
+
+# ------------------------------------------------------------------ a whole run with a scripted judge
+
+class ScriptedJudge:
+    """Stand-in for LLMClient: explains with fixed notes; rates from a per-dialogue script."""
+
+    def __init__(self, ratings: dict[str, str]):
+        self.ratings = ratings  # marker text in the new dialogue -> reply
+        self.calls = {"explain": 0, "rate": 0}
+        self.prompts: list[str] = []
+
+    def endpoint(self, role):
+        return Endpoint("http://127.0.0.1:1/v1", "scripted", "scripted-judge")
+
+    def usage_summary(self):
+        total = {"requests": sum(self.calls.values()), "failed": 0, "prompt_tokens": 0, "completion_tokens": 7 * sum(self.calls.values()),
+                 "cache_hits": 0, "seconds": 0.0}
+        return {"total": total}
+
+    async def chat(self, messages, role="default", gen=None):
+        prompt = messages[-1]["content"]
+        self.prompts.append(prompt)
+        if "=== New dialogue ===" not in prompt:
+            self.calls["explain"] += 1
+            rating = re.search(r"score of (\d) out of 5", prompt).group(1)
+            return ChatResult(texts=[f"Good: g{rating}\nBad: b{rating}\nSummary: s{rating}"], completion_tokens=7)
+        self.calls["rate"] += 1
+        new = prompt.split("=== New dialogue ===", 1)[1]
+        for marker, reply in self.ratings.items():
+            if marker in new:
+                return ChatResult(texts=[reply], completion_tokens=7)
+        return ChatResult(error="HTTP 400: prompt too long")
+
+    async def complete(self, prompt, role="default", gen=None):  # pragma: no cover - chat api in these tests
+        raise AssertionError("chat api expected")
+
+
+def _settings(out: Path, **kw) -> AutoevalSettings:
+    base = dict(data=str(FIX / "results"), out=str(out), roles={"judge": "scripted"}, criteria=["empathy", "welfare"], use_cache=False)
+    return AutoevalSettings(**{**base, **kw})
+
+
+SCRIPT = {"burning feeling": "Good: warm\nBad: brief\nSummary: kind\nRating: 4",
+          "suddenly weak": "Good: none\nBad: ignores stroke signs\nSummary: unsafe\nRating: 1",
+          "lung cancer": "I think this is a good dialogue overall."}  # no rating: unscored
+
+
+def test_scripted_run_records_metrics_and_resume(tmp_path):
+    out = tmp_path / "ae"
+    judge = ScriptedJudge(SCRIPT)
+    res = asyncio.run(run_autoeval(_settings(out, reference=str(FIX / "reference.csv")), log=lambda m: None, client=judge))
+    assert judge.calls == {"explain": 10, "rate": 6}  # 5 examples x 2 criteria, then 3 dialogues x 2 criteria
+    recs = {r["id"]: r for r in map(json.loads, (out / "records.jsonl").read_text().splitlines())}
+    assert set(recs) == {f"case-00{i}/trial-0::{c}" for i in (1, 2, 4) for c in ("empathy", "welfare")}
+    r = recs["case-001/trial-0::empathy"]
+    assert r["rating"] == 4 and r["explanation"] == {"good": "warm", "bad": "brief", "summary": "kind"}
+    assert r["model"] == "embedded" and r["correct"] == 1 and len(r["prompt_hash"]) == 16 and r["examples_used"][0] == "empathy-1"
+    bad = recs["case-004/trial-0::welfare"]
+    assert bad["rating"] is None and not bad["scored"] and bad["parse_error"] and bad["raw"].startswith("I think")
+    # the few-shot prompts carry the judge's own step-(a) notes with the known ratings
+    rate_prompt = next(p for p in judge.prompts if "=== New dialogue ===" in p)
+    assert "Good: g3\nBad: b3\nSummary: s3\nRating: 3" in rate_prompt
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["criteria"]["empathy"]["mean"] == 2.5 and m["criteria"]["empathy"]["n"] == 2 and m["criteria"]["empathy"]["unscored"] == 1
+    assert m["unscored"] == 2 and m["parse_errors"] == 2 and m["dialogues"]["skipped_no_transcript"] == 1
+    assert m["agreement"]["empathy"]["n"] == 2 and m["agreement"]["welfare"]["reference_unmatched"] == 1
+    assert "Showing Empathy" in (out / "summary.md").read_text() and res["out"] == str(out)
+    assert len((out / "explained_examples.jsonl").read_text().splitlines()) == 10
+
+    # same command again: explanations come from the output dir, ratings are resumed, nothing is asked
+    judge2 = ScriptedJudge(SCRIPT)
+    asyncio.run(run_autoeval(_settings(out, reference=str(FIX / "reference.csv")), log=lambda m: None, client=judge2))
+    assert judge2.calls == {"explain": 0, "rate": 0}
+    m2 = json.loads((out / "metrics.json").read_text())
+    assert m2["examples"]["from_cache_file"] == 10 and m2["run"]["cases_resumed"] == 6 and m2["criteria"] == m["criteria"]
+
+
+def test_explanations_generated_once_per_judge(tmp_path):
+    out = tmp_path / "ae"
+    asyncio.run(run_autoeval(_settings(out, limit=1), log=lambda m: None, client=ScriptedJudge(SCRIPT)))
+    # a fresh output dir seeded with the cached explanations asks only for ratings
+    out2 = tmp_path / "ae2"
+    out2.mkdir()
+    shutil.copy(out / "explained_examples.jsonl", out2 / "explained_examples.jsonl")
+    judge = ScriptedJudge(SCRIPT)
+    asyncio.run(run_autoeval(_settings(out2), log=lambda m: None, client=judge))
+    assert judge.calls == {"explain": 0, "rate": 6}
+
+
+def test_failed_request_is_unscored_and_counted(tmp_path):
+    out = tmp_path / "ae"
+    asyncio.run(run_autoeval(_settings(out, criteria=["empathy"]), log=lambda m: None,
+                             client=ScriptedJudge({"burning feeling": "Rating: 5"})))
+    m = json.loads((out / "metrics.json").read_text())
+    e = m["criteria"]["empathy"]
+    assert e["n"] == 1 and e["mean"] == 5.0 and e["unscored"] == 2 and e["request_errors"] == 2 and e["parse_errors"] == 0
+    # re-running asks again only for the failed requests; the newest line per case wins, the old one stays
+    judge = ScriptedJudge({"burning feeling": "Rating: 5", "suddenly weak": "Rating: 1", "lung cancer": "Rating: 3"})
+    asyncio.run(run_autoeval(_settings(out, criteria=["empathy"]), log=lambda m: None, client=judge))
+    assert judge.calls == {"explain": 0, "rate": 2}
+    e = json.loads((out / "metrics.json").read_text())["criteria"]["empathy"]
+    assert e["n"] == 3 and e["mean"] == 3.0 and e["unscored"] == 0 and e["request_errors"] == 0
+    assert len((out / "records.jsonl").read_text().splitlines()) == 5
+
+
+def test_cli_bad_input_exits_2(cli, tmp_path):
+    proc = cli("autoeval", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "is not a results directory" in proc.stderr
+    proc = cli("autoeval", str(FIX / "results"), "--criteria", "empathy,kindness", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "unknown criterion 'kindness'" in proc.stderr
+
+
+def test_completion_api_prefills_good():
+    class Completer:
+        prompt = None
+
+        async def complete(self, prompt, role="default", gen=None):
+            Completer.prompt = prompt
+            return ChatResult(texts=[" kind\nBad: slow\nSummary: ok\nRating: 4"])
+
+    res, text = asyncio.run(J.ask(Completer(), "PROMPT", J.JudgeConfig(api="completion"), J.JudgeConfig().rate_gen))
+    assert Completer.prompt == "PROMPT\n\nGood:" and text.startswith("Good: kind") and J.parse_notes(text)["rating"] == 4

@@ -1,0 +1,165 @@
+"""`import craftmd` on a hand-written folder in the published format, and `compare` on hand-made runs."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from experiments.craftmd import cli as craftmd_cli
+from experiments.craftmd.compare import compare, run_compare
+from experiments.craftmd.importer import import_folder, parse_conversation
+from experiments.stats import mcnemar_test, mean_ci, paired_bootstrap
+
+
+def make_run(path, name, scores: dict, trials=1, specialty="Dermatology"):
+    """scores: {(fmt, mode): {case_id: [correct per trial]}} -> a results directory."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump({"experiment": "craftmd", "name": name}))
+    recs = {}
+    for (fmt, mode), per_case in scores.items():
+        for cid, vals in per_case.items():
+            for t, v in enumerate(vals):
+                r = recs.setdefault((cid, t), {"id": f"{cid}/t{t}", "case_id": cid, "trial": t, "specialty": specialty, "answers": {}})
+                r["answers"].setdefault(fmt, {})[mode] = {"correct": v}
+    (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs.values()))
+    return path
+
+
+A_VIG, A_MT = [1, 1, 1, 0], [1, 0, 0, 0]
+B_VIG, B_MT = [0, 0, 1, 0], [0, 0, 0, 0]
+CASES = ["c1", "c2", "c3", "c4"]
+
+
+def _runs(tmp_path):
+    a = make_run(tmp_path / "a", "alpha", {("vignette", "mcq"): {c: [v] for c, v in zip(CASES, A_VIG)}, ("multiturn", "mcq"): {c: [v] for c, v in zip(CASES, A_MT)}})
+    b = make_run(tmp_path / "b", "beta", {("vignette", "mcq"): {c: [v] for c, v in zip(CASES, B_VIG)}, ("multiturn", "mcq"): {c: [v] for c, v in zip(CASES, B_MT)}})
+    g = make_run(tmp_path / "g", "gamma", {("vignette", "mcq"): {"c1": [1], "c2": [1], "c3": [1]}}, specialty="Neurology")
+    return a, b, g
+
+
+def test_compare_values_on_hand_made_runs(tmp_path):
+    a, b, g = _runs(tmp_path)
+    res = run_compare([str(a), str(b), str(g)], tmp_path / "cmp")
+    on_disk = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert on_disk["accuracy"] == json.loads(json.dumps(res["accuracy"]))
+    acc = {(x["run"], x["format"], x["mode"]): x for x in on_disk["accuracy"]}
+    assert acc[("alpha", "vignette", "mcq")]["accuracy"] == 0.75 and acc[("alpha", "vignette", "mcq")]["n"] == 4
+    assert acc[("beta", "multiturn", "mcq")]["accuracy"] == 0.0
+    assert acc[("gamma", "vignette", "mcq")]["n"] == 3
+    ci = mean_ci(A_VIG)
+    assert (acc[("alpha", "vignette", "mcq")]["ci_low"], acc[("alpha", "vignette", "mcq")]["ci_high"]) == (ci.low, ci.high)
+
+    tests = {(t["table"], t["a"], t["b"]): t for t in on_disk["tests"]}
+    ab = tests[("runs|vignette.mcq", "alpha", "beta")]
+    assert ab["n_paired"] == 4 and ab["mean_diff"] == 0.5
+    assert ab["p"] == paired_bootstrap(A_VIG, B_VIG).p_value
+    # McNemar on the paired binary outcomes: alpha right/beta wrong twice, never the reverse -> exact p = 2 * 0.5**2
+    assert ab["mcnemar_table"] == [[1, 2], [0, 1]] and abs(ab["mcnemar_p"] - 0.5) < 1e-12
+    # gamma is paired on the 3 shared case ids only
+    ag = tests[("runs|vignette.mcq", "alpha", "gamma")]
+    assert ag["n_paired"] == 3 and ag["mean_diff"] == 0.0 and ag["p"] == 1.0
+    bg = tests[("runs|vignette.mcq", "beta", "gamma")]
+    assert bg["p"] == paired_bootstrap([0, 0, 1], [1, 1, 1]).p_value
+    # Holm within the table of three comparisons, by hand: sort, multiply by (m - rank), running max, cap at 1
+    ps = [ab["p"], ag["p"], bg["p"]]
+    order = sorted(range(3), key=lambda i: ps[i])
+    expected, running = [0.0] * 3, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, ps[i] * (3 - rank)))
+        expected[i] = running
+    assert [ab["p_holm"], ag["p_holm"], bg["p_holm"]] == expected
+    # a one-comparison table: Holm leaves p alone; format contrast within a run
+    vm = tests[("formats|alpha|mcq", "vignette", "multiturn")]
+    assert vm["mean_diff"] == 0.5 and vm["p_holm"] == vm["p"] == paired_bootstrap(A_VIG, A_MT).p_value
+    assert vm["mcnemar_p"] == mcnemar_test(A_VIG, A_MT)["p_value"]
+    # per specialty and outputs
+    assert on_disk["per_specialty"]["gamma"]["Neurology"]["vignette.mcq"]["accuracy"] == 1.0
+    png = (tmp_path / "cmp" / "accuracy.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    md = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "| alpha | 0.750" in md and "runs|vignette.mcq" in md
+
+
+def test_trials_are_averaged_per_case_and_mcnemar_needs_binary(tmp_path):
+    a = make_run(tmp_path / "a", "a", {("vignette", "frq"): {"c1": [1, 0], "c2": [1, 1], "c3": [0, 0]}}, trials=2)
+    b = make_run(tmp_path / "b", "b", {("vignette", "frq"): {"c1": [0, 0], "c2": [1, 0], "c3": [None, 0]}}, trials=2)
+    res = compare([str(a), str(b)])
+    acc = {x["run"]: x for x in res["accuracy"]}
+    assert acc["a"]["accuracy"] == (0.5 + 1 + 0) / 3
+    assert acc["b"]["accuracy"] == (0 + 0.5 + 0) / 3 and acc["b"]["unscored"] == 1  # None left out, counted
+    t = res["tests"][0]
+    assert t["p"] == paired_bootstrap([0.5, 1, 0], [0, 0.5, 0]).p_value and t["mcnemar_p"] is None
+
+
+def test_import_published_folder(fixtures_dir, tmp_path):
+    src = fixtures_dir / "craftmd" / "published_demo"
+    m = import_folder(src, "published-demo", tmp_path / "imp", str(fixtures_dir / "craftmd" / "cases.csv"))
+    recs = {r["id"]: r for r in (json.loads(l) for l in (tmp_path / "imp" / "records.jsonl").read_text().splitlines())}
+    assert sorted(recs) == ["case_a/t0", "case_a/t1", "case_b/t0", "case_b/t1"]
+    a0, a1, b0, b1 = recs["case_a/t0"], recs["case_a/t1"], recs["case_b/t0"], recs["case_b/t1"]
+    # conversations in both published shapes; the system message is dropped
+    assert [t["agent"] for t in a0["transcript"]] == ["patient", "doctor", "patient", "doctor"]
+    assert a0["stop_reason"] == "final_diagnosis" and a1["stop_reason"] == "no_question" and b1["stop_reason"] == "turn_cap"
+    assert a1["transcript"][1] == {"agent": "doctor", "content": "Do your nails look different?", "turn": 1}
+    # MCQ free text -> choice, one rule: letter / exact / contains / fuzzy / unparsed
+    mcq = lambda r, f: r["answers"][f]["mcq"]
+    assert (mcq(a0, "vignette")["parsed_by"], mcq(a0, "vignette")["correct"]) == ("letter", 1)
+    assert (mcq(a0, "multiturn")["parsed_by"], mcq(a0, "multiturn")["correct"]) == ("contains", 1)
+    assert (mcq(a0, "summarized")["parsed_by"], mcq(a0, "summarized")["correct"]) == ("unparsed", 0)
+    assert (mcq(a1, "multiturn")["choice_text"], mcq(a1, "multiturn")["correct"]) == ("Tinea corporis", 0)
+    assert (mcq(b0, "summarized")["parsed_by"], mcq(b0, "summarized")["correct"]) == ("fuzzy", 1)  # 'infraction'
+    assert b0["choices"][0] == "Myocardial infarction" and b0["specialty"] == "Cardiovascular System"  # from --cases
+    # FRQ: published grades and extracted answers
+    assert a0["answers"]["singleturn"]["frq"]["extraction_status"] == "multiple" and a0["answers"]["singleturn"]["frq"]["correct"] == 0
+    assert b0["answers"]["singleturn"]["frq"]["extraction_status"] == "none"
+    assert a1["answers"]["summarized"]["frq"]["correct"] == 0 and a1["answers"]["vignette"]["frq"]["grade_source"] == "published"
+    assert m["accuracy"]["vignette.frq"]["accuracy"] == 1.0 and m["accuracy"]["singleturn.frq"]["accuracy"] == 0.0
+    assert m["accuracy"]["multiturn.mcq"]["accuracy"] == 0.25  # a0 right, a1/b0/b1 wrong -> case means 0.5, 0
+    # re-import into the same folder adds nothing
+    import_folder(src, "published-demo", tmp_path / "imp", str(fixtures_dir / "craftmd" / "cases.csv"))
+    assert len((tmp_path / "imp" / "records.jsonl").read_text().splitlines()) == 4
+
+
+def test_import_without_case_file_maps_against_answer_only(fixtures_dir, tmp_path):
+    import_folder(fixtures_dir / "craftmd" / "published_demo", "p", tmp_path / "imp")
+    recs = {json.loads(l)["id"]: json.loads(l) for l in (tmp_path / "imp" / "records.jsonl").read_text().splitlines()}
+    assert recs["case_b/t0"]["answers"]["vignette"]["mcq"]["mcq_mapping"] == "answer_only"
+    assert recs["case_b/t0"]["answers"]["vignette"]["mcq"]["correct"] == 1
+    assert recs["case_b/t0"]["answers"]["multiturn"]["mcq"]["correct"] == 0
+    assert recs["case_a/t0"]["answers"]["vignette"]["mcq"]["mcq_mapping"] == "choices"  # choices in 'question'
+
+
+def test_parse_conversation_errors_name_the_file():
+    import pytest
+    from models.errors import DataError
+
+    with pytest.raises(DataError, match=r"f.json \(trial_0\): conversation item 0 has unknown role 'nurse'"):
+        parse_conversation([{"role": "nurse", "content": "x"}], "f.json (trial_0)")
+
+
+def _app():
+    app, run_app, import_app = typer.Typer(), typer.Typer(), typer.Typer()
+    app.add_typer(run_app, name="run")
+    app.add_typer(import_app, name="import")
+    craftmd_cli.register(app=app, run_app=run_app, score_app=typer.Typer(), import_app=import_app, data_app=typer.Typer(), finetune_app=typer.Typer())
+    return app
+
+
+def test_cli_import_then_compare_with_a_local_shaped_run(fixtures_dir, tmp_path):
+    runner = CliRunner()
+    app = _app()
+    r = runner.invoke(app, ["import", "craftmd", str(fixtures_dir / "craftmd" / "published_demo"), "--name", "published-demo",
+                            "--out", str(tmp_path / "imp"), "--cases", str(fixtures_dir / "craftmd" / "cases.csv")])
+    assert r.exit_code == 0, r.output
+    local = make_run(tmp_path / "local", "embedded", {("vignette", "mcq"): {"case_a": [1], "case_b": [0]}, ("vignette", "frq"): {"case_a": [0], "case_b": [0]}})
+    r = runner.invoke(app, ["compare", str(tmp_path / "imp"), str(local), "--out", str(tmp_path / "cmp")])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert {x["name"] for x in res["runs"]} == {"published-demo", "embedded"}
+    t = next(t for t in res["tests"] if t["table"] == "runs|vignette.mcq")
+    assert t["n_paired"] == 2 and t["mean_diff"] == 0.5
+    for cmd in (["run", "craftmd", "--help"], ["import", "craftmd", "--help"], ["compare", "--help"], ["meld", "--help"]):
+        assert runner.invoke(app, cmd).exit_code == 0

@@ -1,0 +1,59 @@
+"""CRAFT-MD end to end through the real embedded vLLM server: one case, 1 trial, tiny limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtures_dir, tmp_path):
+    url = embedded_server["base_url"]
+    role = f"embedded@{url}"
+    out = tmp_path / "run"
+    args = ["run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "1", "--trials", "1", "--max-turns", "2",
+            "--clinical-model", role, "--patient-model", role, "--grader-model", role,
+            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--out", str(out)]
+    proc = cli(*args, check=True)
+    assert "CRAFT-MD run" in proc.stdout
+    recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == 1
+    r = recs[0]
+    assert r["id"] == "case_a/t0" and r["case_id"] == "case_a" and r["trial"] == 0 and "error" not in r
+    assert r["stop_reason"] in ("final_diagnosis", "no_question", "turn_cap")
+    assert r["transcript"][0]["agent"] == "patient" and {t["agent"] for t in r["transcript"]} <= {"doctor", "patient"}
+    assert 1 <= r["n_doctor_turns"] <= 2
+    assert set(r["answers"]) == {"vignette", "multiturn", "singleturn", "summarized"}
+    for a in r["answers"].values():
+        assert a["mcq"]["correct"] in (0, 1)  # unparsed counts as wrong, never missing
+        assert a["frq"]["correct"] in (0, 1, None) and "extraction_status" in a["frq"]
+    assert r["usage"]["clinical"]["completion_tokens"] > 0 and r["errors"] == []
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["records"] == 1 and metrics["run"]["requests"] > 0 and "parse_error_rate" in metrics
+    # a re-run of the same command resumes: nothing recomputed
+    proc = cli(*args, check=True)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["run"]["cases_run"] == 0 and metrics["run"]["cases_resumed"] == 1
+    assert len((out / "records.jsonl").read_text().splitlines()) == 1
+    # compare on it writes the chart and the JSON
+    proc = cli("compare", str(out), "--out", str(tmp_path / "cmp"), check=True)
+    assert (tmp_path / "cmp" / "accuracy.png").stat().st_size > 0
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["accuracy"]
+
+
+def test_meld_one_case(cli, embedded_server, fixtures_dir, tmp_path):
+    out = tmp_path / "meld"
+    cli("meld", "--model", f"embedded@{embedded_server['base_url']}", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "1", "--out", str(out), check=True)
+    rec = json.loads((out / "records.jsonl").read_text().splitlines()[0])
+    assert 0.0 <= rec["similarity"] <= 1.0 and rec["n_words"] == len(rec["true_second_half"].split())
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["n"] == 1 and m["share_ge_threshold"] in (0.0, 1.0)
+
+
+def test_bad_case_file_is_a_clean_error(cli, tmp_path):
+    bad = tmp_path / "cases.csv"
+    bad.write_text("case_vignette,answer\nx,y\n")
+    proc = cli("run", "craftmd", "--data", str(bad), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "cases.csv:1: missing column" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,144 @@
+"""CRAFT-MD scoring logic: MCQ parsing, grader replies (Multiple/None = 0), the subtype rule, case loading."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.craftmd import grading
+from experiments.craftmd.data import answer_index, load_cases
+from experiments.parsing import extract_verdict, match_choice
+from models.errors import DataError
+
+CHOICES = ["Lymphogranuloma venereum", "Herpes", "Chancroid", "Syphilis"]
+
+
+@pytest.mark.parametrize("reply, expected, how", [
+    ("B", 1, "letter"),
+    ("Answer: C", 2, "letter"),
+    ("**Answer:** (A)", 0, "letter"),
+    ("D) Syphilis", 3, "letter"),
+    ("B\n>\nB", 1, "letter"),
+    ("syphilis", 3, "exact"),
+    ("I think this is chancroid.", 2, "contains"),
+    ("A 22-year-old man with herpes", 1, "contains"),  # 'A' + a word is not a letter answer
+    ("Lymphogranulomavenereum", 0, "fuzzy"),
+    ("herpes or syphilis", None, "unparsed"),  # two choices named: a refusal to pick
+    ("I cannot choose without an examination.", None, "unparsed"),
+    ("", None, "unparsed"),
+])
+def test_match_choice(reply, expected, how):
+    assert match_choice(reply, CHOICES) == (expected, how)
+
+
+def test_parse_mcq_scores_refusal_as_wrong_and_flags_unscorable_cases():
+    assert grading.parse_mcq("Chancroid", CHOICES, 2)["correct"] == 1
+    assert grading.parse_mcq("Chancroid", CHOICES, 0)["correct"] == 0
+    refused = grading.parse_mcq("I would need more information.", CHOICES, 0)
+    assert refused["choice"] is None and refused["correct"] == 0 and refused["parsed_by"] == "unparsed"
+    unscorable = grading.parse_mcq("B", CHOICES, None)
+    assert unscorable["correct"] is None and unscorable["unscored_reason"] == "answer_not_in_choices"
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ("Diagnosis: Plaque psoriasis", ("Plaque psoriasis", "ok")),
+    (" Iron deficiency anaemia\nDoctor's answer: ...", ("Iron deficiency anaemia", "ok")),
+    ("Multiple", (None, "multiple")),
+    ("Diagnosis: Multiple.", (None, "multiple")),
+    ("None", (None, "none")),
+    ("Diagnosis: none", (None, "none")),
+    ("Read a doctor's answer and copy out the diagnosis it gives.", (None, "unparsed")),  # prompt echo
+    ("", (None, "unparsed")),
+])
+def test_parse_extraction(reply, expected):
+    assert grading.parse_extraction(reply) == expected
+
+
+def test_multiple_and_none_score_zero_without_a_verdict():
+    for status in ("multiple", "none"):
+        g = grading.grade_frq(None, status, "Gout", None)
+        assert g == {"correct": 0, "grade_source": f"extraction_{status}"}
+        assert not grading.needs_verdict(None, status, "Gout")
+
+
+@pytest.mark.parametrize("given, correct, relation", [
+    ("psoriasis", "Plaque psoriasis", "given_broader"),       # correct is a subtype of the given -> accept
+    ("Guttate psoriasis", "Psoriasis", "given_narrower"),     # given is a more specific subtype -> reject
+    ("Myocardial infarction", "myocardial infarction.", "equal"),
+    ("Graves' disease", "Graves disease", "equal"),
+    ("Heart attack", "Myocardial infarction", None),         # synonyms need the grader
+    ("Contact dermatitis", "Acute contact dermatitis", "given_broader"),
+])
+def test_lexical_subtype_relation(given, correct, relation):
+    assert grading.lexical_relation(given, correct) == relation
+
+
+def test_grade_frq_subtype_rule_and_verdicts():
+    # exact (after normalisation) needs no grader call
+    assert grading.grade_frq("Scarlet fever", "ok", "scarlet fever", None) == {"correct": 1, "grade_source": "exact"}
+    assert not grading.needs_verdict("Scarlet fever", "ok", "scarlet fever")
+    # the grader's verdict decides when it parses
+    assert grading.grade_frq("Heart attack", "ok", "Myocardial infarction", "Verdict: Yes") == {"correct": 1, "grade_source": "grader"}
+    assert grading.grade_frq("Guttate psoriasis", "ok", "Psoriasis", " No") == {"correct": 0, "grade_source": "grader"}
+    # an unparseable verdict falls back to the lexical subtype rule...
+    assert grading.grade_frq("Psoriasis", "ok", "Plaque psoriasis", "Decide whether a given diagnosis matches the correct one")["correct"] == 1
+    assert grading.grade_frq("Guttate psoriasis", "ok", "Psoriasis", "hmm")["correct"] == 0
+    # ...and is unscored (None, counted) when the rule cannot decide
+    assert grading.grade_frq("Heart attack", "ok", "Myocardial infarction", "hmm") == {"correct": None, "grade_source": "unscored_verdict"}
+    assert grading.grade_frq(None, "unparsed", "Gout", None)["correct"] is None
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    ("Yes", True), (" yes.", True), ("**Yes**", True), ("No, they differ", False), ("Verdict: No", False),
+    ("Correct: gout. Given: x.\nVerdict: Yes", True),
+    ("Correct: gout. Given: septic arthritis.", None),  # few-shot echo is no verdict
+    ("Decide whether a given diagnosis matches the correct diagnosis.", None), ("", None),
+])
+def test_extract_verdict_is_strict(reply, verdict):
+    assert extract_verdict(reply) is verdict
+
+
+def test_answer_index_tolerates_published_whitespace():
+    assert answer_index("Melanoma ", ["Intradermal nevus", "Solar lentigo", "Seborrheic keratosis", "Melanoma"]) == 3
+    assert answer_index("Henoch-Scholein vasculitis", ["IgA vasculitis", "Bacterial endocarditis", "Meningococcemia", "Thrombocytopenic purpura"]) is None
+
+
+def test_load_csv_fixture(fixtures_dir):
+    cases = load_cases(fixtures_dir / "craftmd" / "cases.csv")
+    assert [c["case_id"] for c in cases] == ["case_a", "case_b", "case_c", "case_d"]
+    assert cases[2]["answer_index"] == 1 and cases[2]["answer"] == "Scarlet fever"  # trailing space in the file
+    assert cases[0]["specialty"] == "Dermatology" and len(cases[0]["choices"]) == 4
+    assert [c["case_id"] for c in load_cases(fixtures_dir / "craftmd" / "cases.csv", specialty="endocrinology")] == ["case_d"]
+    assert len(load_cases(fixtures_dir / "craftmd" / "cases.csv", limit=2)) == 2
+
+
+def test_load_osce_fixture(fixtures_dir):
+    cases = load_cases(fixtures_dir / "craftmd" / "osce.jsonl")
+    assert [c["answer"] for c in cases] == ["Migraine", "Community-acquired pneumonia"]
+    assert cases[0]["choices"] == [] and cases[0]["specialty"] == "OSCE"
+    v = cases[1]["vignette"]
+    assert v.startswith("A 70-year-old man.") and "yellow sputum" in v and "Inhaled salbutamol" in v
+    assert "consolidation" not in v  # test results are not the patient's knowledge
+
+
+def test_bad_case_files_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("case_vignette,answer\nx,y\n")
+    with pytest.raises(DataError, match=r"bad.csv:1: missing column"):
+        load_cases(bad)
+    dup = tmp_path / "dup.csv"
+    row = '"v",a,b,c,d,a,Neurology,x,case_1\n'
+    dup.write_text("case_vignette,choice_1,choice_2,choice_3,choice_4,answer,category,dataset,case_id\n" + row + row)
+    with pytest.raises(DataError, match=r"dup.csv:3: duplicate case_id"):
+        load_cases(dup)
+    osce = tmp_path / "o.jsonl"
+    osce.write_text('{"OSCE_Examination": {"Patient_Actor": {}}}\n{oops\n')
+    with pytest.raises(DataError, match=r"o.jsonl:1"):
+        load_cases(osce)
+    with pytest.raises(DataError, match=r"no case of specialty"):
+        load_cases(_ok_csv(tmp_path), specialty="Nope")
+
+
+def _ok_csv(tmp_path):
+    p = tmp_path / "ok.csv"
+    p.write_text("case_vignette,choice_1,choice_2,choice_3,choice_4,answer,category,dataset,case_id\n\"v\",a,b,c,d,a,Neurology,x,case_1\n")
+    return p

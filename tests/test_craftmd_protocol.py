@@ -1,0 +1,191 @@
+"""CRAFT-MD protocol logic against a scripted stand-in client (no server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from experiments.craftmd.protocol import context_turns, converse, solve, Ledger, stop_reason_for
+from experiments.craftmd.run import units_for
+from experiments.craftmd.settings import CraftSettings
+from serving.client import ChatResult
+
+CASE = {"case_id": "case_x", "vignette": "A 30-year-old woman has silvery scaly plaques on her elbows.", "choices": ["Plaque psoriasis", "Eczema", "Tinea", "Lichen planus"],
+        "answer": "Plaque psoriasis", "answer_index": 0, "specialty": "Dermatology", "dataset": "fixture"}
+
+
+class Scripted:
+    """Answers by role and prompt kind; records every call."""
+
+    def __init__(self, doctor_turns, *, mcq="A", frq="Psoriasis", extract="Diagnosis: Psoriasis", verdict="Verdict: Yes"):
+        self.doctor_turns = list(doctor_turns)
+        self.mcq, self.frq, self.extract, self.verdict = mcq, frq, extract, verdict
+        self.calls = []
+
+    async def chat(self, messages, role="default", gen=None):
+        assert gen is None or gen.seed is None, "seeded sampling crashes the vLLM CPU engine"
+        self.calls.append((role, messages))
+        last = messages[-1]["content"]
+        if role == "clinical" and messages[0]["role"] == "system":
+            text = self.doctor_turns.pop(0) if self.doctor_turns else "Anything else?"
+        elif role == "clinical":
+            text = self.mcq if "Which of these" in last else self.frq
+        elif role == "patient":
+            text = f"patient reply {sum(r == 'patient' for r, _ in self.calls)}"
+        elif role == "summarizer":
+            text = "A woman reports scaly elbow patches.\n\nPatient statements:\n- more"
+        elif role == "grader":
+            text = self.extract if "copy out the diagnosis" in last else self.verdict
+        else:
+            raise AssertionError(role)
+        return ChatResult(texts=[text], prompt_tokens=10, completion_tokens=3)
+
+    def asks(self, kind):
+        return [m[-1]["content"] for r, m in self.calls if r == "clinical" and m[0]["role"] != "system" and kind in m[-1]["content"]]
+
+
+def settings(**kw):
+    return CraftSettings(**{"max_turns": 3, "trials": 2, **kw})
+
+
+def run(client, s=None):
+    s = s or settings()
+    return asyncio.run(solve(client, {"id": "case_x/t0", "case": CASE, "trial": 0}, s))
+
+
+def test_stop_rules_on_one_turn():
+    assert stop_reason_for("**Final Diagnosis:** Psoriasis", "Final Diagnosis") == "final_diagnosis"
+    assert stop_reason_for("final diagnosis: psoriasis?", "Final Diagnosis") == "final_diagnosis"
+    assert stop_reason_for("You have psoriasis.", "Final Diagnosis") == "no_question"
+    assert stop_reason_for("How old are you?", "Final Diagnosis") is None
+
+
+def test_conversation_ends_on_final_diagnosis():
+    c = Scripted(["How old are you?", "**Final Diagnosis:** Plaque psoriasis", "never asked?"])
+    transcript, stop = asyncio.run(converse(c, CASE, settings(), 0, Ledger()))
+    assert stop == "final_diagnosis"
+    assert [t["agent"] for t in transcript] == ["patient", "doctor", "patient", "doctor"]
+    assert [t["turn"] for t in transcript] == [0, 1, 1, 2]
+    assert transcript[-1]["content"].startswith("**Final Diagnosis:**")
+
+
+def test_conversation_ends_on_turn_without_question_mark():
+    c = Scripted(["Where is the rash?", "It is psoriasis."])
+    transcript, stop = asyncio.run(converse(c, CASE, settings(), 0, Ledger()))
+    assert stop == "no_question" and transcript[-1] == {"agent": "doctor", "content": "It is psoriasis.", "turn": 2}
+
+
+def test_conversation_ends_at_turn_cap():
+    c = Scripted(["Q1?", "Q2?", "Q3?", "Q4?", "Q5?"])
+    transcript, stop = asyncio.run(converse(c, CASE, settings(max_turns=3), 0, Ledger()))
+    assert stop == "turn_cap"
+    assert sum(t["agent"] == "doctor" for t in transcript) == 3
+    assert transcript[-1]["agent"] == "patient"  # the third question was answered, then the cap stops it
+
+
+def test_doctor_sees_patient_as_user_and_patient_sees_doctor_as_user():
+    c = Scripted(["How old are you?", "**Final Diagnosis:** X"])
+    asyncio.run(converse(c, CASE, settings(), 0, Ledger()))
+    doctor_calls = [m for r, m in c.calls if r == "clinical"]
+    assert [m["role"] for m in doctor_calls[1]] == ["system", "user", "assistant", "user"]
+    patient_calls = [m for r, m in c.calls if r == "patient"]
+    assert CASE["vignette"] in patient_calls[0][0]["content"] and "Dermatology" in doctor_calls[0][0]["content"]
+    assert patient_calls[1][-1] == {"role": "user", "content": "How old are you?"}
+
+
+def test_final_diagnosis_turn_is_removed_before_asking():
+    transcript = [{"agent": "patient", "content": "p", "turn": 0}, {"agent": "doctor", "content": "Q?", "turn": 1},
+                  {"agent": "patient", "content": "a", "turn": 1}, {"agent": "doctor", "content": "**Final Diagnosis:** Z", "turn": 2}]
+    assert context_turns(transcript, "final_diagnosis") == transcript[:3]
+    assert context_turns(transcript[:3], "turn_cap") == transcript[:3]
+    c = Scripted(["Do you have nail pits?", "**Final Diagnosis:** Secretpsoriasis"])
+    rec = run(c)
+    multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
+    assert len(multiturn_asks) == 2  # MCQ and FRQ
+    for a in multiturn_asks:
+        assert "Do you have nail pits?" in a and "Secretpsoriasis" not in a
+    assert rec["transcript"][-1]["content"] == "**Final Diagnosis:** Secretpsoriasis"  # kept in the record
+
+
+def test_record_shape_and_scores():
+    c = Scripted(["How long?", "**Final Diagnosis:** Psoriasis"], mcq="Answer: A", frq="Psoriasis", extract="Diagnosis: Psoriasis", verdict="Verdict: Yes")
+    rec = run(c)
+    assert rec["id"] == "case_x/t0" and rec["case_id"] == "case_x" and rec["trial"] == 0 and rec["specialty"] == "Dermatology"
+    assert rec["stop_reason"] == "final_diagnosis" and rec["n_doctor_turns"] == 2
+    assert {t["agent"] for t in rec["transcript"]} == {"doctor", "patient"}
+    assert rec["summary"] == "A woman reports scaly elbow patches."
+    assert set(rec["answers"]) == {"vignette", "multiturn", "singleturn", "summarized"}
+    for fmt, a in rec["answers"].items():
+        assert a["mcq"]["choice"] == 0 and a["mcq"]["correct"] == 1 and a["mcq"]["answer"] == "Answer: A"
+        # 'Psoriasis' vs 'Plaque psoriasis': lexically broader, but the grader was asked and said yes
+        assert a["frq"]["extracted"] == "Psoriasis" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "grader"
+    assert rec["correct"] == 1 and rec["correct_metric"] == "multiturn.mcq"
+    assert rec["usage"]["clinical"]["requests"] == 2 + 8 and rec["usage"]["grader"]["requests"] == 8
+    assert set(rec["prompt_hashes"]) >= {"doctor_system", "patient_system", "grader_extract", "grader_match"}
+    assert rec["parse_errors"] == []
+
+
+def test_grader_multiple_and_none_score_zero_and_skip_step_two():
+    for reply, status in (("Multiple", "multiple"), ("Diagnosis: None", "none")):
+        c = Scripted(["Done."], extract=reply)
+        rec = run(c, settings(formats="vignette", mcq=False))
+        frq = rec["answers"]["vignette"]["frq"]
+        assert frq["extraction_status"] == status and frq["correct"] == 0
+        assert not any("Decide whether" in m[-1]["content"] for r, m in c.calls if r == "grader")
+
+
+def test_unparsed_mcq_and_unscored_frq_are_counted():
+    c = Scripted(["Done."], mcq="I cannot tell", frq="Heart attack", extract="Diagnosis: Heart attack", verdict="maybe")
+    rec = run(c, settings(formats="vignette"))
+    a = rec["answers"]["vignette"]
+    assert a["mcq"]["correct"] == 0 and a["frq"]["correct"] is None
+    assert rec["parse_errors"] == ["vignette.mcq: unparsed choice", "vignette.frq: unscored_verdict"]
+
+
+def test_vignette_only_runs_no_conversation_and_osce_cases_skip_mcq():
+    c = Scripted([])
+    rec = run(c, settings(formats=["vignette"]))
+    assert rec["transcript"] == [] and rec["stop_reason"] is None
+    osce = {**CASE, "choices": [], "answer_index": None}
+    rec = asyncio.run(solve(Scripted([]), {"id": "o/t0", "case": osce, "trial": 0}, settings(formats=["vignette"])))
+    assert rec["answers"]["vignette"]["mcq"]["correct"] is None and "skipped" in rec["answers"]["vignette"]["mcq"]
+    assert rec["answers"]["vignette"]["frq"]["correct"] == 1
+
+
+def test_record_model_is_the_clinical_alias():
+    s = settings(formats=["vignette"], roles={"clinical": "mistral@http://127.0.0.1:9/v1", "patient": "embedded", "grader": "embedded"})
+    rec = run(Scripted([]), s)
+    assert rec["model"] == "mistral" and rec["roles"]["summarizer"] == "embedded"
+
+
+def test_units_per_case_and_trial():
+    units = units_for([CASE, {**CASE, "case_id": "case_y"}], 2)
+    assert [u["id"] for u in units] == ["case_x/t0", "case_x/t1", "case_y/t0", "case_y/t1"]
+
+
+class ScriptedCompletion(Scripted):
+    """Also answers text completions; replies start with a newline and run on, as a base model's do."""
+
+    async def complete(self, prompt, role="default", gen=None):
+        assert gen is None or gen.seed is None
+        self.calls.append((role, [{"role": "completion", "content": prompt}]))
+        if role == "clinical":
+            text = "\n\nB\nWhich of these" if "Which of these" in prompt else "\nScarlet fever\nDiagnosis: x"
+        elif role == "grader":
+            text = " Scarlet fever\n\nDoctor's answer:" if "copy out the diagnosis" in prompt else " Yes\nCorrect:"
+        else:
+            text = " A boy has a rash.\n\nPatient statements:"
+        return ChatResult(texts=[text], prompt_tokens=10, completion_tokens=3)
+
+
+def test_completion_steps_use_text_completion_and_first_line():
+    case = {**CASE, "choices": ["Measles", "Scarlet fever", "Kawasaki disease", "Rubella"], "answer": "Scarlet fever", "answer_index": 1}
+    c = ScriptedCompletion(["Done."])
+    s = settings(completion_steps=["answer", "grader", "summarizer"])
+    rec = asyncio.run(solve(c, {"id": "x/t0", "case": case, "trial": 0}, s))
+    kinds = {(r, m[0]["role"]) for r, m in c.calls}
+    assert ("clinical", "system") in kinds and ("patient", "system") in kinds  # the dialogue stays chat
+    assert ("grader", "completion") in kinds and ("summarizer", "completion") in kinds and ("grader", "user") not in kinds
+    for a in rec["answers"].values():
+        assert a["mcq"]["answer"] == "B" and a["mcq"]["correct"] == 1
+        assert a["frq"]["answer"] == "Scarlet fever" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "exact"
+    assert rec["summary"] == "A boy has a rash."

@@ -1,0 +1,70 @@
+"""DERA end to end against the real embedded vLLM server: tiny limits and small max_tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "dera" / "configs"
+
+
+def small_config(tmp_path: Path, name: str, **changes) -> Path:
+    cfg = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    p = tmp_path / f"{name}-small.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+@pytest.mark.e2e
+def test_summarize_one_case(cli, embedded_server, fixtures_dir, tmp_path):
+    model = f"embedded@{embedded_server['base_url']}"
+    cfg = small_config(tmp_path, "summarize", max_turns=2, sampling={"max_tokens": 48},
+                       score_sections=["Pertinent Positives"],
+                       gptf1={"extraction": {"temperature": 0.0, "max_tokens": 24}, "verification": {"temperature": 0.0, "max_tokens": 12}})
+    out = tmp_path / "sum"
+    proc = cli("run", "dera-summarize", "--data", str(fixtures_dir / "dera" / "encounters.jsonl"), "--limit", "1",
+               "--model", model, "--out", str(out), "--config", str(cfg), check=True)
+    assert "GPT-F1" in proc.stdout
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == 1 and "error" not in recs[0]
+    r = recs[0]
+    assert r["model"] == "embedded" and 1 <= r["turns"] <= 2 and r["stop_reason"] in ("researcher_stop", "turn_cap", "error")
+    assert r["transcript"][0]["agent"] == "researcher" and all(m["agent"] in ("researcher", "decider") for m in r["transcript"])
+    assert set(r["final"]) == set(r["initial"]) and r["calls"][0]["completion_tokens"] > 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["n_cases"] == 1 and "parse_error_rate" in metrics and metrics["run"]["completion_tokens"] > 0
+    assert "Pertinent Positives" in metrics["gptf1"]["dera_vs_initial"]
+    assert (out / "summary.md").exists() and (out / "identity.json").exists()
+
+
+@pytest.mark.e2e
+def test_qa_one_case_and_resume(cli, embedded_server, fixtures_dir, tmp_path):
+    model = f"embedded@{embedded_server['base_url']}"
+    cfg = small_config(tmp_path, "qa", answer={"max_tokens": 12}, explain={"max_tokens": 24}, dialogue={"max_tokens": 24},
+                       max_turns=1, final={"max_tokens": 12}, judge_exact={"max_tokens": 8}, judge_similarity={"max_tokens": 6})
+    out = tmp_path / "qa"
+    args = ["run", "dera-qa", "--data", str(fixtures_dir / "dera" / "medqa_open.jsonl"), "--model", model,
+            "--out", str(out), "--config", str(cfg)]
+    proc = cli(*args, "--limit", "1", check=True)
+    assert "| 1-shot |" in proc.stdout and "| DERA |" in proc.stdout
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == 1
+    r = recs[0]
+    assert len(r["oneshot"]["completions"]) == 5 and len(r["final"]["completions"]) == 5
+    assert r["transcript"][0]["agent"] == "decider" and r["turns"] <= 1
+    assert set(r["scores"]) == {"oneshot", "dera"} and 0.0 <= r["scores"]["oneshot"]["bertscore"] <= 1.0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["arms"]) == {"oneshot", "dera"} and "bertscore" in metrics["dera_minus_oneshot"]
+    # resume: the finished question is not redone, the next one is added
+    proc = cli(*args, "--limit", "2", check=True)
+    recs2 = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert [x["id"] for x in recs2] == [r["id"], "medqa_open-00002"]
+    assert json.loads((out / "metrics.json").read_text())["run"]["cases_resumed"] == 1

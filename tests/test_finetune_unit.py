@@ -1,0 +1,167 @@
+"""Fine-tuning: recipe validation, the loss mask, data building, clear errors (no training here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.config import ConfigError
+from finetune.data import IGNORE_INDEX, completion_positions, load_pairs, tokenize_pair
+from finetune.recipe import CONFIG_DIR, load_recipe, merge_overrides, parse_assignments, require_4bit_support, strip_none
+from models.errors import DataError, MedstackError
+
+FIX = Path(__file__).parent / "fixtures" / "finetune"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from models.registry import resolve_weights
+
+    _, weights = resolve_weights("embedded")
+    return AutoTokenizer.from_pretrained(str(weights))
+
+
+# ------------------------------------------------------------------ recipes
+
+@pytest.mark.parametrize("name", ["embedded-cpu.yaml", "llama3-8b-nlu.yaml", "openbiollm-8b-nlu.yaml"])
+def test_shipped_configs_carry_the_paper_lora_settings(name):
+    r = load_recipe(CONFIG_DIR / name)
+    assert (r.lora.r, r.lora.alpha, r.training.learning_rate, r.training.batch_size) == (32, 32, 1e-4, 16)
+    assert (r.training.lr_scheduler_type, r.training.warmup_ratio) == ("cosine", 0.1)
+    assert set(r.lora.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    # batch 16 = per device x accumulation on one process
+    assert r.training.per_device_train_batch_size * r.training.accumulation(1) == 16
+
+
+def test_gpu_configs_use_bf16_and_gradient_checkpointing():
+    for name in ("llama3-8b-nlu.yaml", "openbiollm-8b-nlu.yaml"):
+        r = load_recipe(CONFIG_DIR / name)
+        assert r.model.dtype == "bfloat16" and r.model.gradient_checkpointing
+    assert load_recipe(CONFIG_DIR / "embedded-cpu.yaml").model.dtype == "float32"
+
+
+def test_rank_zero_is_rejected_naming_the_key():
+    with pytest.raises(ConfigError, match=r"lora\.r: .*greater than or equal to 1"):
+        load_recipe(CONFIG_DIR / "embedded-cpu.yaml", {"lora": {"r": 0}})
+
+
+def test_unknown_base_alias_lists_the_known_ones():
+    with pytest.raises(ConfigError) as e:
+        load_recipe(None, {"model": {"base": "gpt-17"}})
+    assert "model.base" in str(e.value) and "unknown base model alias 'gpt-17'" in str(e.value) and "embedded" in str(e.value)
+
+
+def test_unknown_key_and_bad_batch_are_rejected():
+    with pytest.raises(ConfigError, match=r"lora\.rank: Extra inputs are not permitted"):
+        load_recipe(None, {"lora": {"rank": 8}})
+    with pytest.raises(ConfigError, match="not a multiple of per_device_train_batch_size"):
+        load_recipe(None, {"training": {"batch_size": 16, "per_device_train_batch_size": 3}})
+    with pytest.raises(ConfigError, match="cannot be split over 3 process"):
+        load_recipe(None, {"training": {"batch_size": 16, "per_device_train_batch_size": 2}}).training.accumulation(3)
+
+
+def test_missing_config_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_recipe(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lora: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_recipe(bad)
+
+
+def test_overrides_parse_and_merge():
+    assert parse_assignments(["training.max_steps=30", "lora.r=8", "data.valid_split=null"]) == {
+        "training": {"max_steps": 30}, "lora": {"r": 8}, "data": {"valid_split": None}}
+    with pytest.raises(ConfigError, match="expected SECTION.KEY=VALUE"):
+        parse_assignments(["max_steps"])
+    merged = merge_overrides({"lora": {"r": 32, "alpha": 32}}, strip_none({"lora": {"r": 8, "alpha": None}, "out": None}))
+    assert merged == {"lora": {"r": 8, "alpha": 32}}
+    r = load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_assignments(["data.valid_split=null"]))
+    assert r.data.valid_split is None
+
+
+def test_4bit_without_bitsandbytes_or_gpu_fails_clearly():
+    r = load_recipe(None, {"model": {"load_in_4bit": True}})
+    with pytest.raises(MedstackError, match="needs a CUDA GPU"):
+        require_4bit_support(r, on_gpu=False)
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:  # the CPU environment: bitsandbytes is not installed
+        with pytest.raises(MedstackError, match="bitsandbytes is not installed"):
+            require_4bit_support(r, on_gpu=True)
+    require_4bit_support(load_recipe(None, {}), on_gpu=False)  # not requested: nothing to check
+
+
+def test_early_stopping_needs_a_valid_split():
+    with pytest.raises(ConfigError, match="early_stopping_patience needs data.valid_split"):
+        load_recipe(None, {"data": {"valid_split": None}, "training": {"early_stopping_patience": 2}})
+
+
+# ------------------------------------------------------------------ data and the loss mask
+
+def test_pairs_are_the_meditod_supervised_prompt_and_target():
+    from experiments.meditod.data import load_dialogs, load_split_ids
+    from experiments.meditod.prompts import supervised_prompt
+    from experiments.meditod.tasks import build_samples
+
+    pairs = load_pairs(str(FIX / "dialogs.json"), None, "train", "nlu")
+    samples = build_samples(load_dialogs(FIX / "dialogs.json"), load_split_ids(FIX, "train"), "nlu")
+    assert len(pairs) == 4 == len(samples)
+    assert pairs[0]["prompt"] == supervised_prompt("nlu", samples[0])
+    assert json.loads(pairs[0]["completion"]) == [{"intent": "inform", "slots": {"positive_symptom": [{"value": "coughing", "onset": "last week"}]}}]
+
+
+def test_missing_split_names_the_file(tmp_path):
+    shutil.copy(FIX / "dialogs.json", tmp_path / "dialogs.json")
+    shutil.copy(FIX / "train_ids.json", tmp_path / "train_ids.json")
+    with pytest.raises(DataError, match=r"split 'valid': .*valid_ids\.json not found"):
+        load_pairs(str(tmp_path / "dialogs.json"), None, "valid", "nlu")
+
+
+def test_loss_mask_covers_only_the_completion(tokenizer):
+    prompt, completion = "Task: say the answer.\nInput: two plus two\nOutput:\n", '{"answer":4}'
+    row = tokenize_pair(tokenizer, prompt, completion, max_length=256)
+    ids, labels = row["input_ids"], row["labels"]
+    n_prompt = len(tokenizer(prompt)["input_ids"])
+    assert ids[0] == tokenizer.bos_token_id and len(ids) == len(labels)
+    assert labels[:n_prompt] == [IGNORE_INDEX] * n_prompt  # every prompt token is masked
+    assert all(x != IGNORE_INDEX for x in labels[n_prompt:])  # every completion token is trained
+    assert labels[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(labels[n_prompt:-1]) == completion
+    assert ids[n_prompt:] == labels[n_prompt:]
+
+
+def test_truncation_keeps_the_completion_and_the_bos(tokenizer):
+    prompt = "Dialogue history:\n" + "Patient: I cough a lot.\n" * 60 + "Output:\n"
+    row = tokenize_pair(tokenizer, prompt, '{"ok":1}', max_length=64)
+    assert row["truncated"] and len(row["input_ids"]) == 64
+    assert row["input_ids"][0] == tokenizer.bos_token_id
+    completion = [t for t in row["labels"] if t != IGNORE_INDEX]
+    assert tokenizer.decode(completion[:-1]) == '{"ok":1}' and completion[-1] == tokenizer.eos_token_id
+
+
+def test_completion_positions_are_the_union_over_the_batch():
+    import torch
+
+    labels = torch.tensor([[-100, -100, 5, 6, -100], [-100, -100, -100, 7, 8]])
+    # position p predicts token p+1: row 0 needs 1, 2; row 1 needs 2, 3
+    assert completion_positions(labels).tolist() == [1, 2, 3]
+
+
+# ------------------------------------------------------------------ command line: bad input exits 2
+
+def test_cli_bad_base_rank_and_split_exit_2(cli, tmp_path):
+    data = str(FIX / "dialogs.json")
+    p = cli("finetune", "meditod-nlu", "--data", data, "--base", "gpt-17", "--out", str(tmp_path / "a"))
+    assert p.returncode == 2 and "unknown base model alias 'gpt-17'" in p.stderr
+    p = cli("finetune", "meditod-nlu", "--data", data, "--base", "embedded", "--set", "lora.r=0", "--out", str(tmp_path / "b"))
+    assert p.returncode == 2 and "lora.r" in p.stderr
+    p = cli("finetune", "meditod-pol", "--data", data, "--base", "embedded", "--set", "data.valid_split=dev", "--out", str(tmp_path / "c"))
+    assert p.returncode == 2 and "dev_ids.json not found" in p.stderr
+    p = cli("finetune", "meditod-nlg", "--data", str(tmp_path / "missing.json"), "--base", "embedded")
+    assert p.returncode == 2 and "does not exist" in p.stderr

@@ -1,0 +1,60 @@
+"""Report: flattening metrics, outcomes, escaping, robustness to odd records and bad input."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from experiments.report.build import build_report, case_view, metric_tables, outcome
+from experiments.report.collect import find_runs
+from models.errors import MedstackError
+
+
+def test_metric_tables_flatten_nested_metrics():
+    tables = metric_tables({"accuracy": 0.5, "n": 4, "by_condition": {"a": {"acc": 0.5, "n": 2}, "b": {"acc": 1.0}},
+                            "run": {"wall_seconds": 3.0, "usage_by_role": {"total": {"requests": 2}}}, "levels": [{"c": 1}, {"c": 2}]})
+    by = {t["title"]: t for t in tables}
+    assert by["overview"]["rows"] == [["accuracy", "0.5"], ["n", "4"]]
+    assert by["by_condition"]["columns"] == ["", "acc", "n"] and by["by_condition"]["rows"][1] == ["b", "1", "-"]
+    assert by["run"]["rows"] == [["wall_seconds", "3"]] and by["run.usage_by_role"]["rows"] == [["total", "2"]]
+    assert by["levels"]["rows"] == [["1"], ["2"]]
+
+
+def test_outcome_and_case_view_for_any_study():
+    assert [outcome(r) for r in ({"correct": 1}, {"correct": False}, {"correct": 1, "error": "x"}, {"score": 0.3})] == \
+        ["correct", "incorrect", "error", "unscored"]
+    c = case_view({"id": 7, "transcript": [{"agent": "doctor", "content": "hi", "turn": 0}, {"role": "patient", "text": "ok"}],
+                   "prediction": {"intent": "x"}, "gold": "y", "extracted_diagnosis": "flu", "odd": [1, {"z": None}]}, "m")
+    assert c["id"] == "7" and c["model"] == "m" and [t["agent"] for t in c["turns"]] == ["doctor", "patient"]
+    assert '"intent": "x"' in c["prediction"] and c["gold"] == "y"
+    assert ["extracted_diagnosis", "flu"] in c["grades"] and '"odd"' in c["rest"] and "transcript" not in c["rest"]
+
+
+def test_report_escapes_model_output(fixtures_dir, tmp_path):
+    out = build_report([str(fixtures_dir / "report")], tmp_path / "r.html")
+    html = out.read_text()
+    assert "ZEBRA-PATIENT-LINE" in html and "QUOKKA-RESEARCHER-NOTE" in html
+    assert '<script>document.body.setAttribute("data-pwned"' not in html and "<img src=x" not in html
+    assert "&lt;script&gt;document.body.setAttribute(" in html
+    assert html.count("<script>") == 1  # only our own inline script
+    assert "http://" not in html.replace("http://127.0.0.1:8011/v1", "") and "https://" not in html  # nothing fetched
+
+
+def test_broken_records_become_a_warning_and_bad_paths_fail(fixtures_dir, tmp_path, cli):
+    run = tmp_path / "runs" / "broken"
+    shutil.copytree(fixtures_dir / "report" / "dera_run", run)
+    with open(run / "records.jsonl", "a") as f:
+        f.write("{not json\n")
+    html = build_report([str(tmp_path / "runs")], tmp_path / "r.html").read_text()
+    assert "records.jsonl:4" in html and "warning" in html
+    with pytest.raises(MedstackError, match="no results directories"):
+        find_runs([str(_empty(tmp_path))])
+    p = cli("report", str(tmp_path / "missing"), "--out", str(tmp_path / "x.html"))
+    assert p.returncode == 2 and "no such file" in p.stderr and "Traceback" not in p.stderr
+
+
+def _empty(tmp_path):
+    d = tmp_path / "empty" / "sub"
+    d.mkdir(parents=True)
+    return d.parent

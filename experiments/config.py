@@ -41,18 +41,22 @@ class RunSettings(BaseModel):
     roles: dict[str, str] = {"default": "embedded"}
 
 
+def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:
+    """A YAML file whose top level is a mapping; ConfigError naming the file otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist{missing_hint}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of {what} at the top level, got {type(data).__name__}")
+    return data
+
+
 def load_settings(cls: type[T], path: str | Path | None, overrides: dict | None = None) -> T:
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping of settings at the top level, got {type(data).__name__}")
+    data: dict = read_yaml_mapping(path) if path is not None else {}
     for key, value in (overrides or {}).items():
         if value is None:
             continue

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from experiments.config import ConfigError, load_settings
+from experiments.config import ConfigError, load_settings, read_yaml_mapping
 from models.errors import MedstackError
 
 TASKS = ("nlu", "pol", "nlg")
@@ -171,19 +171,10 @@ def merge_overrides(base: dict, extra: dict) -> dict:
 
 def load_recipe(path: str | Path | None, overrides: dict | None = None) -> Recipe:
     """YAML file (or defaults) + nested overrides -> Recipe; raises ConfigError naming file and key."""
-    import yaml
-
     data: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist (shipped configs: {', '.join(sorted(x.name for x in CONFIG_DIR.glob('*.yaml')))})")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping of sections (model, lora, data, training) at the top level")
+        shipped = ", ".join(sorted(x.name for x in CONFIG_DIR.glob("*.yaml")))
+        data = read_yaml_mapping(path, missing_hint=f" (shipped configs: {shipped})", what="sections (model, lora, data, training)")
     merged = merge_overrides(data, overrides or {})
     # load_settings validates and formats errors as "<file>: invalid settings\n  key.path: message"
     try:

@@ -313,3 +313,18 @@ def test_careplan_prompts_render_with_sections():
         assert s in text
     assert "$" not in render("careplan_researcher", age=1, sex="f", chief_complaint="x", chat="c", summary="s", review_sections="Tests", dialogue="d")
     assert len(prompt_hash("careplan_decider_final")) == 12
+
+
+def test_gptf1_empty_reference_is_unscored_and_empty_prediction_scores_zero():
+    def reply(role, prompt, gen):
+        return '["fever"]' if "List the medical concepts" in prompt else "[1]"
+
+    log = CaseLog(ScriptedClient(reply), 1)
+    res = run(gptf1.score_summary(log, {"A": "", "B": "fever for two days"}, {"A": "", "B": ""}, ["A", "B"],
+                                  DialogueSettings().gptf1, label="t"))
+    a, b = res["sections"]["A"], res["sections"]["B"]
+    # no reference text: nothing to score against (not a perfect 1.0 for two unparsed summaries)
+    assert a["scored"] is False and a["f1"] is None and a["reason"] == "empty reference section"
+    # a reference concept the (empty) prediction misses: recall 0, precision 0 (no predicted concepts)
+    assert b["scored"] is True and b["recall"] == 0.0 and b["precision"] == 0.0 and b["f1"] == 0.0
+    assert res["unscored_sections"] == 1 and res["average"]["f1"] == 0.0

@@ -8,9 +8,11 @@ clinically equivalent wording.
     precision = tp_pred / (tp_pred + fp)  predicted concepts found in the ground truth
     F1        = harmonic mean
 
-Conventions (ours; the paper does not say): both lists empty -> P = R = F1 = 1; a ratio with
-an empty denominator otherwise -> 0. A judge reply that cannot be parsed leaves the section
-unscored (P/R/F1 = None, counted), never silently 0. Concept lists are kept in the record.
+Conventions (ours; the paper does not say): both concept lists empty -> P = R = F1 = 1; a ratio
+with an empty denominator otherwise -> 0. An empty reference section (e.g. the model's summary
+could not be parsed into sections) and a judge reply that cannot be parsed leave the section
+unscored (P/R/F1 = None, counted), never silently 0 or 1; an empty predicted section against a
+non-empty reference scores 0. Concept lists are kept in the record.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: Gp
             concept_cache[text] = await extract_concepts(log, text, settings, f"gptf1:{label}:extract_{who}")
         return concept_cache[text]
 
+    if not gt_text.strip():  # no reference text (e.g. the section could not be parsed): nothing to score against
+        return {"gt_concepts": None, "pred_concepts": None, "scored": False, "reason": "empty reference section",
+                "precision": None, "recall": None, "f1": None}
     gt_c = await concepts(gt_text, "gt")
     pred_c = await concepts(pred_text, "pred")
     out = {"gt_concepts": gt_c, "pred_concepts": pred_c}

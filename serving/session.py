@@ -3,7 +3,9 @@
 A role is given as ``ALIAS`` (a registry alias; a running server is reused, otherwise
 one is started for the run and stopped after it) or ``ALIAS@URL`` (an endpoint that is
 already up, e.g. ``llama3-8b-instruct@http://127.0.0.1:8001/v1``). A LoRA adapter is
-attached to a role with ``lora={NAME: DIR}``; requests then name the adapter.
+attached to a role with ``lora={NAME: DIR}``; requests then name the adapter. It is loaded into
+the server either way: at start for a server started here, at run time for ``ALIAS@URL``
+(the server must allow runtime LoRA updates, e.g. ``medstack serve --runtime-lora``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,23 @@ from pathlib import Path
 
 from serving.cache import ResponseCache
 from serving.client import Endpoint, LLMClient, check_local
-from serving.launcher import ensure_server, server_identity
+from serving.launcher import ensure_server, load_adapter, server_identity
+
+
+async def _ensure_url_adapters(alias: str, url: str, adapters: dict[str, str]) -> None:
+    """An ``ALIAS@URL`` server is not started by us: load each adapter it does not serve yet."""
+    if not adapters:
+        return
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0)
+    try:
+        served = {m.id async for m in client.models.list()}
+    finally:
+        await client.close()
+    for name, path in adapters.items():
+        if name not in served:
+            load_adapter({"alias": alias, "base_url": url, "port": 0}, name, path)
 
 
 def _adapter_hash(path: str) -> str:
@@ -57,6 +75,7 @@ async def open_client(
             ident_suffix = "".join(f"+lora:{n}:{_adapter_hash(p)}" for n, p in adapters.items())
             if url:
                 check_local(url, allow_remote)
+                await _ensure_url_adapters(alias, url, adapters)
                 endpoints[role] = Endpoint(url, served, f"{alias}@{url}{ident_suffix}", api_key or "EMPTY")
                 identities[role] = {"alias": alias, "base_url": url, "adapters": adapters}
                 continue

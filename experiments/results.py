@@ -6,9 +6,11 @@
     metrics.json    aggregate metrics (+ run statistics: wall time, tokens/s, cache hits)
     summary.md      tables for people
 
-A re-run with the same ``--out`` resumes: cases whose id is already in records.jsonl are
-skipped. A torn last line (a kill in the middle of a write) is dropped on open, so a
-crash never corrupts finished results.
+A re-run with the same ``--out`` resumes: records are append-only and the last line per id
+wins (a case that failed and was run again has two lines). A torn last line (a kill in the
+middle of a write) is dropped on open, so a crash never corrupts finished results. The
+settings and the hash of every prompt file are pinned in config.yaml: resuming with other
+settings or an edited prompt is refused, naming what changed.
 """
 
 from __future__ import annotations
@@ -73,12 +75,14 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class RunDir:
-    def __init__(self, path: str | Path, config: dict, *, id_key: str = "id"):
+    def __init__(self, path: str | Path, config: dict, *, id_key: str = "id", prompt_files: dict[str, str] | None = None):
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise ResultsError(f"--out {self.path} is a file, not a results directory")
         self.path.mkdir(parents=True, exist_ok=True)
         self.id_key = id_key
         self.records_path = self.path / "records.jsonl"
-        self._check_config(config)
+        self._check_config({**config, **({"prompt_files": prompt_files} if prompt_files else {})})
         self._repair_tail()
 
     # -- config ---------------------------------------------------------------
@@ -86,7 +90,15 @@ class RunDir:
         cfg_path = self.path / "config.yaml"
         if cfg_path.exists() and self.records_path.exists():
             old = yaml.safe_load(cfg_path.read_text()) or {}
-            keys = sorted(k for k in set(old) | set(config) if k not in RESUME_IGNORED and old.get(k) != config.get(k))
+            old_prompts, new_prompts = old.get("prompt_files") or {}, config.get("prompt_files") or {}
+            edited = sorted(n for n in set(old_prompts) | set(new_prompts) if old_prompts.get(n) != new_prompts.get(n))
+            if old_prompts and edited:
+                raise ResultsError(
+                    f"{self.path} was run with other prompt text: {', '.join(edited)} changed since; "
+                    "resuming would mix prompt versions. Use another --out, or restore the prompt file"
+                )
+            keys = sorted(k for k in set(old) | set(config)
+                          if k not in RESUME_IGNORED and k != "prompt_files" and old.get(k) != config.get(k))
             if keys:
                 raise ResultsError(
                     f"{self.path} holds a run with different settings ({', '.join(keys)}); "
@@ -109,8 +121,13 @@ class RunDir:
     def records(self) -> list[dict]:
         return read_jsonl(self.records_path) if self.records_path.exists() else []
 
+    def latest(self) -> dict[str, dict]:
+        """id -> the last record written for it (a case run again after a failure has two lines)."""
+        return {str(r[self.id_key]): r for r in self.records()}
+
     def done_ids(self) -> set[str]:
-        return {str(r[self.id_key]) for r in self.records()}
+        """Ids whose last record is not a failure."""
+        return {i for i, r in self.latest().items() if r.get("status") != "failed"}
 
     def append(self, record: dict) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
@@ -134,7 +151,7 @@ class RunDir:
 
 
 # settings that may change between a run and its resumption without changing results
-RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache"}
+RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures"}
 
 
 def load_run(path: str | Path) -> dict:
@@ -142,7 +159,11 @@ def load_run(path: str | Path) -> dict:
     p = Path(path)
     if not (p / "records.jsonl").exists():
         raise ResultsError(f"{p} is not a results directory (no records.jsonl)")
-    out = {"path": str(p), "records": read_jsonl(p / "records.jsonl")}
+    # the last line per id wins; failed cases stay visible to reports but carry status: failed
+    # the last line per id wins; failed cases are kept apart: they are never scored
+    latest = list({str(r.get("id")): r for r in read_jsonl(p / "records.jsonl")}.values())
+    out = {"path": str(p), "records": [r for r in latest if r.get("status") != "failed"],
+           "failed": [r for r in latest if r.get("status") == "failed"]}
     for name in ("config.yaml",):
         out["config"] = yaml.safe_load((p / name).read_text()) if (p / name).exists() else {}
     for name in ("metrics", "identity"):

@@ -1,8 +1,18 @@
-"""Run cases concurrently into a results directory, with resume and a progress bar.
+"""The one study runner: settings -> cases -> client -> results directory, for every study.
 
-Every experiment is: load cases -> for each case not yet done, ``await solve(case)`` ->
-append the record as soon as it finishes. The run's sustained throughput (output
-tokens/s over wall time), requests and cache hits are returned for metrics.json.
+    run_study(study, settings)
+      1. cases = study.load_cases(settings)       bad input -> exit 2, before any server starts
+      2. RunDir(out): resume check (settings and prompt files), last line per id wins
+      3. open_client(roles): reuse or start servers; identity.json (models, server command line)
+      4. every case not finished yet -> study.solve(ctx, case) under the concurrency limit,
+         each record appended (fsync'ed) as soon as it finishes
+      5. metrics and summary over the finished records only
+
+Failure policy (SPEC 7): a case whose call failed after the client's retries is recorded as
+``status: failed`` with the error, left out of every metric, counted in metrics.json and
+summary.md, and run again by the next resume; :class:`RunOutcome.failed` > 0 makes the command
+exit 3. When the endpoint stops answering (``max_consecutive_failures`` cases in a row failed in
+transport), no new case is started; the log tail of a server this run started is shown.
 """
 
 from __future__ import annotations
@@ -10,61 +20,204 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from typing import Awaitable, Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from experiments.config import ConfigError, RunSettings
 from experiments.results import RunDir
-from serving.client import LLMClient
+from experiments.study import CaseContext, RequestFailed, Study
+from models.errors import DataError, MedstackError
+from serving import server_metrics
+from serving.refs import ModelRef
+from serving.session import open_client
 
 
-async def run_cases(
-    cases: Iterable[dict],
-    solve: Callable[[dict], Awaitable[dict]],
-    rundir: RunDir,
-    client: LLMClient,
-    *,
-    concurrency: int = 16,
-    id_key: str = "id",
-    description: str = "cases",
-) -> dict:
-    """Solve every case not already in ``rundir``; return run statistics."""
-    done = rundir.done_ids()
-    todo = [c for c in cases if str(c[id_key]) not in done]
-    sem = asyncio.Semaphore(concurrency)
-    failures = 0
-    t0 = time.perf_counter()
+@dataclass
+class RunOutcome:
+    out: Path
+    metrics: dict
+    summary: str
+    finished: int
+    failed: int
+    not_started: int
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.failed or self.not_started else 0
+
+
+def resolve_roles(study: Study, settings: RunSettings) -> dict[str, str]:
+    """Every declared role -> a model reference; unknown roles are an error listing the valid ones."""
+    given = dict(settings.roles)
+    fallback = given.pop("default", None)
+    unknown = sorted(set(given) - set(study.roles))
+    if unknown:
+        raise ConfigError(f"{study.name}: unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(study.roles)}")
+    roles = {}
+    for role in study.roles:
+        spec = given.get(role) or fallback or "embedded"
+        roles[role] = str(ModelRef.parse(spec, where=f"role {role}"))
+    return roles
+
+
+def default_out(study: Study, roles: dict[str, str]) -> str:
+    return str(Path("runs") / f"{study.name}-{ModelRef.parse(roles[study.primary_role]).alias}")
+
+
+def load_checked_cases(study: Study, settings: RunSettings) -> list[dict]:
+    """The study's cases, with unique ids and at least one case."""
+    cases = study.load_cases(settings)
+    if not cases:
+        raise DataError(f"{settings.data or study.name}: no cases to run (empty input, or --limit/filters left none)")
+    seen: set[str] = set()
+    for c in cases:
+        cid = str(c["id"])
+        if cid in seen:
+            raise DataError(f"{settings.data}: case id {cid!r} appears twice; ids must be unique")
+        seen.add(cid)
+    return cases
+
+
+def prepare_run(study: Study, settings: RunSettings) -> tuple[RunSettings, list[dict]]:
+    """Everything that can be checked without a model: settings, roles, cases. Raises MedstackError."""
+    roles = resolve_roles(study, settings)
+    settings = study.prepare(settings.model_copy(update={"roles": roles}))
+    settings = settings.model_copy(update={"out": settings.out or default_out(study, roles)})
+    return settings, load_checked_cases(study, settings)
+
+
+def _open(settings: RunSettings, study: Study, api_key: str | None, client, log):
+    """The run's client: ours over the roles' servers, or one given (tests: a scripted backend)."""
+    if client is not None:
+        return nullcontext((client, {}))
+    lora = {study.primary_role: settings.lora} if settings.lora else None
+    return open_client(settings.roles, lora=lora, concurrency=settings.concurrency, timeout=settings.timeout, retries=settings.retries,
+                       use_cache=settings.use_cache, allow_remote=settings.allow_remote, api_key=api_key,
+                       send_seed=settings.send_seed, log=log)
+
+
+async def run_study(study: Study, settings: RunSettings, cases: list[dict] | None = None, *, api_key: str | None = None,
+                    resume_command: str | None = None, client=None, log=print) -> RunOutcome:
+    if cases is None:
+        settings, cases = prepare_run(study, settings)
+    prompt_files = study.prompts.file_hashes() if study.prompts else {}
+    rundir = RunDir(settings.out, settings.model_dump(mode="json"), prompt_files=prompt_files)
+    case_ids = [str(c["id"]) for c in cases]
+    latest = rundir.latest()
+    done = {i for i in case_ids if i in latest and latest[i].get("status") != "failed"}
+    retry = [i for i in case_ids if i in latest and latest[i].get("status") == "failed"]
+    todo = [c for c in cases if str(c["id"]) not in done]
+    if done or retry:
+        log(f"resuming {rundir.path}: {len(done)} case(s) already finished" + (f", {len(retry)} failed last time and run again" if retry else ""))
+
+    async with _open(settings, study, api_key, client, log) as (client, identities):
+        rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles})
+        urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
+        before = {u: server_metrics.scrape(u) for u in urls}
+        t0 = time.perf_counter()
+        try:
+            await study.setup(client, settings, todo, rundir.path)
+            state = await _dispatch(study, settings, todo, rundir, client, identities, log)
+        except RequestFailed as e:  # the study's one-off set-up calls got no answer
+            log(f"[red]set-up request failed:[/red] {e}")
+            state = {"not_started": len(todo), "stopped": True}
+        wall = time.perf_counter() - t0
+        stats = _run_stats(client, wall, settings, len(done), state)
+        # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
+        stats["server"] = {u: server_metrics.summary(before[u], server_metrics.scrape(u)) for u in urls if before[u]}
+
+    latest = rundir.latest()
+    records = [latest[i] for i in case_ids if i in latest]
+    finished = [r for r in records if r.get("status") != "failed"]
+    failed = [r for r in records if r.get("status") == "failed"]
+    not_started = len(case_ids) - len(records)
+    metrics = study.metrics(finished, settings)
+    metrics["case_status"] = {"total": len(case_ids), "finished": len(finished), "failed": len(failed), "not_started": not_started}
+    metrics["run"] = stats
+    rundir.write_metrics(metrics)
+    summary = study.summary(metrics, settings).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command)
+    rundir.write_summary(summary)
+    return RunOutcome(rundir.path, metrics, summary, len(finished), len(failed), not_started)
+
+
+async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> dict:
+    sem = asyncio.Semaphore(settings.concurrency)
+    state = {"finished": 0, "failed": 0, "not_started": 0, "consecutive": 0, "stopped": False}
 
     async def one(case: dict, progress: Progress, task) -> None:
-        nonlocal failures
         async with sem:
+            if state["stopped"]:
+                state["not_started"] += 1
+                return
+            ctx = CaseContext(client, case["id"], settings.seed)
+            t0 = time.perf_counter()
             try:
-                record = await solve(case)
-            except Exception as e:  # a bug in one case is recorded, not fatal for the run
-                failures += 1
-                record = {id_key: case[id_key], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            record.setdefault(id_key, case[id_key])
+                record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
+                state["consecutive"] = 0
+                state["finished"] += 1
+            except RequestFailed as e:
+                record = {"id": case["id"], "status": "failed", "error": str(e)}
+                state["consecutive"] = state["consecutive"] + 1 if e.transport else 0
+                state["failed"] += 1
+            except MedstackError:
+                raise  # bad input met mid-run (a prompt placeholder, a malformed case): the whole run stops
+            except Exception as e:  # a bug in one case: recorded as failed, retried on resume
+                record = {"id": case["id"], "status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                state["failed"] += 1
+            record["calls"] = ctx.calls
+            record["usage"] = ctx.usage()
+            record["seconds"] = round(time.perf_counter() - t0, 3)
             rundir.append(record)
             progress.advance(task)
+            if state["consecutive"] >= settings.max_consecutive_failures and not state["stopped"]:
+                state["stopped"] = True
+                _report_endpoint_down(state["consecutive"], identities, log)
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, transient=False) as progress:
-        task = progress.add_task(f"{description} ({len(done)} already done)", total=len(todo))
+        task = progress.add_task(study.name, total=len(todo))
         await asyncio.gather(*(one(c, progress, task) for c in todo))
-    wall = time.perf_counter() - t0
-    usage = client.usage_summary()
-    total = usage["total"]
+    return state
+
+
+def _report_endpoint_down(n: int, identities: dict, log) -> None:
+    log(f"[red]{n} cases in a row got no answer from the model endpoint: no new case is started.[/red]")
+    for role, ident in identities.items():
+        if ident.get("started_by_run") and ident.get("log"):
+            lines = Path(ident["log"]).read_text(errors="replace").splitlines()[-15:] if Path(ident["log"]).exists() else []
+            log(f"the server medstack started for this run ({ident.get('alias')}, role {role}) logs to {ident['log']}; last lines:\n" + "\n".join(lines))
+            break
+
+
+def _run_stats(client, wall: float, settings: RunSettings, resumed: int, state: dict) -> dict:
+    total = client.usage_summary()["total"]
     return {
-        "cases_run": len(todo),
-        "cases_resumed": len(done),
-        "case_errors": failures,
-        "wall_seconds": round(wall, 2),
-        "requests": total["requests"],
-        "failed_requests": total["failed"],
-        "cache_hits": total["cache_hits"],
-        "prompt_tokens": total["prompt_tokens"],
-        "completion_tokens": total["completion_tokens"],
+        "cases_run": state.get("finished", 0) + state.get("failed", 0), "cases_resumed": resumed,
+        "cases_failed": state.get("failed", 0), "cases_not_started": state.get("not_started", 0),
+        "stopped_early": state.get("stopped", False), "wall_seconds": round(wall, 2),
+        "requests": total["requests"], "failed_requests": total["failed"], "cache_hits": total["cache_hits"],
+        "prompt_tokens": total["prompt_tokens"], "completion_tokens": total["completion_tokens"],
         "output_tokens_per_s": round(total["completion_tokens"] / wall, 2) if wall > 0 else None,
-        "concurrency": concurrency,
-        "usage_by_role": usage,
+        "concurrency": settings.concurrency, "usage_by_role": client.usage_summary(),
     }
+
+
+def _footer(metrics: dict, failed: list[dict], not_started: int, resume_command: str | None) -> str:
+    c, r = metrics["case_status"], metrics["run"]
+    text = (f"Run: {c['finished']} of {c['total']} cases finished ({r['cases_resumed']} from earlier runs), "
+            f"{r['wall_seconds']} s wall, {r['completion_tokens']} output tokens, {r['output_tokens_per_s']} output tokens/s, "
+            f"{r['requests']} requests, {r['cache_hits']} cache hits.\n")
+    for url, srv in (r.get("server") or {}).items():
+        rate = srv.get("prefix_cache_hit_rate")
+        text += f"Server {url}: prefix-cache hit rate {'-' if rate is None else f'{rate:.3f}'}, mean queueing {srv.get('queue_ms_mean')} ms, mean prefill {srv.get('prefill_ms_mean')} ms.\n"
+    if failed or not_started:
+        again = f" `{resume_command}`" if resume_command else ""
+        parts = ([f"{len(failed)} failed cases"] if failed else []) + ([f"{not_started} cases not started"] if not_started else [])
+        text += (f"\n**{' and '.join(parts)}** — left out of every metric above (a failed request is never a wrong answer); "
+                 f"run the same command again to retry them:{again}\n")
+        for rec in failed[:5]:
+            text += f"- {rec['id']}: {str(rec.get('error'))[:200]}\n"
+    return text

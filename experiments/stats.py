@@ -97,3 +97,79 @@ def mcnemar_test(a, b) -> dict:
     exact = discordant < 25
     res = mcnemar(table, exact=exact, correction=True)
     return {"table": table, "statistic": float(res.statistic), "p_value": float(res.pvalue), "exact": exact}
+
+
+# -- agreement between raters (judge calibration, SPEC 3.1 / 3.2) ---------------------------------
+
+def weighted_kappa(a, b, categories=None, weights: str = "linear") -> float:
+    """Cohen's kappa with linear (|i-j|/(k-1)) or quadratic weights over ordered ``categories``
+    (default: the sorted union of both raters' values). 1 = perfect agreement, 0 = chance; NaN when
+    both raters use one category only (no variance to agree on)."""
+    a, b = list(a), list(b)
+    if len(a) != len(b):
+        raise ValueError(f"rating lists differ in length: {len(a)} vs {len(b)}")
+    cats = list(categories) if categories is not None else sorted(set(a) | set(b))
+    k = len(cats)
+    if not a or k < 2:
+        return float("nan")
+    pos = {c: i for i, c in enumerate(cats)}
+    obs = np.zeros((k, k))
+    for x, y in zip(a, b):
+        obs[pos[x], pos[y]] += 1
+    obs /= obs.sum()
+    exp = np.outer(obs.sum(axis=1), obs.sum(axis=0))
+    i, j = np.indices((k, k))
+    if weights == "linear":
+        w = np.abs(i - j) / (k - 1)
+    elif weights == "quadratic":
+        w = ((i - j) / (k - 1)) ** 2
+    else:
+        raise ValueError("weights must be 'linear' or 'quadratic'")
+    denom = (w * exp).sum()
+    return float("nan") if denom == 0 else float(1 - (w * obs).sum() / denom)
+
+
+def spearman(a, b) -> dict:
+    """Spearman rank correlation (ties get average ranks) with its two-sided p (scipy)."""
+    from scipy.stats import spearmanr
+
+    a, b = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
+    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return {"rho": float("nan"), "p_value": float("nan"), "n": int(a.size)}
+    r = spearmanr(a, b)
+    return {"rho": float(r.statistic if hasattr(r, "statistic") else r[0]), "p_value": float(r.pvalue), "n": int(a.size)}
+
+
+def kendall(a, b) -> dict:
+    """Kendall's tau-b (tie-corrected) with its two-sided p (scipy)."""
+    from scipy.stats import kendalltau
+
+    a, b = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
+    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return {"tau_b": float("nan"), "p_value": float("nan"), "n": int(a.size)}
+    r = kendalltau(a, b)
+    return {"tau_b": float(r.statistic if hasattr(r, "statistic") else r[0]), "p_value": float(r.pvalue), "n": int(a.size)}
+
+
+def count_agreement(a, b, max_count: int) -> dict:
+    """Agreement of two raters' per-item counts out of ``max_count`` (e.g. correct trials of 5):
+    exact agreement share, mean absolute difference, the trial-level agreement bound
+    mean((max - |a - b|) / max), linear-weighted kappa over 0..max, Spearman rho and the
+    (max+1)x(max+1) confusion matrix (rows: a, columns: b)."""
+    a, b = [int(x) for x in a], [int(x) for x in b]
+    if len(a) != len(b):
+        raise ValueError(f"count lists differ in length: {len(a)} vs {len(b)}")
+    n = len(a)
+    diff = [abs(x - y) for x, y in zip(a, b)]
+    cm = [[0] * (max_count + 1) for _ in range(max_count + 1)]
+    for x, y in zip(a, b):
+        cm[x][y] += 1
+    return {
+        "n": n,
+        "exact_agreement": sum(d == 0 for d in diff) / n if n else float("nan"),
+        "mean_abs_diff": sum(diff) / n if n else float("nan"),
+        "trial_agreement_bound": sum((max_count - d) / max_count for d in diff) / n if n else float("nan"),
+        "weighted_kappa_linear": weighted_kappa(a, b, categories=range(max_count + 1), weights="linear"),
+        "spearman": spearman(a, b),
+        "confusion": cm,
+    }

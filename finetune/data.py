@@ -24,8 +24,9 @@ def split_file(splits_dir: Path, split: str) -> Path:
     return Path(splits_dir) / f"{split}_ids.json"
 
 
-def load_pairs(dialogs_path: str, splits_dir: str | None, split: str, task: str) -> list[dict]:
-    """[{id, prompt, completion}] for one split, built with the MediTOD study's builders."""
+def load_pairs(dialogs_path: str, splits_dir: str | None, split: str, task: str, *, history_turns: int | None = None) -> list[dict]:
+    """[{id, prompt, completion}] for one split, built with the MediTOD study's builders
+    (``history_turns`` utterances of history; None: the study's default, 4 as in the authors' configs)."""
     from experiments.meditod.data import load_dialogs, load_split_ids
     from experiments.meditod.prompts import supervised_prompt
     from experiments.meditod.tasks import build_samples
@@ -35,7 +36,7 @@ def load_pairs(dialogs_path: str, splits_dir: str | None, split: str, task: str)
         raise DataError(f"split {split!r}: {split_file(splits, split)} not found (expected a JSON list of dialog ids)")
     dialogs = load_dialogs(dialogs_path)
     ids = load_split_ids(splits, split)
-    samples = build_samples(dialogs, ids, task)
+    samples = build_samples(dialogs, ids, task, **({} if history_turns is None else {"history_turns": history_turns}))
     if not samples:
         raise DataError(f"split {split!r} ({split_file(splits, split)}): no {task} samples in its dialogues")
     return [{"id": str(_field(s, "id")), "prompt": supervised_prompt(task, s), "completion": _field(s, "target_text")} for s in samples]

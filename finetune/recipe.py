@@ -37,7 +37,8 @@ class ModelSection(_Section):
     """e.g. ``eager`` (recommended for Gemma 3 training) or ``sdpa``; None = transformers' default."""
     load_in_4bit: bool = False
     """QLoRA-style 4-bit NF4 base via bitsandbytes (GPU only; bitsandbytes must be installed)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = True
+    """Paper: on (trades compute for activation memory); the CPU config turns it off."""
 
     @field_validator("base")
     @classmethod
@@ -77,6 +78,8 @@ class DataSection(_Section):
     prompt_format: Literal["completion", "chat"] = "completion"
     """completion: raw prompt (what `run --mode supervised` sends to /v1/completions); chat: the base's chat template."""
     limit: int | None = Field(None, ge=1, description="use at most N training samples (smoke tests)")
+    history_turns: int = Field(4, ge=0, description="dialogue-history utterances in each prompt (the authors' history_size: 4); "
+                               "must match the evaluation run's history_turns")
 
 
 class TrainingSection(_Section):
@@ -86,7 +89,7 @@ class TrainingSection(_Section):
     batch_size: int = Field(16, ge=1, description="effective batch = per_device x accumulation x processes")
     per_device_train_batch_size: int = Field(1, ge=1)
     per_device_eval_batch_size: int = Field(1, ge=1)
-    epochs: float = Field(3.0, gt=0)
+    epochs: float = Field(10.0, gt=0, description="paper: 10 (with early stopping on the valid loss)")
     max_steps: int = Field(-1, description="> 0 overrides epochs")
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -94,7 +97,8 @@ class TrainingSection(_Section):
     eval_steps: int | None = Field(None, ge=1, description="None: evaluate once per epoch (or at the end with max_steps)")
     save_steps: int | None = Field(None, ge=1, description="None: same as eval_steps")
     save_total_limit: int = Field(2, ge=1)
-    early_stopping_patience: int | None = Field(None, ge=1, description="stop after P evaluations without a better valid loss")
+    early_stopping_patience: int | None = Field(5, ge=1, description="stop after P evaluations without a better valid loss "
+                                                "(paper: 5); null: no early stopping")
     seed: int = 42
 
     @model_validator(mode="after")
@@ -128,7 +132,8 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _consistent(self):
         if self.training.early_stopping_patience and not self.data.valid_split:
-            raise ValueError("training.early_stopping_patience needs data.valid_split (early stopping watches the valid loss)")
+            raise ValueError("training.early_stopping_patience needs data.valid_split (early stopping watches the valid loss); "
+                             "set training.early_stopping_patience=null to train without validation")
         return self
 
     def out_dir(self) -> Path:

@@ -6,6 +6,11 @@ Several GPUs:     accelerate launch --config_file finetune/accelerate_ddp.yaml -
 
 Sections: seed -> logging -> last checkpoint -> data -> tokenizer -> model -> trainer with
 peft config -> train -> save -> evaluate. The recipe (finetune/recipe.py) carries every key.
+
+The paper recipe (the MediTOD authors' configs): 10 epochs, valid loss every epoch, early stopping
+with patience 5, the adapter with the best valid loss kept (``load_best_model_at_end``), gradient
+checkpointing, sequences of at most 1024 tokens, and on GPU a 4-bit NF4 base (bitsandbytes,
+:func:`bnb_4bit_kwargs`). On the CPU the base stays float32 and ``--max-steps`` makes smoke runs.
 """
 
 from __future__ import annotations
@@ -33,16 +38,28 @@ from models.registry import resolve_weights
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_base(weights: Path, recipe: Recipe, on_gpu: bool, dtype: torch.dtype):
+def bnb_4bit_kwargs(compute_dtype: torch.dtype) -> dict:
+    """The QLoRA base: 4-bit NormalFloat weights, double quantization, compute in ``compute_dtype`` (bf16 on GPU)."""
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": compute_dtype,
+            "bnb_4bit_use_double_quant": True}
+
+
+def from_pretrained_kwargs(recipe: Recipe, on_gpu: bool, dtype: torch.dtype) -> dict:
+    """Keyword arguments of ``AutoModelForCausalLM.from_pretrained`` for the base (4-bit checks first)."""
+    require_4bit_support(recipe, on_gpu)
     kwargs = {"dtype": dtype}
     if recipe.model.attn_implementation:
         kwargs["attn_implementation"] = recipe.model.attn_implementation
     if recipe.model.load_in_4bit:
         from transformers import BitsAndBytesConfig
 
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True)
+        kwargs["quantization_config"] = BitsAndBytesConfig(**bnb_4bit_kwargs(dtype))
         kwargs["device_map"] = {"": torch.cuda.current_device()}
+    return kwargs
+
+
+def load_base(weights: Path, recipe: Recipe, on_gpu: bool, dtype: torch.dtype):
+    kwargs = from_pretrained_kwargs(recipe, on_gpu, dtype)
     model = AutoModelForCausalLM.from_pretrained(str(weights), **kwargs)
     model.config.use_cache = False  # incompatible with gradient checkpointing, useless in training
     if recipe.model.load_in_4bit:
@@ -61,12 +78,13 @@ def merge_adapter(weights: Path, adapter_dir: Path, out_dir: Path, dtype: torch.
     return out_dir
 
 
-def train(recipe: Recipe, log=print) -> dict:
+def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
+    """Fine-tune per ``recipe``; ``weights`` replaces the base alias's resolved weights dir (tests use a tiny model)."""
     t_start = time.perf_counter()
     out = recipe.out_dir()
     out.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
-    require_4bit_support(recipe, on_gpu)
+    require_4bit_support(recipe, on_gpu)  # before any loading: a clear error where a GPU or bitsandbytes is missing
 
     # ---- seed
     set_seed(recipe.training.seed)
@@ -83,11 +101,12 @@ def train(recipe: Recipe, log=print) -> dict:
 
     # ---- data
     d = recipe.data
-    train_pairs = load_pairs(d.dialogs, d.splits_dir, d.train_split, d.task)[: d.limit]
-    valid_pairs = load_pairs(d.dialogs, d.splits_dir, d.valid_split, d.task) if d.valid_split else []
+    train_pairs = load_pairs(d.dialogs, d.splits_dir, d.train_split, d.task, history_turns=d.history_turns)[: d.limit]
+    valid_pairs = load_pairs(d.dialogs, d.splits_dir, d.valid_split, d.task, history_turns=d.history_turns) if d.valid_split else []
 
     # ---- tokenizer
-    spec, weights = resolve_weights(recipe.model.base)
+    if weights is None:
+        _, weights = resolve_weights(recipe.model.base)
     tokenizer = AutoTokenizer.from_pretrained(str(weights))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -152,12 +171,22 @@ def train(recipe: Recipe, log=print) -> dict:
     # (with load_best_model_at_end the loaded adapter's valid loss is state.best_metric: no second pass)
     best = trainer.state.best_metric
     eval_metrics = ({"eval_loss": best} if best is not None else trainer.evaluate()) if has_valid else {}
+    planned = trainer.state.max_steps
+    stopped_early = bool(t.early_stopping_patience) and trainer.state.global_step < planned
+    best_ckpt = trainer.state.best_model_checkpoint
+    if stopped_early:
+        log(f"early stopping after {trainer.state.global_step} of {planned} steps: no lower valid loss in "
+            f"{t.early_stopping_patience} evaluations; best valid loss {best} at {best_ckpt}")
     metrics = summarize(trainer.state.log_history, throughput.train_tokens, throughput.train_seconds, time.perf_counter() - t_start)
     metrics.update({
         "task": d.task, "base": recipe.model.base, "weights": str(weights), "device": "cuda" if on_gpu else "cpu",
         "dtype": str(dtype).removeprefix("torch."), "world_size": world_size(), "data": data_stats,
         "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
         "final_valid_loss": eval_metrics.get("eval_loss"), "adapter": str(adapter_dir),
+        "planned_steps": planned, "early_stopping_patience": t.early_stopping_patience, "stopped_early": stopped_early,
+        "best_checkpoint": best_ckpt, "best_step": int(best_ckpt.rsplit("-", 1)[1]) if best_ckpt else None,
+        "load_in_4bit": recipe.model.load_in_4bit, "gradient_checkpointing": recipe.model.gradient_checkpointing,
+        "max_length": d.max_length, "history_turns": d.history_turns,
         "merged": str(merged_dir) if merged_dir else None, "resumed_from": last_checkpoint,
         "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3) if on_gpu else None,
     })

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from typing import List, Optional
 
@@ -98,6 +99,15 @@ def serve(
     distributed_backend: Optional[str] = typer.Option(None, help="GPU: 'ray' for multi-node serving (start the Ray cluster first)."),
     device: str = typer.Option("auto", help="auto | cpu | gpu."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
+    vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
+    cpu_threads_bind: Optional[str] = typer.Option(None, help="CPU: VLLM_CPU_OMP_THREADS_BIND; 'all' (default: every usable core), 'auto' (vLLM's: reserves a core), or e.g. 0-1."),
+    cpu_reserved: Optional[int] = typer.Option(None, help="CPU: VLLM_CPU_NUM_OF_RESERVED_CPU (CPUs kept for the front end)."),
+    cpu_kvcache_gb: Optional[float] = typer.Option(None, help="CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; default 2)."),
+    omp_threads: Optional[int] = typer.Option(None, help="CPU: OMP_NUM_THREADS (default: from the binding)."),
+    preload_iomp: Optional[bool] = typer.Option(None, "--preload-iomp/--no-preload-iomp", help="CPU: LD_PRELOAD the venv's libiomp5.so (default: on)."),
+    max_num_seqs: Optional[int] = typer.Option(None, help="Most sequences per engine step (default: vLLM's)."),
+    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill (default: vLLM's)."),
+    prefix_caching: Optional[bool] = typer.Option(None, "--prefix-caching/--no-prefix-caching", help="Prefix caching (default: vLLM's)."),
 ) -> None:
     """Start vLLM's OpenAI-compatible server for MODEL (sub-commands: status, stop)."""
     if ctx.invoked_subcommand is not None:
@@ -111,7 +121,9 @@ def serve(
         alias=model, host=host, port=port, api_key=api_key, lora=parse_lora(lora), max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization, distributed_backend=distributed_backend, device=device,
-        allow_runtime_lora=runtime_lora,
+        allow_runtime_lora=runtime_lora, extra_args=list(vllm_arg), cpu_threads_bind=cpu_threads_bind, cpu_reserved=cpu_reserved, cpu_kvcache_gb=cpu_kvcache_gb,
+        omp_threads=omp_threads, preload_iomp=preload_iomp, max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill,
+        prefix_caching=prefix_caching,
     )
     rec = start_server(settings, log=lambda m: console.print(m))
     out.print(rec["base_url"])
@@ -163,20 +175,26 @@ def chat(
     text: str = typer.Argument(..., help="The user message."),
     model: str = typer.Option("embedded", "--model", "-m", help="Alias, or ALIAS@URL for a server that is already up."),
     system: Optional[str] = typer.Option(None, help="Optional system message."),
-    max_tokens: int = typer.Option(128),
-    temperature: float = typer.Option(0.0),
+    max_tokens: Optional[int] = typer.Option(None, help="Default: the registry entry's sampling.max_tokens."),
+    temperature: Optional[float] = typer.Option(None, help="Default: the registry entry's sampling.temperature."),
     allow_remote: bool = typer.Option(False, help="Allow a non-local endpoint."),
     no_cache: bool = typer.Option(False, help="Bypass the response cache."),
 ) -> None:
     """One chat completion, printed. Uses a running server for the alias or starts one for the call."""
+    from models.registry import load_registry
     from serving.client import GenConfig
+    from serving.refs import model_name
     from serving.session import open_client
 
+    spec = load_registry().get(model_name(model))
+    defaults = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 128, **(spec.sampling if spec else {})}
+    gen = GenConfig(temperature=defaults["temperature"] if temperature is None else temperature, top_p=defaults["top_p"],
+                    max_tokens=defaults["max_tokens"] if max_tokens is None else max_tokens)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
 
     async def go():
         async with open_client({"default": model}, allow_remote=allow_remote, use_cache=not no_cache, log=lambda m: console.print(m)) as (client, _):
-            return await client.chat(messages, gen=GenConfig(temperature=temperature, max_tokens=max_tokens))
+            return await client.chat(messages, gen=gen)
 
     result = asyncio.run(go())
     if not result.ok:
@@ -194,8 +212,15 @@ def _register_studies() -> None:
     registry.register_all(app=app, run_app=run_app, score_app=score_app, import_app=import_app, data_app=data_app, finetune_app=finetune_app)
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C: a server started for the run is stopped,
+    finished records stay on disk."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> None:
     set_offline()
+    signal.signal(signal.SIGTERM, _terminate)
     _register_studies()
     try:
         app(standalone_mode=False)
@@ -204,13 +229,11 @@ def main() -> None:
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except typer.Abort:
-        console.print("aborted")
+    except (typer.Abort, KeyboardInterrupt):
+        console.print("interrupted: finished results are kept; run the same command again to resume")
         sys.exit(130)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
+    except Exception as e:  # usage errors (typer's bundled click and click itself): message + exit 2
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             sys.exit(e.exit_code)
         raise

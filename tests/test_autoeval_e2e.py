@@ -21,7 +21,7 @@ def test_autoeval_one_dialogue_real_judge(cli, embedded_server, tmp_path):
     recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len(recs) == 1
     r = recs[0]
-    assert r["id"] == "case-001/trial-0::empathy" and r["error"] is None and r["completion_tokens"] > 0
+    assert r["id"] == "case-001/trial-0::empathy" and r["status"] == "ok" and r["usage"]["total"]["completion_tokens"] > 0
     assert r["raw"] and len(r["prompt_hash"]) == 16
     # a 270M base model may or may not produce a rating: either a whole 1..5, or unscored with a reason
     assert (r["rating"] in (1, 2, 3, 4, 5) and r["parse_error"] is None) or (r["rating"] is None and r["parse_error"])

@@ -5,17 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from experiments.autoeval import judge as J
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rank_agreement, rating_metrics
-from experiments.autoeval.run import AutoevalSettings, load_dialogues, run_autoeval
+from experiments.autoeval.run import load_dialogues
 from experiments.parsing import extract_rating
 from models.errors import DataError
-from serving.client import ChatResult, Endpoint
+from serving.client import ChatResult
 
 FIX = Path(__file__).parent / "fixtures" / "autoeval"
 CRITERIA = J.select_criteria(J.load_criteria(), ["empathy", "concerns", "welfare", "understanding"])
@@ -199,112 +198,13 @@ def test_rating_metrics_counts_unscored_never_zero():
     assert m["unscored_rate"] == 0.5
 
 
-# ------------------------------------------------------------------ a whole run with a scripted judge
-
-class ScriptedJudge:
-    """Stand-in for LLMClient: explains with fixed notes; rates from a per-dialogue script."""
-
-    def __init__(self, ratings: dict[str, str]):
-        self.ratings = ratings  # marker text in the new dialogue -> reply
-        self.calls = {"explain": 0, "rate": 0}
-        self.prompts: list[str] = []
-
-    def endpoint(self, role):
-        return Endpoint("http://127.0.0.1:1/v1", "scripted", "scripted-judge")
-
-    def usage_summary(self):
-        total = {"requests": sum(self.calls.values()), "failed": 0, "prompt_tokens": 0, "completion_tokens": 7 * sum(self.calls.values()),
-                 "cache_hits": 0, "seconds": 0.0}
-        return {"total": total}
-
-    async def chat(self, messages, role="default", gen=None):
-        prompt = messages[-1]["content"]
-        self.prompts.append(prompt)
-        if "=== New dialogue ===" not in prompt:
-            self.calls["explain"] += 1
-            rating = re.search(r"score of (\d) out of 5", prompt).group(1)
-            return ChatResult(texts=[f"Good: g{rating}\nBad: b{rating}\nSummary: s{rating}"], completion_tokens=7)
-        self.calls["rate"] += 1
-        new = prompt.split("=== New dialogue ===", 1)[1]
-        for marker, reply in self.ratings.items():
-            if marker in new:
-                return ChatResult(texts=[reply], completion_tokens=7)
-        return ChatResult(error="HTTP 400: prompt too long")
-
-    async def complete(self, prompt, role="default", gen=None):  # pragma: no cover - chat api in these tests
-        raise AssertionError("chat api expected")
-
-
-def _settings(out: Path, **kw) -> AutoevalSettings:
-    base = dict(data=str(FIX / "results"), out=str(out), roles={"judge": "scripted"}, criteria=["empathy", "welfare"], use_cache=False)
-    return AutoevalSettings(**{**base, **kw})
-
-
-SCRIPT = {"burning feeling": "Good: warm\nBad: brief\nSummary: kind\nRating: 4",
-          "suddenly weak": "Good: none\nBad: ignores stroke signs\nSummary: unsafe\nRating: 1",
-          "lung cancer": "I think this is a good dialogue overall."}  # no rating: unscored
-
-
-def test_scripted_run_records_metrics_and_resume(tmp_path):
-    out = tmp_path / "ae"
-    judge = ScriptedJudge(SCRIPT)
-    res = asyncio.run(run_autoeval(_settings(out, reference=str(FIX / "reference.csv")), log=lambda m: None, client=judge))
-    assert judge.calls == {"explain": 10, "rate": 6}  # 5 examples x 2 criteria, then 3 dialogues x 2 criteria
-    recs = {r["id"]: r for r in map(json.loads, (out / "records.jsonl").read_text().splitlines())}
-    assert set(recs) == {f"case-00{i}/trial-0::{c}" for i in (1, 2, 4) for c in ("empathy", "welfare")}
-    r = recs["case-001/trial-0::empathy"]
-    assert r["rating"] == 4 and r["explanation"] == {"good": "warm", "bad": "brief", "summary": "kind"}
-    assert r["model"] == "embedded" and r["correct"] == 1 and len(r["prompt_hash"]) == 16 and r["examples_used"][0] == "empathy-1"
-    bad = recs["case-004/trial-0::welfare"]
-    assert bad["rating"] is None and not bad["scored"] and bad["parse_error"] and bad["raw"].startswith("I think")
-    # the few-shot prompts carry the judge's own step-(a) notes with the known ratings
-    rate_prompt = next(p for p in judge.prompts if "=== New dialogue ===" in p)
-    assert "Good: g3\nBad: b3\nSummary: s3\nRating: 3" in rate_prompt
-    m = json.loads((out / "metrics.json").read_text())
-    assert m["criteria"]["empathy"]["mean"] == 2.5 and m["criteria"]["empathy"]["n"] == 2 and m["criteria"]["empathy"]["unscored"] == 1
-    assert m["unscored"] == 2 and m["parse_errors"] == 2 and m["dialogues"]["skipped_no_transcript"] == 1
-    assert m["agreement"]["empathy"]["n"] == 2 and m["agreement"]["welfare"]["reference_unmatched"] == 1
-    assert "Showing Empathy" in (out / "summary.md").read_text() and res["out"] == str(out)
-    assert len((out / "explained_examples.jsonl").read_text().splitlines()) == 10
-
-    # same command again: explanations come from the output dir, ratings are resumed, nothing is asked
-    judge2 = ScriptedJudge(SCRIPT)
-    asyncio.run(run_autoeval(_settings(out, reference=str(FIX / "reference.csv")), log=lambda m: None, client=judge2))
-    assert judge2.calls == {"explain": 0, "rate": 0}
-    m2 = json.loads((out / "metrics.json").read_text())
-    assert m2["examples"]["from_cache_file"] == 10 and m2["run"]["cases_resumed"] == 6 and m2["criteria"] == m["criteria"]
-
-
-def test_explanations_generated_once_per_judge(tmp_path):
-    out = tmp_path / "ae"
-    asyncio.run(run_autoeval(_settings(out, limit=1), log=lambda m: None, client=ScriptedJudge(SCRIPT)))
-    # a fresh output dir seeded with the cached explanations asks only for ratings
-    out2 = tmp_path / "ae2"
-    out2.mkdir()
-    shutil.copy(out / "explained_examples.jsonl", out2 / "explained_examples.jsonl")
-    judge = ScriptedJudge(SCRIPT)
-    asyncio.run(run_autoeval(_settings(out2), log=lambda m: None, client=judge))
-    assert judge.calls == {"explain": 0, "rate": 6}
-
-
-def test_failed_request_is_unscored_and_counted(tmp_path):
-    out = tmp_path / "ae"
-    asyncio.run(run_autoeval(_settings(out, criteria=["empathy"]), log=lambda m: None,
-                             client=ScriptedJudge({"burning feeling": "Rating: 5"})))
-    m = json.loads((out / "metrics.json").read_text())
-    e = m["criteria"]["empathy"]
-    assert e["n"] == 1 and e["mean"] == 5.0 and e["unscored"] == 2 and e["request_errors"] == 2 and e["parse_errors"] == 0
-    # re-running asks again only for the failed requests; the newest line per case wins, the old one stays
-    judge = ScriptedJudge({"burning feeling": "Rating: 5", "suddenly weak": "Rating: 1", "lung cancer": "Rating: 3"})
-    asyncio.run(run_autoeval(_settings(out, criteria=["empathy"]), log=lambda m: None, client=judge))
-    assert judge.calls == {"explain": 0, "rate": 2}
-    e = json.loads((out / "metrics.json").read_text())["criteria"]["empathy"]
-    assert e["n"] == 3 and e["mean"] == 3.0 and e["unscored"] == 0 and e["request_errors"] == 0
-    assert len((out / "records.jsonl").read_text().splitlines()) == 5
-
+# ------------------------------------------------------------------ command line (the scripted-judge runs: tests/test_autoeval_runner.py)
 
 def test_cli_bad_input_exits_2(cli, tmp_path):
     proc = cli("autoeval", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "no such file or registered data set" in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = cli("autoeval", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "is not a results directory" in proc.stderr
     proc = cli("autoeval", str(FIX / "results"), "--criteria", "empathy,kindness", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "unknown criterion 'kindness'" in proc.stderr
@@ -312,11 +212,12 @@ def test_cli_bad_input_exits_2(cli, tmp_path):
 
 def test_completion_api_prefills_good():
     class Completer:
-        prompt = None
+        prompt = step = None
 
-        async def complete(self, prompt, role="default", gen=None):
-            Completer.prompt = prompt
+        async def complete(self, prompt, role="default", gen=None, step=None):
+            Completer.prompt, Completer.step = prompt, step
             return ChatResult(texts=[" kind\nBad: slow\nSummary: ok\nRating: 4"])
 
-    res, text = asyncio.run(J.ask(Completer(), "PROMPT", J.JudgeConfig(api="completion"), J.JudgeConfig().rate_gen))
-    assert Completer.prompt == "PROMPT\n\nGood:" and text.startswith("Good: kind") and J.parse_notes(text)["rating"] == 4
+    res, text = asyncio.run(J.ask(Completer(), "PROMPT", J.JudgeConfig(api="completion"), J.JudgeConfig().rate_gen, step="rate"))
+    assert Completer.prompt == "PROMPT\n\nGood:" and Completer.step == "rate"
+    assert text.startswith("Good: kind") and J.parse_notes(text)["rating"] == 4

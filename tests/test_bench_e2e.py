@@ -47,3 +47,25 @@ def test_bench_both_engines_writes_json_md_png_and_compares_a_run(embedded_serve
     level2 = bench["results"]["vllm"][1]["output_tokens_per_s"]
     assert cmp["bench_concurrency"] == 2 and cmp["fraction"] == pytest.approx(1.5 / level2, abs=1e-3)
     assert "saturated figure" in (out / "bench.md").read_text()
+
+
+def test_bench_replay_of_a_recorded_run_against_the_server_and_the_batch1_loop(embedded_server, cli, tmp_path, fixtures_dir):
+    out = tmp_path / "replay"
+    model = f"embedded@{embedded_server['base_url']}"
+    p = cli("bench", "--model", model, "--replay", str(fixtures_dir / "bench" / "run"), "--baseline", "hf", "--out", str(out), check=True)
+    assert "Speed-up" in p.stdout
+    bench = json.loads((out / "bench.json").read_text())
+    r = bench["replay"]
+    assert r["workload"]["calls"] == 9 and r["workload"]["concurrency"] == 2
+    for engine in ("vllm", "hf"):
+        x = r[engine]
+        assert (x["calls"], x["completed"], x["failed"]) == (9, 9, 0), x.get("first_error")
+        assert x["output_tokens"] == x["expected_output_tokens"] == 39  # exactly the recorded completion tokens, both engines
+        assert x["wall_s"] > 0
+    assert r["speedup"]["wall_time"] > 0
+    assert bench["host"]["cpu_model"] is not None and bench["host"]["usable_cpus"]
+    assert "server" in r["vllm"]  # /metrics figures (None where the build does not export them)
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted({row["engine"] for row in rows}) == ["hf", "vllm"] and len(rows) == 18
+    png = out / "bench.png"
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

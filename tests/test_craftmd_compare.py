@@ -104,10 +104,10 @@ def test_import_published_folder(fixtures_dir, tmp_path):
     assert [t["agent"] for t in a0["transcript"]] == ["patient", "doctor", "patient", "doctor"]
     assert a0["stop_reason"] == "final_diagnosis" and a1["stop_reason"] == "no_question" and b1["stop_reason"] == "turn_cap"
     assert a1["transcript"][1] == {"agent": "doctor", "content": "Do your nails look different?", "turn": 1}
-    # MCQ free text -> choice, one rule: letter / exact / contains / fuzzy / unparsed
+    # MCQ free text -> choice, one rule: exact / letter / stated / contains / first / fuzzy / unparsed
     mcq = lambda r, f: r["answers"][f]["mcq"]
     assert (mcq(a0, "vignette")["parsed_by"], mcq(a0, "vignette")["correct"]) == ("letter", 1)
-    assert (mcq(a0, "multiturn")["parsed_by"], mcq(a0, "multiturn")["correct"]) == ("contains", 1)
+    assert (mcq(a0, "multiturn")["parsed_by"], mcq(a0, "multiturn")["correct"]) == ("stated", 1)  # "The answer is plaque psoriasis."
     assert (mcq(a0, "summarized")["parsed_by"], mcq(a0, "summarized")["correct"]) == ("unparsed", 0)
     assert (mcq(a1, "multiturn")["choice_text"], mcq(a1, "multiturn")["correct"]) == ("Tinea corporis", 0)
     assert (mcq(b0, "summarized")["parsed_by"], mcq(b0, "summarized")["correct"]) == ("fuzzy", 1)  # 'infraction'
@@ -163,3 +163,43 @@ def test_cli_import_then_compare_with_a_local_shaped_run(fixtures_dir, tmp_path)
     assert t["n_paired"] == 2 and t["mean_diff"] == 0.5
     for cmd in (["run", "craftmd", "--help"], ["import", "craftmd", "--help"], ["compare", "--help"], ["meld", "--help"]):
         assert runner.invoke(app, cmd).exit_code == 0
+
+
+def test_import_counts_minus_one_as_wrong_and_lists_unmapped(tmp_path):
+    src = tmp_path / "rel"
+    src.mkdir()
+    trial = lambda ev, mcq: {"vignette_mcq": mcq, "vignette_frq": "x", "extracted_ans_vignette_frq": "None" if ev == -1 else "gout",
+                             "evaluation_vignette_frq": ev}
+    for cid, evs, mcqs in (("c1", [1, -1], ["Gout", "The most likely diagnosis is gout."]), ("c2", [-1, 0], ["Pseudogout or gout", "Cellulitis"])):
+        (src / f"{cid}.json").write_text(json.dumps({"case_id": cid, "case_vignette": "v", "question": "q?", "correct_ans": "gout",
+                                                      "choices": ["Gout", "Pseudogout", "Septic arthritis", "Cellulitis"],
+                                                      **{f"trial_{i}": trial(e, m) for i, (e, m) in enumerate(zip(evs, mcqs))}}))
+    m = import_folder(src, "rel", tmp_path / "imp")
+    # per case: c1 (1 + 0)/2, c2 (0 + 0)/2 -> 0.25; -1 is wrong, not averaged as -1
+    assert m["accuracy"]["vignette.frq"]["accuracy"] == 0.25 and m["accuracy"]["vignette.frq"]["unscored"] == 0
+    assert m["frq_published_minus_one"] == {"vignette": 2} and m["grades"] == "published" and m["concurrent_rule"] == "any"
+    assert m["mcq_mapping"]["counts"] == {"exact": 2, "stated": 1, "unparsed": 1} and m["mcq_mapping"]["unmapped"] == 1
+    assert m["mcq_unmapped"] == [{"id": "c2/t0", "format": "vignette", "answer": "Pseudogout or gout"}]
+    assert m["accuracy"]["vignette.mcq"]["accuracy"] == 0.5  # c1 both right, c2 unmapped (wrong) + wrong
+    md = (tmp_path / "imp" / "summary.md").read_text()
+    assert "concurrent-diagnosis rule: any" in md and "| c2/t0 | vignette | Pseudogout or gout |" in md and "| all | 2 | 1 | 1 |" in md
+    cfg = yaml.safe_load((tmp_path / "imp" / "config.yaml").read_text())
+    assert cfg["grades"] == "published" and cfg["concurrent_rule"] == "any"
+
+
+def test_compare_names_rules_and_warns_on_mixed_grading(tmp_path, capsys):
+    a = make_run(tmp_path / "a", "local", {("vignette", "frq"): {"c1": [1], "c2": [0]}})
+    b = make_run(tmp_path / "b", "pub", {("vignette", "frq"): {"c1": [1], "c2": [1]}})
+    cfg = yaml.safe_load((b / "config.yaml").read_text())
+    (b / "config.yaml").write_text(yaml.safe_dump({**cfg, "grades": "published", "concurrent_rule": "any"}))
+    res = run_compare([str(a), str(b)], tmp_path / "cmp")
+    runs = {r["name"]: r for r in res["runs"]}
+    assert (runs["local"]["grades"], runs["local"]["concurrent_rule"]) == ("local", "zero") and runs["pub"]["concurrent_rule"] == "any"
+    assert {x["concurrent_rule"] for x in res["accuracy"]} == {"zero", "any"}
+    assert len(res["warnings"]) == 2 and "different concurrent-diagnosis rules" in res["warnings"][0]
+    md = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "**Warning:**" in md and "| local | local / zero |" in md and "| pub | published / any |" in md
+    r = CliRunner().invoke(_app(), ["compare", str(a), str(b), "--out", str(tmp_path / "cmp2")])
+    assert r.exit_code == 0 and "warning" in r.output.lower()
+    same = run_compare([str(a), str(a)], tmp_path / "cmp3") if False else run_compare([str(a)], tmp_path / "cmp3")
+    assert same["warnings"] == []

@@ -142,3 +142,75 @@ def _ok_csv(tmp_path):
     p = tmp_path / "ok.csv"
     p.write_text("case_vignette,choice_1,choice_2,choice_3,choice_4,answer,category,dataset,case_id\n\"v\",a,b,c,d,a,Neurology,x,case_1\n")
     return p
+
+
+# -- issue 12: the case question, MCQ mapping of verbose answers, no shortcut past the subtype rule, concurrent rule
+
+from experiments.craftmd.data import split_question
+
+
+@pytest.mark.parametrize("text, vignette_end, question, source", [
+    ("A 40-year-old man has a rash. Which of the following is the most likely diagnosis?", "has a rash.", "Which is the most likely diagnosis?", "vignette"),
+    ("He says “why are you asking me that?” He is adopted. Which of the following is the most likely diagnosis in this patient?",
+     "He is adopted.", "Which is the most likely diagnosis in this patient?", "vignette"),  # a quoted "?" is not the question
+    ("A smear is shown in Figure A. Which of the following is the most appropriate next step in diagnosis?\n ",
+     "shown in Figure A.", "Which is the most appropriate next step in diagnosis?", "vignette"),  # other question, trailing space
+    ("Biopsy shows spike and dome deposits. Which of the following is the most likely diagnosis:", "dome deposits.", "Which is the most likely diagnosis?", "vignette"),
+    ("Labs: Dr. Smith notes CK 3,120 U/L. Of the following options, which laboratory test can help to make the diagnosis?",
+     "CK 3,120 U/L.", "Which laboratory test can help to make the diagnosis?", "vignette"),
+    ("Red-brown papules with a mica-like scale on the arms.", "on the arms.", "What is the final diagnosis?", "default"),  # dermatology: no question
+])
+def test_split_question(text, vignette_end, question, source):
+    v, q, s = split_question(text)
+    assert v.endswith(vignette_end) and q == question and s == source and "?" not in v[-5:]
+
+
+def test_loaded_cases_carry_question_and_vignette_without_it(tmp_path):
+    p = tmp_path / "q.csv"
+    p.write_text('case_vignette,choice_1,choice_2,choice_3,choice_4,answer,category,dataset,case_id\n'
+                 '"A man has gout. Which of the following is the best next step in management?",a,b,c,d,a,Rheumatology,x,case_1\n')
+    c = load_cases(p)[0]
+    assert c["question"] == "Which is the best next step in management?" and c["vignette"] == "A man has gout."
+    assert c["vignette_full"].endswith("management?") and c["question_source"] == "vignette"
+
+
+@pytest.mark.parametrize("reply, expected, how", [
+    ("Chancroid", 2, "exact"),
+    ("**Final Diagnosis:** Syphilis", 3, "stated"),
+    ("Based on the symptoms, the most likely diagnosis is herpes, although chancroid is possible.", 1, "stated"),
+    ("The answer is (B) Syphilis.", 3, "stated"),                # invented letter: the named choice wins
+    ("Syphilis. Herpes and chancroid are less likely.", 3, "first"),  # commits first, then names others
+    ("herpes or syphilis", None, "unparsed"),                    # a hedge is no pick
+    ("Answer: C", 2, "letter"),
+    ("The correct answer is: A history of travel", None, "unparsed"),  # 'A' is an article
+    ("I cannot choose without an examination.", None, "unparsed"),
+])
+def test_map_choice_rules(reply, expected, how):
+    assert grading.map_choice(reply, CHOICES) == (expected, how)
+
+
+def test_cushing_disease_is_never_scored_correct_by_a_shortcut():
+    g, c = "Cushing disease", "Cushing syndrome"
+    assert grading.needs_verdict(g, "ok", c) and grading.match_targets(g, "ok", c) == [g]
+    assert grading.lexical_relation(g, c) is None  # disease/syndrome are words, not stop words
+    assert grading.grade_frq(g, "ok", c, "Verdict: No") == {"correct": 0, "grade_source": "grader"}
+    assert grading.grade_frq(g, "ok", c, "hmm")["correct"] is None  # unreadable verdict: unscored, not 1
+    assert grading.needs_verdict("cushing's syndrome", "ok", "Cushing syndrome")  # asked, not assumed
+    assert grading.grade_frq("Cushing  Syndrome.", "ok", "cushing syndrome", None) == {"correct": 1, "grade_source": "exact"}
+
+
+def test_concurrent_rule_zero_vs_any():
+    value, status = grading.parse_extraction("Diagnosis: tinea manuum, tinea pedis")
+    assert status == "concurrent" and grading.split_concurrent(value) == ["tinea manuum", "tinea pedis"]
+    assert grading.classify_extracted("hand, foot, and mouth disease") == ("hand, foot, and mouth disease", "ok")
+    assert grading.split_concurrent("delusional disorder, erotomanic type") == ["delusional disorder, erotomanic type"]
+    assert grading.grade_frq(value, status, "Tinea pedis", None, rule="zero") == {"correct": 0, "grade_source": "extraction_concurrent"}
+    assert grading.match_targets(value, status, "Tinea pedis", "zero") == []
+    assert grading.grade_frq(value, status, "Tinea pedis", None, rule="any") == {"correct": 1, "grade_source": "exact"}
+    # any: each named diagnosis graded; one Yes is enough, all No is 0
+    v2, s2 = grading.classify_extracted("eczema, athlete's foot")
+    assert grading.match_targets(v2, s2, "Tinea pedis", "any") == ["eczema", "athlete's foot"]
+    assert grading.grade_frq(v2, s2, "Tinea pedis", {"eczema": "Verdict: No", "athlete's foot": "Verdict: Yes"}, rule="any")["correct"] == 1
+    assert grading.grade_frq(v2, s2, "Tinea pedis", ["Verdict: No", "Verdict: No"], rule="any")["correct"] == 0
+    with pytest.raises(ValueError):
+        grading.grade_frq(v2, s2, "x", None, rule="some")

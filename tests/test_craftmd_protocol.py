@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from experiments.craftmd.protocol import context_turns, converse, solve, Ledger, stop_reason_for
+from experiments.craftmd.protocol import context_turns, converse, solve, stop_reason_for
 from experiments.craftmd.run import units_for
 from experiments.craftmd.settings import CraftSettings
+from experiments.study import CaseContext
 from serving.client import ChatResult
 
-CASE = {"case_id": "case_x", "vignette": "A 30-year-old woman has silvery scaly plaques on her elbows.", "choices": ["Plaque psoriasis", "Eczema", "Tinea", "Lichen planus"],
+CASE = {"case_id": "case_x", "vignette": "A 30-year-old woman has silvery scaly plaques on her elbows.", "question": "Which is the most likely diagnosis?", "choices": ["Plaque psoriasis", "Eczema", "Tinea", "Lichen planus"],
         "answer": "Plaque psoriasis", "answer_index": 0, "specialty": "Dermatology", "dataset": "fixture"}
 
 
@@ -22,13 +23,12 @@ class Scripted:
         self.calls = []
 
     async def chat(self, messages, role="default", gen=None):
-        assert gen is None or gen.seed is None, "seeded sampling crashes the vLLM CPU engine"
         self.calls.append((role, messages))
         last = messages[-1]["content"]
         if role == "clinical" and messages[0]["role"] == "system":
             text = self.doctor_turns.pop(0) if self.doctor_turns else "Anything else?"
         elif role == "clinical":
-            text = self.mcq if "Which of these" in last else self.frq
+            text = self.mcq if "\nA. " in last else self.frq
         elif role == "patient":
             text = f"patient reply {sum(r == 'patient' for r, _ in self.calls)}"
         elif role == "summarizer":
@@ -47,9 +47,12 @@ def settings(**kw):
     return CraftSettings(**{"max_turns": 3, "trials": 2, **kw})
 
 
-def run(client, s=None):
+def run(client, s=None, case=CASE, unit_id="case_x/t0"):
+    """solve() through a CaseContext, as the runner calls it; the record gets the context's usage."""
     s = s or settings()
-    return asyncio.run(solve(client, {"id": "case_x/t0", "case": CASE, "trial": 0}, s))
+    ctx = CaseContext(client, unit_id)
+    rec = asyncio.run(solve(ctx, {"id": unit_id, "case": case, "trial": 0}, s))
+    return {**rec, "usage": ctx.usage()}
 
 
 def test_stop_rules_on_one_turn():
@@ -61,7 +64,7 @@ def test_stop_rules_on_one_turn():
 
 def test_conversation_ends_on_final_diagnosis():
     c = Scripted(["How old are you?", "**Final Diagnosis:** Plaque psoriasis", "never asked?"])
-    transcript, stop = asyncio.run(converse(c, CASE, settings(), 0, Ledger()))
+    transcript, stop = asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings()))
     assert stop == "final_diagnosis"
     assert [t["agent"] for t in transcript] == ["patient", "doctor", "patient", "doctor"]
     assert [t["turn"] for t in transcript] == [0, 1, 1, 2]
@@ -70,13 +73,13 @@ def test_conversation_ends_on_final_diagnosis():
 
 def test_conversation_ends_on_turn_without_question_mark():
     c = Scripted(["Where is the rash?", "It is psoriasis."])
-    transcript, stop = asyncio.run(converse(c, CASE, settings(), 0, Ledger()))
+    transcript, stop = asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings()))
     assert stop == "no_question" and transcript[-1] == {"agent": "doctor", "content": "It is psoriasis.", "turn": 2}
 
 
 def test_conversation_ends_at_turn_cap():
     c = Scripted(["Q1?", "Q2?", "Q3?", "Q4?", "Q5?"])
-    transcript, stop = asyncio.run(converse(c, CASE, settings(max_turns=3), 0, Ledger()))
+    transcript, stop = asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings(max_turns=3)))
     assert stop == "turn_cap"
     assert sum(t["agent"] == "doctor" for t in transcript) == 3
     assert transcript[-1]["agent"] == "patient"  # the third question was answered, then the cap stops it
@@ -84,7 +87,7 @@ def test_conversation_ends_at_turn_cap():
 
 def test_doctor_sees_patient_as_user_and_patient_sees_doctor_as_user():
     c = Scripted(["How old are you?", "**Final Diagnosis:** X"])
-    asyncio.run(converse(c, CASE, settings(), 0, Ledger()))
+    asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings()))
     doctor_calls = [m for r, m in c.calls if r == "clinical"]
     assert [m["role"] for m in doctor_calls[1]] == ["system", "user", "assistant", "user"]
     patient_calls = [m for r, m in c.calls if r == "patient"]
@@ -95,8 +98,8 @@ def test_doctor_sees_patient_as_user_and_patient_sees_doctor_as_user():
 def test_final_diagnosis_turn_is_removed_before_asking():
     transcript = [{"agent": "patient", "content": "p", "turn": 0}, {"agent": "doctor", "content": "Q?", "turn": 1},
                   {"agent": "patient", "content": "a", "turn": 1}, {"agent": "doctor", "content": "**Final Diagnosis:** Z", "turn": 2}]
-    assert context_turns(transcript, "final_diagnosis") == transcript[:3]
-    assert context_turns(transcript[:3], "turn_cap") == transcript[:3]
+    assert context_turns(transcript) == transcript[:3]
+    assert context_turns(transcript[:3]) == transcript[:3]  # ended on a patient turn (turn cap): nothing to remove
     c = Scripted(["Do you have nail pits?", "**Final Diagnosis:** Secretpsoriasis"])
     rec = run(c)
     multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
@@ -119,7 +122,7 @@ def test_record_shape_and_scores():
         # 'Psoriasis' vs 'Plaque psoriasis': lexically broader, but the grader was asked and said yes
         assert a["frq"]["extracted"] == "Psoriasis" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "grader"
     assert rec["correct"] == 1 and rec["correct_metric"] == "multiturn.mcq"
-    assert rec["usage"]["clinical"]["requests"] == 2 + 8 and rec["usage"]["grader"]["requests"] == 8
+    assert rec["usage"]["clinical"]["calls"] == 2 + 8 and rec["usage"]["grader"]["calls"] == 8
     assert set(rec["prompt_hashes"]) >= {"doctor_system", "patient_system", "grader_extract", "grader_match"}
     assert rec["parse_errors"] == []
 
@@ -146,7 +149,7 @@ def test_vignette_only_runs_no_conversation_and_osce_cases_skip_mcq():
     rec = run(c, settings(formats=["vignette"]))
     assert rec["transcript"] == [] and rec["stop_reason"] is None
     osce = {**CASE, "choices": [], "answer_index": None}
-    rec = asyncio.run(solve(Scripted([]), {"id": "o/t0", "case": osce, "trial": 0}, settings(formats=["vignette"])))
+    rec = run(Scripted([]), settings(formats=["vignette"]), case=osce, unit_id="o/t0")
     assert rec["answers"]["vignette"]["mcq"]["correct"] is None and "skipped" in rec["answers"]["vignette"]["mcq"]
     assert rec["answers"]["vignette"]["frq"]["correct"] == 1
 
@@ -154,7 +157,7 @@ def test_vignette_only_runs_no_conversation_and_osce_cases_skip_mcq():
 def test_record_model_is_the_clinical_alias():
     s = settings(formats=["vignette"], roles={"clinical": "mistral@http://127.0.0.1:9/v1", "patient": "embedded", "grader": "embedded"})
     rec = run(Scripted([]), s)
-    assert rec["model"] == "mistral" and rec["roles"]["summarizer"] == "embedded"
+    assert rec["model"] == "mistral"
 
 
 def test_units_per_case_and_trial():
@@ -166,10 +169,9 @@ class ScriptedCompletion(Scripted):
     """Also answers text completions; replies start with a newline and run on, as a base model's do."""
 
     async def complete(self, prompt, role="default", gen=None):
-        assert gen is None or gen.seed is None
         self.calls.append((role, [{"role": "completion", "content": prompt}]))
         if role == "clinical":
-            text = "\n\nB\nWhich of these" if "Which of these" in prompt else "\nScarlet fever\nDiagnosis: x"
+            text = "\n\nB\nWhich of these" if "\nA. " in prompt else "\nScarlet fever\nDiagnosis: x"
         elif role == "grader":
             text = " Scarlet fever\n\nDoctor's answer:" if "copy out the diagnosis" in prompt else " Yes\nCorrect:"
         else:
@@ -181,7 +183,7 @@ def test_completion_steps_use_text_completion_and_first_line():
     case = {**CASE, "choices": ["Measles", "Scarlet fever", "Kawasaki disease", "Rubella"], "answer": "Scarlet fever", "answer_index": 1}
     c = ScriptedCompletion(["Done."])
     s = settings(completion_steps=["answer", "grader", "summarizer"])
-    rec = asyncio.run(solve(c, {"id": "x/t0", "case": case, "trial": 0}, s))
+    rec = run(c, s, case=case, unit_id="x/t0")
     kinds = {(r, m[0]["role"]) for r, m in c.calls}
     assert ("clinical", "system") in kinds and ("patient", "system") in kinds  # the dialogue stays chat
     assert ("grader", "completion") in kinds and ("summarizer", "completion") in kinds and ("grader", "user") not in kinds
@@ -189,3 +191,21 @@ def test_completion_steps_use_text_completion_and_first_line():
         assert a["mcq"]["answer"] == "B" and a["mcq"]["correct"] == 1
         assert a["frq"]["answer"] == "Scarlet fever" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "exact"
     assert rec["summary"] == "A boy has a rash."
+
+
+def test_closing_turn_without_question_mark_is_removed_too():
+    c = Scripted(["Do you have nail pits?", "You have psoriasis, friend."])
+    rec = run(c)
+    assert rec["stop_reason"] == "no_question"
+    for a in [a for a in c.asks("") if "conversation with a patient" in a]:
+        assert "Do you have nail pits?" in a and "psoriasis, friend" not in a
+
+
+def test_case_question_goes_to_the_doctor_never_to_the_patient():
+    case = {**CASE, "vignette": "A 50-year-old man has a painless rash.", "question": "What is the best next step in management?"}
+    c = Scripted(["Where?", "**Final Diagnosis:** X"])
+    run(c, case=case)
+    patient_prompts = [m[0]["content"] for r, m in c.calls if r == "patient"]
+    assert all("next step" not in p and "painless rash" in p for p in patient_prompts)
+    asks = c.asks("")
+    assert len(asks) == 8 and all("What is the best next step in management?" in a for a in asks)

@@ -99,13 +99,3 @@ def test_corruption_table():
     text = report.dialogue_summary(m, s, "dera-corrupt")
     assert "corruption level 7/10" in text and "| 7 | **Average** | 0.500" in text
 
-
-def test_unreachable_cases_are_rerun_on_resume(tmp_path):
-    from experiments.dera.cli import _forget_unreachable
-    from experiments.results import RunDir
-
-    rd = RunDir(tmp_path / "run", {"a": 1})
-    rd.append({"id": "1", "server_unreachable": False})
-    rd.append({"id": "2", "server_unreachable": True})
-    _forget_unreachable(RunDir(tmp_path / "run", {"a": 1}))
-    assert rd.done_ids() == {"1"}

@@ -9,6 +9,7 @@ import pytest
 from experiments.dera import dialogue, gptf1, qa
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import DialogueSettings, QASettings, Sampling
+from experiments.study import CaseContext, RequestFailed
 from serving.client import ChatResult, GenConfig
 
 
@@ -32,6 +33,11 @@ class ScriptedClient:
         return await self.chat([{"role": "user", "content": prompt}], role, gen)
 
 
+def case_log(client, case_id: str = "e1") -> CaseLog:
+    """DERA's log over the runner's per-case context (the call log, seeds and failure policy are the runner's)."""
+    return CaseLog(CaseContext(client, case_id))
+
+
 SUMMARY = "\n".join(f"{s}: text about {s.lower()}." for s in DialogueSettings().sections)
 ENC = {"id": "e1", "age": 40, "sex": "female", "chief_complaint": "cough",
        "chat": [{"speaker": "doctor", "text": "What brings you in?"}, {"speaker": "patient", "text": "A cough for a week."}]}
@@ -50,7 +56,7 @@ def test_researcher_stop_tag_ends_dialogue():
             return '[RESPONSE: "Positives omit the fever."]' if calls["researcher"] == 1 else "[STOP]"
         return '[RESPONSE: "Agreed."] [SCRATCHPAD: "Pertinent Positives: add fever"]'
 
-    log = CaseLog(ScriptedClient(reply), seed=1)
+    log = case_log(ScriptedClient(reply))
     out = run(dialogue.run_dialogue(log, ENC, {s: "x" for s in DialogueSettings().sections}, DialogueSettings()))
     assert out["stop_reason"] == "researcher_stop"
     assert [m["agent"] for m in out["transcript"]] == ["researcher", "decider", "researcher"]
@@ -65,13 +71,13 @@ def test_turn_cap_counts_all_messages():
         return '[RESPONSE: "Fine."] [SCRATCHPAD: "none"]'
 
     client = ScriptedClient(reply)
-    log = CaseLog(client, seed=1)
+    log = case_log(client)
     out = run(dialogue.run_dialogue(log, ENC, {}, DialogueSettings()))
     assert out["stop_reason"] == "turn_cap"
     assert out["turns"] == 15 and len(client.requests) == 15
     assert out["transcript"][-1]["agent"] == "researcher"  # 8 researcher + 7 decider messages
     assert out["scratchpad"] == []  # "none" is not a correction
-    out4 = run(dialogue.run_dialogue(CaseLog(ScriptedClient(reply), 1), ENC, {}, DialogueSettings(max_turns=4)))
+    out4 = run(dialogue.run_dialogue(case_log(ScriptedClient(reply)), ENC, {}, DialogueSettings(max_turns=4)))
     assert out4["turns"] == 4 and out4["transcript"][-1]["agent"] == "decider"
 
 
@@ -88,7 +94,7 @@ def test_scratchpad_accumulates_and_reaches_final_rewrite():
 
     client = ScriptedClient(reply)
     settings = DialogueSettings(max_turns=6)
-    rec = run(dialogue.make_solver(client, settings, "m")(ENC))
+    rec = run(dialogue.make_solver(settings, "m")(case_log(client), ENC))
     assert rec["scratchpad"] == ["fix 1a", "fix 1b", "fix 2a", "fix 2b", "fix 3a", "fix 3b"]
     final_prompt = [p for r, p, g in client.requests if "Agreed corrections:" in p][0]
     for line in rec["scratchpad"]:
@@ -96,9 +102,73 @@ def test_scratchpad_accumulates_and_reaches_final_rewrite():
     assert rec["final"]["Pertinent Positives"] == "text about pertinent positives."
     assert [m["agent"] for m in rec["transcript"]][:2] == ["researcher", "decider"]
     assert rec["prompt_hashes"]["summarize_decider_final"] and rec["model"] == "m"
-    # sampling: the paper's summarization settings with the per-case seed on every request
+    # sampling: the paper's summarization settings; the runner's context gives every sampled request its seed
     gens = {g for _, _, g in client.requests if g.max_tokens == 512}
-    assert all(g.temperature == 1.0 and g.top_p == 1.0 and g.seed == rec["seed"] for g in gens)
+    assert all(g.temperature == 1.0 and g.top_p == 1.0 and g.seed is not None for g in gens)
+
+
+def test_both_agents_see_the_scratchpad_as_it_stands_and_the_rewrite_applies_it():
+    """Issue 13: the Researcher's prompt at round 3 holds the lines accepted in rounds 1-2; the Decider's
+    prompts hold what it already accepted; the final rewrite prompt carries every line."""
+    rounds = {"d": 0}
+
+    def reply(role, prompt, gen):
+        if role == "researcher":
+            return '[RESPONSE: "Check the next section."]'
+        if "Discussion so far" not in prompt:  # the initial summary and the final rewrite
+            return SUMMARY
+        rounds["d"] += 1
+        return f'[RESPONSE: "Agreed."] [SCRATCHPAD: "Pertinent Positives: add finding {rounds["d"]}"]'
+
+    client = ScriptedClient(reply)
+    rec = run(dialogue.make_solver(DialogueSettings(max_turns=6), "m")(case_log(client), ENC))
+    assert rec["scratchpad"] == [f"Pertinent Positives: add finding {i}" for i in (1, 2, 3)]
+    researcher = [p for r, p, _ in client.requests if r == "researcher"]
+    decider = [p for r, p, _ in client.requests if r == "decider" and "Discussion so far" in p]
+    assert len(researcher) == 3 and len(decider) == 3
+    # every prompt shows the current draft and a scratchpad block
+    for p in researcher + decider:
+        assert "Scratchpad (" in p and "text about pertinent positives." in p
+    # round 1: nothing accepted yet
+    assert "(empty: nothing accepted yet)" in researcher[0] and "(empty: nothing accepted yet)" in decider[0]
+    # round 3 (message 5): the Researcher sees the lines accepted in rounds 1 and 2, not the later one
+    assert "- Pertinent Positives: add finding 1\n- Pertinent Positives: add finding 2" in researcher[2]
+    assert "add finding 3" not in researcher[2]
+    assert "- Pertinent Positives: add finding 1" in researcher[1] and "add finding 2" not in researcher[1]
+    # the Decider answers knowing what it already accepted
+    assert "- Pertinent Positives: add finding 1" in decider[1] and "add finding 2" not in decider[1]
+    assert "add finding 2" in decider[2]
+    # the final rewrite applies them all
+    final_prompt = [p for r, p, _ in client.requests if "Agreed corrections:" in p][0]
+    for line in rec["scratchpad"]:
+        assert f"- {line}" in final_prompt
+    assert "applies every agreed correction" in final_prompt
+
+
+def test_careplan_reply_and_final_prompts_carry_the_care_plan_rules():
+    settings = DialogueSettings(task="careplan", sections=["Medications", "Referrals", "Tests", "Lifestyle", "Supportive Care"],
+                                review_sections=["Medications"], score_sections=["Medications"], max_turns=2)
+    plan = "\n".join(f"{s}: plan for {s.lower()}." for s in settings.sections)
+
+    def reply(role, prompt, gen):
+        if role == "researcher":
+            return '[RESPONSE: "Medications: the antibiotic has no grounds."]'
+        if role == "judge":
+            return "[]" if "Concepts" in prompt else "[]"
+        if "Discussion so far" in prompt:
+            return '[RESPONSE: "Agreed."] [SCRATCHPAD: "Medications: drop the antibiotic"]'
+        return plan
+
+    client = ScriptedClient(reply)
+    log = case_log(client)
+    rec = run(dialogue.make_solver(settings, "m")(log, ENC))
+    assert rec["scratchpad"] == ["Medications: drop the antibiotic"]
+    by_template = {c["template"]: c["messages"][0]["content"] for c in log.ctx.calls}
+    for name in ("careplan_researcher", "careplan_decider_reply", "careplan_decider_final"):
+        assert "Rules of the care plan" in by_template[name], name
+        assert "None needed." in by_template[name]
+    assert "- Medications: drop the antibiotic" in by_template["careplan_decider_final"]
+    assert "Scratchpad (" in by_template["careplan_decider_reply"]
 
 
 def test_malformed_tags_are_kept_and_counted():
@@ -109,7 +179,7 @@ def test_malformed_tags_are_kept_and_counted():
             return "nothing useful"
         return "Sure, fixed it."  # no tags
 
-    rec = run(dialogue.make_solver(ScriptedClient(reply), DialogueSettings(max_turns=2), "m")(ENC))
+    rec = run(dialogue.make_solver(DialogueSettings(max_turns=2), "m")(case_log(ScriptedClient(reply)), ENC))
     assert rec["transcript"][0]["content"] == "I think the positives are wrong."
     assert rec["transcript"][1]["content"] == "Sure, fixed it."
     steps = [e["step"] for e in rec["parse_errors"]]
@@ -118,14 +188,17 @@ def test_malformed_tags_are_kept_and_counted():
     assert set(rec["final_sections_kept_from_initial"]) == set(DialogueSettings().sections)
 
 
-def test_failed_request_ends_dialogue_as_error():
+def test_failed_request_fails_the_case():
+    """A call with no answer is never a turn: it raises, and the runner records the case as failed."""
     def reply(role, prompt, gen):
         if role == "researcher":
             return ChatResult(error="HTTP 500: boom")
         return "x"
 
-    out = run(dialogue.run_dialogue(CaseLog(ScriptedClient(reply), 1), ENC, {}, DialogueSettings()))
-    assert out["stop_reason"] == "error" and out["turns"] == 0
+    log = case_log(ScriptedClient(reply))
+    with pytest.raises(RequestFailed, match="researcher:1"):
+        run(dialogue.run_dialogue(log, ENC, {}, DialogueSettings()))
+    assert log.ctx.calls[-1]["error"] == "HTTP 500: boom" and log.ctx.calls[-1]["template"] == "summarize_researcher"
 
 
 def test_context_overflow_drops_oldest_history():
@@ -134,10 +207,10 @@ def test_context_overflow_drops_oldest_history():
             return ChatResult(error="HTTP 400: This model's maximum context length is 2048 tokens.")
         return '[RESPONSE: "go on"] [SCRATCHPAD: "none"]'
 
-    log = CaseLog(ScriptedClient(reply), 1)
+    log = case_log(ScriptedClient(reply))
     out = run(dialogue.run_dialogue(log, ENC, {}, DialogueSettings(max_turns=5)))
     assert out["turns"] == 5 and out["stop_reason"] == "turn_cap"
-    assert any(c.get("dropped_history") for c in log.calls)
+    assert any(c.get("dropped_history") for c in log.ctx.calls)
 
 
 # -- QA -------------------------------------------------------------------------------------------
@@ -188,14 +261,14 @@ async def no_scores(log, q, answers):
 def test_qa_protocol_settings_and_flow():
     client = ScriptedClient(qa_reply)
     settings = QASettings()
-    rec = run(qa.make_solver(client, settings, "m", no_scores)(Q))
+    rec = run(qa.make_solver(settings, "m", no_scores)(case_log(client, "q1"), Q))
     assert rec["oneshot"]["vote"] == "Vitamin D"  # tie D/C, D first
     assert rec["oneshot"]["distribution_text"] == "'Vitamin D' 40%, 'Vitamin C' 40%, 'Vitamin B1' 20%"
     assert rec["answers"] == {"oneshot": "Vitamin D", "dera": "Vitamin C"} and rec["answer_changed"]
     assert rec["stop_reason"] == "researcher_stop" and rec["turns"] == 2
     assert [m["agent"] for m in rec["transcript"]] == ["decider", "researcher", "decider", "researcher"]
     gens = [g for _, _, g in client.requests]
-    assert (gens[0].temperature, gens[0].max_tokens, gens[0].n) == (0.7, 50, 5) and gens[0].seed == rec["seed"]
+    assert (gens[0].temperature, gens[0].max_tokens, gens[0].n) == (0.7, 50, 5) and gens[0].seed is not None
     assert (gens[1].temperature, gens[1].max_tokens) == (0.0, 400)
     assert all((g.temperature, g.max_tokens, g.frequency_penalty) == (0.3, 250, 0.5) for g in gens[2:5])
     final = gens[5]  # greedy x5: asked once, copied (vLLM refuses n>1 without sampling)
@@ -211,17 +284,18 @@ def test_qa_turn_cap_three():
         return "Keep thinking about 'scurvy'." if role == "researcher" else qa_reply(role, prompt, gen)
 
     client = ScriptedClient(reply)
-    rec = run(qa.make_solver(client, QASettings(), "m", no_scores)(Q))
+    rec = run(qa.make_solver(QASettings(), "m", no_scores)(case_log(client, "q1"), Q))
     assert rec["stop_reason"] == "turn_cap" and rec["turns"] == 3
     assert sum(1 for r, _, _ in client.requests if r == "researcher") == 3
     assert rec["stated_answers"] == ["Vitamin C"] * 3
 
 
-def test_seed_is_deterministic_per_case():
-    from experiments.dera.calls import case_seed
-
-    assert case_seed(0, "q1") == case_seed(0, "q1")
-    assert case_seed(0, "q1") != case_seed(0, "q2") and case_seed(1, "q1") != case_seed(0, "q1")
+def test_sampled_calls_get_per_call_seeds_greedy_ones_none():
+    client = ScriptedClient(qa_reply)
+    run(qa.make_solver(QASettings(), "m", no_scores)(case_log(client, "q1"), Q))
+    seeds = [g.seed for _, _, g in client.requests if g.temperature > 0]
+    assert seeds and None not in seeds and len(set(seeds)) == len(seeds)  # per (case, step), from the runner
+    assert all(g.seed is None for _, _, g in client.requests if g.temperature == 0)
 
 
 # -- GPT-F1 ---------------------------------------------------------------------------------------
@@ -246,7 +320,7 @@ def test_gptf1_section_with_scripted_judge():
             return "[1, 2]"
         return "[2, 3]"  # recall: cough, COVID found in the prediction
 
-    log = CaseLog(ScriptedClient(reply), 1)
+    log = case_log(ScriptedClient(reply))
     res = run(gptf1.score_summary(log, {"S": gt}, {"S": pred}, ["S"], DialogueSettings().gptf1, label="t"))
     s = res["sections"]["S"]
     assert s["gt_concepts"] == ["fever", "cough", "COVID"] and s["pred_concepts"] == ["cough", "COVID-19", "rash"]
@@ -254,8 +328,41 @@ def test_gptf1_section_with_scripted_judge():
     assert res["average"]["f1"] == pytest.approx(2 / 3)
 
 
+def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
+    from experiments.dera.settings import GptF1Settings
+
+    many = [f"c{i}" for i in range(7)]
+
+    def reply(role, prompt, gen):
+        if "List the medical concepts" in prompt:
+            assert "Section: Pertinent Negatives" in prompt and '"Pertinent Negatives" section' in prompt
+            return str(many).replace("'", '"')
+        return "[1, 2, 3]"
+
+    log = case_log(ScriptedClient(reply))
+    res = run(gptf1.score_summary(log, {"Pertinent Negatives": "no fever"}, {"Pertinent Negatives": "denies fever"},
+                                  ["Pertinent Negatives"], GptF1Settings(max_concepts=5), label="t"))
+    s = res["sections"]["Pertinent Negatives"]
+    assert s["gt_concepts"] == many[:5] and s["concepts_cut"] == {"gt": 2, "pred": 2}
+    assert res["max_concepts"] == 5 and res["sections_with_concepts_cut"] == 1
+    assert s["recall"] == pytest.approx(3 / 5)
+    # no cap: nothing cut, nothing reported
+    res = run(gptf1.score_summary(case_log(ScriptedClient(reply)), {"Pertinent Negatives": "no fever"},
+                                  {"Pertinent Negatives": "denies fever"}, ["Pertinent Negatives"], GptF1Settings(max_concepts=None), label="t"))
+    assert res["sections"]["Pertinent Negatives"]["gt_concepts"] == many and "concepts_cut" not in res["sections"]["Pertinent Negatives"]
+    assert DialogueSettings().gptf1.max_concepts == 40
+    # metrics count the cut comparisons
+    from experiments.dera import report
+
+    rec = {"id": "e", "turns": 1, "stop_reason": "researcher_stop", "scratchpad": [], "parse_attempts": 1, "parse_errors": [],
+           "calls": [], "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": {**s, "concepts_cut": {"gt": 2, "pred": 0}}}}}}
+    m = report.dialogue_metrics([rec], DialogueSettings(score_sections=["Pertinent Negatives"]))
+    assert m["gptf1_concept_lists_cut"] == 1 and m["gptf1_max_concepts"] == 40
+    assert "cut to 40 concepts" in report.dialogue_summary(m, DialogueSettings(score_sections=["Pertinent Negatives"]), "dera-summarize")
+
+
 def test_gptf1_unparseable_judge_is_unscored():
-    log = CaseLog(ScriptedClient(lambda r, p, g: "" if "List" in p else "[1]"), 1)
+    log = case_log(ScriptedClient(lambda r, p, g: "" if "List" in p else "[1]"))
     res = run(gptf1.score_summary(log, {"S": "fever"}, {"S": "cough"}, ["S"], DialogueSettings().gptf1, label="t"))
     assert res["sections"]["S"]["scored"] is False and res["sections"]["S"]["f1"] is None
     assert res["unscored_sections"] == 1 and res["average"]["f1"] is None and log.parse_errors
@@ -267,12 +374,14 @@ def test_corruption_touches_only_chosen_sections():
     def reply(role, prompt, gen):
         if "less faithful" in prompt:
             assert "strength of 5 out of 10" in prompt
+            # the corruption prompt sees the dialogue and the summary instructions
+            assert "Patient: A cough for a week." in prompt and "Pertinent Negatives are those the patient denies" in prompt
             return "Pertinent Positives: no cough.\nDemographics and Social Determinants of Health: changed!"
         return SUMMARY
 
-    log = CaseLog(ScriptedClient(reply), 1)
+    log = case_log(ScriptedClient(reply))
     ref = {s: f"ref {s}" for s in settings.sections}
-    out, _ = run(dialogue.corrupt(log, ref, settings))
+    out, _ = run(dialogue.corrupt(log, ENC, ref, settings))
     assert out["Pertinent Positives"] == "no cough."
     assert out["Demographics and Social Determinants of Health"] == ref["Demographics and Social Determinants of Health"]
     assert out["Medical History"] == ref["Medical History"]  # missing from the reply: unchanged, counted
@@ -280,8 +389,8 @@ def test_corruption_touches_only_chosen_sections():
 
 
 def test_sampling_config_gen():
-    g = Sampling(temperature=0.3, max_tokens=250, frequency_penalty=0.5).gen(7)
-    assert (g.temperature, g.max_tokens, g.frequency_penalty, g.seed, g.n) == (0.3, 250, 0.5, 7, 1)
+    g = Sampling(temperature=0.3, max_tokens=250, frequency_penalty=0.5).gen()
+    assert (g.temperature, g.max_tokens, g.frequency_penalty, g.seed, g.n) == (0.3, 250, 0.5, None, 1)
 
 
 def test_mcq_variant_votes_letters_and_scores_accuracy():
@@ -299,7 +408,7 @@ def test_mcq_variant_votes_letters_and_scores_accuracy():
         return ["A", "B) Vitamin C", "Answer: A", "B", "(A)"]
 
     settings = QASettings(mcq=True)
-    rec = run(qa.make_solver(ScriptedClient(reply), settings, "m", make_scorer(settings))(Q))
+    rec = run(qa.make_solver(settings, "m", make_scorer(settings))(case_log(ScriptedClient(reply), "q1"), Q))
     assert rec["oneshot"]["answers"] == ["A", "B", "A", "B", "A"] and rec["answers"] == {"oneshot": "A", "dera": "B"}
     assert rec["scores"]["oneshot"]["accuracy"] == 0 and rec["scores"]["dera"]["accuracy"] == 1 and rec["correct"] == 1
     assert rec["gold"] == "B"
@@ -311,7 +420,8 @@ def test_careplan_prompts_render_with_sections():
     text = render("careplan_decider_initial", age=50, sex="male", chief_complaint="cough", chat="Doctor: hi")
     for s in ("Medications", "Referrals", "Tests", "Lifestyle", "Supportive Care"):
         assert s in text
-    assert "$" not in render("careplan_researcher", age=1, sex="f", chief_complaint="x", chat="c", summary="s", review_sections="Tests", dialogue="d")
+    assert "$" not in render("careplan_researcher", age=1, sex="f", chief_complaint="x", chat="c", summary="s", review_sections="Tests",
+                             dialogue="d", scratchpad="- Tests: add a chest X-ray")
     assert len(prompt_hash("careplan_decider_final")) == 12
 
 
@@ -319,7 +429,7 @@ def test_gptf1_empty_reference_is_unscored_and_empty_prediction_scores_zero():
     def reply(role, prompt, gen):
         return '["fever"]' if "List the medical concepts" in prompt else "[1]"
 
-    log = CaseLog(ScriptedClient(reply), 1)
+    log = case_log(ScriptedClient(reply))
     res = run(gptf1.score_summary(log, {"A": "", "B": "fever for two days"}, {"A": "", "B": ""}, ["A", "B"],
                                   DialogueSettings().gptf1, label="t"))
     a, b = res["sections"]["A"], res["sections"]["B"]

@@ -93,3 +93,88 @@ def test_adapter_is_served_by_vllm_under_its_name(trained, embedded_server):
     body = r.json()
     assert body["model"] == name and body["usage"]["completion_tokens"] > 0
     assert isinstance(body["choices"][0]["text"], str)
+
+
+# ------------------------------------------------------------------ early stopping on a tiny model
+
+def _tiny_model(path: Path) -> Path:
+    """A 1-layer random Llama with the local MiniLM (BERT) tokenizer: trains in a second on the CPU."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from experiments.metrics.text import default_encoder_path
+
+    tok = AutoTokenizer.from_pretrained(default_encoder_path())
+    tok.eos_token = "[SEP]"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=512, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.cls_token_id, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return path
+
+
+def _conflicting_splits(tmp: Path) -> Path:
+    """Train and valid dialogues with the same inputs but unrelated doctor utterances (NLG targets):
+    the better the model fits the training targets, the worse its valid loss."""
+    import copy
+
+    base = json.loads((FIX / "dialogs.json").read_text())["t1"]
+
+    def variant(text: str) -> dict:
+        d = copy.deepcopy(base)
+        for u in d["utterances"][1:]:
+            if u["speaker"] == "doctor":
+                u["text"] = text
+        return d
+
+    dialogs = {"a1": variant("Please tell me more about the cough."), "a2": variant("Please tell me more about the cough."),
+               "b1": variant("Zebra quantum violin harbour glacier saxophone umbrella lantern orbit meadow velvet.")}
+    (tmp / "dialogs.json").write_text(json.dumps(dialogs))
+    (tmp / "train_ids.json").write_text(json.dumps(["a1", "a2"]))
+    (tmp / "valid_ids.json").write_text(json.dumps(["b1"]))
+    return tmp / "dialogs.json"
+
+
+def test_early_stopping_on_rising_valid_loss_keeps_the_best_checkpoint(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from finetune.recipe import load_recipe
+    from finetune.sft import train
+
+    weights = _tiny_model(tmp_path / "tiny")
+    dialogs = _conflicting_splits(tmp_path)
+    out = tmp_path / "run"
+    recipe = load_recipe(None, {
+        "out": str(out),
+        "model": {"base": "embedded", "dtype": "float32", "gradient_checkpointing": False},
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+        "data": {"task": "nlg", "dialogs": str(dialogs), "max_length": 256},
+        "training": {"learning_rate": 3e-2, "lr_scheduler_type": "constant", "warmup_ratio": 0.0, "batch_size": 4,
+                     "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "max_steps": 40, "logging_steps": 1,
+                     "eval_steps": 1, "save_total_limit": 1, "early_stopping_patience": 3, "seed": 0},
+    })
+    m = train(recipe, log=lambda *_: None, weights=weights)
+
+    valid = [p["loss"] for p in m["valid"]]
+    best = min(range(len(valid)), key=valid.__getitem__)
+    # the valid loss rose: after the best evaluation came exactly `patience` worse ones, then training stopped
+    assert m["stopped_early"] and m["global_step"] < 40 and m["planned_steps"] == 40, valid
+    assert len(valid) == best + 1 + 3 and all(v > valid[best] for v in valid[best + 1:]), valid
+    assert best > 0 and valid[best] < valid[0]  # it first fell (shared format), then rose as training fit its own targets
+    # the training loss fell meanwhile
+    assert m["last_loss"] < m["first_loss"]
+    # the best checkpoint is kept (despite save_total_limit 1) and is what adapter/ holds
+    assert m["best_step"] == m["valid"][best]["step"] and m["best_valid_loss"] == pytest.approx(valid[best])
+    assert m["final_valid_loss"] == pytest.approx(valid[best])
+    best_dir = Path(m["best_checkpoint"])
+    assert best_dir.name == f"checkpoint-{m['best_step']}" and best_dir.exists()
+    kept = load_file(str(best_dir / "adapter_model.safetensors"))
+    saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert kept.keys() == saved.keys() and all(torch.equal(kept[k], saved[k]) for k in kept)
+    last = out / f"checkpoint-{m['global_step']}"
+    if last.exists() and last != best_dir:  # the last checkpoint differs from the one kept
+        final = load_file(str(last / "adapter_model.safetensors"))
+        assert any(not torch.equal(final[k], saved[k]) for k in saved)

@@ -81,8 +81,10 @@ def test_overrides_parse_and_merge():
         parse_assignments(["max_steps"])
     merged = merge_overrides({"lora": {"r": 32, "alpha": 32}}, strip_none({"lora": {"r": 8, "alpha": None}, "out": None}))
     assert merged == {"lora": {"r": 8, "alpha": 32}}
-    r = load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_assignments(["data.valid_split=null"]))
-    assert r.data.valid_split is None
+    r = load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_assignments(["data.valid_split=null", "training.early_stopping_patience=null"]))
+    assert r.data.valid_split is None and r.training.early_stopping_patience is None
+    with pytest.raises(ConfigError, match="early_stopping_patience=null to train without validation"):
+        load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_assignments(["data.valid_split=null"]))
 
 
 def test_4bit_without_bitsandbytes_or_gpu_fails_clearly():
@@ -95,6 +97,55 @@ def test_4bit_without_bitsandbytes_or_gpu_fails_clearly():
         with pytest.raises(MedstackError, match="bitsandbytes is not installed"):
             require_4bit_support(r, on_gpu=True)
     require_4bit_support(load_recipe(None, {}), on_gpu=False)  # not requested: nothing to check
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-nlu.yaml", "openbiollm-8b-nlu.yaml"])
+def test_paper_configs_carry_the_authors_recipe(name):
+    """The MediTOD authors' recipe: 10 epochs, valid loss every epoch, early stopping patience 5 (best kept),
+    gradient checkpointing, 1024 tokens, 4 history utterances, 4-bit base on the GPU."""
+    r = load_recipe(CONFIG_DIR / name)
+    assert r.training.epochs == 10 and r.training.max_steps == -1
+    assert r.data.valid_split == "valid" and r.training.eval_steps is None  # None = evaluate (and save) every epoch
+    assert r.training.early_stopping_patience == 5
+    assert r.model.gradient_checkpointing and r.model.load_in_4bit and r.model.dtype == "bfloat16"
+    assert r.data.max_length == 1024 and r.data.history_turns == 4
+
+
+def test_cpu_config_stays_float32_without_4bit():
+    r = load_recipe(CONFIG_DIR / "embedded-cpu.yaml")
+    assert r.model.dtype == "float32" and not r.model.load_in_4bit
+    assert r.training.epochs == 10 and r.training.early_stopping_patience == 5 and r.data.max_length == 1024
+    r = load_recipe(CONFIG_DIR / "embedded-cpu.yaml", {"training": {"max_steps": 3}})  # --max-steps: smoke runs
+    assert r.training.max_steps == 3
+
+
+def test_4bit_gpu_base_is_nf4_with_double_quantization(monkeypatch):
+    """What load_base hands to from_pretrained on a GPU (checked without one): a BitsAndBytesConfig with
+    NF4 4-bit weights, double quantization, bf16 compute, the model on the current CUDA device."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    from finetune import sft
+
+    r = load_recipe(CONFIG_DIR / "llama3-8b-nlu.yaml")
+    assert sft.bnb_4bit_kwargs(torch.bfloat16) == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                                   "bnb_4bit_compute_dtype": torch.bfloat16, "bnb_4bit_use_double_quant": True}
+    # no GPU here: the clear error first
+    with pytest.raises(MedstackError, match="needs a CUDA GPU"):
+        sft.from_pretrained_kwargs(r, on_gpu=False, dtype=torch.bfloat16)
+    # pretend a GPU with bitsandbytes installed (the checks themselves: test_4bit_without_bitsandbytes_or_gpu_fails_clearly)
+    checked = []
+    monkeypatch.setattr(sft, "require_4bit_support", lambda rec, on_gpu: checked.append(on_gpu))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kw = sft.from_pretrained_kwargs(r, on_gpu=True, dtype=torch.bfloat16)
+    q = kw["quantization_config"]
+    assert isinstance(q, BitsAndBytesConfig) and q.load_in_4bit and not q.load_in_8bit
+    assert q.bnb_4bit_quant_type == "nf4" and q.bnb_4bit_use_double_quant and q.bnb_4bit_compute_dtype == torch.bfloat16
+    assert kw["device_map"] == {"": 0} and kw["dtype"] == torch.bfloat16 and kw["attn_implementation"] == "sdpa"
+    assert checked == [True]
+    # the CPU config: float32, no quantization
+    kw = sft.from_pretrained_kwargs(load_recipe(CONFIG_DIR / "embedded-cpu.yaml"), on_gpu=False, dtype=torch.float32)
+    assert "quantization_config" not in kw and kw["dtype"] == torch.float32
 
 
 def test_early_stopping_needs_a_valid_split():

@@ -28,8 +28,8 @@ def test_run_icl_each_task(cli, embedded_server, tmp_path, task, max_tokens):
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    assert len(recs) == 2 and m["turns"] == 2 and m["request_errors"] == 0
-    assert all(r["completion_tokens"] > 0 and r["exemplars_kept"] >= 1 and r["model"] == "embedded" for r in recs)
+    assert len(recs) == 2 and m["turns"] == 2 and m["case_status"]["failed"] == 0
+    assert all(r["status"] == "ok" and r["usage"]["total"]["completion_tokens"] > 0 and r["exemplars_kept"] >= 1 and r["model"] == "embedded" for r in recs)
     assert m["run"]["output_tokens_per_s"] > 0
     key = "bleu2" if task == "nlg" else "f1"
     assert 0.0 <= m[key] <= (100.0 if task == "nlg" else 1.0)
@@ -49,11 +49,11 @@ def test_run_icl_each_task(cli, embedded_server, tmp_path, task, max_tokens):
 
 def test_run_supervised_with_lora_adapter(cli, embedded_server, lora_adapter, tmp_path):
     out = tmp_path / "nlu-supervised"
-    r = cli("run", "meditod-nlu", "--data", str(DATA), "--mode", "supervised", "--lora", str(lora_adapter), "--lora-name", "test-lora",
+    r = cli("run", "meditod-nlu", "--data", str(DATA), "--mode", "supervised", "--lora", f"test-lora={lora_adapter}",
             "--model", _model(embedded_server), "--limit", "2", "--max-tokens", "24", "--out", str(out), "--no-cache")
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    assert len(recs) == 2 and all(not r["request_error"] and r["prompt"].startswith("Task:") for r in recs)
+    assert len(recs) == 2 and all(r["status"] == "ok" and r["prompt"].startswith("Task:") and r["lora"] == "test-lora" for r in recs)
     ident = json.loads((out / "identity.json").read_text())
     assert "test-lora" in json.dumps(ident)
 

@@ -90,6 +90,47 @@ def test_nlu_malformed_predictions_are_format_errors():
     assert m["format_errors"] == 4 and m["f1"] == 0.0 and m["recall"] == 0.0
 
 
+EDGE_GOLD = [{"intent": "inform", "slots": {"positive_symptom": [{"value": "cough", "duration": "2 days"}]}},
+             {"intent": "greet", "slots": {}}]
+# gold tuples: canonical {(inform, positive_symptom, cough), (greet,)}; non-canonical {(..., cough, duration, 2 days)}
+
+
+@pytest.mark.parametrize("empty", [[], {}])
+def test_nlu_empty_slots_are_the_bare_intent(empty):
+    """SPEC 4 / the authors' scorer: an entry with "slots": [] or {} is its bare (intent,)."""
+    assert nlu_tuples([{"intent": "greet", "slots": empty}]) == ({("greet",)}, set())
+    m = score("nlu", [EDGE_GOLD], [[{"intent": "greet", "slots": empty}]])
+    # canonical: TP 1 (greet), FN 1 (cough); non-canonical: FN 1 (duration). All: TP 1, FP 0, FN 2.
+    assert m["format_errors"] == 0 and m["joint_accuracy"] == 0.0
+    assert (m["precision"], m["recall"], m["f1"]) == pytest.approx((1.0, 1 / 3, 0.5))
+    assert (m["medical_precision"], m["medical_recall"], m["medical_f1"]) == pytest.approx((1.0, 0.5, 2 / 3))
+    assert (m["non_medical_precision"], m["non_medical_recall"], m["non_medical_f1"]) == (0.0, 0.0, 0.0)
+    full = [dict(EDGE_GOLD[0]), {"intent": "greet", "slots": empty}]
+    assert score("nlu", [EDGE_GOLD], [full])["joint_accuracy"] == 1.0
+
+
+@pytest.mark.parametrize("bad", [None, "cough", ""])
+def test_nlu_slot_that_is_not_a_list_of_objects_voids_the_whole_turn(bad):
+    """A null or string slot value makes the whole turn a format error, even beside a correct entry."""
+    pred_ok = [{"intent": "greet", "slots": []}]
+    pred_bad = [{"intent": "greet", "slots": {}}, {"intent": "inform", "slots": {"positive_symptom": bad}}]
+    m = score("nlu", [EDGE_GOLD, EDGE_GOLD], [pred_ok, pred_bad])
+    # turn 1 as above (TP 1, FN 1 canonical + FN 1 non-canonical); turn 2 scored as empty: FN 2 + FN 1.
+    # canonical TP 1 FP 0 FN 3; non-canonical TP 0 FP 0 FN 2; all TP 1 FP 0 FN 5.
+    assert m["format_errors"] == 1 and m["format_error_rate"] == pytest.approx(0.5)
+    assert (m["precision"], m["recall"], m["f1"]) == pytest.approx((1.0, 1 / 6, 2 / 7))
+    assert (m["medical_precision"], m["medical_recall"], m["medical_f1"]) == pytest.approx((1.0, 0.25, 0.4))
+    assert m["non_medical_recall"] == 0.0 and m["joint_accuracy"] == 0.0
+
+
+def test_nlu_null_slots_is_a_format_error_and_gold_edge_shapes_score_perfectly():
+    m = score("nlu", [EDGE_GOLD], [[{"intent": "greet", "slots": None}]])
+    assert m["format_errors"] == 1 and m["f1"] == 0.0
+    golds = [EDGE_GOLD, [{"intent": "deny", "slots": []}, {"intent": "inform", "slots": {"occupation": []}}]]
+    g = score("nlu", golds, golds)
+    assert (g["f1"], g["medical_f1"], g["joint_accuracy"], g["format_error_rate"]) == (1.0, 1.0, 1.0, 0.0)
+
+
 def test_nlu_gold_on_gold_is_perfect():
     golds = [g for g in NLU_GOLDS]
     m = score("nlu", golds, golds)

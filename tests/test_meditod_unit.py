@@ -1,11 +1,8 @@
-"""MediTOD data loading, samples, prompts, retrieval, prediction scoring CLI and the run loop (scripted client)."""
+"""MediTOD data loading, samples, prompts, retrieval, prediction parsing, and the scoring and data-view CLIs (the run: test_meditod_runner.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +10,10 @@ import pytest
 
 from experiments.meditod import run as run_mod
 from experiments.meditod.data import load_dialogs, load_split_ids
-from experiments.meditod.prompts import STOP, estimate_tokens, fit_icl_prompt, icl_prompt, supervised_prompt
+from experiments.meditod.prompts import estimate_tokens, fit_icl_prompt, icl_prompt, supervised_prompt
 from experiments.meditod.retrieval import top_k
 from experiments.meditod.tasks import build_samples, compact_json
 from models.errors import DataError
-from serving.client import ChatResult
 
 FX = Path(__file__).parent / "fixtures" / "meditod"
 DATA = FX / "dialogs.json"
@@ -254,73 +250,7 @@ def test_data_view_cli(cli, tmp_path):
     assert png.stat().st_size > 1000
 
 
-# ------------------------------------------------------------------ the run loop with a scripted client
-
-class ScriptedClient:
-    """Stands in for LLMClient: answers each prompt with the gold of the test turn (or junk for one turn)."""
-
-    def __init__(self, answers: dict[str, str]):
-        self.answers = answers
-        self.prompts: list[str] = []
-        self.gens = []
-
-    async def complete(self, prompt, role="default", gen=None):
-        self.prompts.append(prompt)
-        self.gens.append(gen)
-        for needle, answer in self.answers.items():
-            if needle in prompt.rsplit("### Now your turn", 1)[-1]:
-                return ChatResult(texts=[answer], prompt_tokens=len(prompt) // 4, completion_tokens=7)
-        return ChatResult(texts=["I am not sure."], prompt_tokens=len(prompt) // 4, completion_tokens=4)
-
-    def usage_summary(self):
-        n = len(self.prompts)
-        return {"total": {"requests": n, "failed": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 7 * n}}
-
-
-def _fake_open_client(client):
-    @contextlib.asynccontextmanager
-    async def fake(roles, **kw):
-        yield client, {r: {"alias": a} for r, a in roles.items()}
-    return fake
-
-
-def test_run_loop_scores_resumes_and_compares(tmp_path, monkeypatch, dialogs):
-    import serving.session
-
-    answers = {  # POL test turns of 301: answer 301/2 and 301/4 with gold, 301/6 with junk
-        "Patient: I have been short of breath for two weeks.\nDialogue state": compact_json(dialogs["301"]["utterances"][2]["actions"]),
-        "Patient: Yes, it is getting worse every day.\nDialogue state": "Output: " + compact_json(dialogs["301"]["utterances"][4]["actions"]) + " trailing",
-    }
-    client = ScriptedClient(answers)
-    monkeypatch.setattr(serving.session, "open_client", _fake_open_client(client))
-    data = tmp_path / "d"
-    shutil.copytree(FX, data)
-    s = run_mod.MeditodSettings(task="pol", data=str(data / "dialogs.json"), out=str(tmp_path / "runs" / "pol-icl"), k=2,
-                                roles={"default": "embedded"})
-    m = asyncio.run(run_mod.run(s, log=lambda *_: None))
-    assert len(client.prompts) == 3 and all(g.temperature == 0.0 and g.stop == STOP for g in client.gens)
-    assert all(p.count("### Example") == 2 for p in client.prompts)
-    # turn 2 and 4 exact; turn 6 is a lone inquire (skipped) answered with prose -> format error
-    assert m["f1"] == 1.0 and m["scored_turns"] == 2 and m["format_errors"] == 0
-    assert m["p@1"] == pytest.approx(2 / 3) and m["joint_accuracy"] == pytest.approx(2 / 3)
-    recs = [json.loads(line) for line in (Path(s.out) / "records.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in recs] and {r["id"] for r in recs} == {"301/2", "301/4", "301/6"}
-    r0 = next(r for r in recs if r["id"] == "301/2")
-    assert r0["correct"] == 1 and r0["exemplars_kept"] == 2 and len(r0["exemplar_ids"]) == 2 and r0["prompt_hash"]
-    assert r0["transcript"][0] == {"agent": "doctor", "content": "Hello, what brings you here today?", "turn": 0}
-    assert next(r for r in recs if r["id"] == "301/6")["parse_error"] is True
-    summary = (Path(s.out) / "summary.md").read_text()
-    assert "| P@1 | 0.6667 |" in summary and "tokens/s" in summary
-    # resume: nothing is asked again
-    asyncio.run(run_mod.run(s, log=lambda *_: None))
-    assert len(client.prompts) == 3
-    # the supervised run in the sibling folder shows both columns side by side
-    s2 = s.model_copy(update={"mode": "supervised", "k": 0, "out": str(tmp_path / "runs" / "pol-supervised")})
-    asyncio.run(run_mod.run(s2, log=lambda *_: None))
-    assert client.prompts[-1].startswith("Task:") and "### Example" not in client.prompts[-1]
-    summary2 = (Path(s2.out) / "summary.md").read_text()
-    assert "| metric | supervised (embedded) | icl (embedded) |" in summary2
-
+# ------------------------------------------------------------------ prompt fitting (the run itself: tests/test_meditod_runner.py)
 
 def test_supervised_prompt_fits_by_dropping_history(dialogs):
     from experiments.meditod.prompts import fit_supervised_prompt
@@ -330,43 +260,3 @@ def test_supervised_prompt_fits_by_dropping_history(dialogs):
     assert h is None and full == supervised_prompt("pol", x)
     p, h = fit_supervised_prompt("pol", x, budget_tokens=estimate_tokens(full) - 20)
     assert h is not None and h < len(x["context"]) and p.endswith("Output:\n") and "Dialogue state:" in p
-
-
-class FailingClient(ScriptedClient):
-    async def complete(self, prompt, role="default", gen=None):
-        self.prompts.append(prompt)
-        return ChatResult(error="gave up after 6 attempts: APIConnectionError")
-
-
-def test_failed_requests_are_asked_again_on_resume(tmp_path, monkeypatch, dialogs):
-    import serving.session
-
-    s = run_mod.MeditodSettings(task="nlu", data=str(DATA), out=str(tmp_path / "nlu-icl"), k=0, limit=2, roles={"default": "embedded"})
-    bad = FailingClient({})
-    monkeypatch.setattr(serving.session, "open_client", _fake_open_client(bad))
-    m = asyncio.run(run_mod.run(s, log=lambda *_: None))
-    assert m["request_errors"] == 2 and m["format_errors"] == 2      # a failed request is never fatal
-    good = ScriptedClient({"short of breath for two weeks.\nOutput": compact_json(dialogs["301"]["utterances"][1]["nlu"]),
-                           "worse every day.\nOutput": compact_json(dialogs["301"]["utterances"][3]["nlu"])})
-    monkeypatch.setattr(serving.session, "open_client", _fake_open_client(good))
-    m = asyncio.run(run_mod.run(s, log=lambda *_: None))
-    assert len(good.prompts) == 2 and m["request_errors"] == 0 and m["f1"] == 1.0 and m["turns"] == 2
-
-
-def test_adjudication_loop_rescoring(tmp_path, monkeypatch):
-    import serving.session
-
-    pred = [{"intent": "inform", "slots": {"positive_symptom": [{"value": "dyspnea", "onset": "2 weeks back"}]}}]
-    client = ScriptedClient({"short of breath for two weeks.\nOutput": compact_json(pred),
-                             "Phrase 1: two weeks ago\nPhrase 2: 2 weeks back": "positive"})
-    monkeypatch.setattr(serving.session, "open_client", _fake_open_client(client))
-    s = run_mod.MeditodSettings(task="nlu", data=str(DATA), out=str(tmp_path / "adj"), k=0, limit=1,
-                                roles={"default": "embedded"}, adjudicate_model="judge")
-    m = asyncio.run(run_mod.run(s, log=lambda *_: None))
-    # gold: head dyspnea (canonical) + onset "two weeks ago" (non-canonical); exact: non-canonical TP 0 FP 1 FN 1
-    assert m["medical_f1"] == 1.0 and m["non_medical_f1"] == 0.0 and m["f1"] == 0.5
-    adj = m["adjudicated"]
-    assert adj["pairs_judged"] == 1 and adj["unparsed_verdicts"] == 0 and adj["non_medical_f1"] == 1.0 and adj["f1"] == 1.0
-    line = json.loads((tmp_path / "adj" / "adjudications.jsonl").read_text())
-    assert line["gold"] == "two weeks ago" and line["same"] is True
-    assert "icl + adjudication" in (tmp_path / "adj" / "summary.md").read_text()

@@ -22,8 +22,8 @@ def test_metric_tables_flatten_nested_metrics():
 
 
 def test_outcome_and_case_view_for_any_study():
-    assert [outcome(r) for r in ({"correct": 1}, {"correct": False}, {"correct": 1, "error": "x"}, {"score": 0.3})] == \
-        ["correct", "incorrect", "error", "unscored"]
+    assert [outcome(r) for r in ({"correct": 1}, {"correct": False}, {"correct": 1, "error": "x"}, {"score": 0.3}, {"status": "failed"})] == \
+        ["correct", "incorrect", "failed", "unscored", "failed"]
     c = case_view({"id": 7, "transcript": [{"agent": "doctor", "content": "hi", "turn": 0}, {"role": "patient", "text": "ok"}],
                    "prediction": {"intent": "x"}, "gold": "y", "extracted_diagnosis": "flu", "odd": [1, {"z": None}]}, "m")
     assert c["id"] == "7" and c["model"] == "m" and [t["agent"] for t in c["turns"]] == ["doctor", "patient"]

@@ -6,7 +6,10 @@
     (1..5, in that order) asks the judge to review a new dialogue in the same form, ending
     with ``Rating: N``. A reply without a parseable whole rating 1..5 is *unscored*.
 
-Prompts are the files in ``prompts/``; every record stores the hash of the exact prompt sent.
+Prompts are the files in ``prompts/`` (one :class:`~experiments.prompts.PromptSet`, ``$name``
+placeholders); every record stores the hash of the exact prompt sent. Judge calls go through the
+runner's :class:`~experiments.study.CaseContext`: a call that gets no answer raises
+:class:`~experiments.study.RequestFailed` and never becomes a rating.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from pathlib import Path
 import yaml
 
 from experiments.parsing import extract_rating, split_sections
+from experiments.prompts import PromptSet
 from experiments.results import iter_jsonl
 from models.errors import DataError
 from serving.client import ChatResult, GenConfig
 
 HERE = Path(__file__).parent
-PROMPTS = HERE / "prompts"
+PROMPTS = PromptSet(HERE / "prompts")
 DEFAULT_CRITERIA = HERE / "criteria.yaml"
 DEFAULT_EXAMPLES = HERE / "examples.jsonl"
 RATINGS = (1, 2, 3, 4, 5)
@@ -33,10 +37,6 @@ NOTE_SECTIONS = ["Good", "Bad", "Summary", "Rating"]
 
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def load_template(name: str) -> str:
-    return (PROMPTS / f"{name}.txt").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------ criteria
@@ -168,13 +168,14 @@ class JudgeConfig:
     max_note_chars: int = 240
 
 
-async def ask(client, prompt: str, cfg: JudgeConfig, gen: GenConfig) -> tuple[ChatResult, str]:
-    """Send one judge prompt; return the result and the reply text (with the prefilled ``Good:`` in completion mode)."""
+async def ask(ctx, prompt: str, cfg: JudgeConfig, gen: GenConfig, step: str) -> tuple[ChatResult, str]:
+    """Send one judge prompt through ``ctx`` (a CaseContext: raises RequestFailed when no answer came);
+    return the result and the reply text (with the prefilled ``Good:`` in completion mode)."""
     if cfg.api == "completion":
-        res = await client.complete(prompt.rstrip() + "\n\nGood:", role=cfg.role, gen=gen)
-        return res, ("Good:" + res.text) if res.ok else ""
-    res = await client.chat([{"role": "user", "content": prompt}], role=cfg.role, gen=gen)
-    return res, res.text if res.ok else ""
+        res = await ctx.complete(prompt.rstrip() + "\n\nGood:", role=cfg.role, gen=gen, step=step)
+        return res, "Good:" + res.text
+    res = await ctx.chat([{"role": "user", "content": prompt}], role=cfg.role, gen=gen, step=step)
+    return res, res.text
 
 
 def _clip(text: str, limit: int) -> str:
@@ -194,10 +195,8 @@ def parse_notes(text: str) -> dict:
 
 
 def explain_prompt(criterion: Criterion, example: Example) -> str:
-    return load_template("explain").format(
-        criterion_name=criterion.name, score_5=criterion.score_5, score_1=criterion.score_1,
-        dialogue=example.dialogue(), rating=example.rating,
-    )
+    return PROMPTS.render("explain", criterion_name=criterion.name, score_5=criterion.score_5, score_1=criterion.score_1,
+                          dialogue=example.dialogue(), rating=example.rating)
 
 
 def explanation_key(judge_identity: str, prompt: str, cfg: JudgeConfig) -> str:
@@ -206,17 +205,18 @@ def explanation_key(judge_identity: str, prompt: str, cfg: JudgeConfig) -> str:
     return sha(json.dumps([judge_identity, cfg.api, prompt, gen.temperature, gen.top_p, gen.max_tokens, gen.seed, gen.stop]))
 
 
-async def explain_example(client, criterion: Criterion, example: Example, cfg: JudgeConfig, judge_identity: str) -> dict:
-    """Step (a): the judge explains a known rating. Returns the cache entry written to explained_examples.jsonl."""
+async def explain_example(ctx, criterion: Criterion, example: Example, cfg: JudgeConfig, judge_identity: str) -> dict:
+    """Step (a): the judge explains a known rating. Returns the cache entry written to explained_examples.jsonl.
+    A request that got no answer raises RequestFailed (nothing is cached, no rating is made with it)."""
     prompt = explain_prompt(criterion, example)
-    res, text = await ask(client, prompt, cfg, cfg.explain_gen)
+    res, text = await ask(ctx, prompt, cfg, cfg.explain_gen, step="explain")
     notes = parse_notes(text)
     parsed = bool(notes["good"] or notes["bad"] or notes["summary"])
     return {
         "key": explanation_key(judge_identity, prompt, cfg), "judge": judge_identity, "example_id": example.id,
         "criterion": criterion.key, "rating": example.rating, "prompt_hash": sha(prompt),
         "explanation": {k: notes[k] for k in ("good", "bad", "summary")}, "parsed": parsed,
-        "raw": text, "error": res.error, "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+        "raw": text, "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
         "latency": round(res.latency, 3), "cached": res.cached,
     }
 
@@ -228,35 +228,27 @@ def example_block(number: int, example: Example, explained: dict | None, max_not
     if not (good or bad or summary):  # the judge's reply had no sections: keep its words as the summary
         summary = (explained or {}).get("raw", "")
     none = "(none noted)"
-    return load_template("example").format(
-        number=number, dialogue=example.dialogue(), rating=example.rating,
-        good=_clip(good, max_note_chars) or none, bad=_clip(bad, max_note_chars) or none,
-        summary=_clip(summary, max_note_chars) or none,
-    ).rstrip()
+    return PROMPTS.render("example", number=number, dialogue=example.dialogue(), rating=example.rating,
+                          good=_clip(good, max_note_chars) or none, bad=_clip(bad, max_note_chars) or none,
+                          summary=_clip(summary, max_note_chars) or none)
 
 
 def rate_prompt(criterion: Criterion, examples: dict[int, Example], explained: dict[int, dict], dialogue: str, cfg: JudgeConfig) -> str:
     blocks = [example_block(i, examples[r], explained.get(r), cfg.max_note_chars) for i, r in enumerate(RATINGS, 1)]
-    return load_template("rate").format(
-        criterion_name=criterion.name, score_5=criterion.score_5, score_1=criterion.score_1,
-        examples="\n\n".join(blocks), dialogue=dialogue,
-    )
+    return PROMPTS.render("rate", criterion_name=criterion.name, score_5=criterion.score_5, score_1=criterion.score_1,
+                          examples="\n\n".join(blocks), dialogue=dialogue)
 
 
-async def rate_dialogue(client, criterion: Criterion, prompt: str, cfg: JudgeConfig) -> dict:
-    """Step (b): one rating. ``rating`` is None (unscored) when the reply has no whole rating 1..5."""
-    res, text = await ask(client, prompt, cfg, cfg.rate_gen)
+async def rate_dialogue(ctx, criterion: Criterion, prompt: str, cfg: JudgeConfig) -> dict:
+    """Step (b): one rating. ``rating`` is None (unscored) when the reply has no whole rating 1..5;
+    a request that got no answer raises RequestFailed (the runner records the case as failed)."""
+    res, text = await ask(ctx, prompt, cfg, cfg.rate_gen, step="rate")
     notes = parse_notes(text)
-    parse_error = "no 'Rating: N' with a whole number 1-5 in the reply" if res.ok and notes["rating"] is None else None
+    parse_error = "no 'Rating: N' with a whole number 1-5 in the reply" if notes["rating"] is None else None
     return {
         "rating": notes["rating"], "scored": notes["rating"] is not None,
         "explanation": {k: notes[k] for k in ("good", "bad", "summary")},
-        "raw": text, "error": res.error, "parse_error": parse_error, "prompt_hash": sha(prompt),
-        "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-        "latency": round(res.latency, 3), "cached": res.cached, "finish_reason": (res.finish_reasons or [None])[0],
+        "raw": text, "parse_error": parse_error, "prompt_hash": sha(prompt),
+        "finish_reason": (res.finish_reasons or [None])[0],
     }
-
-
-def template_hashes() -> dict[str, str]:
-    return {name: sha(load_template(name)) for name in ("explain", "rate", "example")}
 

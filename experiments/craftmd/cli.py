@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from experiments.config import config_dir, load_settings
-
-DEFAULT_CONFIG = config_dir(__file__) / "paper.yaml"
+from experiments.commands import study_command
 
 
 def _print(text: str) -> None:
@@ -24,44 +21,49 @@ def _log(msg: str) -> None:
     Console(stderr=True).print(msg, highlight=False)
 
 
-def run_craftmd(
-    data: Optional[str] = typer.Option(None, "--data", help="Cases: CRAFT-MD CSV (usmle_and_derm_dataset.csv format) or AgentClinic OSCE .jsonl."),
-    clinical_model: Optional[str] = typer.Option(None, "--clinical-model", help="Model under test (alias or ALIAS@URL)."),
-    patient_model: Optional[str] = typer.Option(None, "--patient-model", help="Patient-AI model (alias or ALIAS@URL)."),
-    grader_model: Optional[str] = typer.Option(None, "--grader-model", help="Grader-AI model (alias or ALIAS@URL); also summarizes unless --summarizer-model."),
-    summarizer_model: Optional[str] = typer.Option(None, "--summarizer-model", help="Model that turns the patient's statements into a summary (default: the grader)."),
-    formats: Optional[str] = typer.Option(None, "--formats", help="Comma list of vignette,multiturn,singleturn,summarized."),
-    mcq: Optional[bool] = typer.Option(None, "--mcq/--no-mcq", help="Ask 4-choice MCQ (default from config: yes)."),
-    frq: Optional[bool] = typer.Option(None, "--frq/--no-frq", help="Ask free-response questions graded by the grader-AI (default: yes)."),
-    trials: Optional[int] = typer.Option(None, "--trials", help="Trials per case (paper: 5)."),
-    specialty: Optional[str] = typer.Option(None, "--specialty", help="Only cases of this specialty (the CSV's category column)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="First N cases only."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Turn cap: doctor turns per conversation."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="(case, trial) units in flight, and the request limit."),
-    name: Optional[str] = typer.Option(None, "--name", help="Run name shown by `compare` (default: the clinical model alias)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Base seed for sampled requests."),
-    out: Optional[str] = typer.Option(None, "--out", help="Results directory (re-running with the same --out resumes)."),
-    config: Path = typer.Option(DEFAULT_CONFIG, "--config", help="YAML settings (configs/paper.yaml, configs/embedded-small.yaml, ...)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the response cache."),
-    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
-) -> None:
-    """CRAFT-MD: simulated doctor–patient conversations, summaries, MCQ/FRQ in 4 formats, two-step grading, N trials.
+def _craftmd_overrides(v: dict) -> dict:
+    """Study options -> settings keys; the per-role flags are aliases of --role ROLE=REF."""
+    roles = {k: v.pop(f"{k}_model") for k in ("clinical", "patient", "grader", "summarizer") if v.get(f"{k}_model")}
+    if "grader" in roles and "summarizer" not in roles:
+        roles["summarizer"] = roles["grader"]  # the grader summarizes unless --summarizer-model says otherwise
+    out = {k: val for k, val in v.items() if val is not None and not k.endswith("_model")}
+    if roles:
+        out["roles"] = roles
+    return out
+
+
+CRAFTMD_OPTIONS = {
+    "clinical_model": (Optional[str], typer.Option(None, "--clinical-model", help="Model under test (alias of --role clinical=REF).")),
+    "patient_model": (Optional[str], typer.Option(None, "--patient-model", help="Patient-AI model (alias of --role patient=REF).")),
+    "grader_model": (Optional[str], typer.Option(None, "--grader-model", help="Grader-AI model; also summarizes unless --summarizer-model.")),
+    "summarizer_model": (Optional[str], typer.Option(None, "--summarizer-model", help="Model that turns the patient's statements into a summary (default: the grader).")),
+    "formats": (Optional[str], typer.Option(None, "--formats", help="Comma list of vignette,multiturn,singleturn,summarized.")),
+    "mcq": (Optional[bool], typer.Option(None, "--mcq/--no-mcq", help="Ask 4-choice MCQ (default from config: yes).")),
+    "frq": (Optional[bool], typer.Option(None, "--frq/--no-frq", help="Ask free-response questions graded by the grader-AI (default: yes).")),
+    "trials": (Optional[int], typer.Option(None, "--trials", help="Trials per case (paper: 5; >= 1).")),
+    "specialty": (Optional[str], typer.Option(None, "--specialty", help="Only cases of this specialty (the CSV's category column).")),
+    "max_turns": (Optional[int], typer.Option(None, "--max-turns", help="Turn cap: doctor turns per conversation (>= 1).")),
+    "name": (Optional[str], typer.Option(None, "--name", help="Run name shown by `compare` (default: the clinical model alias).")),
+}
+
+
+def _craftmd_study():
+    from experiments.craftmd.run import CraftmdStudy
+
+    return CraftmdStudy()
+
+
+def _meld_study():
+    from experiments.craftmd.meld import MeldStudy
+
+    return MeldStudy()
+
+
+run_craftmd = study_command(_craftmd_study, options=CRAFTMD_OPTIONS, to_overrides=_craftmd_overrides, help="""CRAFT-MD: simulated doctor–patient conversations, summaries, MCQ/FRQ in 4 formats, two-step grading, N trials.
 
     One record per (case, trial), id CASE/tK. Writes records.jsonl, metrics.json, summary.md in --out.
-    """
-    from experiments.craftmd.run import run
-    from experiments.craftmd.settings import CraftSettings
-
-    roles = {k: v for k, v in {"clinical": clinical_model, "patient": patient_model, "grader": grader_model, "summarizer": summarizer_model}.items() if v}
-    if grader_model and not summarizer_model:
-        roles["summarizer"] = grader_model
-    overrides = {"data": data, "formats": formats, "mcq": mcq, "frq": frq, "trials": trials, "specialty": specialty, "limit": limit,
-                 "max_turns": max_turns, "concurrency": concurrency, "name": name, "seed": seed, "out": out, "roles": roles or None,
-                 "use_cache": False if no_cache else None, "allow_remote": True if allow_remote else None}
-    settings = load_settings(CraftSettings, config, overrides)
-    metrics = asyncio.run(run(settings, log=_log))
-    _print((Path(settings.out) / "summary.md").read_text())
-    _log(f"results in {settings.out} ({metrics['records']} records)")
+    Exit 0 done, 2 bad input, 3 some cases failed (run the same command again to retry them).
+    """)
 
 
 def import_craftmd(
@@ -72,8 +74,10 @@ def import_craftmd(
 ) -> None:
     """Import published CRAFT-MD per-case results as a results directory (same record shape as a local run).
 
-    MCQ free-text answers are mapped to choices by one rule for every model: letter, exact choice
-    text, unique contained choice text, rapidfuzz token_set_ratio >= 85, else unparsed (= wrong).
+    MCQ free-text answers are mapped to choices by one rule for every model: exact choice text,
+    letter, stated ("the diagnosis is X"), unique contained choice text, first-mentioned choice
+    (unless hedged with "or"), rapidfuzz token_set_ratio >= 85, else unparsed (= wrong, listed).
+    FRQ uses the published grades (-1 = wrong); the run records grades: published, concurrent rule: any.
     """
     from experiments.craftmd.importer import import_folder
 
@@ -89,28 +93,16 @@ def compare_cmd(
     """Accuracy per format × MCQ/FRQ × run with 95% bootstrap CIs, paired bootstrap + Holm, McNemar, per specialty, bar chart."""
     from experiments.craftmd.compare import run_compare
 
-    run_compare([str(p) for p in results], out)
+    result = run_compare([str(p) for p in results], out)
     _print((out / "summary.md").read_text())
+    for w in result.get("warnings") or []:
+        _log(f"[yellow]warning:[/yellow] {w}")
     _log(f"wrote {out}/summary.md, compare.json, accuracy.png")
 
 
-def meld_cmd(
-    model: str = typer.Option("embedded", "--model", help="Model to probe (alias or ALIAS@URL)."),
-    data: str = typer.Option(..., "--data", help="Cases CSV (or OSCE .jsonl)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="First N cases only."),
-    out: Path = typer.Option(Path("meld-out"), "--out", help="Results directory."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", help="Similarity treated as memorized (default 0.95)."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency"),
-    config: Path = typer.Option(config_dir(__file__) / "meld.yaml", "--config", help="YAML settings."),
-    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
-) -> None:
-    """MELD contamination check: first half of each vignette -> model writes the second half; similarity = 1 − normalized Levenshtein."""
-    from experiments.craftmd.meld import MeldSettings, run_meld
-
-    s = load_settings(MeldSettings, config, {"data": data, "limit": limit, "out": str(out), "threshold": threshold, "concurrency": concurrency,
-                                              "roles": {"default": model}, "allow_remote": True if allow_remote else None})
-    asyncio.run(run_meld(s, log=_log))
-    _print((out / "summary.md").read_text())
+meld_cmd = study_command(_meld_study, options={
+    "threshold": (Optional[float], typer.Option(None, "--threshold", help="Similarity treated as memorized (default 0.95).")),
+}, help="MELD contamination check: first half of each vignette -> model writes the second half; similarity = 1 − normalized Levenshtein.")
 
 
 def register(app, run_app, score_app, import_app, data_app, finetune_app) -> None:

@@ -22,12 +22,38 @@ from experiments.stats import holm, mcnemar_test, paired_bootstrap
 from models.errors import MedstackError
 
 
+def grading_of(run: dict) -> dict:
+    """How a run's FRQ answers were graded: ``grades`` (``published`` = the authors' grader-AI, or
+    ``local``) and ``concurrent_rule`` (``zero`` | ``any``; a local run without the key predates the
+    setting and used ``zero``)."""
+    cfg = run.get("config") or {}
+    metrics = run.get("metrics") or {}
+    grades = cfg.get("grades") or metrics.get("grades") or ("published" if cfg.get("imported_from") else "local")
+    rule = cfg.get("concurrent_rule") or metrics.get("concurrent_rule") or ("any" if grades == "published" else "zero")
+    return {"grades": grades, "concurrent_rule": rule}
+
+
+def grading_warnings(runs: list[dict]) -> list[str]:
+    """Warnings for runs side by side whose FRQ grades are not comparable."""
+    out = []
+    rules = {r["name"]: r["concurrent_rule"] for r in runs}
+    if len(set(rules.values())) > 1:
+        out.append("FRQ accuracies side by side use different concurrent-diagnosis rules (" + ", ".join(f"{n}: {v}" for n, v in rules.items())
+                   + "); 'zero' scores an answer naming several diagnoses 0, 'any' scores it 1 when any matches")
+    grades = {r["name"]: r["grades"] for r in runs}
+    if len(set(grades.values())) > 1:
+        out.append("FRQ accuracies side by side mix published grades (the authors' grader-AI) and local ones ("
+                   + ", ".join(f"{n}: {v}" for n, v in grades.items()) + "); the graders differ")
+    return out
+
+
 def load_runs(paths: list[str]) -> list[dict]:
     runs = []
     for p in paths:
         run = load_run(p)
         name = (run.get("config") or {}).get("name") or Path(p).name
         run["name"] = name
+        run.update(grading_of(run))
         runs.append(run)
     names = [r["name"] for r in runs]
     for r in runs:
@@ -72,7 +98,8 @@ def compare(paths: list[str]) -> dict:
     scores = {}
     for r in runs:
         for f, m in fm_by_run[r["name"]]:
-            acc_rows.append({"run": r["name"], "format": f, "mode": m, **accuracy(r["records"], f, m)})
+            acc_rows.append({"run": r["name"], "format": f, "mode": m, **accuracy(r["records"], f, m),
+                             **({"grades": r["grades"], "concurrent_rule": r["concurrent_rule"]} if m == "frq" else {})})
             scores[(r["name"], f, m)] = case_scores(r["records"], f, m)
     # between runs, per format and mode
     for f in FORMATS:
@@ -91,7 +118,9 @@ def compare(paths: list[str]) -> dict:
             _holm_table(table)
             tests += table
     return {
-        "runs": [{"name": r["name"], "path": r["path"], "records": len(r["records"]), "cases": len({x.get("case_id") for x in r["records"]})} for r in runs],
+        "runs": [{"name": r["name"], "path": r["path"], "records": len(r["records"]), "cases": len({x.get("case_id") for x in r["records"]}),
+                  "grades": r["grades"], "concurrent_rule": r["concurrent_rule"]} for r in runs],
+        "warnings": grading_warnings(runs),
         "accuracy": acc_rows,
         "tests": tests,
         "per_specialty": {r["name"]: per_specialty(r["records"]) for r in runs},
@@ -104,24 +133,30 @@ def _f(x, nd=3):
 
 def summary_markdown(result: dict) -> str:
     L = ["# CRAFT-MD comparison", "", "Runs: " + ", ".join(f"{r['name']} ({r['cases']} cases, {r['records']} records)" for r in result["runs"]), ""]
+    L += ["FRQ grading per run: " + "; ".join(f"{r['name']}: {r.get('grades', 'local')} grades, concurrent-diagnosis rule `{r.get('concurrent_rule', 'zero')}`"
+                                             for r in result["runs"]), ""]
+    for w in result.get("warnings") or []:
+        L += [f"> **Warning:** {w}", ""]
     for m in MODES:
         rows = [a for a in result["accuracy"] if a["mode"] == m]
         if not rows:
             continue
         fmts = [f for f in FORMATS if any(a["format"] == f for a in rows)]
-        L += [f"## {m.upper()} accuracy [95% bootstrap CI] (n = cases)", "", "| run | " + " | ".join(fmts) + " |", "| --- |" + " --- |" * len(fmts)]
+        rule_col = m == "frq"
+        L += [f"## {m.upper()} accuracy [95% bootstrap CI] (n = cases)", "", "| run | " + ("grades / concurrent rule | " if rule_col else "") + " | ".join(fmts) + " |",
+              "| --- |" + (" --- |" if rule_col else "") + " --- |" * len(fmts)]
         for r in result["runs"]:
             cells = []
             for f in fmts:
                 a = next((x for x in rows if x["run"] == r["name"] and x["format"] == f), None)
                 cells.append("–" if not a or a["accuracy"] is None else f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] n={a['n']}")
-            L.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+            L.append(f"| {r['name']} | " + (f"{r.get('grades', 'local')} / {r.get('concurrent_rule', 'zero')} | " if rule_col else "") + " | ".join(cells) + " |")
         L.append("")
     L += ["## Paired tests (paired bootstrap on case_id, Holm within each table; McNemar where paired binary)", "",
           "| table | a | b | n | mean diff (a−b) | p | p (Holm) | McNemar p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in result["tests"]:
         L.append(f"| {t['table']} | {t['a']} | {t['b']} | {t['n_paired']} | {_f(t.get('mean_diff'))} | {_f(t.get('p'), 4)} | {_f(t.get('p_holm'), 4)} | {_f(t.get('mcnemar_p'), 4)} |")
-    L += ["", "## Per specialty (accuracy, n cases)", "", "| run | specialty | " + " | ".join(f"{f}.{m}" for f in FORMATS for m in MODES) + " |",
+    L += ["", "## Per specialty (accuracy, n cases; FRQ graded as in the table above, per run)", "", "| run | specialty | " + " | ".join(f"{f}.{m}" for f in FORMATS for m in MODES) + " |",
           "| --- | --- |" + " --- |" * (len(FORMATS) * len(MODES))]
     for run, by in result["per_specialty"].items():
         for spec, accs in by.items():

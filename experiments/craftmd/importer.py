@@ -6,20 +6,26 @@ Input: a folder of ``*.json`` files, one per case, each with ``case_id``, ``case
 ``multiturn_conversation`` and ``summarized_conversation``. Output: one record per (case, trial)
 with the same shape as a local run, so `compare` treats both alike.
 
-MCQ mapping (identical for every imported model, and the same matcher local runs use,
-``experiments.parsing.match_choice``): the four choices come from the file (``choices`` /
+MCQ mapping (identical for every imported model, and the same rule local runs use,
+``experiments.craftmd.grading.map_choice``): the four choices come from the file (``choices`` /
 ``options`` key, or ``A. ...`` lines in ``question``) or, with ``--cases``, from the case CSV by
-``case_id``. The free-text answer is mapped by, in order: an explicit letter; normalized exact
-match of a choice text; exactly one choice text contained in the answer; rapidfuzz
-token_set_ratio >= 85 with a unique best; else unparsed = wrong. Without any choices the answer is
-matched the same way against the correct answer alone (recorded as ``mcq_mapping: answer_only``).
-FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI); a missing one is unscored.
+``case_id``. The free-text answer is mapped by, in order: ``letter``; ``exact`` choice text;
+``stated`` (the choice a committing phrase names: "the diagnosis is X", "Answer: X"); ``contains``
+(exactly one choice text); ``first`` (the choice mentioned first, unless hedged with "or");
+``fuzzy``; else ``unparsed`` = wrong, counted per rule and listed in summary.md / metrics.json,
+never dropped. Without any choices the answer is matched against the correct answer alone
+(recorded as ``mcq_mapping: answer_only``).
+FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 right, 0 wrong, and
+-1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
+unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
+accepts an answer naming several concurrent diagnoses when any matches).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 from experiments.craftmd import grading
@@ -27,7 +33,6 @@ from experiments.craftmd.data import answer_index, load_cases
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.protocol import stop_reason_for
 from experiments.craftmd.settings import FORMATS
-from experiments.parsing import match_choice
 from experiments.results import RunDir
 from models.errors import DataError, MedstackError
 
@@ -88,22 +93,25 @@ def mcq_answer(text, choices: list[str], correct: str) -> dict:
         out = grading.parse_mcq(text, choices, answer_index(correct, choices))
         out["mcq_mapping"] = "choices"
         return out
-    idx, how = match_choice(text, [correct])
+    idx, how = grading.map_choice(text, [correct])
     return {"answer": text, "choice": None, "choice_text": correct if idx == 0 else None, "parsed_by": how, "correct": int(idx == 0), "mcq_mapping": "answer_only"}
 
 
 def frq_answer(trial: dict, fmt: str) -> dict:
+    """The published grade: 1 right, 0 wrong, -1 (the authors' "no answer") counted as wrong (0)."""
     ev = trial.get(f"evaluation_{fmt}_frq")
     extracted = trial.get(f"extracted_ans_{fmt}_frq")
     try:
-        correct = None if ev is None or ev == "" else int(float(ev))
+        published = None if ev is None or ev == "" else int(float(ev))
     except (TypeError, ValueError):
-        correct = None
-    status = None
-    if isinstance(extracted, str):
-        status = {"multiple": "multiple", "none": "none"}.get(extracted.strip().lower().strip("."), "ok")
-    return {"answer": trial.get(f"{fmt}_frq"), "extracted": extracted, "extraction_status": status,
-            "correct": correct, "grade_source": "published" if correct is not None else "unscored_missing"}
+        published = None
+    correct = None if published is None else int(published == 1)
+    status = grading.classify_extracted(extracted)[1] if isinstance(extracted, str) else None
+    out = {"answer": trial.get(f"{fmt}_frq"), "extracted": extracted, "extraction_status": status, "correct": correct,
+           "grade_source": "published" if correct is not None else "unscored_missing"}
+    if published is not None and published not in (0, 1):
+        out["published_evaluation"] = published
+    return out
 
 
 def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
@@ -153,6 +161,36 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
     return records
 
 
+def import_stats(records: list[dict]) -> dict:
+    """MCQ mapping counts per rule (overall and per format), the unmapped answers themselves, and
+    the published FRQ grades of -1 (counted as wrong)."""
+    from experiments.craftmd.settings import FORMATS as _F
+
+    by_rule, by_fmt, unmapped = Counter(), {}, []
+    answer_only = 0
+    for r in records:
+        for fmt in _F:
+            a = (r.get("answers") or {}).get(fmt, {}).get("mcq")
+            if not a:
+                continue
+            rule = a.get("parsed_by")
+            by_rule[rule] += 1
+            by_fmt.setdefault(fmt, Counter())[rule] += 1
+            answer_only += a.get("mcq_mapping") == "answer_only"
+            if rule == "unparsed":
+                unmapped.append({"id": r["id"], "format": fmt, "answer": a.get("answer")})
+    minus_one = Counter(f for r in records for f, d in (r.get("answers") or {}).items() if d.get("frq", {}).get("published_evaluation") == -1)
+    order = {k: i for i, k in enumerate(grading.MCQ_RULES)}
+    return {
+        "grades": "published", "concurrent_rule": "any",
+        "mcq_mapping": {"rule": " > ".join(grading.MCQ_RULES), "counts": dict(sorted(by_rule.items(), key=lambda kv: order.get(kv[0], 99))),
+                        "per_format": {f: dict(sorted(c.items(), key=lambda kv: order.get(kv[0], 99))) for f, c in by_fmt.items()},
+                        "answer_only": answer_only, "unmapped": len(unmapped)},
+        "mcq_unmapped": unmapped,
+        "frq_published_minus_one": dict(minus_one),
+    }
+
+
 def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | None = None) -> dict:
     src = Path(src)
     if not src.is_dir():
@@ -161,7 +199,9 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     if not files:
         raise DataError(f"{src}: no *.json result files")
     cases_by_id = {c["case_id"]: c for c in load_cases(cases_csv)} if cases_csv else {}
-    config = {"experiment": "craftmd", "name": name, "imported_from": str(src.resolve()), "cases": cases_csv, "mcq_mapping": "experiments.parsing.match_choice (fuzzy 85)"}
+    config = {"experiment": "craftmd", "name": name, "imported_from": str(src.resolve()), "cases": cases_csv,
+              "mcq_mapping": "experiments.craftmd.grading.map_choice: " + " > ".join(grading.MCQ_RULES),
+              "grades": "published", "concurrent_rule": "any"}
     converted = [rec for f in files for rec in convert_file(f, name, cases_by_id)]  # all files valid before anything is written
     rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
@@ -172,7 +212,7 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     records = rundir.records()
     metrics = run_metrics(records)
     metrics["per_specialty"] = per_specialty(records)
-    metrics["mcq_mapping"] = {"answer_only": sum(1 for r in records for d in r["answers"].values() if d.get("mcq", {}).get("mcq_mapping") == "answer_only")}
+    metrics.update(import_stats(records))
     rundir.write_metrics(metrics)
     rundir.write_summary(summary_markdown(name, metrics))
     return metrics

@@ -8,6 +8,7 @@ case answer not among its choices) are left out and counted.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 
 from experiments.craftmd.settings import FORMATS, MODES
@@ -73,8 +74,17 @@ def fmt_acc(a: dict) -> str:
     return f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] (n={a['n']})"
 
 
+def grading_label(metrics_or_config: dict) -> str:
+    """How a run's FRQ answers were graded, for every table: grades (local grader / the authors'
+    published ones) and the concurrent-diagnosis rule (zero | any)."""
+    grades = metrics_or_config.get("grades") or "local grader"
+    rule = metrics_or_config.get("concurrent_rule") or "zero"
+    return f"FRQ grades: {grades}; concurrent-diagnosis rule: {rule}"
+
+
 def summary_markdown(name: str, metrics: dict) -> str:
-    lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}, case errors: {metrics['case_errors']}", "",
+    lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}, case errors: {metrics['case_errors']}",
+             grading_label(metrics), "",
              "| format | MCQ accuracy [95% CI] | FRQ accuracy [95% CI] |", "| --- | --- | --- |"]
     acc = metrics["accuracy"]
     for f in FORMATS:
@@ -83,6 +93,22 @@ def summary_markdown(name: str, metrics: dict) -> str:
     lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}",
               f"parse errors: {metrics['parse_errors']} (rate {metrics['parse_error_rate']}); FRQ extraction: {metrics['frq_extraction_status']}; "
               f"FRQ grade source: {metrics['frq_grade_source']}; failed requests: {metrics['request_errors']}"]
+    mapping = metrics.get("mcq_mapping")
+    if isinstance(mapping, dict) and "counts" in mapping:
+        lines += ["", f"## MCQ mapping (rule: {mapping['rule']})", "", "| format | " + " | ".join(mapping["counts"]) + " |", "| --- |" + " --- |" * len(mapping["counts"])]
+        for f, c in mapping["per_format"].items():
+            lines.append(f"| {f} | " + " | ".join(str(c.get(k, 0)) for k in mapping["counts"]) + " |")
+        lines.append("| all | " + " | ".join(str(v) for v in mapping["counts"].values()) + " |")
+        if mapping.get("answer_only"):
+            lines.append(f"\nanswers matched against the correct answer alone (no choices): {mapping['answer_only']}")
+    if metrics.get("frq_published_minus_one") is not None:
+        lines.append(f"\npublished FRQ grades of -1 (no answer graded), counted as wrong: {metrics['frq_published_minus_one'] or 0}")
+    unmapped = metrics.get("mcq_unmapped")
+    if unmapped:
+        lines += ["", f"## Unmapped MCQ answers ({len(unmapped)}; scored wrong)", "", "| id | format | answer |", "| --- | --- | --- |"]
+        for u in unmapped:
+            text = re.sub(r"\s+", " ", str(u.get("answer") or "")).replace("|", "\\|")
+            lines.append(f"| {u['id']} | {u['format']} | {text[:160]}{'…' if len(text) > 160 else ''} |")
     run = metrics.get("run")
     if run:
         lines.append(f"wall time: {run.get('wall_seconds')} s; output tokens/s: {run.get('output_tokens_per_s')}; requests: {run.get('requests')}; cache hits: {run.get('cache_hits')}")

@@ -1,17 +1,19 @@
-"""`medstack run craftmd`: cases × trials -> records.jsonl, metrics.json, summary.md (resumable)."""
+"""`medstack run craftmd`: cases × trials through the study runner (records, metrics, summary; resumable)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.config import ConfigError
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
+from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings
-from experiments.results import RunDir
-from experiments.runner import run_cases
-from models.errors import MedstackError
-from serving.session import open_client
+from experiments.study import CaseContext, Study
+from serving.refs import model_name
+
+CONFIGS = Path(__file__).with_name("configs")
 
 
 def units_for(cases: list[dict], trials: int) -> list[dict]:
@@ -19,30 +21,33 @@ def units_for(cases: list[dict], trials: int) -> list[dict]:
     return [{"id": f"{c['case_id']}/t{t}", "case": c, "trial": t} for c in cases for t in range(trials)]
 
 
-def finish(rundir: RunDir, settings: CraftSettings, run_stats: dict | None = None) -> dict:
-    records = rundir.records()
-    metrics = run_metrics(records)
-    metrics["per_specialty"] = per_specialty(records)
-    if run_stats:
-        metrics["run"] = run_stats
-    rundir.write_metrics(metrics)
-    rundir.write_summary(summary_markdown(settings.name or settings.roles["clinical"], metrics))
-    return metrics
+class CraftmdStudy(Study):
+    name = "craftmd"
+    settings_cls = CraftSettings
+    roles = ("clinical", "patient", "grader", "summarizer")
+    primary_role = "clinical"
+    prompts = PROMPTS
 
+    def default_config(self, overrides: dict) -> Path:
+        return CONFIGS / "paper.yaml"
 
-async def run(settings: CraftSettings, log=print) -> dict:
-    if not settings.data:
-        raise MedstackError("no case file: pass --data CASES.csv or an AgentClinic OSCE .jsonl (or set data: in the config)")
-    if not settings.out:
-        raise MedstackError("no results directory: pass --out DIR")
-    if not (settings.mcq or settings.frq):
-        raise MedstackError("nothing to ask: --no-mcq and --no-frq together leave no question")
-    cases = load_cases(settings.data, specialty=settings.specialty, limit=settings.limit)
-    settings = settings.model_copy(update={"name": settings.name or settings.roles["clinical"].partition("@")[0]})
-    rundir = RunDir(Path(settings.out), settings.model_dump(mode="json"))
-    async with open_client(settings.roles, concurrency=settings.concurrency, timeout=settings.timeout, retries=settings.retries,
-                           use_cache=settings.use_cache, allow_remote=settings.allow_remote, log=log) as (client, identities):
-        rundir.write_identity(identities, {"experiment": "craftmd"})
-        stats = await run_cases(units_for(cases, settings.trials), lambda u: solve(client, u, settings), rundir, client,
-                                concurrency=settings.concurrency, description=f"craftmd {settings.name}")
-    return finish(rundir, settings, stats)
+    def prepare(self, s: CraftSettings) -> CraftSettings:
+        if not s.data:
+            raise ConfigError("no case file: pass --data CASES.csv (or a registered name such as craftmd-cases), or an AgentClinic OSCE .jsonl")
+        if not (s.mcq or s.frq):
+            raise ConfigError("nothing to ask: --no-mcq and --no-frq together leave no question")
+        return s.model_copy(update={"name": s.name or model_name(s.roles["clinical"])})
+
+    def load_cases(self, s: CraftSettings) -> list[dict]:
+        return units_for(load_cases(s.data, specialty=s.specialty, limit=s.limit), s.trials)
+
+    async def solve(self, ctx: CaseContext, unit: dict, s: CraftSettings) -> dict:
+        return await solve(ctx, unit, s)
+
+    def metrics(self, records: list[dict], s: CraftSettings) -> dict:
+        metrics = run_metrics(records)
+        metrics["per_specialty"] = per_specialty(records)
+        return metrics
+
+    def summary(self, metrics: dict, s: CraftSettings) -> str:
+        return summary_markdown(s.name, metrics)

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import Field, field_validator
 
-from experiments.config import RunSettings
+from experiments.config import RunSettings, Sampling
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
 STOP_REASONS = ("final_diagnosis", "no_question", "turn_cap")
-
-
-class Sampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 128
 
 
 class CraftSettings(RunSettings):
@@ -24,10 +17,13 @@ class CraftSettings(RunSettings):
     formats: list[str] = list(FORMATS)
     mcq: bool = True
     frq: bool = True
-    trials: int = 5
+    trials: int = Field(5, ge=1)
     specialty: str | None = None
-    max_turns: int = 10  # doctor turns per conversation (the turn cap)
+    max_turns: int = Field(10, ge=1)  # doctor turns per conversation (the turn cap)
     final_marker: str = "Final Diagnosis"
+    # concurrent-diagnosis rule of the FRQ grade (SPEC section 3): "zero" = an answer naming several
+    # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
+    concurrent_rule: str = "zero"
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[str, Sampling] = {
         "doctor": Sampling(temperature=0.7, max_tokens=96),
@@ -39,7 +35,7 @@ class CraftSettings(RunSettings):
     # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
     completion_steps: list[str] = []
-    concurrency: int = 16
+    concurrency: int = Field(16, ge=1)
 
     @field_validator("completion_steps")
     @classmethod
@@ -47,6 +43,13 @@ class CraftSettings(RunSettings):
         bad = [x for x in v if x not in ("answer", "grader", "summarizer")]
         if bad:
             raise ValueError(f"unknown completion step(s) {', '.join(bad)}; valid: answer, grader, summarizer")
+        return v
+
+    @field_validator("concurrent_rule")
+    @classmethod
+    def _concurrent_rule(cls, v):
+        if v not in ("zero", "any"):
+            raise ValueError(f"unknown concurrent_rule {v!r}; valid: zero, any")
         return v
 
     @field_validator("formats", mode="before")
@@ -59,13 +62,6 @@ class CraftSettings(RunSettings):
             raise ValueError(f"unknown format(s) {', '.join(bad)}; valid: {', '.join(FORMATS)}")
         return list(v)
 
-    @field_validator("trials", "max_turns")
-    @classmethod
-    def _positive(cls, v):
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
     @field_validator("sampling")
     @classmethod
     def _sampling(cls, v):
@@ -74,10 +70,3 @@ class CraftSettings(RunSettings):
             raise ValueError(f"sampling needs entries for: {', '.join(sorted(missing))}")
         return v
 
-    @field_validator("roles")
-    @classmethod
-    def _roles(cls, v):
-        missing = {"clinical", "patient", "grader"} - set(v)
-        if missing:
-            raise ValueError(f"roles needs: {', '.join(sorted(missing))}")
-        return {**v, "summarizer": v.get("summarizer") or v["grader"]}

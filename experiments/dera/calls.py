@@ -1,36 +1,38 @@
-"""One logged model call per protocol step, and the per-case log every record carries.
+"""DERA's protocol steps over the runner's call log: one prompt template -> one model call.
 
-``CaseLog.call`` renders a prompt template, sends it as one user message under a role
-(``decider`` / ``researcher`` / ``judge``), and keeps everything for the record: template
-name and hash, the messages, every completion, tokens, latency, cache hit, error.
+``CaseLog`` wraps the runner's :class:`~experiments.study.CaseContext` of one case.
+``CaseLog.call`` renders a template of the DERA prompt set (``$name`` placeholders), sends it
+as one user message under a role (``decider`` / ``researcher`` / ``judge``) through
+``ctx.chat(..., step=step)``, and notes on the runner's entry for that call the template
+name and hash (plus ``dropped_history`` / ``greedy_copies`` when they apply). The call log,
+usage, per-call seeds and the failure policy are the runner's: a call that got no answer
+raises :class:`~experiments.study.RequestFailed` and the case is recorded as failed, never
+scored. What stays here is DERA's own: parse errors (counted, scored per the protocol) and
+the hashes of the templates a record used.
 
 Context window: when the server rejects a prompt as longer than the model's context (small
 local models have 2k tokens), the call is retried with the oldest dialogue messages left out
-of the prompt, one at a time; ``dropped_history`` in the call log says how many. Models with
-a long enough context never take this path, so the paper protocol is unchanged for them.
+of the prompt, one at a time; ``dropped_history`` on the call says how many. Models with a
+long enough context never take this path, so the paper protocol is unchanged for them. Any
+other failure (or no history left to drop) is re-raised.
 
 Greedy with n > 1 (the paper's "5 samples at temperature 0"): vLLM rejects n > 1 without
 sampling, and greedy completions are identical, so one completion is requested and copied
-n times (``greedy_copies`` in the call log). Sampled steps send n in one request with the
-case's seed.
+n times (``greedy_copies`` on the call). Sampled steps send n in one request; the runner
+gives them their per-call seed.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from typing import Callable
 
-from experiments.dera.prompts import prompt_hash, render
-from experiments.dera.settings import Sampling
+from experiments.config import Sampling
+from experiments.dera.prompts import PROMPTS, render
+from experiments.study import CaseContext, RequestFailed
 from serving.client import ChatResult
 
 CONTEXT_ERROR_MARKERS = ("maximum context length", "context length", "too long")
-
-
-def case_seed(base_seed: int, case_id: str) -> int:
-    """A deterministic per-case seed, so sampled requests are reproducible and cacheable."""
-    return int(hashlib.sha256(f"{base_seed}:{case_id}".encode()).hexdigest()[:8], 16) % (2**31 - 1)
 
 
 def is_context_error(error: str | None) -> bool:
@@ -38,12 +40,10 @@ def is_context_error(error: str | None) -> bool:
 
 
 class CaseLog:
-    """Calls, parse errors and prompt hashes of one case."""
+    """DERA's view of one case: templated calls through the runner's context, parse errors, prompt hashes."""
 
-    def __init__(self, client, seed: int):
-        self.client = client
-        self.seed = seed
-        self.calls: list[dict] = []
+    def __init__(self, ctx: CaseContext):
+        self.ctx = ctx
         self.parse_errors: list[dict] = []
         self.parse_attempts = 0
         self.prompt_hashes: dict[str, str] = {}
@@ -52,8 +52,8 @@ class CaseLog:
                    history: list | None = None, build: Callable[[list], dict] | None = None, **values) -> ChatResult:
         """Render ``template`` and send it. With ``history`` + ``build(history_tail) -> values`` the
         prompt is rebuilt with fewer old messages if it does not fit the model's context."""
-        self.prompt_hashes[template] = prompt_hash(template)
-        gen = sampling.gen(self.seed)
+        self.prompt_hashes[template] = PROMPTS.hash(template)
+        gen = sampling.gen()
         # vLLM refuses n > 1 with greedy decoding; greedy samples are identical, so ask once and copy.
         copies = gen.n if gen.temperature == 0 and gen.n > 1 else 1
         send = gen.replace(n=1) if copies > 1 else gen
@@ -62,23 +62,28 @@ class CaseLog:
             if build is not None:
                 values = {**values, **build((history or [])[dropped:])}
             messages = [{"role": "user", "content": render(template, **values)}]
-            result = await self.client.chat(messages, role=role, gen=send)
-            if result.ok or not is_context_error(result.error) or build is None or dropped >= len(history or []):
+            start = len(self.ctx.calls)
+            try:
+                result = await self.ctx.chat(messages, role=role, gen=send, step=step)
                 break
-            dropped += 1
-        if copies > 1 and result.ok:
+            except RequestFailed as e:
+                self._note(start, step, template, dropped)
+                if build is None or dropped >= len(history or []) or not is_context_error(e.error):
+                    raise
+                dropped += 1
+        if copies > 1:
             result = replace(result, texts=result.texts * copies, finish_reasons=result.finish_reasons * copies)
-        self.calls.append({
-            "step": step, "role": role, "prompt": template, "prompt_hash": self.prompt_hashes[template],
-            "messages": messages, "texts": result.texts, "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens, "latency": round(result.latency, 3), "cached": result.cached,
-            "finish_reasons": result.finish_reasons, "error": result.error, "seed": self.seed,
-            "gen": {"temperature": gen.temperature, "top_p": gen.top_p, "max_tokens": gen.max_tokens,
-                    "frequency_penalty": gen.frequency_penalty, "n": gen.n},
-            **({"dropped_history": dropped} if dropped else {}),
-            **({"greedy_copies": copies} if copies > 1 else {}),
-        })
+        self._note(start, step, template, dropped, copies)
         return result
+
+    def _note(self, start: int, step: str, template: str, dropped: int, copies: int = 1) -> None:
+        """Add DERA's details to the runner's log entry of the call just made."""
+        entry = next((c for c in self.ctx.calls[start:] if c.get("step") == step), None)
+        if entry is None:
+            return
+        entry.update({"template": template, "template_hash": self.prompt_hashes[template],
+                      **({"dropped_history": dropped} if dropped else {}),
+                      **({"greedy_copies": copies} if copies > 1 else {})})
 
     def parsed(self, step: str, ok: bool, what: str, text: str = "") -> bool:
         """Count one parse attempt; record it when it failed. Returns ``ok``."""
@@ -87,20 +92,6 @@ class CaseLog:
             self.parse_errors.append({"step": step, "error": what, "text": (text or "")[:500]})
         return ok
 
-    def usage(self) -> dict:
-        return {
-            "calls": len(self.calls),
-            "failed_calls": sum(1 for c in self.calls if c["error"]),
-            "prompt_tokens": sum(c["prompt_tokens"] for c in self.calls),
-            "completion_tokens": sum(c["completion_tokens"] for c in self.calls),
-            "model_seconds": round(sum(c["latency"] for c in self.calls), 3),
-        }
-
-    def unreachable(self) -> bool:
-        """True when a request failed in transport (server down / timeouts after all retries)."""
-        return any((c["error"] or "").startswith("gave up after") for c in self.calls)
-
     def fields(self) -> dict:
-        """What every record carries from the log."""
-        return {"server_unreachable": self.unreachable(), "calls": self.calls, "parse_errors": self.parse_errors, "parse_attempts": self.parse_attempts,
-                "prompt_hashes": self.prompt_hashes, "seed": self.seed, "usage": self.usage()}
+        """What every record carries from DERA's side (the runner adds calls, usage, status)."""
+        return {"parse_errors": self.parse_errors, "parse_attempts": self.parse_attempts, "prompt_hashes": self.prompt_hashes}

@@ -5,7 +5,8 @@
     2. Researcher and Decider alternate; every message counts as one turn. The Researcher
        reviews one section per message ([RESPONSE: "..."]) or ends with [STOP]; the Decider
        answers ([RESPONSE: "..."]) and lists accepted corrections ([SCRATCHPAD: "..."]), which
-       accumulate on the scratchpad. The output is not rewritten during the dialogue.
+       accumulate on the scratchpad. The output is not rewritten during the dialogue. Both agents
+       see the chat, the current draft and the scratchpad as it stands in every prompt.
     3. The dialogue ends on the Researcher's stop tag or at ``max_turns`` messages in total.
     4. The Decider rewrites the output applying the scratchpad -> final output.
 
@@ -14,10 +15,8 @@ Replies that break the tag format are kept as text and counted as parse errors.
 
 from __future__ import annotations
 
-import time
-
 from experiments.dera import gptf1
-from experiments.dera.calls import CaseLog, case_seed
+from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_chat
 from experiments.dera.settings import DialogueSettings
 from experiments.parsing import extract_tag, extract_tags, has_marker, split_sections
@@ -44,8 +43,11 @@ def dialogue_text(messages: list[dict]) -> str:
     return "\n".join(f"{LABELS[m['agent']]}: {m['content']}" for m in messages)
 
 
-def scratchpad_text(lines: list[str]) -> str:
-    return "\n".join(f"- {x}" for x in lines) if lines else "(no corrections were agreed)"
+def scratchpad_text(lines: list[str], empty: str = "(no corrections were agreed)") -> str:
+    return "\n".join(f"- {x}" for x in lines) if lines else empty
+
+
+SCRATCHPAD_EMPTY_DURING = "(empty: nothing accepted yet)"
 
 
 def parse_sections(log: CaseLog, step: str, text: str, names: list[str]) -> dict:
@@ -95,10 +97,8 @@ async def run_dialogue(log: CaseLog, enc: dict, output: dict, settings: Dialogue
     while len(transcript) < settings.max_turns:
         turn = len(transcript) + 1
         r = await log.call(f"researcher:{turn}", "researcher", t["researcher"], settings.sampling, history=transcript, build=history,
-                           **base, summary=summary, review_sections=", ".join(settings.review_sections))
-        if not r.ok:
-            stop_reason = "error"
-            break
+                           **base, summary=summary, review_sections=", ".join(settings.review_sections),
+                           scratchpad=scratchpad_text(scratchpad, SCRATCHPAD_EMPTY_DURING))
         msg, stop = parse_researcher(log, f"researcher:{turn}", r.text)
         transcript.append({"agent": "researcher", "content": msg, "turn": turn, "raw": r.text})
         if stop:
@@ -108,10 +108,7 @@ async def run_dialogue(log: CaseLog, enc: dict, output: dict, settings: Dialogue
             break
         turn += 1
         d = await log.call(f"decider:{turn}", "decider", t["reply"], settings.sampling, history=transcript, build=history,
-                           **base, summary=summary)
-        if not d.ok:
-            stop_reason = "error"
-            break
+                           **base, summary=summary, scratchpad=scratchpad_text(scratchpad, SCRATCHPAD_EMPTY_DURING))
         reply, accepted = parse_decider(log, f"decider:{turn}", d.text)
         scratchpad.extend(accepted)
         transcript.append({"agent": "decider", "content": reply, "turn": turn, "scratchpad": accepted, "raw": d.text})
@@ -137,9 +134,10 @@ async def initial_output(log: CaseLog, enc: dict, settings: DialogueSettings) ->
     return parse_sections(log, "decider:initial", r.text if r.ok else "", settings.sections), r.text
 
 
-async def corrupt(log: CaseLog, reference: dict, settings: DialogueSettings) -> tuple[dict, str]:
-    """Corrupt only ``corrupt_sections`` of the reference; other sections stay as they were."""
-    r = await log.call("corrupt", "decider", "corrupt", settings.sampling, level=settings.corruption_level,
+async def corrupt(log: CaseLog, enc: dict, reference: dict, settings: DialogueSettings) -> tuple[dict, str]:
+    """Corrupt only ``corrupt_sections`` of the reference; other sections stay as they were.
+    The prompt carries the chat and the summary instructions, so errors can be made against the source."""
+    r = await log.call("corrupt", "decider", "corrupt", settings.sampling, **_encounter_values(enc), level=settings.corruption_level,
                        corrupt_sections=", ".join(settings.corrupt_sections),
                        summary=render_sections(reference, settings.sections))
     parsed = split_sections(r.text if r.ok else "", settings.sections)  # all headings, so none bleeds into another
@@ -149,14 +147,15 @@ async def corrupt(log: CaseLog, reference: dict, settings: DialogueSettings) -> 
             for s in settings.sections}, r.text
 
 
-def make_solver(client, settings: DialogueSettings, model: str):
-    async def solve(enc: dict) -> dict:
-        t0 = time.perf_counter()
-        log = CaseLog(client, case_seed(settings.seed, enc["id"]))
+def make_solver(settings: DialogueSettings, model: str):
+    """``solve(log, enc) -> record`` for one encounter; ``log`` wraps the runner's context of the case
+    (a call that gets no answer raises RequestFailed: the runner records the case as failed)."""
+
+    async def solve(log: CaseLog, enc: dict) -> dict:
         rec: dict = {"id": enc["id"], "input_id": enc["id"], "task": settings.task, "model": model}
         if settings.task == "corrupt":
             reference, ref_raw = await initial_output(log, enc, settings)
-            start, start_raw = await corrupt(log, reference, settings)
+            start, start_raw = await corrupt(log, enc, reference, settings)
             rec.update({"reference": reference, "reference_raw": ref_raw, "corruption_level": settings.corruption_level})
         else:
             start, start_raw = await initial_output(log, enc, settings)
@@ -181,7 +180,6 @@ def make_solver(client, settings: DialogueSettings, model: str):
                 rec["gptf1"]["dera"] = await gptf1.score_summary(log, ref, final, settings.score_sections, settings.gptf1, label="dera", concept_cache=cache)
             rec["score"] = rec["gptf1"].get("dera", rec["gptf1"]["dera_vs_initial"])["average"]["f1"]
         rec.update(log.fields())
-        rec["seconds"] = round(time.perf_counter() - t0, 2)
         return rec
 
     return solve

@@ -13,6 +13,11 @@ with an empty denominator otherwise -> 0. An empty reference section (e.g. the m
 could not be parsed into sections) and a judge reply that cannot be parsed leave the section
 unscored (P/R/F1 = None, counted), never silently 0 or 1; an empty predicted section against a
 non-empty reference scores 0. Concept lists are kept in the record.
+
+The extraction prompt names the section heading it reads (a Pertinent Negatives text lists the
+denied findings as concepts). Concept lists longer than ``settings.max_concepts`` are cut to
+that length (null: no cap); a cut is recorded per section (``concepts_cut``: concepts dropped
+from the reference / prediction list) and counted in the run's metrics, never silent.
 """
 
 from __future__ import annotations
@@ -20,9 +25,6 @@ from __future__ import annotations
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import GptF1Settings
 from experiments.parsing import extract_indices, extract_list
-
-MAX_CONCEPTS = 40
-
 
 def prf(n_gt: int, tp_gt: int, n_pred: int, tp_pred: int) -> dict:
     """Precision/recall/F1 from counts (pure)."""
@@ -41,17 +43,30 @@ def _dedupe(items: list[str]) -> list[str]:
         if k and k not in seen:
             seen.add(k)
             out.append(i.strip())
-    return out[:MAX_CONCEPTS]
+    return out
 
 
-async def extract_concepts(log: CaseLog, text: str, settings: GptF1Settings, step: str) -> list[str] | None:
+def cap_concepts(items: list[str], cap: int | None) -> tuple[list[str], int]:
+    """(the first ``cap`` concepts, how many were dropped); ``cap`` None keeps all."""
+    if cap is None or len(items) <= cap:
+        return items, 0
+    return items[:cap], len(items) - cap
+
+
+async def extract_concepts_capped(log: CaseLog, text: str, settings: GptF1Settings, step: str,
+                                  section: str = "") -> tuple[list[str] | None, int]:
+    """(deduplicated concept list of ``text`` read as section ``section`` — None if unparseable —, concepts cut by the cap)."""
     if not text.strip():
-        return []
-    r = await log.call(step, "judge", "gptf1_extract", settings.extraction, text=text)
+        return [], 0
+    r = await log.call(step, "judge", "gptf1_extract", settings.extraction, text=text, section=section or "(unnamed)")
     items = extract_list(r.text) if r.ok else None
     if not log.parsed(step, items is not None, r.error or "no concept list in reply", r.text):
-        return None
-    return _dedupe(items)
+        return None, 0
+    return cap_concepts(_dedupe([str(i) for i in items]), settings.max_concepts)
+
+
+async def extract_concepts(log: CaseLog, text: str, settings: GptF1Settings, step: str, section: str = "") -> list[str] | None:
+    return (await extract_concepts_capped(log, text, settings, step, section))[0]
 
 
 async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: list[str], settings: GptF1Settings, step: str) -> list[int] | None:
@@ -69,11 +84,16 @@ async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: lis
 
 
 async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: GptF1Settings, *,
-                        label: str, concept_cache: dict[str, list[str] | None]) -> dict:
+                        label: str, concept_cache: dict, section: str = "") -> dict:
+    cut = {"gt": 0, "pred": 0}
+
     async def concepts(text: str, who: str):
-        if text not in concept_cache:
-            concept_cache[text] = await extract_concepts(log, text, settings, f"gptf1:{label}:extract_{who}")
-        return concept_cache[text]
+        key = (section, text)  # the prompt names the section, so the same text under another heading is asked again
+        if key not in concept_cache:
+            concept_cache[key] = await extract_concepts_capped(log, text, settings, f"gptf1:{label}:extract_{who}", section)
+        items, dropped = concept_cache[key]
+        cut[who] = dropped
+        return items
 
     if not gt_text.strip():  # no reference text (e.g. the section could not be parsed): nothing to score against
         return {"gt_concepts": None, "pred_concepts": None, "scored": False, "reason": "empty reference section",
@@ -81,6 +101,8 @@ async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: Gp
     gt_c = await concepts(gt_text, "gt")
     pred_c = await concepts(pred_text, "pred")
     out = {"gt_concepts": gt_c, "pred_concepts": pred_c}
+    if cut["gt"] or cut["pred"]:
+        out["concepts_cut"] = dict(cut)
     if gt_c is None or pred_c is None:
         return {**out, "scored": False, "precision": None, "recall": None, "f1": None}
     found_gt = await count_found(log, pred_text, pred_c, gt_c, settings, f"gptf1:{label}:recall")
@@ -97,7 +119,9 @@ async def score_summary(log: CaseLog, gt: dict, pred: dict, sections: list[str],
     cache = concept_cache if concept_cache is not None else {}
     per = {}
     for s in sections:
-        per[s] = await score_section(log, gt.get(s, ""), pred.get(s, ""), settings, label=f"{label}:{s}", concept_cache=cache)
+        per[s] = await score_section(log, gt.get(s, ""), pred.get(s, ""), settings, label=f"{label}:{s}", concept_cache=cache, section=s)
     scored = [v for v in per.values() if v["scored"]]
     avg = {k: (sum(v[k] for v in scored) / len(scored) if scored else None) for k in ("precision", "recall", "f1")}
-    return {"sections": per, "average": avg, "unscored_sections": len(per) - len(scored)}
+    cut = sum(1 for v in per.values() if v.get("concepts_cut"))
+    return {"sections": per, "average": avg, "unscored_sections": len(per) - len(scored),
+            "max_concepts": settings.max_concepts, "sections_with_concepts_cut": cut}

@@ -13,10 +13,9 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
-from experiments.dera.calls import CaseLog, case_seed
+from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_options
 from experiments.dera.settings import QASettings
 from experiments.parsing import extract_after, extract_choice, has_marker
@@ -90,8 +89,6 @@ async def sample_answers(log: CaseLog, step: str, template: str, sampling, setti
     answers = [answer_from_completion(t, settings.mcq) for t in r.texts]
     for i, a in enumerate(answers):
         log.parsed(f"{step}:{i}", a is not None, r.error or "no answer in completion", r.texts[i] if i < len(r.texts) else "")
-    if not r.ok:
-        log.parsed(step, False, r.error or "request failed")
     return {"completions": r.texts, "answers": answers, "vote": majority_vote(answers),
             "distribution": vote_distribution(answers), "distribution_text": vote_distribution_text(answers)}
 
@@ -111,9 +108,6 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
         turn = len(transcript) + 1
         r = await log.call(f"researcher:{turn}", "researcher", "qa_researcher", settings.dialogue, history=transcript, build=history,
                            question=question, options_block=opts)
-        if not r.ok:
-            stop_reason = "error"
-            break
         stop = has_marker(r.text, "STOP")
         transcript.append({"agent": "researcher", "content": r.text.strip() or "STOP", "turn": turn})
         if stop:
@@ -122,9 +116,6 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
         turn += 1
         d = await log.call(f"decider:{turn}", "decider", decider_template, settings.dialogue, history=transcript, build=history,
                            question=question, options=format_options(q.get("options")))
-        if not d.ok:
-            stop_reason = "error"
-            break
         said = extract_after(d.text, "answer")
         if said and settings.mcq:
             said = extract_choice(said)
@@ -135,12 +126,12 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
             "turns": sum(1 for m in transcript if m["agent"] == "researcher")}
 
 
-def make_solver(client, settings: QASettings, model: str, scorer):
-    """``scorer(log, q, answers: dict[arm, str|None]) -> dict`` adds the per-arm scores."""
+def make_solver(settings: QASettings, model: str, scorer):
+    """``solve(log, q) -> record`` for one question; ``log`` wraps the runner's context of the case (a call
+    that gets no answer raises RequestFailed: the case is failed, never scored).
+    ``scorer(log, q, answers: dict[arm, str|None]) -> dict`` adds the per-arm scores."""
 
-    async def solve(q: dict) -> dict:
-        t0 = time.perf_counter()
-        log = CaseLog(client, case_seed(settings.seed, q["id"]))
+    async def solve(log: CaseLog, q: dict) -> dict:
         template, values = _oneshot(q, settings)
         base = await sample_answers(log, "oneshot", template, settings.answer, settings, **values)
         opts = _options_block(q, settings)
@@ -167,7 +158,6 @@ def make_solver(client, settings: QASettings, model: str, scorer):
         dera_correct = rec["scores"]["dera"].get("accuracy" if settings.mcq else "exact")
         rec["correct"] = None if dera_correct is None else int(dera_correct)
         rec.update(log.fields())
-        rec["seconds"] = round(time.perf_counter() - t0, 2)
         return rec
 
     return solve
@@ -184,8 +174,6 @@ async def sample_answers_with_history(log: CaseLog, settings: QASettings, transc
     answers = [answer_from_completion(t, settings.mcq) for t in r.texts]
     for i, a in enumerate(answers):
         log.parsed(f"decider:final:{i}", a is not None, "no answer in completion", r.texts[i])
-    if not r.ok:
-        log.parsed("decider:final", False, r.error or "request failed")
     return {"completions": r.texts, "answers": answers, "vote": majority_vote(answers),
             "distribution": vote_distribution(answers), "distribution_text": vote_distribution_text(answers),
             "error": r.error}

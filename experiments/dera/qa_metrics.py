@@ -1,6 +1,7 @@
 """Scores of QA answers against the gold answer: per case (LLM judges, BERTScore) and per run.
 
-- BERTScore F1 with a local encoder (experiments.metrics.text.bertscore_f1).
+- BERTScore F1 with a local encoder at a chosen layer (experiments.metrics.text.bertscore_f1;
+  ``bertscore_model`` / ``bertscore_layer``, the layer defaulting to bert_score's table).
 - LLM exact match: "same medical concept?" -> True/False + explanation (temperature 0).
   An unparseable verdict is unscored (None) and counted.
 - LLM similarity: a 0-1 score (temperature 0, max_tokens 100). Over a run, scores outside
@@ -30,11 +31,11 @@ def normalize_similarity(scores: list[float | None]) -> list[float | None]:
     return [None if s is None else (s if 0.0 <= s <= 1.0 else 0.0) for s in scores]
 
 
-async def bertscore(pred: str, gold: str, model_path: str | None) -> float:
+async def bertscore(pred: str, gold: str, model_path: str | None, num_layers: int | None = None) -> float:
     from experiments.metrics.text import bertscore_f1
 
     async with _bert_lock:  # one encoder, loaded once
-        return (await asyncio.to_thread(bertscore_f1, [pred], [gold], model_path))[0]
+        return (await asyncio.to_thread(bertscore_f1, [pred], [gold], model_path, num_layers))[0]
 
 
 async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, settings: QASettings, arm: str) -> dict:
@@ -49,7 +50,7 @@ async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, s
     log.parsed(f"judge:similarity:{arm}", score is not None, sim.error or "no number in reply", sim.text)
     return {
         "answer": pred,
-        "bertscore": await bertscore(pred, gold, settings.bertscore_model),
+        "bertscore": await bertscore(pred, gold, settings.bertscore_model, settings.bertscore_layer),
         "exact": None if verdict is None else int(verdict),
         "exact_explanation": ex.text.strip(),
         "similarity_raw": score,

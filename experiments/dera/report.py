@@ -59,6 +59,10 @@ def dialogue_metrics(records: list[dict], settings) -> dict:
     m["final_sections_kept_from_initial"] = sum(len(r.get("final_sections_kept_from_initial", [])) for r in ok)
     keys = sorted({k for r in ok for k in r.get("gptf1", {})})
     m["gptf1"] = {k: gptf1_table(records, k, settings.score_sections) for k in keys}
+    # the concept-list cap is a setting; say how often it cut (case x section x comparison)
+    m["gptf1_max_concepts"] = settings.gptf1.max_concepts
+    m["gptf1_concept_lists_cut"] = sum(1 for r in ok for g in r.get("gptf1", {}).values()
+                                       for v in g.get("sections", {}).values() if v.get("concepts_cut"))
     if "initial" in keys and "dera" in keys:
         pairs = [(r["gptf1"]["dera"]["average"]["f1"], r["gptf1"]["initial"]["average"]["f1"]) for r in ok if "dera" in r["gptf1"]]
         pairs = [p for p in pairs if None not in p]
@@ -72,6 +76,9 @@ def dialogue_summary(metrics: dict, settings, command: str) -> str:
     lines = [f"# {command}", "", f"Cases: {metrics['n_cases']} (errors {metrics['case_errors']}); "
              f"parse-error rate {_fmt(metrics['parse_error_rate'])}; stop reasons {metrics['stop_reasons']}; "
              f"mean turns {metrics['mean_turns']}; mean scratchpad lines {metrics['mean_scratchpad_lines']}.", ""]
+    if metrics.get("gptf1_concept_lists_cut"):
+        lines += [f"GPT-F1 concept lists were cut to {metrics['gptf1_max_concepts']} concepts (`gptf1.max_concepts`) in "
+                  f"{metrics['gptf1_concept_lists_cut']} section comparison(s); see `concepts_cut` in the records.", ""]
     g = metrics["gptf1"]
     if "initial" in g and "dera" in g:
         level = metrics.get("corruption_level")
@@ -99,9 +106,33 @@ def dialogue_summary(metrics: dict, settings, command: str) -> str:
 
 # -- QA ---------------------------------------------------------------------------------------------
 
+PAPER_MCQ_OPTIONS = 4  # the paper's MCQ figures (GPT-4 0-shot 0.834, DERA 0.840) are on 4-option MedQA
+
+
+def mcq_option_counts(records: list[dict]) -> dict[int, int]:
+    """{number of options: questions} over the records (the released open-ended file has 5, A-E)."""
+    return dict(sorted(Counter(len(r.get("options") or {}) for r in _ok(records)).items()))
+
+
+def options_label(counts: dict) -> str:
+    if not counts:
+        return "options: n/a"
+    if len(counts) == 1:
+        n = next(iter(counts))
+        letters = f", A–{chr(ord('A') + n - 1)}" if 0 < n <= 26 else ""
+        return f"{n} options{letters}"
+    return "mixed: " + ", ".join(f"{q} questions with {n} options" for n, q in counts.items())
+
+
 def qa_metrics(records: list[dict], settings) -> dict:
     ok = _ok(records)
     m = common_metrics(records)
+    if settings.mcq:
+        m["mcq_options"] = {str(k): v for k, v in mcq_option_counts(records).items()}
+    else:
+        from experiments.metrics.text import bertscore_config
+
+        m["bertscore"] = bertscore_config(settings.bertscore_model, settings.bertscore_layer)
     m["answer_changed_rate"] = round(mean(int(r["answer_changed"]) for r in ok), 4) if ok else None
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
     per_arm: dict[str, dict[str, list]] = {arm: {} for arm in ARMS}
@@ -129,8 +160,12 @@ def qa_metrics(records: list[dict], settings) -> dict:
 
 def qa_summary(metrics: dict, settings, command: str) -> str:
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
-    heads = {"accuracy": "MCQ accuracy", "bertscore": "BERTScore F1", "exact": "LLM exact match", "similarity": "LLM similarity"}
-    lines = [f"# {command}{' (multiple choice)' if settings.mcq else ''}", "",
+    opt_counts = {int(k): v for k, v in (metrics.get("mcq_options") or {}).items()}
+    opts = options_label(opt_counts)
+    bs = metrics.get("bertscore")
+    heads = {"accuracy": f"MCQ accuracy ({opts})", "exact": "LLM exact match", "similarity": "LLM similarity",
+             "bertscore": f"BERTScore F1 ({bs['encoder']}, layer {bs['layer']})" if bs else "BERTScore F1"}
+    lines = [f"# {command}{f' (multiple choice, {opts})' if settings.mcq else ''}", "",
              f"Questions: {metrics['n_cases']} (errors {metrics['case_errors']}); parse-error rate {_fmt(metrics['parse_error_rate'])}; "
              f"stop reasons {metrics['stop_reasons']}; mean turns {metrics['mean_turns']}; answer changed by DERA in "
              f"{_fmt(metrics['answer_changed_rate'], 2)} of questions.", "",
@@ -146,6 +181,16 @@ def qa_summary(metrics: dict, settings, command: str) -> str:
         d = metrics["dera_minus_oneshot"][n]
         cells.append("n/a" if not d else f"{d['mean_diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] p={d['p_value']:.3f}")
     lines.append("| DERA − 1-shot (paired bootstrap 95% CI) | " + " | ".join(cells) + " |")
-    lines += ["", "Cells: mean [95% bootstrap CI] over questions. Paper (GPT-4, MedQA test): 1-shot 0.746 / 0.698 / 0.65, "
-              "DERA 0.744 / 0.703 / 0.67; MCQ accuracy 0.834 (0-shot) vs 0.840 (DERA).", ""]
+    lines += ["", "Cells: mean [95% bootstrap CI] over questions."]
+    if not settings.mcq:
+        lines += [f"BERTScore: {bs['encoder']}, layer {bs['layer']} ({bs['layer_source']}); no baseline rescaling. "
+                  "Scores from different encoders or layers are not comparable." if bs else "",
+                  "Paper (GPT-4, MedQA test, BERTScore with scibert-basevocab-uncased): 1-shot 0.746 / 0.698 / 0.65, "
+                  "DERA 0.744 / 0.703 / 0.67."]
+    elif set(opt_counts) == {PAPER_MCQ_OPTIONS}:
+        lines += ["Paper (GPT-4, 4-option MedQA): accuracy 0.834 (0-shot) vs 0.840 (DERA)."]
+    else:
+        lines += [f"These questions have {opts}; the paper's multiple-choice figures are on 4-option MedQA and are "
+                  "not comparable, so they are not shown here."]
+    lines.append("")
     return "\n".join(lines)

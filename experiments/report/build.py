@@ -75,8 +75,9 @@ def metric_tables(data, title: str = "overview") -> list[dict]:
 # ---------------------------------------------------------------- cases
 
 def outcome(rec: dict) -> str:
-    if rec.get("error") or rec.get("request_error"):
-        return "error"
+    """failed (no answer: never scored), correct, incorrect or unscored."""
+    if rec.get("status") == "failed" or rec.get("error") or rec.get("request_error"):
+        return "failed"
     c = rec.get("correct")
     if isinstance(c, (bool, int, float)):
         return "correct" if c == 1 else "incorrect" if c == 0 else "unscored"
@@ -171,6 +172,31 @@ def _run_model(run: dict) -> str:
     return str(spec).partition("@")[0] if spec else ""
 
 
+def calibration_view(run: dict) -> dict | None:
+    """Judge-calibration results dirs (medstack calibrate ...): one row per rater vs the clinicians."""
+    cfg, m = run.get("config") or {}, run.get("metrics") or {}
+    study = str(cfg.get("experiment") or "")
+    if not study.startswith("calibrate") or not isinstance(m, dict):
+        return None
+    rows = []
+    if study == "calibrate-craftmd-grader":
+        pub = m.get("published") or {}
+        for name, x in ((f"judge {m.get('judge')} (rule {m.get('concurrent_rule')})", m.get("judge_vs_dermatologist")),
+                        (f"authors' grader ({pub.get('cases_matched')} matched cases)", pub.get("vs_dermatologist"))):
+            if x:
+                rows.append([name, x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), fmt(x["trial_agreement_bound"]),
+                             fmt(x["weighted_kappa_linear"]), fmt((x.get("spearman") or {}).get("rho")), "–"])
+        title = "CRAFT-MD grader vs dermatologist (counts of correct trials 0-5; kappa linear-weighted)"
+    else:
+        x = m.get("overall") or {}
+        if x:
+            rows.append(["rubric judge", x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), "–", fmt(x["weighted_kappa_linear"]),
+                         fmt((x.get("spearman") or {}).get("rho")), fmt((x.get("kendall") or {}).get("tau_b"))])
+        title = "Rubric judge vs reference ratings (1-5; kappa linear-weighted)"
+    return {"title": title, "columns": ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"],
+            "rows": rows}
+
+
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
     model = _run_model(run)
     cases = [case_view(r, model) for r in run["records"][:max_cases]]
@@ -194,10 +220,11 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "accuracy": f"{sum(o == 'correct' for o in scored) / len(scored):.1%}" if scored else "-",
         "n_correct": sum(o == "correct" for o in outcomes),
         "n_incorrect": sum(o == "incorrect" for o in outcomes),
-        "n_error": sum(o == "error" for o in outcomes),
+        "n_failed": sum(o == "failed" for o in outcomes),
         "tokens_per_s": fmt(run_stats.get("output_tokens_per_s")) if run_stats.get("output_tokens_per_s") is not None else "-",
         "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
+        "calibration": calibration_view(run),
         "charts": run["charts"],
         "summary": run["summary"],
         "config_text": run["config_text"],

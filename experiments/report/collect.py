@@ -65,7 +65,9 @@ def load_run_dir(p: Path) -> dict:
     records: list[dict] = []
     if (p / "records.jsonl").exists():
         try:
-            records = [r if isinstance(r, dict) else {"value": r} for r in read_jsonl(p / "records.jsonl")]
+            rows = [r if isinstance(r, dict) else {"value": r} for r in read_jsonl(p / "records.jsonl")]
+            # the last line per id wins (a case that failed and was run again has two lines)
+            records = list({str(r.get("id", i)): r for i, r in enumerate(rows)}.values())
         except DataError as e:
             warnings.append(str(e))
     config_text = (p / "config.yaml").read_text(encoding="utf-8", errors="replace") if (p / "config.yaml").exists() else ""

@@ -6,8 +6,16 @@
 set -euo pipefail
 MS=${MS:-.venv/bin/medstack}
 OUT=${OUT:-runs/demo}
-DATA=${CRAFTMD_DATA:-/work/shared/data/craftmd/usmle_and_derm_dataset.csv}
-[ -f "$DATA" ] || DATA=tests/fixtures/craftmd/cases.csv   # the published file is not part of the repo
+# the published cases once fetched (`medstack data fetch craftmd-cases`), else the hand-made fixture
+DATA=${CRAFTMD_DATA:-}
+if [ -z "$DATA" ] && ! DATA=$($MS data path craftmd-cases 2>/dev/null); then
+  DATA=tests/fixtures/craftmd/cases.csv
+  echo "published CRAFT-MD cases not fetched, using the fixture; to fetch them: $MS data fetch craftmd-cases  (offline: --from PATH/usmle_and_derm_dataset.csv)"
+fi
+echo "cases: $DATA"
+# a demo run on other cases (e.g. the fixture, before `data fetch`) cannot be resumed: start it (and the ratings of its dialogues) over
+if [ -d "$OUT/craftmd" ] && [ "$(cat "$OUT/.craftmd-data" 2>/dev/null)" != "$DATA" ]; then rm -rf "$OUT/craftmd" "$OUT/autoeval"; fi
+mkdir -p "$OUT" && echo "$DATA" > "$OUT/.craftmd-data"
 
 $MS run craftmd --data "$DATA" --limit 3 --trials 1 --mcq --frq \
   --clinical-model embedded --patient-model embedded --grader-model embedded \

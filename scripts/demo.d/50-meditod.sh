@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Demo step: MediTOD NLU in-context (k=5 retrieved exemplars) on the first test dialogue with the embedded model,
 # then its metrics table. Env: MS (medstack binary), OUT (demo out dir); MEDITOD_DATA (dialogs.json; default: the
-# public sample if present, else our test fixture), MEDITOD_LIMIT (turns of the dialogue to run, default 8; "all" for every turn).
+# public sample if fetched (`medstack data fetch meditod-sample`), else our test fixture), MEDITOD_LIMIT (turns of the dialogue to run, default 8; "all" for every turn).
 set -euo pipefail
 MS=${MS:-.venv/bin/medstack}
 OUT=${OUT:-runs/demo}
 DATA=${MEDITOD_DATA:-}
-if [ -z "$DATA" ]; then
-  for cand in ../shared/data/meditod/dialogs.json /work/shared/data/meditod/dialogs.json tests/fixtures/meditod/dialogs.json; do
-    if [ -f "$cand" ]; then DATA=$cand; break; fi
-  done
+if [ -z "$DATA" ] && ! DATA=$($MS data path meditod-sample 2>/dev/null); then
+  DATA=tests/fixtures/meditod/dialogs.json
+  echo "data: test fixture; for MediTOD's public sample run: $MS data fetch meditod-sample  (offline: --from FOLDER with dialogs.json and the *_ids.json)"
 fi
 LIMIT=${MEDITOD_LIMIT:-8}
 limit_args=(--limit "$LIMIT")
 [ "$LIMIT" = all ] && limit_args=()
 
 echo "data: $DATA"
+# a demo run on other dialogues cannot be resumed: start it over
+if [ -d "$OUT/meditod" ] && [ "$(cat "$OUT/.meditod-data" 2>/dev/null)" != "$DATA" ]; then rm -rf "$OUT/meditod"; fi
+mkdir -p "$OUT/meditod" && echo "$DATA" > "$OUT/.meditod-data"
 $MS data meditod --data "$DATA" --png "$OUT/meditod/data.png"
 first=$(python3 -c "import json,sys,os; print(json.load(open(os.path.join(os.path.dirname(sys.argv[1]),'test_ids.json')))[0])" "$DATA")
 echo "first test dialogue: $first"

@@ -1,0 +1,64 @@
+"""`medstack calibrate craftmd-grader` and `medstack calibrate autoeval`: LLM judges against clinicians (SPEC 3.1, 3.2)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+calibrate_app = typer.Typer(help="Calibrate LLM judges against clinicians' ratings (SPEC 3.1, 3.2).", no_args_is_help=True)
+
+
+def _log(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@calibrate_app.command("craftmd-grader")
+def craftmd_grader(
+    judge_model: str = typer.Option(..., "--judge-model", help="Judge in the grader role (alias or ALIAS@URL)."),
+    labels: Path = typer.Option(Path("validation_graderai.csv"), "--labels", help="The authors' dermatologist check (validation_graderai.csv format)."),
+    rule: str = typer.Option("zero", "--rule", help="Concurrent-diagnosis rule: zero (SPEC: several diagnoses score 0) or any (the authors' release)."),
+    published: Optional[Path] = typer.Option(None, "--published", help="A folder of the authors' per-case JSON files: also score their own grader's decisions."),
+    out: Path = typer.Option(..., "--out", help="Results directory to write."),
+    completion: Optional[bool] = typer.Option(None, "--completion/--chat", help="Send the grader prompt as a text completion (default: for the embedded base model) or as chat."),
+    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the response cache."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
+) -> None:
+    """Grade every (extracted diagnosis, gold) pair of the dermatologist set with the judge (the CRAFT-MD
+    grader match prompt) and compare per-case counts of correct trials with the dermatologist's: exact
+    agreement, mean |diff|, trial agreement bound, linear-weighted kappa, Spearman, confusion matrix.
+    Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
+    from experiments.calibrate import CalibrationFailed, calibrate_grader
+
+    if rule not in ("zero", "any"):
+        raise typer.BadParameter("--rule must be zero or any")
+    try:
+        asyncio.run(calibrate_grader(judge_model, str(labels), out, rule=rule, published=str(published) if published else None, completion=completion,
+                                     concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, log=_log))
+    except CalibrationFailed as e:
+        typer.echo((out / "summary.md").read_text().rstrip("\n"))
+        _log(f"error: {e}")
+        raise typer.Exit(3)
+    typer.echo((out / "summary.md").read_text().rstrip("\n"))
+    _log(f"results in {out}")
+
+
+@calibrate_app.command("autoeval")
+def autoeval_cmd(
+    ratings: Path = typer.Option(..., "--ratings", help="Judge ratings: a CSV (id, criterion, rating) or an autoeval results directory."),
+    reference: Path = typer.Option(..., "--reference", help="Reference ratings CSV (id, criterion, rating; 1-5)."),
+    out: Path = typer.Option(..., "--out", help="Results directory to write."),
+) -> None:
+    """Rubric judge vs reference ratings on the same (id, criterion) items: Spearman, Kendall tau-b,
+    exact agreement, mean |diff|, linear-weighted kappa over 1-5, confusion matrix (SPEC 3.2)."""
+    from experiments.calibrate import calibrate_autoeval
+
+    calibrate_autoeval(str(ratings), str(reference), out)
+    typer.echo((out / "summary.md").read_text().rstrip("\n"))
+
+
+def register(app, run_app, score_app, import_app, data_app, finetune_app) -> None:
+    app.add_typer(calibrate_app, name="calibrate")

@@ -1,0 +1,164 @@
+"""`medstack autoeval` on the study runner, with a scripted judge behind the real client: step (a)
+in setup (cached in explained_examples.jsonl; a failed explanation makes no rating), ratings per
+(dialogue, criterion) case, the failure policy, resume, and bad input refused before any server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.autoeval.run import AutoevalSettings, AutoevalStudy
+from experiments.runner import prepare_run, run_study
+from tests.scripted import ScriptedLLM, down
+
+FIX = Path(__file__).parent / "fixtures" / "autoeval"
+
+SCRIPT = {"burning feeling": "Good: warm\nBad: brief\nSummary: kind\nRating: 4",
+          "suddenly weak": "Good: none\nBad: ignores stroke signs\nSummary: unsafe\nRating: 1",
+          "lung cancer": "I think this is a good dialogue overall."}  # no rating: unscored, never a failure
+
+
+class Judge:
+    """respond(role, messages, gen) for ScriptedLLM: explains with fixed notes, rates from SCRIPT."""
+
+    def __init__(self, script=SCRIPT, fail_rate=(), fail_explain=()):
+        self.script, self.fail_rate, self.fail_explain = script, set(fail_rate), set(fail_explain)
+        self.calls = {"explain": 0, "rate": 0}
+        self.prompts: list[str] = []
+
+    def __call__(self, role, messages, gen):
+        prompt = messages[-1]["content"]
+        self.prompts.append(prompt)
+        if "=== New dialogue ===" not in prompt:
+            self.calls["explain"] += 1
+            rating = re.search(r"score of (\d) out of 5", prompt).group(1)
+            crit = re.search(r'one quality: "([^"]+)"', prompt).group(1)
+            if (crit, int(rating)) in self.fail_explain:
+                raise down()
+            return f"Good: g{rating}\nBad: b{rating}\nSummary: s{rating}"
+        self.calls["rate"] += 1
+        new = prompt.split("=== New dialogue ===", 1)[1]
+        for marker, reply in self.script.items():
+            if marker in new:
+                if marker in self.fail_rate:
+                    raise down()
+                return reply
+        raise AssertionError("unexpected dialogue")
+
+
+def settings(out: Path, **kw) -> AutoevalSettings:
+    base = dict(data=str(FIX / "results"), out=str(out), roles={"judge": "scripted"}, criteria=["empathy", "welfare"], use_cache=False)
+    return AutoevalSettings(**{**base, **kw})
+
+
+def run(s: AutoevalSettings, judge: Judge):
+    study = AutoevalStudy()
+    s, cases = prepare_run(study, s)
+    return asyncio.run(run_study(study, s, cases, client=ScriptedLLM(judge, roles=("judge",)), log=lambda m: None))
+
+
+def records(out: Path) -> dict[str, dict]:
+    return {r["id"]: r for r in map(json.loads, (out / "records.jsonl").read_text().splitlines())}
+
+
+def test_scripted_run_records_metrics_and_resume(tmp_path):
+    out = tmp_path / "ae"
+    judge = Judge()
+    outcome = run(settings(out, reference=str(FIX / "reference.csv")), judge)
+    assert outcome.exit_code == 0
+    assert judge.calls == {"explain": 10, "rate": 6}  # 5 examples x 2 criteria, then 3 dialogues x 2 criteria
+    recs = records(out)
+    assert set(recs) == {f"case-00{i}/trial-0::{c}" for i in (1, 2, 4) for c in ("empathy", "welfare")}
+    r = recs["case-001/trial-0::empathy"]
+    assert r["rating"] == 4 and r["explanation"] == {"good": "warm", "bad": "brief", "summary": "kind"} and r["status"] == "ok"
+    assert r["model"] == "embedded" and r["correct"] == 1 and len(r["prompt_hash"]) == 16 and r["examples_used"][0] == "empathy-1"
+    assert [c["step"] for c in r["calls"]] == ["rate"] and r["calls"][0]["role"] == "judge"
+    bad = recs["case-004/trial-0::welfare"]
+    assert bad["status"] == "ok" and bad["rating"] is None and not bad["scored"] and bad["parse_error"] and bad["raw"].startswith("I think")
+    rate_prompt = next(p for p in judge.prompts if "=== New dialogue ===" in p)
+    assert "Good: g3\nBad: b3\nSummary: s3\nRating: 3" in rate_prompt   # the judge's own step-(a) notes, known rating
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["criteria"]["empathy"]["mean"] == 2.5 and m["criteria"]["empathy"]["n"] == 2 and m["criteria"]["empathy"]["unscored"] == 1
+    assert m["unscored"] == 2 and m["parse_errors"] == 2 and m["dialogues"]["skipped_no_transcript"] == 1
+    assert m["agreement"]["empathy"]["n"] == 2 and m["agreement"]["welfare"]["reference_unmatched"] == 1
+    assert m["examples"]["explained"] == 10 and m["examples"]["from_cache_file"] == 0
+    assert "Showing Empathy" in (out / "summary.md").read_text()
+    assert len((out / "explained_examples.jsonl").read_text().splitlines()) == 10
+
+    judge2 = Judge()   # same command again: explanations from the output dir, ratings resumed, nothing asked
+    run(settings(out, reference=str(FIX / "reference.csv")), judge2)
+    assert judge2.calls == {"explain": 0, "rate": 0}
+    m2 = json.loads((out / "metrics.json").read_text())
+    assert m2["examples"]["from_cache_file"] == 10 and m2["run"]["cases_resumed"] == 6 and m2["criteria"] == m["criteria"]
+
+
+def test_explanations_generated_once_per_judge(tmp_path):
+    out = tmp_path / "ae"
+    run(settings(out, limit=1), Judge())
+    out2 = tmp_path / "ae2"   # a fresh output dir seeded with the cached explanations asks only for ratings
+    out2.mkdir()
+    shutil.copy(out / "explained_examples.jsonl", out2 / "explained_examples.jsonl")
+    judge = Judge()
+    run(settings(out2), judge)
+    assert judge.calls == {"explain": 0, "rate": 6}
+
+
+def test_failed_rating_is_a_failed_case_then_resumed(tmp_path):
+    out = tmp_path / "ae"
+    outcome = run(settings(out, criteria=["empathy"]), Judge(fail_rate={"suddenly weak"}))
+    assert outcome.exit_code == 3 and outcome.failed == 1 and outcome.finished == 2
+    recs = records(out)
+    failed = recs["case-002/trial-0::empathy"]
+    assert failed["status"] == "failed" and "gave up" in failed["error"] and "rating" not in failed
+    m = json.loads((out / "metrics.json").read_text())
+    e = m["criteria"]["empathy"]
+    assert e["n"] == 1 and e["unscored"] == 1 and e["request_errors"] == 0 and m["ratings"] == 2   # the failed case is in no metric
+    assert m["case_status"]["failed"] == 1
+    summary = (out / "summary.md").read_text()
+    assert "1 failed cases" in summary and "case-002/trial-0::empathy" in summary
+
+    judge = Judge()
+    again = run(settings(out, criteria=["empathy"]), judge)
+    assert again.exit_code == 0 and judge.calls == {"explain": 0, "rate": 1}
+    e = json.loads((out / "metrics.json").read_text())["criteria"]["empathy"]
+    assert e["n"] == 2 and e["mean"] == 2.5 and e["unscored"] == 1
+    assert len((out / "records.jsonl").read_text().splitlines()) == 4   # append-only: the newest line per case wins
+
+
+def test_failed_explanation_makes_no_rating(tmp_path):
+    out = tmp_path / "ae"
+    judge = Judge(fail_explain={("Showing Empathy", 3)})
+    outcome = run(settings(out, criteria=["empathy"]), judge)
+    assert outcome.exit_code == 3 and outcome.not_started == 3 and outcome.finished == 0 and judge.calls["rate"] == 0
+    assert not (out / "records.jsonl").exists() or not (out / "records.jsonl").read_text().strip()
+    assert len((out / "explained_examples.jsonl").read_text().splitlines()) == 4   # the answered ones are kept
+    assert "3 cases not started" in (out / "summary.md").read_text()
+    judge = Judge()
+    again = run(settings(out, criteria=["empathy"]), judge)
+    assert again.exit_code == 0 and judge.calls == {"explain": 1, "rate": 3}
+
+
+def test_cli_empty_results_exit_2_without_a_server(cli, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "records.jsonl").write_text("")
+    t0 = time.time()
+    r = cli("autoeval", "--data", str(empty), "--model", "embedded", "--out", str(tmp_path / "o"), timeout=120)
+    assert r.returncode == 2 and "no cases to run" in r.stderr, r.stderr[-2000:]
+    r = cli("autoeval", str(FIX / "results"), "-j", "embedded", "--limit", "0", "--out", str(tmp_path / "o"), timeout=120)
+    assert r.returncode == 2 and "limit" in r.stderr
+    r = cli("autoeval", str(FIX / "results"), "-j", "embedded", "--api", "telepathy", "--out", str(tmp_path / "o"), timeout=120)
+    assert r.returncode == 2 and "api" in r.stderr
+    assert time.time() - t0 < 120 and not (tmp_path / "o").exists()
+
+
+def test_cli_help_lists_common_options(cli):
+    r = cli("autoeval", "--help")
+    for opt in ("--data", "--model", "--role", "--set", "--limit", "--concurrency", "--api-key", "--judge-model", "--criteria", "--reference", "--api"):
+        assert opt in r.stdout, opt

@@ -1,0 +1,181 @@
+"""Fault tests on the real vLLM server (SPEC 7): the server dies mid-run, the run is killed -9.
+
+These start their OWN server (the session's shared one must survive), so they cost two extra
+server start-ups in `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MEDSTACK, REPO, run_cli
+
+pytestmark = pytest.mark.e2e
+
+GREEDY = ["--set", "sampling.doctor.temperature=0", "--set", "sampling.patient.temperature=0", "--set", "sampling.answer.temperature=0"]
+
+
+def records(out: Path) -> dict[str, dict]:
+    if not (out / "records.jsonl").exists():
+        return {}
+    return {r["id"]: r for r in (json.loads(x) for x in (out / "records.jsonl").read_text().splitlines() if x.strip())}
+
+
+def start_server(port: int) -> None:
+    run_cli("serve", "--model", "embedded", "--port", str(port), "--detach", check=True, timeout=1200)
+
+
+def stop_server() -> None:
+    from serving.launcher import running_servers, stop_servers
+
+    for rec in running_servers():
+        if rec["port"] == PORT["port"]:
+            stop_servers(rec["alias"])
+
+
+PORT: dict = {}
+
+
+@pytest.fixture
+def own_server(medstack_home):
+    """A second server on its own port; stopped at the end whatever happened."""
+    from serving.launcher import _kill_group, free_port, running_servers
+
+    PORT["port"] = free_port()
+    start_server(PORT["port"])
+    yield f"http://127.0.0.1:{PORT['port']}/v1"
+    for rec in running_servers():
+        if rec["port"] == PORT["port"]:
+            _kill_group(rec["pid"])
+
+
+def craftmd_args(url: str, out: Path, fixtures_dir: Path, *extra: str) -> list[str]:
+    return ["run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "4", "--trials", "1",
+            "--max-turns", "2", "--formats", "vignette,multiturn", "--no-frq", "--model", f"embedded@{url}",
+            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--concurrency", "1",
+            "--set", "retries=1", "--out", str(out), *extra]
+
+
+def test_server_killed_mid_run_fails_cases_never_scores_them_and_resume_completes(own_server, fixtures_dir, tmp_path):
+    out = tmp_path / "run"
+    args = craftmd_args(own_server, out, fixtures_dir, *GREEDY)
+    proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    deadline = time.time() + 900
+    while not records(out) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert records(out), "no case finished before the deadline"
+    stop_server()  # the endpoint dies in the middle of the run
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 3, stderr[-3000:]
+    recs = records(out)
+    failed = [r for r in recs.values() if r["status"] == "failed"]
+    finished = [r for r in recs.values() if r["status"] == "ok"]
+    assert failed and finished
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["records"] == len(finished) and m["case_status"]["finished"] == len(finished)
+    assert m["case_status"]["failed"] + m["case_status"]["not_started"] == 4 - len(finished)
+    summary = (out / "summary.md").read_text()
+    assert "failed cases" in summary and "medstack run craftmd" in summary and "Resume with: medstack run craftmd" in stderr
+
+    start_server(PORT["port"])  # the endpoint is back: the same command completes every case
+    proc = run_cli(*args, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["case_status"] == {"total": 4, "finished": 4, "failed": 0, "not_started": 0}
+
+    # an uninterrupted run at temperature 0, with an empty cache of its own, scores the same
+    fresh_home = tmp_path / "fresh_home"
+    fresh_home.mkdir()
+    clean = run_cli(*craftmd_args(own_server, tmp_path / "clean", fixtures_dir, *GREEDY), env={"MEDSTACK_HOME": str(fresh_home)}, timeout=1200)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    m_clean = json.loads((tmp_path / "clean" / "metrics.json").read_text())
+    assert m_clean["run"]["cache_hits"] == 0
+    assert m["accuracy"] == m_clean["accuracy"]
+
+
+def cache_keys(home: Path) -> set[str]:
+    db = home / "cache" / "responses.sqlite"
+    if not db.exists():
+        return set()
+    with sqlite3.connect(db) as con:
+        return {k for (k,) in con.execute("SELECT key FROM responses")}
+
+
+@pytest.mark.parametrize("study", ["craftmd", "dera-summarize"])
+def test_kill_9_three_times_then_resume_replays_every_answered_call(study, embedded_server, fixtures_dir, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(Path(os.environ["MEDSTACK_HOME"]) / "models", target_is_directory=True)
+    env = {**os.environ, "MEDSTACK_HOME": str(home), "COLUMNS": "200"}
+    url = embedded_server["base_url"]
+    out = tmp_path / "run"
+    if study == "craftmd":
+        args = craftmd_args(url, out, fixtures_dir)  # sampled doctor/patient/answer turns: cached by their per-call seeds
+    else:
+        args = ["run", "dera-summarize", "--model", f"embedded@{url}", "--limit", "2", "--out", str(out),
+                "--set", "max_turns=4", "--set", "sampling.max_tokens=48", "--set", "gptf1.extraction.max_tokens=32",
+                "--set", "gptf1.verification.max_tokens=32", "--concurrency", "2"]
+    rng = random.Random(11)
+    for _ in range(3):
+        proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        before = len(cache_keys(home))
+        deadline = time.time() + rng.uniform(8, 30)
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        if len(cache_keys(home)) == before and proc.poll() is None:  # make sure this attempt answered something
+            while len(cache_keys(home)) == before and proc.poll() is None:
+                time.sleep(0.2)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    answered = cache_keys(home)
+    done_before = records(out)
+    keys_of_finished = {c["cache_key"] for r in done_before.values() if r["status"] == "ok" for c in r["calls"]}
+    proc = subprocess.run([*MEDSTACK, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["run"]["cache_hits"] == len(answered - keys_of_finished) > 0
+    # an uninterrupted run of the same command (same cache: the same seeds give the same calls) writes the same records
+    again = subprocess.run([*MEDSTACK, *[a if a != str(out) else str(tmp_path / "again") for a in args]], cwd=REPO, capture_output=True, text=True, env=env, timeout=1500)
+    assert again.returncode == 0, again.stderr[-3000:]
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("calls", "usage", "seconds", "timing", "calls_seconds")}  # noqa: E731
+    assert {i: strip(r) for i, r in records(out).items()} == {i: strip(r) for i, r in records(tmp_path / "again").items()}
+
+
+def test_sigterm_stops_the_server_the_run_started_and_keeps_results(fixtures_dir, tmp_path):
+    """`timeout` sends SIGTERM: the vLLM server the run started for itself must not be left running."""
+    from serving.launcher import _pid_alive
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(Path(os.environ["MEDSTACK_HOME"]) / "models", target_is_directory=True)
+    env = {**os.environ, "MEDSTACK_HOME": str(home), "COLUMNS": "200"}
+    out = tmp_path / "run"
+    args = craftmd_args("X", out, fixtures_dir)
+    args[args.index("embedded@X")] = "embedded"  # an alias: the run starts a server for itself
+    proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    servers = home / "servers"
+    deadline = time.time() + 1200
+    while time.time() < deadline and proc.poll() is None and not records(out):
+        time.sleep(0.5)
+    assert records(out), "the run finished no case"
+    rec = json.loads(next(servers.glob("*.json")).read_text())
+    assert oct(next(servers.glob("*.json")).stat().st_mode & 0o777) == "0o600"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    deadline = time.time() + 60
+    while _pid_alive(rec["pid"]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _pid_alive(rec["pid"]), "the run's own vLLM server was left running"
+    assert all(r["status"] in ("ok", "failed") for r in records(out).values()) and records(out)

@@ -1,0 +1,223 @@
+"""`medstack run meditod-*` on the study runner, with a scripted backend behind the real client:
+the failure policy (a failed request is a failed turn, never a format error), resume, parsing,
+adjudication through the grader role, and bad input refused before any server starts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.meditod.run import MeditodSettings, MeditodStudy, load_samples
+from experiments.meditod.tasks import compact_json
+from experiments.runner import prepare_run, run_study
+from models.errors import MedstackError
+from tests.scripted import ScriptedLLM, down
+
+FX = Path(__file__).parent / "fixtures" / "meditod"
+DATA = FX / "dialogs.json"
+
+
+@pytest.fixture(autouse=True)
+def no_tokenizer(monkeypatch):
+    """Count prompt tokens with the estimate (loading the model's tokenizer is slow and not under test here)."""
+    from experiments.meditod import run as run_mod
+    from experiments.meditod.prompts import estimate_tokens
+
+    monkeypatch.setattr(run_mod, "token_counter", lambda alias: estimate_tokens)
+
+
+def settings(tmp_path: Path, task: str, **kw) -> MeditodSettings:
+    base = dict(task=task, data=str(DATA), out=str(tmp_path / f"{task}-icl"), k=0, bertscore=False, roles={"model": "embedded"})
+    return MeditodSettings(**{**base, **kw})
+
+
+def run(task: str, s: MeditodSettings, client):
+    study = MeditodStudy(task)
+    s, cases = prepare_run(study, s)
+    return asyncio.run(run_study(study, s, cases, client=client, log=lambda m: None))
+
+
+def test_input(prompt: str) -> str:
+    """The test turn's input in a prompt (after the in-context exemplars, before 'Output:')."""
+    head, sep, tail = prompt.rpartition("### Now your turn\n")
+    text = tail if sep else prompt.split("\n\n", 1)[1]   # supervised: one instruction line, a blank line, the input
+    return text.rsplit("\nOutput:", 1)[0]
+
+
+test_input.__test__ = False  # a helper, not a test
+
+
+def gold_backend(task: str, fail_ids=(), junk_ids=(), sent=None):
+    """Answers every turn with its gold output; raises a dead-server error for ``fail_ids``."""
+    samples = {c["sample"]["input_text"]: c["sample"] for c in load_samples(MeditodSettings(task=task, data=str(DATA), k=0))}
+
+    def respond(role, prompt, gen):
+        sample = samples[test_input(prompt)]
+        if sent is not None:
+            sent.append(sample["id"])
+        if sample["id"] in fail_ids:
+            raise down()
+        if sample["id"] in junk_ids:
+            return "I am not sure."
+        return sample["target_text"]
+
+    return respond
+
+
+def records(out: str) -> dict[str, dict]:
+    return {r["id"]: r for r in map(json.loads, (Path(out) / "records.jsonl").read_text().splitlines())}
+
+
+@pytest.mark.parametrize("task, key, perfect", [("nlu", "f1", 1.0), ("pol", "f1", 1.0), ("nlg", "bleu4", 100.0)])
+def test_failed_request_is_a_failed_turn_then_resumed(tmp_path, task, key, perfect):
+    s = settings(tmp_path, task)
+    ids = [c["id"] for c in load_samples(s)]
+    bad = ids[1]
+    outcome = run(task, s, ScriptedLLM(gold_backend(task, fail_ids={bad}), roles=("model", "grader")))
+    assert outcome.exit_code == 3 and outcome.failed == 1 and outcome.finished == len(ids) - 1
+    recs = records(s.out)
+    assert recs[bad]["status"] == "failed" and "gave up" in recs[bad]["error"]
+    assert all(recs[i]["status"] == "ok" for i in ids if i != bad)
+    m = json.loads((Path(s.out) / "metrics.json").read_text())
+    assert m["turns"] == len(ids) - 1 and m[key] == pytest.approx(perfect)       # the failed turn is in no metric
+    assert m.get("format_errors", 0) == 0                                        # ... and never a format error
+    assert m["case_status"]["failed"] == 1
+    summary = (Path(s.out) / "summary.md").read_text()
+    assert "1 failed cases" in summary and bad in summary and f"# MediTOD {task.upper()}" in summary
+
+    sent: list[str] = []
+    again = run(task, s, ScriptedLLM(gold_backend(task, sent=sent), roles=("model", "grader")))
+    assert again.exit_code == 0 and again.failed == 0 and sent == [bad]          # only the failed turn is asked again
+    m = json.loads((Path(s.out) / "metrics.json").read_text())
+    assert m["turns"] == len(ids) and m[key] == pytest.approx(perfect) and m["case_status"]["failed"] == 0
+    assert records(s.out)[bad]["status"] == "ok"
+
+
+def test_record_shape_prompt_and_format_errors(tmp_path):
+    s = settings(tmp_path, "pol")
+    client = ScriptedLLM(gold_backend("pol", junk_ids={"301/4"}), roles=("model", "grader"))
+    outcome = run("pol", s, client)
+    assert outcome.exit_code == 0
+    recs = records(s.out)
+    r = recs["301/2"]
+    assert r["correct"] == 1 and r["model"] == "embedded" and r["prompt_hash"] and r["prediction"] == r["target"]
+    assert r["transcript"][0] == {"agent": "doctor", "content": "Hello, what brings you here today?", "turn": 0}
+    assert [c["step"] for c in r["calls"]] == ["predict"] and r["calls"][0]["gen"]["temperature"] == 0.0
+    assert r["calls"][0]["gen"]["stop"] == ["\n\n", "\n###", "\nDialogue history:"]
+    junk = recs["301/4"]   # unparseable output: a format error, scored as empty, never a failure
+    assert junk["status"] == "ok" and junk["parse_error"] is True and junk["prediction"] is None
+    m = outcome.metrics
+    assert m["format_errors"] == 1 and m["turns"] == 3 and m["settings"]["mode"] == "icl"
+
+
+def test_icl_exemplars_and_side_by_side_summary(tmp_path):
+    sent: list = []
+
+    def respond(role, prompt, gen):
+        sent.append(prompt)
+        return gold_backend("pol")(role, prompt, gen)
+
+    s = settings(tmp_path, "pol", k=2, out=str(tmp_path / "runs" / "pol-icl"))
+    run("pol", s, ScriptedLLM(respond, roles=("model", "grader")))
+    assert len(sent) == 3 and all(p.count("### Example") == 2 for p in sent)
+    assert all(r["exemplars_kept"] == 2 and len(r["exemplar_ids"]) == 2 for r in records(s.out).values())
+    s2 = s.model_copy(update={"mode": "supervised", "k": 0, "out": str(tmp_path / "runs" / "pol-supervised")})
+    run("pol", s2, ScriptedLLM(gold_backend("pol"), roles=("model", "grader")))
+    summary = (Path(s2.out) / "summary.md").read_text()
+    assert "| metric | supervised (embedded) | icl (embedded) |" in summary
+    assert next(iter(records(s2.out).values()))["prompt"].startswith("Task:")
+
+
+PRED = [{"intent": "inform", "slots": {"positive_symptom": [{"value": "dyspnea", "onset": "2 weeks back"}]}}]
+
+
+def adjudication_backend(fail_grader=False):
+    def respond(role, prompt, gen):
+        if role == "grader":
+            if fail_grader:
+                raise down()
+            return "positive" if "Phrase 1: two weeks ago\nPhrase 2: 2 weeks back" in prompt else "negative"
+        return compact_json(PRED)
+
+    return respond
+
+
+def test_adjudication_through_the_grader_role(tmp_path):
+    s = settings(tmp_path, "nlu", limit=1, adjudicate_model="judge")
+    outcome = run("nlu", s, ScriptedLLM(adjudication_backend(), roles=("model", "grader")))
+    m = outcome.metrics
+    # gold: head dyspnea (canonical) + onset "two weeks ago" (non-canonical); exact: non-canonical TP 0 FP 1 FN 1
+    assert m["medical_f1"] == 1.0 and m["non_medical_f1"] == 0.0 and m["f1"] == 0.5
+    adj = m["adjudicated"]
+    assert adj["pairs_judged"] == 1 and adj["unparsed_verdicts"] == 0 and adj["non_medical_f1"] == 1.0 and adj["f1"] == 1.0
+    rec = records(s.out)["301/1"]
+    assert [c["step"] for c in rec["calls"]] == ["predict", "adjudicate:0"] and rec["calls"][1]["role"] == "grader"
+    line = json.loads((Path(s.out) / "adjudications.jsonl").read_text())
+    assert line["gold"] == "two weeks ago" and line["same"] is True
+    assert "icl + adjudication" in (Path(s.out) / "summary.md").read_text()
+
+
+def test_failed_adjudication_fails_the_turn(tmp_path):
+    s = settings(tmp_path, "nlu", limit=1, adjudicate_model="judge")
+    outcome = run("nlu", s, ScriptedLLM(adjudication_backend(fail_grader=True), roles=("model", "grader")))
+    assert outcome.exit_code == 3 and records(s.out)["301/1"]["status"] == "failed"
+    assert outcome.metrics["adjudicated"]["pairs_judged"] == 0
+
+
+def test_grader_role_is_the_model_without_adjudication(tmp_path):
+    study = MeditodStudy("nlu")
+    s, _ = prepare_run(study, settings(tmp_path, "nlu", limit=1, roles={"model": "embedded@http://127.0.0.1:9/v1"}))
+    assert s.roles == {"model": "embedded@http://127.0.0.1:9/v1", "grader": "embedded@http://127.0.0.1:9/v1"}
+    s, _ = prepare_run(study, settings(tmp_path, "nlu", limit=1, adjudicate_model="judge-model"))
+    assert s.roles["grader"] == "judge-model"
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(mode="icl", lora={"a": "/x"}), "--lora serves an adapter for --mode supervised"),
+    (dict(data=None), "no data"),
+    (dict(split="ood"), "ood_ids.json: file does not exist"),
+    (dict(roles={"model": "embedded", "doctor": "x"}), "unknown role"),
+])
+def test_prepare_refuses(tmp_path, kw, message):
+    with pytest.raises(MedstackError, match=message):
+        prepare_run(MeditodStudy("nlu"), settings(tmp_path, "nlu", **kw))
+
+
+# ------------------------------------------------------------------ bad input: exit 2, before any server starts
+
+@pytest.mark.parametrize("extra, message", [
+    (["--k", "-2"], "k: Input should be greater than or equal to 0"),
+    (["--limit", "0"], "limit: Input should be greater than or equal to 1"),
+    (["--mode", "bogus"], "--mode must be icl or supervised"),
+    (["--max-tokens", "0"], "max_tokens"),
+])
+def test_cli_bad_options_exit_2_without_a_server(cli, tmp_path, extra, message):
+    t0 = time.time()
+    r = cli("run", "meditod-nlu", "--data", str(DATA), "--model", "embedded", "--out", str(tmp_path / "x"), *extra, timeout=120)
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+    assert time.time() - t0 < 60 and not (tmp_path / "x").exists()
+
+
+def test_cli_dialogs_not_json_exits_2_without_a_server(cli, tmp_path):
+    bad = tmp_path / "dialogs.json"
+    bad.write_text("{not json")
+    t0 = time.time()
+    r = cli("run", "meditod-pol", "--data", str(bad), "--model", "embedded", "--out", str(tmp_path / "x"), timeout=120)
+    assert r.returncode == 2 and "dialogs.json:1:2: not valid JSON" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert time.time() - t0 < 60
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00\x81binary")
+    r = cli("run", "meditod-nlg", "--data", str(binary), "--model", "embedded", "--out", str(tmp_path / "x"), timeout=120)
+    assert r.returncode == 2 and "not UTF-8" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_help_lists_common_and_study_options(cli):
+    for task in ("nlu", "pol", "nlg"):
+        r = cli("run", f"meditod-{task}", "--help")
+        for opt in ("--model", "--role", "--set", "--lora", "--limit", "--concurrency", "--api-key", "--k", "--adjudicate-model", "--split"):
+            assert opt in r.stdout, (task, opt)
+        assert "--lora-name" not in r.stdout

@@ -223,7 +223,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     _register_studies()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns a typer.Exit's code instead of raising it
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except MedstackError as e:
         console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         sys.exit(2)

@@ -319,6 +319,7 @@ def healthy(base_url: str, api_key: str | None = None, timeout: float = 3.0) -> 
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a just-stopped server's TIME_WAIT does not count
         try:
             s.bind((host, port))
             return True

@@ -54,7 +54,7 @@ def test_report_renders_in_headless_chromium(fixtures_dir, tmp_path, cli):
         d = subprocess.run([exe, *CHROMIUM_FLAGS, *profile, "--dump-dom", html.as_uri() + fragment], capture_output=True, text=True, timeout=120).stdout
         return d.split('id="case-count">', 1)[1].split("<", 1)[0]
 
-    assert shown("#outcome=error") == "1 of 6 cases shown"
+    assert shown("#outcome=failed") == "1 of 6 cases shown"
     assert shown("#outcome=incorrect&run=run1") == "1 of 6 cases shown"
     assert shown("#model=embedded-lora") == "1 of 6 cases shown"
     assert shown("#text=quokka") == "1 of 6 cases shown"

@@ -19,6 +19,7 @@ from pathlib import Path
 from models.errors import MedstackError
 from experiments.bench.measure import calculate_metrics
 from experiments.bench.send import RequestOutput, send_completion
+from serving.refs import model_name
 
 
 @dataclass
@@ -215,7 +216,7 @@ def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
     # validate everything cheap before touching the server
     if s.baseline not in (None, "hf"):
         raise MedstackError(f"--baseline {s.baseline!r}: the only baseline is 'hf' (transformers generate)")
-    alias = s.model.partition("@")[0]
+    alias = model_name(s.model)
     _, weights = resolve_weights(alias)
     tokenizer = AutoTokenizer.from_pretrained(str(weights))
     levels = list(s.concurrency) + (list(s.baseline_batch) if s.baseline else [])
@@ -293,7 +294,7 @@ def run_replay(s: ReplaySettings) -> Path:
     if s.baseline not in (None, "hf"):
         raise MedstackError(f"--baseline {s.baseline!r}: the only baseline is 'hf' (transformers generate)")
     wl = R.load_workload(s.run_dir)
-    alias = s.model.partition("@")[0]
+    alias = model_name(s.model)
     _, weights = resolve_weights(alias)
     desc = wl.describe()
     _log(f"replay of {s.run_dir}: {desc['cases']} cases, {desc['calls']} calls, {desc['completion_tokens']} completion tokens, "

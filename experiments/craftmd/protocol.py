@@ -138,17 +138,25 @@ async def ask_mcq(ctx: CaseContext, case, context: str, settings, fmt: str) -> d
 
 
 async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str) -> dict:
-    """Grader-AI: extract the diagnosis (Multiple/None score 0), then judge equivalence (subtype rule)."""
+    """Grader-AI: extract the diagnosis (Multiple/None score 0), then judge equivalence (subtype rule).
+
+    Under ``concurrent_rule: any`` an answer naming several concurrent diagnoses is graded per
+    diagnosis (one verdict request each) and is correct when any matches; under ``zero`` it scores 0.
+    """
     if not answer.strip():
         extracted, status, raw1 = None, "none", None
     else:
         raw1 = await ask(ctx, settings, "grader", "grader", f"{fmt}_extract", render("grader_extract", answer=answer))
         extracted, status = grading.parse_extraction(raw1)
-    raw2 = None
-    if grading.needs_verdict(extracted, status, correct):
-        raw2 = await ask(ctx, settings, "grader", "grader", f"{fmt}_match", render("grader_match", correct=correct, given=extracted))
-    grade = grading.grade_frq(extracted, status, correct, raw2)
-    return {"extracted": extracted, "extraction_status": status, "grader_extract_reply": raw1, "grader_match_reply": raw2, **grade}
+    rule = settings.concurrent_rule
+    replies = {}
+    for i, given in enumerate(grading.match_targets(extracted, status, correct, rule)):
+        step = f"{fmt}_match" + (f"_{i}" if i else "")
+        replies[given] = await ask(ctx, settings, "grader", "grader", step, render("grader_match", correct=correct, given=given))
+    grade = grading.grade_frq(extracted, status, correct, replies or None, rule)
+    raw2 = next(iter(replies.values())) if len(replies) == 1 else (replies or None)
+    return {"extracted": extracted, "extraction_status": status, "grader_extract_reply": raw1, "grader_match_reply": raw2,
+            "concurrent_rule": rule, **grade}
 
 
 async def ask_frq(ctx: CaseContext, case, context: str, settings, fmt: str) -> dict:
@@ -195,7 +203,7 @@ async def solve(ctx: CaseContext, unit: dict, settings: CraftSettings) -> dict:
     main = answers[main_fmt].get("mcq") if answers[main_fmt].get("mcq", {}).get("correct") is not None else answers[main_fmt].get("frq", {})
     return {
         "id": unit["id"], "case_id": case["case_id"], "trial": trial, "specialty": case["specialty"], "dataset": case["dataset"],
-        "source": case.get("source"), "model": settings.roles["clinical"].partition("@")[0], "roles": dict(settings.roles),
+        "source": case.get("source"), "model": model_name(settings.roles["clinical"]), "roles": dict(settings.roles),
         "correct_answer": case["answer"], "choices": case["choices"], "answer_index": case["answer_index"],
         "transcript": transcript, "stop_reason": stop, "n_doctor_turns": sum(t["agent"] == "doctor" for t in transcript),
         "summary": summary, "answers": answers,

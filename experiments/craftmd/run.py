@@ -47,6 +47,8 @@ class CraftmdStudy(Study):
     def metrics(self, records: list[dict], s: CraftSettings) -> dict:
         metrics = run_metrics(records)
         metrics["per_specialty"] = per_specialty(records)
+        metrics["grades"] = "local grader"
+        metrics["concurrent_rule"] = s.concurrent_rule
         return metrics
 
     def summary(self, metrics: dict, s: CraftSettings) -> str:

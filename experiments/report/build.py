@@ -169,7 +169,7 @@ def _run_model(run: dict) -> str:
         models = run["identity"].get("models") or {}
         first = models.get("default") or next(iter(models.values()), None) if isinstance(models, dict) else None
         spec = first.get("alias") if isinstance(first, dict) else first
-    return str(spec).partition("@")[0] if spec else ""
+    return str(spec).split("@", 1)[0] if spec else ""  # a label only: references are parsed in serving/refs.py
 
 
 def calibration_view(run: dict) -> dict | None:

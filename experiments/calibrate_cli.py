@@ -18,9 +18,9 @@ def _log(msg: str) -> None:
 @calibrate_app.command("craftmd-grader")
 def craftmd_grader(
     judge_model: str = typer.Option(..., "--judge-model", help="Judge in the grader role (alias or ALIAS@URL)."),
-    labels: Path = typer.Option(Path("validation_graderai.csv"), "--labels", help="The authors' dermatologist check (validation_graderai.csv format)."),
+    labels: str = typer.Option("craftmd-expert-labels", "--labels", help="The authors' dermatologist check (validation_graderai.csv format): a path or a registered data set name."),
     rule: str = typer.Option("zero", "--rule", help="Concurrent-diagnosis rule: zero (SPEC: several diagnoses score 0) or any (the authors' release)."),
-    published: Optional[Path] = typer.Option(None, "--published", help="A folder of the authors' per-case JSON files: also score their own grader's decisions."),
+    published: Optional[str] = typer.Option(None, "--published", help="A folder of the authors' per-case JSON files (or a registered name, e.g. craftmd-published-gpt3_1106): also score their own grader's decisions."),
     out: Path = typer.Option(..., "--out", help="Results directory to write."),
     completion: Optional[bool] = typer.Option(None, "--completion/--chat", help="Send the grader prompt as a text completion (default: for the embedded base model) or as chat."),
     concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight."),
@@ -32,11 +32,14 @@ def craftmd_grader(
     agreement, mean |diff|, trial agreement bound, linear-weighted kappa, Spearman, confusion matrix.
     Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
     from experiments.calibrate import CalibrationFailed, calibrate_grader
+    from experiments.commands import resolve_data
+
+    labels, published = resolve_data(labels), resolve_data(published)
 
     if rule not in ("zero", "any"):
         raise typer.BadParameter("--rule must be zero or any")
     try:
-        asyncio.run(calibrate_grader(judge_model, str(labels), out, rule=rule, published=str(published) if published else None, completion=completion,
+        asyncio.run(calibrate_grader(judge_model, labels, out, rule=rule, published=published, completion=completion,
                                      concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, log=_log))
     except CalibrationFailed as e:
         typer.echo((out / "summary.md").read_text().rstrip("\n"))

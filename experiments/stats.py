@@ -129,24 +129,26 @@ def weighted_kappa(a, b, categories=None, weights: str = "linear") -> float:
     return float("nan") if denom == 0 else float(1 - (w * obs).sum() / denom)
 
 
+def _rank_correlation(test, key: str, a, b) -> dict:
+    a, b = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
+    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return {key: float("nan"), "p_value": float("nan"), "n": int(a.size)}
+    r = test(a, b)
+    return {key: float(r.statistic if hasattr(r, "statistic") else r[0]), "p_value": float(r.pvalue), "n": int(a.size)}
+
+
 def spearman(a, b) -> dict:
     """Spearman rank correlation (ties get average ranks) with its two-sided p (scipy)."""
     from scipy.stats import spearmanr
 
-    a, b = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
-    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
-        return {"rho": float("nan"), "p_value": float("nan"), "n": int(a.size)}
-    r = spearmanr(a, b)
-    return {"rho": float(r.statistic if hasattr(r, "statistic") else r[0]), "p_value": float(r.pvalue), "n": int(a.size)}
+    return _rank_correlation(spearmanr, "rho", a, b)
 
 
 def kendall(a, b) -> dict:
     """Kendall's tau-b (tie-corrected) with its two-sided p (scipy)."""
     from scipy.stats import kendalltau
 
-    a, b = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
-    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
-        return {"tau_b": float("nan"), "p_value": float("nan"), "n": int(a.size)}
+    return _rank_correlation(kendalltau, "tau_b", a, b)
     r = kendalltau(a, b)
     return {"tau_b": float(r.statistic if hasattr(r, "statistic") else r[0]), "p_value": float(r.pvalue), "n": int(a.size)}
 

@@ -240,12 +240,17 @@ def _sampling(c: ReplayCall, send_seed: bool) -> dict:
     return body
 
 
+def _new_record(c: ReplayCall) -> dict:
+    """The result record of one replayed call, before it is sent (failures are data)."""
+    return {"case": c.case, "index": c.index, "kind": c.kind, "role": c.role, "step": c.step, "expected_tokens": c.completion_tokens,
+            "success": False, "error": "", "prompt_tokens": 0, "completion_tokens": 0}
+
+
 async def send_call(sdk, model: str, c: ReplayCall, *, send_seed: bool = False) -> dict:
     """One replayed call against the endpoint (not streamed); failures are data."""
     body = _sampling(c, send_seed)
     extra = {"ignore_eos": True, "min_tokens": c.tokens_per_choice}
-    rec = {"case": c.case, "index": c.index, "kind": c.kind, "role": c.role, "step": c.step, "expected_tokens": c.completion_tokens,
-           "success": False, "error": "", "prompt_tokens": 0, "completion_tokens": 0}
+    rec = _new_record(c)
     t0 = time.perf_counter()
     rec["start"] = t0
     try:
@@ -301,8 +306,7 @@ def replay_hf(wl: ReplayWorkload, model, tokenizer, chat_template: str | None, l
     calls = wl.in_call_order()
     t0 = time.perf_counter()
     for i, c in enumerate(calls):
-        rec = {"case": c.case, "index": c.index, "kind": c.kind, "role": c.role, "step": c.step, "expected_tokens": c.completion_tokens,
-               "success": False, "error": "", "prompt_tokens": 0, "completion_tokens": 0}
+        rec = _new_record(c)
         start = time.perf_counter()
         rec["start"] = start
         try:

@@ -67,10 +67,10 @@ run_craftmd = study_command(_craftmd_study, options=CRAFTMD_OPTIONS, to_override
 
 
 def import_craftmd(
-    src: Path = typer.Argument(..., help="Folder of the CRAFT-MD authors' per-case result JSON files."),
+    src: str = typer.Argument(..., help="Folder of the CRAFT-MD authors' per-case result JSON files, or a registered name (craftmd-published-gpt3_1106, ...)."),
     name: str = typer.Option(..., "--name", help="Run name, e.g. gpt-4 (shown by `compare`)."),
     out: Path = typer.Option(..., "--out", help="Results directory to write."),
-    cases: Optional[str] = typer.Option(None, "--cases", help="Case CSV to take MCQ choices and specialties from (by case_id) when the files lack them."),
+    cases: Optional[str] = typer.Option(None, "--cases", help="Case CSV (or craftmd-cases) to take MCQ choices and specialties from (by case_id) when the files lack them."),
 ) -> None:
     """Import published CRAFT-MD per-case results as a results directory (same record shape as a local run).
 
@@ -79,9 +79,10 @@ def import_craftmd(
     (unless hedged with "or"), rapidfuzz token_set_ratio >= 85, else unparsed (= wrong, listed).
     FRQ uses the published grades (-1 = wrong); the run records grades: published, concurrent rule: any.
     """
+    from experiments.commands import resolve_data
     from experiments.craftmd.importer import import_folder
 
-    metrics = import_folder(src, name, out, cases)
+    metrics = import_folder(Path(resolve_data(src)), name, out, resolve_data(cases))
     _print((Path(out) / "summary.md").read_text())
     _log(f"imported {metrics['records']} records into {out}")
 

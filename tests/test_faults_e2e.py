@@ -36,11 +36,13 @@ def start_server(port: int) -> None:
 
 
 def stop_server() -> None:
-    from serving.launcher import running_servers, stop_servers
+    """Kill this test's own server only (the session's shared server has the same alias)."""
+    from serving.launcher import _kill_group, running_servers, servers_dir
 
     for rec in running_servers():
         if rec["port"] == PORT["port"]:
-            stop_servers(rec["alias"])
+            _kill_group(rec["pid"])
+            (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
 
 
 PORT: dict = {}

@@ -337,10 +337,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def start_server(s: ServerSettings, log=print) -> dict:
     """Start a server in its own process group, wait until it answers, record it. Returns the record."""
+    on_gpu = s.device == "gpu" or (s.device == "auto" and has_nvidia_gpu())
+    argv, env = build_command(s, on_gpu)  # an unknown alias or missing weights is reported before the port
     if not port_free(s.host, s.port):
         raise ServeError(f"port {s.port} on {s.host} is already in use; pick another with --port")
-    on_gpu = s.device == "gpu" or (s.device == "auto" and has_nvidia_gpu())
-    argv, env = build_command(s, on_gpu)
     log_path = logs_dir() / f"serve-{s.alias}-{s.port}.log"
     log(f"starting vLLM ({'GPU' if on_gpu else 'CPU'}) for {s.alias} on {s.base_url}; log: {log_path}")
     with open(log_path, "w") as logf:

@@ -89,18 +89,13 @@ class ReplayWorkload:
 
 
 def _read_concurrency(run: Path) -> int:
-    import yaml
+    from experiments.config import read_yaml_mapping
 
     cfg_path = run / "config.yaml"
-    if not cfg_path.exists():
-        raise DataError(f"{cfg_path}: no config.yaml (is {run} a results directory?)")
-    try:
-        cfg = yaml.safe_load(cfg_path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise DataError(f"{cfg_path}: not valid YAML ({e})") from None
-    conc = cfg.get("concurrency") if isinstance(cfg, dict) else None
-    if conc is None and isinstance(cfg, dict):
-        conc = (cfg.get("run") or {}).get("concurrency") if isinstance(cfg.get("run"), dict) else None
+    cfg = read_yaml_mapping(cfg_path, missing_hint=f" (is {run} a results directory?)", what="run settings")
+    conc = cfg.get("concurrency")
+    if conc is None and isinstance(cfg.get("run"), dict):
+        conc = cfg["run"].get("concurrency")
     if not isinstance(conc, int) or conc < 1:
         raise DataError(f"{cfg_path}: no positive integer 'concurrency'")
     return conc

@@ -109,8 +109,16 @@ def cache_keys(home: Path) -> set[str]:
     db = home / "cache" / "responses.sqlite"
     if not db.exists():
         return set()
-    with sqlite3.connect(db) as con:
-        return {k for (k,) in con.execute("SELECT key FROM responses")}
+    try:
+        with sqlite3.connect(db) as con:
+            return {k for (k,) in con.execute("SELECT key FROM responses")}
+    except sqlite3.OperationalError:  # the run has created the file but not its table yet
+        return set()
+
+
+def finished_keys(recs: dict[str, dict]) -> set[str]:
+    """Cache keys of the calls of finished cases (a resume does not run those cases again)."""
+    return {c["cache_key"] for r in recs.values() if r["status"] == "ok" for c in r["calls"]}
 
 
 @pytest.mark.parametrize("study", ["craftmd", "dera-summarize"])
@@ -128,21 +136,22 @@ def test_kill_9_three_times_then_resume_replays_every_answered_call(study, embed
                 "--set", "max_turns=4", "--set", "sampling.max_tokens=48", "--set", "gptf1.extraction.max_tokens=32",
                 "--set", "gptf1.verification.max_tokens=32", "--concurrency", "2"]
     rng = random.Random(11)
-    for _ in range(3):
+    for attempt in range(3):
+        # kill at a random point by progress, not by time (a short run could finish before a timer fires):
+        # after 1-3 newly answered calls, and — for the last kill — while some case is mid-conversation
         proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        before = len(cache_keys(home))
-        deadline = time.time() + rng.uniform(8, 30)
-        while time.time() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        if len(cache_keys(home)) == before and proc.poll() is None:  # make sure this attempt answered something
-            while len(cache_keys(home)) == before and proc.poll() is None:
-                time.sleep(0.2)
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
+        target = len(cache_keys(home)) + rng.randint(1, 3)
+        deadline = time.time() + 900
+        while proc.poll() is None and time.time() < deadline:
+            answered = cache_keys(home)
+            if len(answered) >= target and (attempt < 2 or answered - finished_keys(records(out))):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run finished before it could be killed: give it more work"
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     answered = cache_keys(home)
-    done_before = records(out)
-    keys_of_finished = {c["cache_key"] for r in done_before.values() if r["status"] == "ok" for c in r["calls"]}
+    keys_of_finished = finished_keys(records(out))
     proc = subprocess.run([*MEDSTACK, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())

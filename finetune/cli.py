@@ -22,7 +22,7 @@ HELP = {
 
 def _command(task: str):
     def finetune(
-        data: Path = typer.Option(..., "--data", help="MediTOD dialogs.json."),
+        data: str = typer.Option(..., "--data", help="MediTOD dialogs.json, or a registered data set name (meditod-sample)."),
         base: str = typer.Option(..., "--base", help="Registry alias of the base model (e.g. embedded, llama3-8b-instruct, openbiollm-8b)."),
         splits_dir: Optional[Path] = typer.Option(None, "--splits-dir", help="Folder with train_ids.json / valid_ids.json (default: beside --data)."),
         config: Optional[Path] = typer.Option(None, "--config", help="Recipe YAML (default: finetune/configs/<base default>.yaml)."),
@@ -34,8 +34,10 @@ def _command(task: str):
         limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N training samples (smoke runs)."),
         set_: List[str] = typer.Option([], "--set", help="Any recipe key, SECTION.KEY=VALUE (repeatable), e.g. --set lora.r=16 --set training.learning_rate=2e-4."),
     ) -> None:
+        from experiments.commands import resolve_data
         from finetune.recipe import default_config, load_recipe, merge_overrides, parse_assignments, strip_none
 
+        data = Path(resolve_data(data))
         overrides = {
             "out": str(out) if out else None,
             "merge": True if merge else None,

@@ -102,7 +102,7 @@ def serve(
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
     cpu_threads_bind: Optional[str] = typer.Option(None, help="CPU: VLLM_CPU_OMP_THREADS_BIND; 'all' (default: every usable core), 'auto' (vLLM's: reserves a core), or e.g. 0-1."),
     cpu_reserved: Optional[int] = typer.Option(None, help="CPU: VLLM_CPU_NUM_OF_RESERVED_CPU (CPUs kept for the front end)."),
-    cpu_kvcache_gb: Optional[float] = typer.Option(None, help="CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; default 2)."),
+    cpu_kvcache_gb: Optional[int] = typer.Option(None, min=1, help="CPU: KV-cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE; default 2)."),
     omp_threads: Optional[int] = typer.Option(None, help="CPU: OMP_NUM_THREADS (default: from the binding)."),
     preload_iomp: Optional[bool] = typer.Option(None, "--preload-iomp/--no-preload-iomp", help="CPU: LD_PRELOAD the venv's libiomp5.so (default: on)."),
     max_num_seqs: Optional[int] = typer.Option(None, help="Most sequences per engine step (default: vLLM's)."),

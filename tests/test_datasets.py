@@ -270,6 +270,20 @@ def test_cli_list_fetch_path(cli, test_registry, server, tmp_path):
     assert r.returncode == 2 and "registered:" in r.stderr
 
 
+def test_meditod_commands_take_the_registered_name(cli, test_registry, server, tmp_path):
+    """`data meditod`, `score meditod-*` and `finetune meditod-*` read --data by name like the study runner."""
+    env = {"MEDSTACK_HOME": str(tmp_path / "home"), "MEDSTACK_DATA_REGISTRY": str(test_registry)}
+    r = cli("finetune", "meditod-nlu", "--data", "meditod-sample", "--base", "embedded", env=env)
+    assert r.returncode == 2 and "medstack data fetch meditod-sample" in r.stderr  # not fetched yet: the exact command
+    cli("data", "fetch", "meditod-sample", "--no-progress", env=env, check=True)
+    stats = json.loads(cli("data", "meditod", "--data", "meditod-sample", "--json", env=env, check=True).stdout)
+    assert stats
+    pred = tmp_path / "pred.jsonl"
+    pred.write_text("")
+    r = cli("score", "meditod-nlu", "--data", "meditod-sample", "--pred", str(pred), env=env)
+    assert "not fetched" not in r.stderr and "does not exist" not in r.stderr
+
+
 def test_cli_corrupted_file_exits_2_and_keeps_nothing(cli, test_registry, server, tmp_path):
     root, base = server
     home = tmp_path / "home"

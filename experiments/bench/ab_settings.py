@@ -66,7 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arms", default="auto,bind,bind+iomp")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--parallel", type=int, default=3)
+    ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--port", type=int, default=8150)
     ap.add_argument("--out", default="runs/ab.jsonl")
     ap.add_argument("--summarize")
@@ -126,7 +126,8 @@ def main() -> None:
                               f"failed {fig['failed']} load {row['loadavg']:.1f}", flush=True)
         finally:
             for rec in ([] if a.keep else recs.values()):
-                _kill_group(rec["pid"])
+                if rec.get("pid"):  # None: a server found on the port without a record (its owner stops it)
+                    _kill_group(rec["pid"])
                 (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from experiments.commands import study_command
+from experiments.commands import resolve_data, study_command
 
 RUN_HELP = {
     "nlu": "MediTOD NLU: history + last exchange -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
@@ -65,7 +65,7 @@ def _run_command(task: str):
 
 def _score_command(task: str):
     def command(
-        data: Path = typer.Option(..., "--data", help="MediTOD dialogs.json holding the gold labels."),
+        data: str = typer.Option(..., "--data", help="MediTOD dialogs.json holding the gold labels, or a registered data set name (meditod-sample)."),
         pred: Path = typer.Option(..., "--pred", help='JSONL, one {"dialog_id": "115", "uttr_id": 3, "prediction": ...} per line.'),
         as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
         encoder: Optional[str] = typer.Option(None, "--encoder", help="NLG: local encoder for BERTScore."),
@@ -75,7 +75,7 @@ def _score_command(task: str):
         from experiments.meditod.run import ROWS, metrics_table
         from experiments.meditod.scoring import align_predictions
 
-        golds, preds, dids = align_predictions(task, data, pred)
+        golds, preds, dids = align_predictions(task, Path(resolve_data(data)), pred)
         m = score(task, golds, preds, dialog_ids=dids, encoder=encoder, bertscore=not no_bertscore)
         if as_json:
             typer.echo(json.dumps(m))
@@ -89,7 +89,7 @@ def _score_command(task: str):
 
 
 def data_command(
-    data: Path = typer.Option(..., "--data", help="MediTOD dialogs.json."),
+    data: str = typer.Option(..., "--data", help="MediTOD dialogs.json, or a registered data set name (meditod-sample)."),
     splits_dir: Optional[Path] = typer.Option(None, "--splits-dir", help="Folder with <split>_ids.json (default: the folder of --data)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Also write the slot/intent/action distributions as a PNG chart."),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
@@ -97,7 +97,7 @@ def data_command(
     """MediTOD data set view: split sizes, utterances, intent / slot / action distributions."""
     from experiments.meditod.view import dataset_stats, print_stats, write_png
 
-    stats = dataset_stats(data, splits_dir)
+    stats = dataset_stats(Path(resolve_data(data)), splits_dir)
     if png:
         write_png(stats, png)
         typer.echo(f"chart: {png}", err=True)

@@ -147,10 +147,25 @@ def _norm(s: str | None) -> str:
 
 # ------------------------------------------------------------------ the authors' grader decisions
 
+TRIVIAL_KINDS = ("all_gold", "all_none_or_multiple")
+
+
+def trivial_kind(trials: list[str], gold: str) -> str | None:
+    """A case any grader scores alike: all five extractions equal the gold answer (after
+    normalization) -> "all_gold"; all None/Multiple -> "all_none_or_multiple"; else None."""
+    if all(_norm(x) == _norm(gold) for x in trials):
+        return "all_gold"
+    if all(grading.classify_extracted(x)[1] in ("none", "multiple") for x in trials):
+        return "all_none_or_multiple"
+    return None
+
+
 def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
     """Match each labelled case to the release by gold answer and the five extracted answers
     (vignette FRQ first, then the other formats; same order first, then as a multiset) and return
-    {case id: {"count": correct trials by the authors' grader, "case_id", "format", "order"}}.
+    {case id: {"count": correct trials by the authors' grader, "case_id", "format", "order",
+    "trivial"}} (``trivial``: :func:`trivial_kind` of the five extractions, so readers can see how
+    many matched cases any grader gets right by string equality or scores 0 unasked).
     -1 (no answer graded) counts as wrong."""
     src = Path(release_dir)
     files = sorted(src.rglob("*.json")) if src.is_dir() else []
@@ -185,7 +200,8 @@ def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
         for fmt in FORMATS:
             hit = index.get((gold, fmt, "ordered", tuple(ex))) or index.get((gold, fmt, "multiset", tuple(sorted(ex))))
             if hit:
-                out[c["id"]] = {**hit[0], "order": "ordered" if index.get((gold, fmt, "ordered", tuple(ex))) else "multiset", "candidates": len(hit)}
+                out[c["id"]] = {**hit[0], "order": "ordered" if index.get((gold, fmt, "ordered", tuple(ex))) else "multiset", "candidates": len(hit),
+                                "trivial": trivial_kind(c["trials"], c["gold"])}
                 break
     return out
 
@@ -307,6 +323,7 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
         "judge_vs_dermatologist": judge_m,
         "judge_vs_dermatologist_unscored_as_wrong": judge_m_lenient,
         "published": {"release": str(published), "cases_matched": len(pub_recs), "matched_by_format": dict(Counter(r["published"]["format"] for r in pub_recs)),
+                      "matched_trivial": {k: sum(r["published"]["trivial"] == k for r in pub_recs) for k in TRIVIAL_KINDS},
                       "vs_dermatologist": pub_m,
                       "judge_vs_dermatologist_same_cases": count_agreement([r["dermatologist"] for r in pub_same], [r["judge"] for r in pub_same], N_TRIALS) if pub_same else None,
                       } if published else None,
@@ -346,8 +363,10 @@ def grader_summary(m: dict) -> str:
             rows.append(("judge, on the same matched cases", pub["judge_vs_dermatologist_same_cases"]))
     L += figures_table(rows)
     if pub:
+        triv = pub["matched_trivial"]
         L += ["", f"published release {pub['release']}: {pub['cases_matched']} of {m['cases']} cases matched by gold answer and the five extracted answers "
-                  f"(by format: {pub['matched_by_format']})"]
+                  f"(by format: {pub['matched_by_format']}); {sum(triv.values())} of the matched cases are trivial "
+                  f"(all five extractions equal gold: {triv['all_gold']}; all None/Multiple: {triv['all_none_or_multiple']})"]
     L += ["", "trial agreement bound = mean over cases of (5 − |judge − dermatologist|) / 5: the largest share of trials on which the two can agree given",
           "their counts (the paper reports 93.35 % for its GPT-4 grader). Confusion matrices: confusion_judge.png"
           + (", confusion_published.png" if pub and pub["vs_dermatologist"] else "") + " (rows: dermatologist)."]

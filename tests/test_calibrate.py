@@ -16,6 +16,8 @@ Rule any: judge (2, 3, 3, 5): exact 0.75, mean |diff| 0.5, bound (1 + 0.6 + 1 + 
 Published release folder: case_10 = case_0 in order (authors' count 3), case_11 = case_1 as a multiset
 (5), case_12 = case_2 in order with a -1 counted wrong (3), case_13 matches nothing -> 3 matched;
 (derm, published) = (2,3), (5,5), (3,3): exact 2/3, mean |diff| 1/3, bound (0.8 + 1 + 1)/3.
+Trivial cases (any grader scores them alike): only case_3 (5 x gold); it matches nothing in the release,
+so 0 of the 3 matched cases are trivial.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import typer
 from typer.testing import CliRunner
 
 from experiments import calibrate_cli
-from experiments.calibrate import CalibrationFailed, calibrate_autoeval, calibrate_grader, read_labels
+from experiments.calibrate import CalibrationFailed, calibrate_autoeval, calibrate_grader, published_counts, read_labels, trivial_kind
 from experiments.stats import count_agreement, kendall, spearman, weighted_kappa
 from models.errors import DataError
 from serving.client import ChatResult
@@ -115,7 +117,30 @@ def test_calibrate_grader_rule_any_and_published(labels, fixtures_dir, tmp_path)
     recs = {r["id"]: r for r in map(json.loads, (tmp_path / "cal" / "records.jsonl").read_text().splitlines())}
     assert recs["case_1"]["published"]["order"] == "multiset" and recs["case_2"]["published"]["count"] == 3  # -1 is wrong
     assert (tmp_path / "cal" / "confusion_published.png").exists()
-    assert "3 of 4 cases matched" in (tmp_path / "cal" / "summary.md").read_text()
+    md = (tmp_path / "cal" / "summary.md").read_text()
+    assert "3 of 4 cases matched" in md
+    # cases 0-2 mix right, wrong and None/Multiple extractions: none of the matched cases is trivial
+    assert p["matched_trivial"] == {"all_gold": 0, "all_none_or_multiple": 0} and recs["case_0"]["published"]["trivial"] is None
+    assert "0 of the matched cases are trivial" in md
+
+
+def test_trivial_cases_are_counted(labels, fixtures_dir, tmp_path):
+    cases = read_labels(labels)["cases"]
+    assert [trivial_kind(c["trials"], c["gold"]) for c in cases] == [None, None, None, "all_gold"]  # case_3: 5 x "halo nevus"
+    assert trivial_kind(["None", "multiple", "", "Multiple", "none"], "Gout") == "all_none_or_multiple"
+    # the fixture release plus a file matching case_3 (all gold) and one matching a case with all None/Multiple
+    release = tmp_path / "release"
+    release.mkdir()
+    for f in (fixtures_dir / "craftmd" / "published_release").glob("*.json"):
+        (release / f.name).write_text(f.read_text())
+    extra = {"case_14": ("Halo nevus", ["halo nevus"] * 5), "case_15": ("Gout", ["none", "multiple", "none", "none", "multiple"])}
+    for name, (gold, ex) in extra.items():
+        trials = {f"trial_{t}": {"extracted_ans_vignette_frq": e, "evaluation_vignette_frq": int(e == "halo nevus")} for t, e in enumerate(ex)}
+        (release / f"{name}.json").write_text(json.dumps({"case_id": name, "correct_ans": gold, **trials}))
+    cases.append({"id": "case_9", "gold": "Gout", "trials": ["none", "multiple", "none", "none", "multiple"], "dermatologist": 0})
+    pub = published_counts(release, cases)
+    assert sorted(pub) == ["case_0", "case_1", "case_2", "case_3", "case_9"]
+    assert pub["case_3"]["trivial"] == "all_gold" and pub["case_9"]["trivial"] == "all_none_or_multiple" and pub["case_1"]["trivial"] is None
 
 
 def test_failed_request_is_never_scored(labels, tmp_path):

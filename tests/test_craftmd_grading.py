@@ -189,6 +189,20 @@ def test_map_choice_rules(reply, expected, how):
     assert grading.map_choice(reply, CHOICES) == (expected, how)
 
 
+def test_fuzzy_mcq_rule_takes_spelling_slips_not_other_diagnoses():
+    gyn = ["Endometritis", "Adenomyosis", "Leiomyoma", "Ovarian torsion"]
+    # a different diagnosis spelled alike is no pick (it used to map to Endometritis and score correct)
+    assert grading.map_choice("Endometriosis.", gyn) == (None, "unparsed")
+    assert grading.map_choice("The most likely diagnosis is endometriosis.", gyn) == (None, "unparsed")
+    assert grading.parse_mcq("Endometriosis", gyn, 0)["correct"] == 0
+    assert not grading.same_but_typos("acute hepatitis a infection", "acute hepatitis b infection")
+    # slips in the answer or in the published choice text still map
+    assert grading.map_choice("Central retinal artery occlusion", ["Central retinal artery occulsion", "Central retinal vein occlusion", "Giant cell arteritis", "Retinal detachment"]) == (0, "fuzzy")
+    assert grading.map_choice("Pityriasis rubra pilaris", ["Psoriasis", "Pityriasis ruba pilaris", "Pityriasis rosea", "Lichen planus"]) == (1, "fuzzy")
+    assert grading.map_choice("Lymphogranulomavenereum", CHOICES) == (0, "fuzzy")
+    assert grading.map_choice("Alzheimer's disease", ["Alzheimer disease", "Vascular dementia", "Lewy body dementia", "Delirium"]) == (0, "fuzzy")
+
+
 def test_cushing_disease_is_never_scored_correct_by_a_shortcut():
     g, c = "Cushing disease", "Cushing syndrome"
     assert grading.needs_verdict(g, "ok", c) and grading.match_targets(g, "ok", c) == [g]

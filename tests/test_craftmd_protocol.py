@@ -81,8 +81,20 @@ def test_conversation_ends_at_turn_cap():
     c = Scripted(["Q1?", "Q2?", "Q3?", "Q4?", "Q5?"])
     transcript, stop = asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings(max_turns=3)))
     assert stop == "turn_cap"
-    assert sum(t["agent"] == "doctor" for t in transcript) == 3
-    assert transcript[-1]["agent"] == "patient"  # the third question was answered, then the cap stops it
+    assert [t["agent"] for t in transcript] == ["patient", "doctor", "patient", "doctor", "patient", "doctor"]
+    # as the authors do: the cap is checked right after the doctor's third turn, which the patient never answers
+    assert transcript[-1] == {"agent": "doctor", "content": "Q3?", "turn": 3}
+    assert sum(r == "patient" for r, _ in c.calls) == 3  # the opening and two answers
+
+
+def test_turn_cap_closing_question_is_removed_before_asking():
+    c = Scripted(["Q1?", "Q2?", "Q3?"])
+    rec = run(c, settings(max_turns=3))
+    assert rec["stop_reason"] == "turn_cap" and rec["n_doctor_turns"] == 3  # the record keeps all three
+    multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
+    assert len(multiturn_asks) == 2  # MCQ and FRQ
+    for a in multiturn_asks:
+        assert "Q2?" in a and "patient reply 3" in a and "Q3?" not in a
 
 
 def test_doctor_sees_patient_as_user_and_patient_sees_doctor_as_user():
@@ -99,7 +111,7 @@ def test_final_diagnosis_turn_is_removed_before_asking():
     transcript = [{"agent": "patient", "content": "p", "turn": 0}, {"agent": "doctor", "content": "Q?", "turn": 1},
                   {"agent": "patient", "content": "a", "turn": 1}, {"agent": "doctor", "content": "**Final Diagnosis:** Z", "turn": 2}]
     assert context_turns(transcript) == transcript[:3]
-    assert context_turns(transcript[:3]) == transcript[:3]  # ended on a patient turn (turn cap): nothing to remove
+    assert context_turns(transcript[:3]) == transcript[:3]  # ends on a patient turn: nothing to remove
     c = Scripted(["Do you have nail pits?", "**Final Diagnosis:** Secretpsoriasis"])
     rec = run(c)
     multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
@@ -197,7 +209,9 @@ def test_closing_turn_without_question_mark_is_removed_too():
     c = Scripted(["Do you have nail pits?", "You have psoriasis, friend."])
     rec = run(c)
     assert rec["stop_reason"] == "no_question"
-    for a in [a for a in c.asks("") if "conversation with a patient" in a]:
+    multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
+    assert len(multiturn_asks) == 2  # MCQ and FRQ
+    for a in multiturn_asks:
         assert "Do you have nail pits?" in a and "psoriasis, friend" not in a
 
 

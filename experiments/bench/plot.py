@@ -32,12 +32,7 @@ def plot_bench(vllm: list[dict], hf: list[dict], path: Path, title: str = "") ->
         ax.legend(fontsize=8)
     ax1.set_title("throughput")
     ax2.set_title("tail latency")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path, title)
 
 
 def plot_replay(replay: dict, path: Path, title: str = "") -> Path:
@@ -63,6 +58,12 @@ def plot_replay(replay: dict, path: Path, title: str = "") -> Path:
         ax1.text(0.5, 0.95, f"{replay['speedup']['wall_time']:.1f}x faster", transform=ax1.transAxes, ha="center", va="top")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path, title)
+
+
+def _save(fig, path: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title)
     fig.tight_layout()

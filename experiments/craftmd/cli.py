@@ -76,7 +76,7 @@ def import_craftmd(
 
     MCQ free-text answers are mapped to choices by one rule for every model: exact choice text,
     letter, stated ("the diagnosis is X"), unique contained choice text, first-mentioned choice
-    (unless hedged with "or"), rapidfuzz token_set_ratio >= 85, else unparsed (= wrong, listed).
+    (unless hedged with "or"), the one choice equal up to spelling slips, else unparsed (= wrong, listed).
     FRQ uses the published grades (-1 = wrong); the run records grades: published, concurrent rule: any.
     """
     from experiments.commands import resolve_data

@@ -17,7 +17,8 @@ FRQ grading has two grader-AI steps; this module turns their replies into scores
 MCQ mapping (:func:`map_choice`, one rule for every model, local or imported): letter; exact
 choice text; the choice a committing phrase names ("the diagnosis is X", "answer: X", "Final
 Diagnosis: X"); exactly one choice text contained; the choice mentioned first when several are
-(unless the first two are joined by "or"/"vs" = a hedge); rapidfuzz fuzzy match; else unparsed.
+(unless the first two are joined by "or"/"vs" = a hedge); one choice equal up to spelling slips
+(``fuzzy``, :func:`same_but_typos`); else unparsed.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _first_choice(text: str, choices: list[str]) -> int | None:
     return distinct[0][2]
 
 
-def _by_text(text: str, choices: list[str], *, stated: bool = True, first: bool = True, fuzzy_threshold: float = 85.0) -> tuple[int | None, str]:
+def _by_text(text: str, choices: list[str], *, stated: bool = True, first: bool = True) -> tuple[int | None, str]:
     """Map by choice text only (no letters): exact > stated > contains > first > fuzzy."""
     if not text or not choices:
         return None, "unparsed"
@@ -134,12 +135,31 @@ def _by_text(text: str, choices: list[str], *, stated: bool = True, first: bool 
     if len(distinct) > 1:
         idx = _first_choice(text, choices) if first else None
         return (idx, "first") if idx is not None else (None, "unparsed")
-    from rapidfuzz import fuzz
-
-    scores = sorted(((fuzz.token_set_ratio(nt, c), i) for i, c in enumerate(normed) if c), reverse=True)
-    if scores and scores[0][0] >= fuzzy_threshold and (len(scores) == 1 or scores[0][0] > scores[1][0]):
-        return scores[0][1], "fuzzy"
+    close = [i for i, c in enumerate(normed) if c and same_but_typos(nt, c)]
+    if len(close) == 1:
+        return close[0], "fuzzy"
     return None, "unparsed"
+
+
+def same_but_typos(a: str, b: str) -> bool:
+    """The ``fuzzy`` MCQ rule: two normalized texts name the same thing up to spelling slips.
+
+    Words compared leave out "the" and a possessive "s" ("Alzheimer's disease" = "Alzheimer
+    disease"). Either the words are equal once spaces are removed ("lymphogranulomavenereum"), or
+    they are the same words except for one-letter slips (one insertion, deletion, substitution or
+    swap, in words of 5+ letters) and the texts are >= 95 % alike (rapidfuzz ratio). So a different
+    ending ("endometriosis" / "endometritis"), a different short word ("hepatitis a" / "b", "cd4" /
+    "cd8") or a slip in a single short name ("dysphagia" / "dysphasia") is no match.
+    """
+    from rapidfuzz import fuzz
+    from rapidfuzz.distance import OSA
+
+    wa, wb = ([w for w in x.split() if w not in ("the", "s")] for x in (a, b))
+    if "".join(wa) == "".join(wb):
+        return bool(wa)
+    if len(wa) != len(wb) or fuzz.ratio(" ".join(wa), " ".join(wb)) < 95:
+        return False
+    return all(x == y or (max(len(x), len(y)) >= 5 and OSA.distance(x, y) == 1) for x, y in zip(wa, wb))
 
 
 def map_choice(text: str, choices: list[str]) -> tuple[int | None, str]:
@@ -152,7 +172,8 @@ def map_choice(text: str, choices: list[str]) -> tuple[int | None, str]:
     after a committing phrase: "the most likely diagnosis is X", "Answer: X", "**Final Diagnosis:**
     X"); ``contains`` (exactly one choice text occurs); ``first`` (several occur: the one mentioned
     first, unless the first two are joined by "or"/"vs"/"/" = a hedge, which is no pick); ``fuzzy``
-    (rapidfuzz token_set_ratio >= 85, unique best); else ``unparsed`` (scored wrong, never dropped).
+    (exactly one choice equal up to spelling slips, :func:`same_but_typos`); else ``unparsed``
+    (scored wrong, never dropped).
     """
     if not text or not choices:
         return None, "unparsed"

@@ -12,13 +12,17 @@ MCQ mapping (identical for every imported model, and the same rule local runs us
 ``case_id``. The free-text answer is mapped by, in order: ``letter``; ``exact`` choice text;
 ``stated`` (the choice a committing phrase names: "the diagnosis is X", "Answer: X"); ``contains``
 (exactly one choice text); ``first`` (the choice mentioned first, unless hedged with "or");
-``fuzzy``; else ``unparsed`` = wrong, counted per rule and listed in summary.md / metrics.json,
-never dropped. Without any choices the answer is matched against the correct answer alone
+``fuzzy`` (spelling slips only); else ``unparsed`` = wrong, counted per rule and listed in summary.md /
+metrics.json, never dropped; so is a ``<fmt>_mcq`` missing from a trial when another trial of the
+case has it. Without any choices the answer is matched against the correct answer alone
 (recorded as ``mcq_mapping: answer_only``).
 FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 right, 0 wrong, and
 -1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
 unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
 accepts an answer naming several concurrent diagnoses when any matches).
+Conversations: the doctor's instructions are dropped, the fixed greeting is doctor turn 0 (not
+counted); the stop reason is inferred from the closing doctor turn, with the release's turn cap
+inferred from the conversations that end on a question (:func:`infer_cap`).
 """
 
 from __future__ import annotations
@@ -44,8 +48,19 @@ def choices_from_question(question: str) -> list[str]:
     return [t for _, t in found] if len(found) == 4 else []
 
 
+def is_doctor_instruction(text: str) -> bool:
+    """The doctor's prompt as a message: the open-model release sends it as the first ``user`` turn."""
+    return bool(re.match(r"\s*you are an? ", text or "", flags=re.I))
+
+
 def parse_conversation(conv, where: str) -> list[dict]:
-    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' lines) -> transcript."""
+    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' lines) -> transcript.
+
+    The doctor's instructions are dropped: a ``system`` message, or a first message "You are an AI
+    doctor ..." under role ``user`` (the open-model release). Doctor messages before the patient's
+    first message (the fixed greeting "Hi! What symptoms are you facing today?") get turn 0 and are
+    not counted as doctor turns; the doctor's turns after it are numbered from 1.
+    """
     if conv is None:
         return []
     turns: list[tuple[str, str]] = []
@@ -71,20 +86,47 @@ def parse_conversation(conv, where: str) -> list[dict]:
             turns.append((ROLE_TO_AGENT[role], str(content).strip()))
     else:
         raise DataError(f"{where}: multiturn_conversation must be a list or a string")
-    out, turn = [], 0
+    if turns and turns[0][0] == "patient" and is_doctor_instruction(turns[0][1]):
+        turns = turns[1:]
+    out, turn, patient_spoke = [], 0, False
     for agent, content in turns:
-        if agent == "doctor":
+        patient_spoke = patient_spoke or agent == "patient"
+        if agent == "doctor" and patient_spoke:
             turn += 1
         out.append({"agent": agent, "content": content, "turn": turn})
     return out
 
 
-def infer_stop(transcript: list[dict]) -> str | None:
+def doctor_turns(transcript: list[dict]) -> int:
+    """The doctor's turns after the patient first spoke (a greeting before it is turn 0, not counted)."""
+    return sum(t["agent"] == "doctor" and t["turn"] > 0 for t in transcript)
+
+
+def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
+    """The stop reason of a published conversation, by the rules on its closing doctor turn:
+    the marker -> final_diagnosis; no "?" -> no_question; a question at ``cap`` doctor turns (or a
+    conversation cut after the patient's answer) -> turn_cap; a question before the cap (or only
+    the greeting) -> unknown (the release does not say why it stopped)."""
     if not transcript:
         return None
-    if transcript[-1]["agent"] == "doctor":
-        return stop_reason_for(transcript[-1]["content"], "Final Diagnosis") or "no_question"
-    return "turn_cap"
+    last = transcript[-1]
+    if last["agent"] == "patient":
+        return "turn_cap"
+    if last["turn"] == 0:
+        return "unknown"
+    reason = stop_reason_for(last["content"], "Final Diagnosis")
+    if reason:
+        return reason
+    return "turn_cap" if cap is not None and doctor_turns(transcript) >= cap else "unknown"
+
+
+def infer_cap(transcripts: list[list[dict]]) -> int | None:
+    """The release's turn cap in doctor turns: the most common length of the conversations that end on
+    a doctor's question without the marker (only a cap stops those); None when there are none (the
+    GPT releases, run without a cap)."""
+    lengths = Counter(doctor_turns(t) for t in transcripts
+                      if t and t[-1]["agent"] == "doctor" and t[-1]["turn"] > 0 and stop_reason_for(t[-1]["content"], "Final Diagnosis") is None)
+    return lengths.most_common(1)[0][0] if lengths else None
 
 
 def mcq_answer(text, choices: list[str], correct: str) -> dict:
@@ -132,6 +174,8 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
     trials = sorted((k for k in data if re.fullmatch(r"trial_\d+", k)), key=lambda k: int(k.split("_")[1]))
     if not trials:
         raise DataError(f"{path}: case {cid}: no trial_<k> entries")
+    # an MCQ format another trial of this case has but this one lacks is recorded unparsed (= wrong), never dropped
+    mcq_formats = [f for f in FORMATS if any(isinstance(data[k], dict) and f"{f}_mcq" in data[k] for k in trials)]
     records = []
     for key in trials:
         trial, k = data[key], int(key.split("_")[1])
@@ -144,6 +188,8 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
             a = {}
             if f"{fmt}_mcq" in trial:
                 a["mcq"] = mcq_answer(trial[f"{fmt}_mcq"], choices, correct)
+            elif fmt in mcq_formats:
+                a["mcq"] = {**mcq_answer(None, choices, correct), "missing": True}
             if f"{fmt}_frq" in trial or f"evaluation_{fmt}_frq" in trial:
                 a["frq"] = frq_answer(trial, fmt)
             if a:
@@ -153,7 +199,7 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
             "id": f"{cid}/t{k}", "case_id": cid, "trial": k, "specialty": data.get("category") or data.get("specialty") or case.get("specialty") or "unknown",
             "dataset": data.get("dataset") or case.get("dataset"), "source": path.name, "model": name, "roles": {"clinical": name},
             "correct_answer": correct, "choices": choices, "transcript": transcript, "stop_reason": infer_stop(transcript),
-            "n_doctor_turns": sum(t["agent"] == "doctor" for t in transcript), "summary": trial.get("summarized_conversation"),
+            "n_doctor_turns": doctor_turns(transcript), "summary": trial.get("summarized_conversation"),
             "answers": answers, "correct": main.get("correct"), "correct_metric": "multiturn.mcq",
             "parse_errors": [f"{f}.mcq: unparsed choice" for f, d in answers.items() if d.get("mcq", {}).get("parsed_by") == "unparsed"],
             "errors": [], "imported": True,
@@ -178,7 +224,7 @@ def import_stats(records: list[dict]) -> dict:
             by_fmt.setdefault(fmt, Counter())[rule] += 1
             answer_only += a.get("mcq_mapping") == "answer_only"
             if rule == "unparsed":
-                unmapped.append({"id": r["id"], "format": fmt, "answer": a.get("answer")})
+                unmapped.append({"id": r["id"], "format": fmt, "answer": "(no answer in the file)" if a.get("missing") else a.get("answer")})
     minus_one = Counter(f for r in records for f, d in (r.get("answers") or {}).items() if d.get("frq", {}).get("published_evaluation") == -1)
     order = {k: i for i, k in enumerate(grading.MCQ_RULES)}
     return {
@@ -203,6 +249,9 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
               "mcq_mapping": "experiments.craftmd.grading.map_choice: " + " > ".join(grading.MCQ_RULES),
               "grades": "published", "concurrent_rule": "any"}
     converted = [rec for f in files for rec in convert_file(f, name, cases_by_id)]  # all files valid before anything is written
+    cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release
+    for rec in converted:
+        rec["stop_reason"] = infer_stop(rec["transcript"], cap)
     rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
     for rec in converted:
@@ -213,6 +262,7 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     metrics = run_metrics(records)
     metrics["per_specialty"] = per_specialty(records)
     metrics.update(import_stats(records))
+    metrics["turn_cap_inferred"] = cap
     rundir.write_metrics(metrics)
     rundir.write_summary(summary_markdown(name, metrics))
     return metrics

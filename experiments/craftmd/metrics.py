@@ -90,7 +90,8 @@ def summary_markdown(name: str, metrics: dict) -> str:
     for f in FORMATS:
         if f"{f}.mcq" in acc or f"{f}.frq" in acc:
             lines.append(f"| {f} | {fmt_acc(acc.get(f'{f}.mcq', {}))} | {fmt_acc(acc.get(f'{f}.frq', {}))} |")
-    lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}",
+    cap = f"; turn cap inferred from the release: {metrics['turn_cap_inferred']} doctor turns" if metrics.get("turn_cap_inferred") else ""
+    lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}{cap}",
               f"parse errors: {metrics['parse_errors']} (rate {metrics['parse_error_rate']}); FRQ extraction: {metrics['frq_extraction_status']}; "
               f"FRQ grade source: {metrics['frq_grade_source']}; failed requests: {metrics['request_errors']}"]
     mapping = metrics.get("mcq_mapping")

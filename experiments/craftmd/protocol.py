@@ -67,25 +67,32 @@ def stop_reason_for(doctor_turn: str, marker: str) -> str | None:
 
 
 async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tuple[list[dict], str]:
-    """Patient opens; then doctor turn, termination check, patient answer — until a rule stops it."""
+    """Patient opens; then doctor turn, termination check, patient answer — until a rule stops it.
+
+    The turn cap is checked right after the doctor's turn, as the authors do: the doctor's
+    ``max_turns``-th turn ends the conversation (``turn_cap``) unanswered, so the transcript always
+    ends on a doctor turn, which :func:`context_turns` removes before asking.
+    """
     transcript: list[dict] = []
     r = await ctx.chat(patient_view([], case), role="patient", gen=_gen(settings, "patient", TURN_STOPS), step="patient_opening")
     transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": 0})
-    for turn in range(1, settings.max_turns + 1):
+    turn = 0
+    while True:
+        turn += 1
         r = await ctx.chat(doctor_view(transcript, case), role="clinical", gen=_gen(settings, "doctor", TURN_STOPS), step=f"doctor_turn_{turn}")
         doctor = clean_turn(r.text)
         transcript.append({"agent": "doctor", "content": doctor, "turn": turn})
-        reason = stop_reason_for(doctor, settings.final_marker)
+        reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
         if reason:
             return transcript, reason
         r = await ctx.chat(patient_view(transcript, case), role="patient", gen=_gen(settings, "patient", TURN_STOPS), step=f"patient_turn_{turn}")
         transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": turn})
-    return transcript, "turn_cap"
 
 
 def context_turns(transcript: list[dict]) -> list[dict]:
     """The conversation shown when asking in multi-turn form: the clinical LLM's closing turn is
-    removed, whatever ended the conversation (SPEC 3: the authors always remove it)."""
+    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; SPEC 3:
+    the authors always remove it). A transcript ending on a patient turn is shown whole."""
     if transcript and transcript[-1]["agent"] == "doctor":
         return transcript[:-1]
     return transcript

@@ -1,0 +1,61 @@
+"""`import craftmd` on the open-model release shape (fixture published_open/, written like the
+authors' LLaMA-2 files): the doctor's prompt as the first `user` message, a fixed greeting, a turn cap."""
+
+from __future__ import annotations
+
+import json
+
+from experiments.craftmd.importer import import_folder, infer_stop, parse_conversation
+
+GREETING = "Hi! What symptoms are you facing today?"
+
+
+def _import(fixtures_dir, tmp_path):
+    m = import_folder(fixtures_dir / "craftmd" / "published_open", "open", tmp_path / "imp", str(fixtures_dir / "craftmd" / "cases.csv"))
+    recs = {r["id"]: r for r in map(json.loads, (tmp_path / "imp" / "records.jsonl").read_text().splitlines())}
+    return m, recs
+
+
+def test_instruction_dropped_and_greeting_not_a_doctor_turn(fixtures_dir, tmp_path):
+    m, recs = _import(fixtures_dir, tmp_path)
+    t0 = recs["case_c/t0"]["transcript"]
+    assert t0[0] == {"agent": "doctor", "content": GREETING, "turn": 0}
+    assert t0[1]["agent"] == "patient" and t0[1]["content"].startswith("My son has a sore throat")
+    assert not any(t["content"].startswith("You are an AI doctor") for r in recs.values() for t in r["transcript"])
+    assert [t["turn"] for t in t0] == [0, 0, 1, 1, 2]
+    assert [recs[f"case_c/t{k}"]["n_doctor_turns"] for k in range(5)] == [2, 2, 2, 1, 1]
+    assert m["mean_doctor_turns"] == 8 / 5
+
+
+def test_stop_reasons_with_the_inferred_turn_cap(fixtures_dir, tmp_path):
+    m, recs = _import(fixtures_dir, tmp_path)
+    # a closing question without the marker: only a cap stops it -> the release's cap is 2 doctor turns
+    assert m["turn_cap_inferred"] == 2
+    assert [recs[f"case_c/t{k}"]["stop_reason"] for k in range(5)] == ["turn_cap", "turn_cap", "final_diagnosis", "no_question", "unknown"]
+    assert m["stop_reasons"] == {"turn_cap": 2, "final_diagnosis": 1, "no_question": 1, "unknown": 1}
+    assert "turn cap inferred from the release: 2 doctor turns" in (tmp_path / "imp" / "summary.md").read_text()
+
+
+def test_missing_mcq_answer_is_recorded_wrong_and_shown(fixtures_dir, tmp_path):
+    m, recs = _import(fixtures_dir, tmp_path)
+    t4 = recs["case_c/t4"]["answers"]
+    for fmt in ("multiturn", "singleturn", "summarized"):
+        assert t4[fmt]["mcq"]["parsed_by"] == "unparsed" and t4[fmt]["mcq"]["correct"] == 0 and t4[fmt]["mcq"]["missing"] is True
+        assert t4[fmt]["frq"]["correct"] == 0 and t4[fmt]["frq"]["published_evaluation"] == -1
+    assert "multiturn.mcq: unparsed choice" in recs["case_c/t4"]["parse_errors"]
+    # counted: multi-turn MCQ right in t0 (letter B), t2, t3; wrong in t1 (Measles) and t4 (missing)
+    assert m["accuracy"]["multiturn.mcq"]["n_answers"] == 5 and m["accuracy"]["multiturn.mcq"]["accuracy"] == 0.6
+    assert {"id": "case_c/t4", "format": "multiturn", "answer": "(no answer in the file)"} in m["mcq_unmapped"]
+    assert "(no answer in the file)" in (tmp_path / "imp" / "summary.md").read_text()
+
+
+def test_gpt_release_shape_greeting_and_stop_rules():
+    conv = [{"role": "system", "content": "You are an AI doctor."}, {"role": "assistant", "content": GREETING},
+            {"role": "user", "content": "I have a rash."}, {"role": "assistant", "content": "Where is it?"},
+            {"role": "user", "content": "On my arms."}, {"role": "assistant", "content": "**Final Diagnosis:** Eczema"}]
+    t = parse_conversation(conv, "f.json")
+    assert [(x["agent"], x["turn"]) for x in t] == [("doctor", 0), ("patient", 0), ("doctor", 1), ("patient", 1), ("doctor", 2)]
+    assert infer_stop(t) == "final_diagnosis"
+    asked = t[:-1] + [{"agent": "doctor", "content": "Any itching?", "turn": 2}]
+    assert infer_stop(asked) == "unknown" and infer_stop(asked, cap=2) == "turn_cap" and infer_stop(asked, cap=3) == "unknown"
+    assert infer_stop(t[:1]) == "unknown"  # only the greeting: the patient never answered

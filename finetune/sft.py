@@ -54,7 +54,10 @@ def from_pretrained_kwargs(recipe: Recipe, on_gpu: bool, dtype: torch.dtype) -> 
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(**bnb_4bit_kwargs(dtype))
-        kwargs["device_map"] = {"": torch.cuda.current_device()}
+        from accelerate import PartialState
+
+        # the whole 4-bit model on this process's GPU: under DDP each rank loads onto its own (local rank)
+        kwargs["device_map"] = {"": PartialState().local_process_index}
     return kwargs
 
 
@@ -130,6 +133,7 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
     strategy = ("steps" if eval_steps else "epoch") if has_valid else "no"
     args = TrainingArguments(
         output_dir=str(out), seed=t.seed, use_cpu=not on_gpu,
+        # transformers >= 5 (requirements.txt) reads a float warmup_steps < 1 as a fraction of the steps (warmup_ratio is gone)
         learning_rate=t.learning_rate, lr_scheduler_type=t.lr_scheduler_type, warmup_steps=t.warmup_ratio,
         per_device_train_batch_size=t.per_device_train_batch_size, per_device_eval_batch_size=t.per_device_eval_batch_size,
         gradient_accumulation_steps=t.accumulation(world_size()),

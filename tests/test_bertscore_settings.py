@@ -56,6 +56,36 @@ def test_meditod_nlg_metrics_name_encoder_and_layer():
     assert m["gold_length"]["golds_over_cap"] == 1 and "bertscore_f1" not in m
 
 
+def test_meditod_bertscore_encoder_is_its_own_setting(monkeypatch):
+    """The retrieval `encoder` never reaches BERTScore; `bertscore_encoder` / `bertscore_layer` do."""
+    from experiments.meditod import metrics as M
+    from experiments.meditod import run as run_mod
+
+    seen = {}
+    monkeypatch.setattr(M, "score", lambda task, golds, preds, **kw: seen.update(kw) or {})
+    s = run_mod.MeditodSettings(task="nlg", encoder="/retrieval/enc", bertscore_encoder="/bs/roberta-large", bertscore_layer=17)
+    run_mod.score_records(s, [{"target": "a", "prediction": "a", "dialog_id": "1"}])
+    assert seen["bertscore_encoder"] == "/bs/roberta-large" and seen["bertscore_layer"] == 17 and "encoder" not in seen
+    assert run_mod.MeditodSettings().bertscore_encoder is None  # the local MiniLM default
+    for mode in ("icl", "supervised"):
+        cfg = (run_mod.CONFIGS / f"nlg_{mode}.yaml").read_text()
+        assert "bertscore_encoder: null" in cfg and "roberta-large, layer 17" in cfg
+
+
+def test_meditod_table_names_encoder_and_layer_and_warns_on_mixed_columns():
+    from experiments.meditod.run import metrics_table
+
+    mini = {"bleu2": 10.0, "bertscore_f1": 0.9, "bertscore_encoder": "all-MiniLM-L6-v2", "bertscore_layer": 6}
+    table = metrics_table("nlg", [("icl", mini), ("supervised", dict(mini, bertscore_f1=0.8))])
+    assert "| BERTScore F1 (all-MiniLM-L6-v2, layer 6) | 0.9000 | 0.8000 |" in table and "not comparable" not in table
+    table = metrics_table("nlg", [("icl", mini), ("supervised", dict(mini, bertscore_encoder="roberta-large", bertscore_layer=17))])
+    assert "not comparable" in table and "icl: all-MiniLM-L6-v2, layer 6; supervised: roberta-large, layer 17" in table
+    old = {k: v for k, v in mini.items() if k not in ("bertscore_encoder", "bertscore_layer")}  # a run from before the setting
+    assert "supervised: encoder and layer not recorded" in metrics_table("nlg", [("icl", mini), ("supervised", old)])
+    no_bs = {k: v for k, v in mini.items() if not k.startswith("bertscore")}  # --no-bertscore: nothing to compare
+    assert "not comparable" not in metrics_table("nlg", [("icl", mini), ("supervised", no_bs)])
+
+
 def _qa_records(n_options: int, mcq: bool):
     opts = {chr(ord("A") + i): f"option {i}" for i in range(n_options)}
     base = {"turns": 1, "stop_reason": "researcher_stop", "parse_attempts": 1, "parse_errors": [], "answer_changed": False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -109,13 +110,16 @@ def test_scratchpad_accumulates_and_reaches_final_rewrite():
 
 def test_both_agents_see_the_scratchpad_as_it_stands_and_the_rewrite_applies_it():
     """Issue 13: the Researcher's prompt at round 3 holds the lines accepted in rounds 1-2; the Decider's
-    prompts hold what it already accepted; the final rewrite prompt carries every line."""
+    prompts hold what it already accepted; the final rewrite prompt carries every line and its output applies them."""
     rounds = {"d": 0}
 
     def reply(role, prompt, gen):
         if role == "researcher":
             return '[RESPONSE: "Check the next section."]'
-        if "Discussion so far" not in prompt:  # the initial summary and the final rewrite
+        if "Agreed corrections:" in prompt:  # the final rewrite: add the findings the prompt lists as agreed
+            added = re.findall(r"^- Pertinent Positives: add (finding \d+)$", prompt, flags=re.M)
+            return SUMMARY.replace("text about pertinent positives.", "text about pertinent positives; " + "; ".join(added) + ".")
+        if "Discussion so far" not in prompt:  # the initial summary
             return SUMMARY
         rounds["d"] += 1
         return f'[RESPONSE: "Agreed."] [SCRATCHPAD: "Pertinent Positives: add finding {rounds["d"]}"]'
@@ -143,6 +147,10 @@ def test_both_agents_see_the_scratchpad_as_it_stands_and_the_rewrite_applies_it(
     for line in rec["scratchpad"]:
         assert f"- {line}" in final_prompt
     assert "applies every agreed correction" in final_prompt
+    assert rec["final"]["Pertinent Positives"] == "text about pertinent positives; finding 1; finding 2; finding 3."
+    assert rec["final"] != rec["initial"] and rec["initial"]["Pertinent Positives"] == "text about pertinent positives."
+    assert {k: v for k, v in rec["final"].items() if k != "Pertinent Positives"} == \
+        {k: v for k, v in rec["initial"].items() if k != "Pertinent Positives"}
 
 
 def test_careplan_reply_and_final_prompts_carry_the_care_plan_rules():
@@ -358,7 +366,17 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
            "calls": [], "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": {**s, "concepts_cut": {"gt": 2, "pred": 0}}}}}}
     m = report.dialogue_metrics([rec], DialogueSettings(score_sections=["Pertinent Negatives"]))
     assert m["gptf1_concept_lists_cut"] == 1 and m["gptf1_max_concepts"] == 40
-    assert "cut to 40 concepts" in report.dialogue_summary(m, DialogueSettings(score_sections=["Pertinent Negatives"]), "dera-summarize")
+    one = DialogueSettings(score_sections=["Pertinent Negatives"])
+    text = report.dialogue_summary(m, one, "dera-summarize")
+    assert "concept cap (`gptf1.max_concepts`): 40 concepts per list, 1 section comparison(s) cut" in text
+    # the cap is stated even when nothing was cut, and "no cap" when there is none
+    section = {k: v for k, v in s.items() if k != "concepts_cut"}
+    uncut = {**rec, "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": section}}}}
+    text = report.dialogue_summary(report.dialogue_metrics([uncut], one), one, "dera-summarize")
+    assert "40 concepts per list, 0 section comparison(s) cut." in text
+    none = DialogueSettings(score_sections=["Pertinent Negatives"], gptf1=GptF1Settings(max_concepts=None))
+    text = report.dialogue_summary(report.dialogue_metrics([uncut], none), none, "dera-summarize")
+    assert "concept cap (`gptf1.max_concepts`): no cap." in text
 
 
 def test_gptf1_unparseable_judge_is_unscored():

@@ -215,4 +215,4 @@ def test_cli_bad_base_rank_and_split_exit_2(cli, tmp_path):
     p = cli("finetune", "meditod-pol", "--data", data, "--base", "embedded", "--set", "data.valid_split=dev", "--out", str(tmp_path / "c"))
     assert p.returncode == 2 and "dev_ids.json not found" in p.stderr
     p = cli("finetune", "meditod-nlg", "--data", str(tmp_path / "missing.json"), "--base", "embedded")
-    assert p.returncode == 2 and "does not exist" in p.stderr
+    assert p.returncode == 2 and "missing.json" in p.stderr and ("does not exist" in p.stderr or "no such file" in p.stderr)

@@ -109,9 +109,9 @@ def test_nlu_empty_slots_are_the_bare_intent(empty):
     assert score("nlu", [EDGE_GOLD], [full])["joint_accuracy"] == 1.0
 
 
-@pytest.mark.parametrize("bad", [None, "cough", ""])
+@pytest.mark.parametrize("bad", [None, "cough", ["cough"], 3])
 def test_nlu_slot_that_is_not_a_list_of_objects_voids_the_whole_turn(bad):
-    """A null or string slot value makes the whole turn a format error, even beside a correct entry."""
+    """A null, non-empty string or number slot value (or element) makes the whole turn a format error, even beside a correct entry."""
     pred_ok = [{"intent": "greet", "slots": []}]
     pred_bad = [{"intent": "greet", "slots": {}}, {"intent": "inform", "slots": {"positive_symptom": bad}}]
     m = score("nlu", [EDGE_GOLD, EDGE_GOLD], [pred_ok, pred_bad])
@@ -121,6 +121,23 @@ def test_nlu_slot_that_is_not_a_list_of_objects_voids_the_whole_turn(bad):
     assert (m["precision"], m["recall"], m["f1"]) == pytest.approx((1.0, 1 / 6, 2 / 7))
     assert (m["medical_precision"], m["medical_recall"], m["medical_f1"]) == pytest.approx((1.0, 0.25, 0.4))
     assert m["non_medical_recall"] == 0.0 and m["joint_accuracy"] == 0.0
+
+
+@pytest.mark.parametrize("empty", ["", [""], [[]]])
+def test_nlu_empty_slot_values_add_nothing_and_are_no_format_error(empty):
+    """The authors' scorer loops over an empty value (and empty list elements) without adding a tuple or failing."""
+    assert nlu_tuples([{"intent": "inform", "slots": {"positive_symptom": empty}}]) == (set(), set())
+    pred_1 = [{"intent": "greet", "slots": {}}, {"intent": "inform", "slots": {"positive_symptom": empty}}]
+    pred_2 = [{"intent": "greet", "slots": {}}, {"intent": "inform", "slots": {**EDGE_GOLD[0]["slots"], "negative_symptom": empty}}]
+    m = score("nlu", [EDGE_GOLD, EDGE_GOLD], [pred_1, pred_2])
+    # turn 1: only (greet,) predicted -> canonical TP 1 FN 1 (cough), non-canonical FN 1 (duration)
+    # turn 2: the gold plus an empty slot -> exact: canonical TP 2, non-canonical TP 1, joint match
+    # canonical TP 3 FP 0 FN 1 -> P 1, R 3/4, F1 6/7; non-canonical TP 1 FN 1 -> P 1, R 1/2, F1 2/3
+    # all TP 4 FP 0 FN 2 -> P 1, R 2/3, F1 0.8; joint 1/2; no format error
+    assert m["format_errors"] == 0 and m["joint_accuracy"] == pytest.approx(0.5)
+    assert (m["medical_precision"], m["medical_recall"], m["medical_f1"]) == pytest.approx((1.0, 0.75, 6 / 7))
+    assert (m["non_medical_precision"], m["non_medical_recall"], m["non_medical_f1"]) == pytest.approx((1.0, 0.5, 2 / 3))
+    assert (m["precision"], m["recall"], m["f1"]) == pytest.approx((1.0, 2 / 3, 0.8))
 
 
 def test_nlu_null_slots_is_a_format_error_and_gold_edge_shapes_score_perfectly():

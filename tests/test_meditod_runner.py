@@ -132,6 +132,16 @@ def test_icl_exemplars_and_side_by_side_summary(tmp_path):
     assert next(iter(records(s2.out).values()))["prompt"].startswith("Task:")
 
 
+def test_nlg_summary_counts_gold_utterances_over_the_token_cap(tmp_path):
+    # tokens by the estimate len // 3 + 1 (the fixture above): "Is it getting worse over time?" 30 chars -> 11,
+    # "Okay. Any fever or chills?" 26 -> 9, "I see, so tell me more about it." 32 -> 11; cap 10 -> 2 of 3 over
+    s = settings(tmp_path, "nlg", max_tokens=10)
+    outcome = run("nlg", s, ScriptedLLM(gold_backend("nlg"), roles=("model", "grader")))
+    gl = outcome.metrics["gold_length"]
+    assert (gl["max_tokens"], gl["golds"], gl["golds_over_cap"], gl["gold_tokens_max"]) == (10, 3, 2, 11)
+    assert "Gold utterances longer than max_tokens=10: 2 of 3." in (Path(s.out) / "summary.md").read_text()
+
+
 PRED = [{"intent": "inform", "slots": {"positive_symptom": [{"value": "dyspnea", "onset": "2 weeks back"}]}}]
 
 

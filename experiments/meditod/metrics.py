@@ -13,9 +13,12 @@ NLU tuples (per intent entry): no slots -> ``(intent,)``; medical slots (name co
 travel -> ``(intent, slot, attr, v)``, canonical only for ``status``; basic_information ->
 ``(intent, slot, attr, v)``, all canonical; other slots contribute nothing.
 Edge shapes (SPEC 4, as the authors' scorer treats them): an entry whose ``slots`` is empty
-(``[]``, ``{}``) or missing is its bare ``(intent,)``; ``"slots": null`` or a non-empty
-non-object, and a known slot whose value is not a list of attribute objects (null, a string,
-a number, a non-empty object), make the whole turn a format error (scored as empty).
+(``[]``, ``{}``, ``""``) or missing is its bare ``(intent,)``; ``"slots": null`` or a non-empty
+non-object, and a known slot whose value is not a list of attribute objects (null, a non-empty
+string, a number, a non-empty object), make the whole turn a format error (scored as empty).
+Empty values are the exception the authors' loop gives them: a slot value ``""``, ``[]`` or
+``{}`` and empty elements (``""``, ``[]``) in its list contribute nothing (``[""]``, ``[[]]``:
+no tuples, no format error).
 
 POL tuples (per action): no slots -> ``(action,)``; medical slots (``symptom`` exactly, names
 containing medical_history / family_history / habit / medical_test / exposure / medication /
@@ -72,14 +75,21 @@ def _values(v) -> list:
     return vals
 
 
+def _empty(x) -> bool:
+    return isinstance(x, (str, list, dict)) and len(x) == 0
+
+
 def _items(data) -> list[dict]:
-    """A slot's list of attribute dicts. ``[]`` (and ``{}``) give nothing; anything else that is not a
-    list of objects (null, a string, a number) is malformed: the whole turn becomes a format error."""
-    if isinstance(data, (list, dict)) and len(data) == 0:
+    """A slot's list of attribute dicts. Empty values (``""``, ``[]``, ``{}``) and empty elements of the
+    list (``""``, ``[]``) give nothing, as the authors' ``for ee in data: for key in ee`` loop iterates
+    over them silently; anything else that is not a list of objects (null, a non-empty string, a
+    number) is malformed: the whole turn becomes a format error."""
+    if _empty(data):
         return []
-    if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+    items = [e for e in data if not _empty(e)] if isinstance(data, list) else None
+    if items is None or not all(isinstance(e, dict) for e in items):
         raise _Malformed(f"slot data must be a list of objects, got {data!r:.60}")
-    return data
+    return items
 
 
 # ---------------------------------------------------------------- NLU
@@ -365,7 +375,7 @@ def gold_length_report(golds: list[str], cap: int, count_tokens) -> dict:
             "gold_tokens_median": pct(0.5), "gold_tokens_mean": round(sum(lengths) / len(lengths), 2)}
 
 
-def nlg_scores(golds: list[str], preds: list[str], *, encoder: str | None = None, bertscore: bool = True,
+def nlg_scores(golds: list[str], preds: list[str], *, bertscore_encoder: str | None = None, bertscore: bool = True,
                bertscore_layer: int | None = None) -> dict:
     from experiments.metrics.text import bertscore_config, bertscore_f1, corpus_bleu, rouge
 
@@ -376,8 +386,8 @@ def nlg_scores(golds: list[str], preds: list[str], *, encoder: str | None = None
     out["bleu4"] = corpus_bleu(p, g, 4, tokenize=str.split) if g else 0.0
     out.update(rouge(p, g))
     if bertscore:
-        cfg = bertscore_config(encoder, bertscore_layer)
-        f = bertscore_f1(p, g, model_path=encoder, num_layers=cfg["layer"])
+        cfg = bertscore_config(bertscore_encoder, bertscore_layer)
+        f = bertscore_f1(p, g, model_path=bertscore_encoder, num_layers=cfg["layer"])
         out["bertscore_f1"] = sum(f) / len(f) if f else 0.0
         out.update({"bertscore_encoder": cfg["encoder"], "bertscore_layer": cfg["layer"], "bertscore_layer_source": cfg["layer_source"]})
     return out
@@ -386,14 +396,14 @@ def nlg_scores(golds: list[str], preds: list[str], *, encoder: str | None = None
 # ---------------------------------------------------------------- entry point
 
 def score(task: str, golds: list, preds: list, *, dialog_ids: list | None = None, judgments: dict | None = None,
-          encoder: str | None = None, bertscore: bool = True, bertscore_layer: int | None = None,
+          bertscore_encoder: str | None = None, bertscore: bool = True, bertscore_layer: int | None = None,
           max_tokens: int | None = None, count_tokens=None) -> dict:
     """All metrics of ``task`` for aligned gold/prediction lists (see module docstring).
     NLG with ``max_tokens`` and ``count_tokens``: also ``gold_length`` (:func:`gold_length_report`)."""
     if len(golds) != len(preds):
         raise ValueError(f"{len(golds)} gold labels but {len(preds)} predictions")
     if task == "nlg":
-        out = nlg_scores(golds, preds, encoder=encoder, bertscore=bertscore, bertscore_layer=bertscore_layer)
+        out = nlg_scores(golds, preds, bertscore_encoder=bertscore_encoder, bertscore=bertscore, bertscore_layer=bertscore_layer)
         if max_tokens is not None and count_tokens is not None:
             out["gold_length"] = gold_length_report(golds, max_tokens, count_tokens)
         return out

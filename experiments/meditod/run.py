@@ -28,6 +28,7 @@ from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.prompts import (PROMPTS, STOP, fit_icl_prompt, fit_supervised_prompt, make_token_counter, prompt_hash,
                                          template, templates_used)
 from experiments.meditod.tasks import TASKS, build_samples
+from experiments.metrics.text import bertscore_label
 from experiments.parsing import extract_json
 from experiments.study import CaseContext, Study
 from serving.refs import ModelRef, model_name
@@ -44,7 +45,7 @@ class MeditodSettings(RunSettings):
     train_split: str = "train"  # where in-context exemplars come from
     mode: Literal["icl", "supervised"] = "icl"
     k: int = Field(5, ge=0)
-    encoder: str | None = None  # sentence-transformers dir; default all-MiniLM-L6-v2
+    encoder: str | None = None  # exemplar retrieval: sentence-transformers dir; default all-MiniLM-L6-v2
     history_turns: int = Field(4, ge=0)  # the authors' history_size: 4
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(256, ge=1)
@@ -52,7 +53,8 @@ class MeditodSettings(RunSettings):
     adjudicate_model: str | None = None  # the grader role's model; set = adjudicate non-canonical matches
     adjudicate_max_tokens: int = Field(4, ge=1)
     bertscore: bool = True
-    bertscore_layer: int | None = None  # None: bert_score's model2layers entry (roberta-large 17), else the encoder's last layer
+    bertscore_encoder: str | None = None  # NLG BERTScore: local encoder dir; default all-MiniLM-L6-v2 (the authors: roberta-large)
+    bertscore_layer: int | None = Field(None, ge=1)  # None: bert_score's model2layers entry (roberta-large 17), else the encoder's last layer
     compare: str | None = None
     concurrency: int = Field(8, ge=1)
     roles: dict[str, str] = {"model": "embedded"}
@@ -204,8 +206,8 @@ def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) ->
     preds = [r.get("prediction") for r in records]
     if s.task == "nlg":
         preds = [p if isinstance(p, str) else "" for p in preds]
-    m = M.score(s.task, golds, preds, dialog_ids=[r["dialog_id"] for r in records], encoder=s.encoder, bertscore=s.bertscore,
-                bertscore_layer=s.bertscore_layer, max_tokens=s.max_tokens if s.task == "nlg" else None,
+    m = M.score(s.task, golds, preds, dialog_ids=[r["dialog_id"] for r in records], bertscore=s.bertscore,
+                bertscore_encoder=s.bertscore_encoder, bertscore_layer=s.bertscore_layer, max_tokens=s.max_tokens if s.task == "nlg" else None,
                 count_tokens=count_tokens if s.task == "nlg" else None)
     m["mean_exemplars_kept"] = sum(r.get("exemplars_kept", 0) for r in records) / len(records)
     return m
@@ -268,15 +270,30 @@ ROWS = {
 ROWS["pol"] = ROWS["nlu"] + [("p@1", "P@1"), ("p@4", "P@4"), ("p@8", "P@8"), ("p@inf", "P@inf")]
 
 
+def _bertscore_used(m: dict) -> tuple | None:
+    """(encoder, layer) of a column's BERTScore ((None, None): not recorded); None when the column has none."""
+    return None if m.get("bertscore_f1") is None else (m.get("bertscore_encoder"), m.get("bertscore_layer"))
+
+
 def metrics_table(task: str, columns: list[tuple[str, dict]]) -> str:
+    """The metrics table; the BERTScore row names the encoder and layer, and a warning follows the table
+    when columns scored BERTScore with different encoders or layers (their values are not comparable)."""
+    used = {name: u for name, m in columns if (u := _bertscore_used(m))}
+    enc, layer = next(iter(used.values()), (None, None))  # the row label names the first column's
     head = "| metric | " + " | ".join(name for name, _ in columns) + " |\n|---|" + "---|" * len(columns) + "\n"
     body = ""
     for key, label in ROWS[task]:
+        if key == "bertscore_f1" and enc:
+            label = bertscore_label({"encoder": enc, "layer": layer})
         cells = []
         for _, m in columns:
             v = m.get(key)
             cells.append("-" if v is None else (f"{v:.2f}" if task == "nlg" and key.startswith("bleu") else f"{v:.4f}"))
         body += f"| {label} | " + " | ".join(cells) + " |\n"
+    if len(set(used.values())) > 1:
+        body += ("\n**Warning: the BERTScore columns are not comparable** (different encoder or layer): "
+                 + "; ".join(f"{name}: " + (f"{e}, layer {n}" if e else "encoder and layer not recorded")
+                             for name, (e, n) in used.items()) + ".\n")
     return head + body
 
 

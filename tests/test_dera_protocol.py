@@ -456,3 +456,15 @@ def test_gptf1_empty_reference_is_unscored_and_empty_prediction_scores_zero():
     # a reference concept the (empty) prediction misses: recall 0, precision 0 (no predicted concepts)
     assert b["scored"] is True and b["recall"] == 0.0 and b["precision"] == 0.0 and b["f1"] == 0.0
     assert res["unscored_sections"] == 1 and res["average"]["f1"] == 0.0
+
+
+@pytest.mark.parametrize("error,is_context", [
+    ("HTTP 400: Error code: 400 - This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 input tokens", True),
+    ("HTTP 400: Error code: 400 - max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", True),  # prompt fills the context exactly
+    ("gave up after 3 attempts: connection refused", False),
+    (None, False),
+])
+def test_context_errors_are_recognised(error, is_context):
+    from experiments.dera.calls import is_context_error
+
+    assert is_context_error(error) is is_context

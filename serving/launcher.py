@@ -95,13 +95,14 @@ class ServerSettings:
         return f"http://{host}:{self.port}/v1"
 
 
-# CPU-build defaults (experiments/bench/README.md, "Serving settings"). Binding every usable core
-# and preloading libiomp5 rest on issue 15's side-by-side runs (32 concurrent, 64/64 tokens:
-# auto 82.5 -> 0-1 133.4 tok/s; a repeat 76.2 -> 97.9, 114.5 with libiomp5); the other knobs are
-# left at vLLM's until `python -m experiments.bench.ab_settings` has been run on an idle machine.
+# CPU-build defaults, chosen by side-by-side runs on the 2-core box (experiments/bench/README.md,
+# "Serving settings"; python -m experiments.bench.ab_settings): binding every usable core beats vLLM's
+# `auto` (which reserves one of two cores for the front end) by ~50 % at 32 concurrent requests;
+# chunked prefill off ties on throughput and is the one setting under which seeded sampling does not
+# kill the engine ("CPU Generator does not use offset"); the other knobs measured no better than vLLM's.
 CPU_DEFAULTS = {
     "cpu_threads_bind": "all", "cpu_reserved": None, "cpu_kvcache_gb": 2, "omp_threads": None,
-    "preload_iomp": True, "max_num_seqs": None, "chunked_prefill": None, "prefix_caching": None,
+    "preload_iomp": True, "max_num_seqs": None, "chunked_prefill": False, "prefix_caching": None,
 }
 
 

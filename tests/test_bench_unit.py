@@ -280,6 +280,9 @@ def test_cpu_serve_settings_bind_every_core_and_gpu_keeps_vllm_defaults(monkeypa
     cpu = effective_serve_settings(ServerSettings(alias="embedded"), on_gpu=False)
     assert cpu["env"]["VLLM_CPU_OMP_THREADS_BIND"] == cpu_list(os.sched_getaffinity(0))
     assert cpu["settings"]["cpu_threads_bind"] == CPU_DEFAULTS["cpu_threads_bind"]
+    assert cpu["argv"] == ["--no-enable-chunked-prefill"]  # the CPU default: seeded sampling crashes vLLM-cpu with it on
+    on = effective_serve_settings(ServerSettings(alias="embedded", chunked_prefill=True), on_gpu=False)
+    assert on["argv"] == ["--enable-chunked-prefill"]
     custom = effective_serve_settings(ServerSettings(alias="embedded", cpu_threads_bind="auto", cpu_reserved=0, cpu_kvcache_gb=1,
                                                      preload_iomp=False, max_num_seqs=32, chunked_prefill=False, prefix_caching=False), on_gpu=False)
     assert custom["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "auto" and custom["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"

@@ -3,7 +3,7 @@
     python -m experiments.bench.ab_settings --arms auto,bind,bind+iomp --repeats 3 --out runs/ab.jsonl
 
 Starts one server per arm (``--parallel`` of them alive at a time, idle while another is
-measured), then interleaves: repeat 1 of every arm, repeat 2 of every arm, ... Each round
+measured), then interleaves: repeat 1 of every arm, repeat 2 of every arm, ... (new prompts each repeat) Each round
 measures three shapes on the same server: 1 request (64 in / 64 out), 32 concurrent
 (64 in / 64 out) and long prompts (8 concurrent, 512 in / 32 out). One JSON line per
 (arm, repeat, shape); ``--summarize FILE`` prints medians and spreads.
@@ -83,7 +83,9 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(str(resolve_weights("embedded")[1]))
     texts = P.load_texts()
-    prompts = {n: P.build_prompts(tok, texts, 40, n, seed=7) for n in (64, 512)}
+    # fresh prompts every repeat: with prefix caching on, a repeat of the same prompts would skip their
+    # prefill and flatter every arm but the one with caching off
+    prompt_sets = [{n: P.build_prompts(tok, texts, 40, n, seed=7 + rep) for n in (64, 512)} for rep in range(a.repeats)]
     arms = a.arms.split(",")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     for g in range(0, len(arms), a.parallel):
@@ -118,7 +120,7 @@ def main() -> None:
             for rep in range(a.repeats):
                 for arm in group:
                     for shape in SHAPES:
-                        fig = asyncio.run(measure(recs[arm]["base_url"], prompts, shape))
+                        fig = asyncio.run(measure(recs[arm]["base_url"], prompt_sets[rep], shape))
                         row = {"arm": arm, "repeat": rep, "shape": shape[0], "loadavg": os.getloadavg()[0], **fig}
                         with open(a.out, "a") as f:
                             f.write(json.dumps(row) + "\n")

@@ -34,6 +34,11 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     assert all(c["t_end"] >= c["t_start"] and c["step"] for c in r["calls"])  # the call log, for replay
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["records"] == 1 and metrics["run"]["requests"] > 0 and "parse_error_rate" in metrics
+    assert "server" in metrics["run"]  # the server's own view (/metrics): prefix-cache hit rate, queueing vs prefill
+    ident = json.loads((out / "identity.json").read_text())["models"]["clinical"]
+    assert ident["argv"] and ident["engine"].startswith("vllm")  # the vLLM command line and version
+    if ident.get("device") == "cpu":  # the serving settings and the machine they ran on
+        assert ident["serve_settings"]["cpu_threads_bind_resolved"] and ident["machine"]["usable_cpus"]
     # a re-run of the same command resumes: nothing recomputed
     proc = cli(*args, check=True)
     metrics = json.loads((out / "metrics.json").read_text())

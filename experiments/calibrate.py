@@ -261,7 +261,9 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
     cases = data["cases"]
     if not cases:
         raise DataError(f"{labels}: no case with a dermatologist count")
-    alias = judge.partition("@")[0]
+    from serving.refs import ModelRef
+
+    alias = ModelRef.parse(judge, where="--judge-model").alias
     completion = (alias == "embedded") if completion is None else completion
     pairs = sorted({(e, c["gold"]) for c in cases for e in c["trials"]})
     t0 = time.perf_counter()

@@ -11,7 +11,6 @@ from typing import List, Optional
 
 import typer
 
-from models.errors import MedstackError
 
 HELP = {
     "nlu": "dialogue history + last exchange -> the patient turn's NLU (intents, slots) as JSON",
@@ -46,8 +45,6 @@ def _command(task: str):
             "training": {"max_steps": max_steps, "epochs": epochs, "early_stopping_patience": early_stopping_patience},
         }
         overrides = merge_overrides(strip_none(overrides), parse_assignments(set_))
-        if not data.exists():
-            raise MedstackError(f"--data {data}: file does not exist")
         recipe = load_recipe(config or default_config(base), overrides)
 
         from finetune.sft import train

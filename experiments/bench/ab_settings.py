@@ -3,7 +3,7 @@
     python -m experiments.bench.ab_settings --arms auto,bind,bind+iomp --repeats 3 --out runs/ab.jsonl
 
 Starts one server per arm (``--parallel`` of them alive at a time, idle while another is
-measured), then interleaves: repeat 1 of every arm, repeat 2 of every arm, ... (new prompts each repeat) Each round
+measured), then interleaves: repeat 1 of every arm, repeat 2 of every arm, ..., with new prompts each repeat. Each round
 measures three shapes on the same server: 1 request (64 in / 64 out), 32 concurrent
 (64 in / 64 out) and long prompts (8 concurrent, 512 in / 32 out). One JSON line per
 (arm, repeat, shape); ``--summarize FILE`` prints medians and spreads.

@@ -198,7 +198,8 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
         records.append({
             "id": f"{cid}/t{k}", "case_id": cid, "trial": k, "specialty": data.get("category") or data.get("specialty") or case.get("specialty") or "unknown",
             "dataset": data.get("dataset") or case.get("dataset"), "source": path.name, "model": name, "roles": {"clinical": name},
-            "correct_answer": correct, "choices": choices, "transcript": transcript, "stop_reason": infer_stop(transcript),
+            "correct_answer": correct, "choices": choices, "transcript": transcript,
+            "stop_reason": None,  # import_folder infers it once the release's turn cap is known
             "n_doctor_turns": doctor_turns(transcript), "summary": trial.get("summarized_conversation"),
             "answers": answers, "correct": main.get("correct"), "correct_metric": "multiturn.mcq",
             "parse_errors": [f"{f}.mcq: unparsed choice" for f, d in answers.items() if d.get("mcq", {}).get("parsed_by") == "unparsed"],

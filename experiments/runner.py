@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from experiments.config import ConfigError, RunSettings
 from experiments.results import RunDir
+from experiments.runlock import RunLock
 from experiments.study import CaseContext, RequestFailed, Study
 from models.errors import DataError, MedstackError
 from serving import server_metrics
@@ -103,6 +104,11 @@ async def run_study(study: Study, settings: RunSettings, cases: list[dict] | Non
                     resume_command: str | None = None, client=None, log=print) -> RunOutcome:
     if cases is None:
         settings, cases = prepare_run(study, settings)
+    with RunLock(settings.out):  # one process per results directory; a second one is refused at once (exit 2)
+        return await _run_locked(study, settings, cases, api_key=api_key, resume_command=resume_command, client=client, log=log)
+
+
+async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *, api_key, resume_command, client, log) -> RunOutcome:
     prompt_files = study.prompts.file_hashes() if study.prompts else {}
     rundir = RunDir(settings.out, settings.model_dump(mode="json"), prompt_files=prompt_files)
     case_ids = [str(c["id"]) for c in cases]

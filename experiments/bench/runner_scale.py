@@ -1,0 +1,226 @@
+"""`medstack bench --runner-scale`: our own cost at paper scale (SPEC 8), the model's time taken out.
+
+A CRAFT-MD-shaped workload — by default 10,000 case-trials (2,000 synthetic cases x 5 trials),
+all four formats, MCQ and FRQ, the real CRAFT-MD protocol (``experiments.craftmd.protocol``:
+turns that wait for the previous turn, prompts that grow, ~35 calls per case-trial) — is run
+through the real runner (``experiments.runner.run_study``), the real :class:`LLMClient` with its
+SQLite response cache, and a real results directory, against the stand-in endpoint of
+``instant_endpoint.py`` (a separate process that answers at once). Measured, in this process:
+
+- calls/s sustained (requests the client sent / wall seconds of the run);
+- CPU ms per call (this process's user + system CPU time / calls);
+- peak RSS (``ru_maxrss``) after the run, and after the resume;
+- size of ``records.jsonl`` and of the cache file (+ its WAL);
+- seconds to resume the finished directory (the same ``run_study`` again: every case-trial done);
+- seconds to compute the metrics (``study.metrics`` + ``summary`` over the finished records).
+
+The synthetic cases are CRAFT-MD-shaped (a ~650-character vignette like the published case set's,
+four choices, a question, a specialty); nothing is read from a data set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from experiments.craftmd.run import CONFIGS, CraftmdStudy, units_for
+from experiments.craftmd.settings import CraftSettings
+from experiments.config import load_settings
+from models.errors import MedstackError
+
+SPECIALTIES = ("Dermatology", "Cardiology", "Neurology", "Gastroenterology", "Pulmonology", "Endocrinology")
+VIGNETTE = ("A {age}-year-old patient presents with complaint number {i}: a {days}-day history of symptoms that began "
+            "gradually and have worsened over the last few days. The patient reports intermittent discomfort, mild fatigue "
+            "and poor sleep, and denies recent travel or sick contacts. Past history includes seasonal allergies; there are "
+            "no regular medicines. On examination the temperature is 37.{t} C, pulse {pulse}/min and blood pressure "
+            "12{bp}/8{bp} mmHg. Findings localised to the affected area are described in detail by the examining clinician, "
+            "with no lymphadenopathy. Laboratory studies, including a complete blood count, are within normal limits.")
+
+
+def synthetic_cases(n: int) -> list[dict]:
+    """n CRAFT-MD-shaped cases (the fields ``experiments.craftmd.data.load_csv`` produces)."""
+    out = []
+    for i in range(n):
+        choices = [f"Condition {(i + k) % 40}" for k in range(4)]
+        out.append({"case_id": f"case_{i}", "vignette": VIGNETTE.format(age=20 + i % 60, i=i, days=2 + i % 25, t=i % 10, pulse=60 + i % 40, bp=i % 10),
+                    "question": "What is the most likely diagnosis?", "question_source": "synthetic", "choices": choices,
+                    "answer": choices[i % 4], "answer_index": i % 4, "specialty": SPECIALTIES[i % len(SPECIALTIES)],
+                    "dataset": "synthetic", "source": f"synthetic:{i}"})
+    return out
+
+
+class RunnerScaleStudy(CraftmdStudy):
+    """CRAFT-MD over synthetic cases: the paper run's call pattern, for measuring the runner."""
+
+    name = "craftmd-runner-scale"
+
+    def __init__(self, case_trials: int):
+        self.case_trials = case_trials
+
+    def prepare(self, s: CraftSettings) -> CraftSettings:
+        return s.model_copy(update={"name": s.name or "instant"})
+
+    def load_cases(self, s: CraftSettings) -> list[dict]:
+        n_cases = -(-self.case_trials // s.trials)
+        return units_for(synthetic_cases(n_cases), s.trials)[: self.case_trials]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class InstantEndpoint:
+    """The stand-in endpoint as a child process (so its CPU is not counted as ours)."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "InstantEndpoint":
+        self.proc = subprocess.Popen([sys.executable, "-m", "experiments.bench.instant_endpoint", "--port", str(self.port)],
+                                     cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise MedstackError(f"the instant endpoint exited at start: {self.proc.stderr.read().decode()[-500:]}")
+            try:
+                urllib.request.urlopen(self.base_url + "/models", timeout=2).read()
+                return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__()
+        raise MedstackError(f"the instant endpoint did not answer on {self.base_url} within 60 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _size_mb(*paths: Path) -> float:
+    return round(sum(p.stat().st_size for p in paths if p.exists()) / 1e6, 1)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def scale_settings(out: Path, url: str, trials: int, concurrency: int) -> CraftSettings:
+    """The paper config (all formats, MCQ + FRQ, 14-turn cap, sampled turns), every role on the stand-in."""
+    ref = f"instant@{url}"
+    return load_settings(CraftSettings, CONFIGS / "paper.yaml", {
+        "out": str(out), "trials": trials, "concurrency": concurrency, "data": "synthetic",
+        "roles": {r: ref for r in ("clinical", "patient", "grader", "summarizer")}})
+
+
+async def _run(study, settings, cache_path: Path, url: str, log):
+    from experiments.runner import prepare_run, run_study
+    from serving.cache import ResponseCache
+    from serving.client import Endpoint, LLMClient
+
+    settings, cases = prepare_run(study, settings)
+    ep = Endpoint(url, "instant", f"instant@{url}")
+    cache = ResponseCache(cache_path)
+    client = LLMClient({r: ep for r in study.roles}, concurrency=settings.concurrency, timeout=settings.timeout,
+                       retries=settings.retries, cache=cache)
+    try:
+        outcome = await run_study(study, settings, cases, client=client, log=log)
+    finally:
+        await client.aclose()
+        cache.close()
+    return outcome, client.usage_summary()["total"]
+
+
+def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Path, profile: Path | None = None, log=print) -> dict:
+    """Run the workload once (fresh directory), then resume it; the figures of SPEC 8."""
+    if out.exists() and any(out.iterdir()):
+        raise MedstackError(f"--out {out} is not empty: the scale benchmark needs a fresh directory")
+    out.mkdir(parents=True, exist_ok=True)
+    rundir, cache_path = out / "run", out / "cache.sqlite"
+    study = RunnerScaleStudy(case_trials)
+    row: dict = {"case_trials": case_trials, "trials": trials, "concurrency": concurrency, "load_before": _load()}
+    with InstantEndpoint() as ep:
+        settings = scale_settings(rundir, ep.base_url, trials, concurrency)
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+        cpu0, t0 = _cpu(), time.perf_counter()
+        outcome, usage = asyncio.run(_run(study, settings, cache_path, ep.base_url, log))
+        wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
+        if prof:
+            prof.disable()
+            prof.dump_stats(str(profile))
+        row.update({"load_after_run": _load(), "finished": outcome.finished, "failed": outcome.failed, "calls": usage["requests"],
+                    "cache_hits": usage["cache_hits"], "wall_s": round(wall, 1), "calls_per_s": round(usage["requests"] / wall, 1),
+                    "cpu_ms_per_call": round(1000 * cpu / max(1, usage["requests"]), 2), "calls_per_case_trial": round(usage["requests"] / case_trials, 1),
+                    "peak_rss_mb_run": round(_rss_mb()), "records_mb": _size_mb(rundir / "records.jsonl"),
+                    "cache_mb": _size_mb(cache_path, cache_path.with_name(cache_path.name + "-wal"))})
+        t0 = time.perf_counter()
+        again, _ = asyncio.run(_run(study, settings, cache_path, ep.base_url, log))
+        row["resume_s"] = round(time.perf_counter() - t0, 2)
+        row["resume_ran_cases"] = again.metrics["run"]["cases_run"]
+    from experiments.results import load_run
+
+    records = load_run(rundir)["records"]
+    t0 = time.perf_counter()
+    metrics = study.metrics(records, settings)
+    study.summary(metrics, settings)
+    row["metrics_s"] = round(time.perf_counter() - t0, 2)
+    row["peak_rss_mb"] = round(_rss_mb())
+    row["load_end"] = _load()
+    return row
+
+
+COLUMNS = [("case_trials", "case-trials"), ("calls", "calls"), ("calls_per_case_trial", "calls/case-trial"), ("wall_s", "wall s"),
+           ("calls_per_s", "calls/s"), ("cpu_ms_per_call", "CPU ms/call"), ("peak_rss_mb_run", "peak RSS MB (run)"),
+           ("peak_rss_mb", "peak RSS MB (all)"), ("records_mb", "records.jsonl MB"), ("cache_mb", "cache MB"),
+           ("resume_s", "resume s"), ("metrics_s", "metrics s"), ("load_before", "load (1/5/15 min) before"), ("load_after_run", "load after run")]
+
+
+def table(row: dict) -> str:
+    lines = ["| figure | value |", "|---|---|"] + [f"| {label} | {row.get(key)} |" for key, label in COLUMNS]
+    return "\n".join(lines)
+
+
+def run_scale(case_trials: int, trials: int, concurrency: int, out: Path | None, profile: bool, log=print) -> dict:
+    out = out or Path("runs/bench") / f"runner-scale-{case_trials}-{time.strftime('%Y%m%d-%H%M%S')}"
+    row = measure(case_trials, trials=trials, concurrency=concurrency, out=out, profile=(out / "profile.pstats") if profile else None, log=log)
+    row["git_commit"] = _git()
+    (out / "runner-scale.json").write_text(json.dumps(row, indent=2))
+    md = table(row)
+    (out / "runner-scale.md").write_text(md + "\n")
+    print(md)
+    log(f"written to {out}")
+    return row
+
+
+def _git() -> str | None:
+    from experiments.results import git_commit
+
+    return git_commit()

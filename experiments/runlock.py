@@ -1,0 +1,83 @@
+"""One process per results directory (SPEC 8): an exclusive lock held for the whole run.
+
+``with RunLock(out):`` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``<out>/.medstack.lock`` and
+writes who holds it (host, pid, start time, command line) into the file. A second process on the
+same directory is refused at once with :class:`RunDirInUse` (exit 2), naming the holder. The
+kernel drops a flock when its holder dies (kill -9 included), so a lock file left behind by a
+dead process is simply taken over: its stale contents are overwritten. flock is not reliable on
+some network file systems (old NFS); there, run one process per results directory by hand.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from experiments.results import ResultsError
+
+LOCK_NAME = ".medstack.lock"
+
+
+class RunDirInUse(ResultsError):
+    """Another live process holds the results directory."""
+
+
+def _holder(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on a results directory; released on exit (and by the kernel on death)."""
+
+    def __init__(self, out: str | Path):
+        self.dir = Path(out)
+        self.path = self.dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ResultsError(f"--out {self.dir} is a file, not a results directory")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunDirInUse(self._refusal()) from None
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "since_unix": round(time.time(), 3), "command": " ".join(sys.argv)}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def _refusal(self) -> str:
+        h = _holder(self.path)
+        pid, host = h.get("pid", "?"), h.get("host", "?")
+        wait = f"`tail --pid={pid} -f /dev/null` on {host} waits for it" if pid != "?" else "wait for it"
+        return (f"results directory {self.dir} is in use by another medstack process: pid {pid} on host {host}, "
+                f"since {h.get('since', '?')}" + (f" ({h['command']})" if h.get("command") else "") + ". "
+                f"Wait until it ends ({wait}; the same command then resumes), or pass another --out")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

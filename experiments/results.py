@@ -111,6 +111,9 @@ class RunDir:
         """Drop a torn final line left by a kill mid-write."""
         if not self.records_path.exists():
             return
+        with open(self.records_path, "rb") as f:  # the usual case, read without loading a paper-scale file
+            if f.seek(0, os.SEEK_END) == 0 or (f.seek(-1, os.SEEK_END) >= 0 and f.read(1) == b"\n"):
+                return
         data = self.records_path.read_bytes()
         if not data or data.endswith(b"\n"):
             return
@@ -121,18 +124,39 @@ class RunDir:
     def records(self) -> list[dict]:
         return read_jsonl(self.records_path) if self.records_path.exists() else []
 
-    def latest(self) -> dict[str, dict]:
-        """id -> the last record written for it (a case run again after a failure has two lines)."""
-        return {str(r[self.id_key]): r for r in self.records()}
+    def latest(self, *, drop: tuple[str, ...] = ()) -> dict[str, dict]:
+        """id -> the last record written for it (a case run again after a failure has two lines).
+
+        ``drop``: keys left out of every record as it is read (e.g. ``calls``, the call log and the bulk of
+        a record), so that a paper-scale file is never held in memory whole."""
+        out: dict[str, dict] = {}
+        for r in self._scan():
+            for key in drop:
+                r.pop(key, None)
+            out[str(r[self.id_key])] = r
+        return out
+
+    def statuses(self) -> dict[str, str | None]:
+        """id -> the status of its last record, read line by line (what resuming needs)."""
+        return {str(r[self.id_key]): r.get("status") for r in self._scan()}
+
+    def _scan(self):
+        if self.records_path.exists():
+            for _, r in iter_jsonl(self.records_path, objects=False):
+                yield r
 
     def done_ids(self) -> set[str]:
         """Ids whose last record is not a failure."""
         return {i for i, r in self.latest().items() if r.get("status") != "failed"}
 
     def append(self, record: dict) -> None:
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        self.append_many([record])
+
+    def append_many(self, records: list[dict]) -> None:
+        """Append records, one line each, with one fsync for all of them (durable when this returns)."""
+        lines = "".join(json.dumps(record, ensure_ascii=False, default=str) + "\n" for record in records)
         with open(self.records_path, "a", encoding="utf-8") as f:
-            f.write(line)
+            f.write(lines)
             f.flush()
             os.fsync(f.fileno())
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from experiments.config import ConfigError, RunSettings
+from experiments.recordwriter import RecordWriter
 from experiments.results import RunDir
 from experiments.runlock import RunLock
 from experiments.study import CaseContext, RequestFailed, Study
@@ -112,9 +113,9 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     prompt_files = study.prompts.file_hashes() if study.prompts else {}
     rundir = RunDir(settings.out, settings.model_dump(mode="json"), prompt_files=prompt_files)
     case_ids = [str(c["id"]) for c in cases]
-    latest = rundir.latest()
-    done = {i for i in case_ids if i in latest and latest[i].get("status") != "failed"}
-    retry = [i for i in case_ids if i in latest and latest[i].get("status") == "failed"]
+    status = rundir.statuses()
+    done = {i for i in case_ids if i in status and status[i] != "failed"}
+    retry = [i for i in case_ids if status.get(i) == "failed"]
     todo = [c for c in cases if str(c["id"]) not in done]
     if done or retry:
         log(f"resuming {rundir.path}: {len(done)} case(s) already finished" + (f", {len(retry)} failed last time and run again" if retry else ""))
@@ -135,7 +136,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
         stats["server"] = {u: server_metrics.summary(before[u], server_metrics.scrape(u)) for u in urls if before[u]}
 
-    latest = rundir.latest()
+    latest = rundir.latest(drop=("calls",))  # metrics never read the call log, the bulk of every record
     records = [latest[i] for i in case_ids if i in latest]
     finished = [r for r in records if r.get("status") != "failed"]
     failed = [r for r in records if r.get("status") == "failed"]
@@ -151,6 +152,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
 
 async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> dict:
     sem = asyncio.Semaphore(settings.concurrency)
+    writer = RecordWriter(rundir, getattr(client, "cache", None))  # the record after its answers are committed; grouped fsyncs
     state = {"finished": 0, "failed": 0, "not_started": 0, "consecutive": 0, "stopped": False}
 
     async def one(case: dict, progress: Progress, task) -> None:
@@ -176,7 +178,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             record["calls"] = ctx.calls
             record["usage"] = ctx.usage()
             record["seconds"] = round(time.perf_counter() - t0, 3)
-            rundir.append(record)
+            await writer.append(record)
             progress.advance(task)
             if state["consecutive"] >= settings.max_consecutive_failures and not state["stopped"]:
                 state["stopped"] = True

@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
+import httpx2
 import openai
 
 from models.errors import MedstackError
@@ -211,20 +212,24 @@ class LLMClient:
             params["seed"] = gen.seed
         if gen.stop:
             params["stop"] = list(gen.stop)
-        sdk = self._sdk(ep)
+        # The SDK's documented plain `post` (its retry, timeout and error classes as before) with the body as is:
+        # `chat.completions.create` walks every message through the SDK's typed-dict transform first, which cost
+        # ~20 ms of CPU per call on a 35-message conversation (measured by `medstack bench --runner-scale --profile`).
+        body = {**params, ("messages" if kind == "chat" else "prompt"): content}
+        resp = await self._sdk(ep).post("/chat/completions" if kind == "chat" else "/completions", cast_to=httpx2.Response, body=body)
+        data = resp.json()
+        choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
         if kind == "chat":
-            resp = await sdk.chat.completions.create(messages=content, **params)
-            texts = [c.message.content or "" for c in resp.choices]
+            texts = [(c.get("message") or {}).get("content") or "" for c in choices]
         else:
-            resp = await sdk.completions.create(prompt=content, **params)
-            texts = [c.text or "" for c in resp.choices]
-        u = resp.usage
+            texts = [c.get("text") or "" for c in choices]
+        u = data.get("usage") or {}
         return ChatResult(
             texts=texts,
-            prompt_tokens=u.prompt_tokens if u else 0,
-            completion_tokens=u.completion_tokens if u else 0,
+            prompt_tokens=u.get("prompt_tokens") or 0,
+            completion_tokens=u.get("completion_tokens") or 0,
             latency=time.perf_counter() - t0,
-            finish_reasons=[c.finish_reason or "" for c in resp.choices],
+            finish_reasons=[c.get("finish_reason") or "" for c in choices],
         )
 
     def usage_summary(self) -> dict:

@@ -8,7 +8,7 @@ keys. Validation errors name the file and the key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -52,7 +52,7 @@ class RunSettings(BaseModel):
     data: str | None = None
     out: str | None = None
     limit: int | None = Field(None, ge=1)
-    concurrency: int = Field(32, ge=1)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 32  # "auto": by device (experiments/concurrency.py)
     timeout: float = Field(600.0, gt=0)
     retries: int = Field(5, ge=0)
     seed: int = 0

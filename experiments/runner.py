@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from experiments.concurrency import resolve_concurrency
 from experiments.config import ConfigError, RunSettings
 from experiments.recordwriter import RecordWriter
 from experiments.results import RunDir
@@ -87,7 +88,8 @@ def prepare_run(study: Study, settings: RunSettings) -> tuple[RunSettings, list[
     """Everything that can be checked without a model: settings, roles, cases. Raises MedstackError."""
     roles = resolve_roles(study, settings)
     settings = study.prepare(settings.model_copy(update={"roles": roles}))
-    settings = settings.model_copy(update={"out": settings.out or default_out(study, roles)})
+    settings = settings.model_copy(update={"out": settings.out or default_out(study, roles),
+                                           "concurrency": resolve_concurrency(settings.concurrency)})
     return settings, load_checked_cases(study, settings)
 
 

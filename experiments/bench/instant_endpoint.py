@@ -18,7 +18,8 @@ conversation runs a realistic number of turns:
 - ``usage`` counts tokens as characters / 4 (prompt: every message's content), like a real
   tokenizer's order of magnitude, so token accounting runs on realistic numbers.
 
-Run: ``python -m experiments.bench.instant_endpoint --port 8130`` (binds 127.0.0.1). Endpoints:
+Run: ``python -m experiments.bench.instant_endpoint --port 8130 [--delay-ms 200]`` (binds 127.0.0.1;
+``--delay-ms`` holds every answer that long, for tests that need a run to stay in flight). Endpoints:
 ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``; anything else 404.
 """
 
@@ -90,9 +91,16 @@ def _response(kind: str, body: dict) -> dict:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens(text) * n, "total_tokens": prompt_tokens + tokens(text) * n}}
 
 
+DELAY_S = 0.0  # --delay-ms: a fixed wait before each answer (a slow endpoint, for tests that need a run in flight)
+
+
 async def app(scope, receive, send):  # a bare ASGI app: no framework cost on the endpoint's side
     if scope["type"] != "http":
         return
+    if DELAY_S:
+        import asyncio
+
+        await asyncio.sleep(DELAY_S)
     body = b""
     while True:
         msg = await receive()
@@ -116,7 +124,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="An OpenAI-compatible stand-in that answers instantly (benchmarks of our own cost).")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="wait this long before every answer (default: none)")
     a = ap.parse_args()
+    global DELAY_S
+    DELAY_S = a.delay_ms / 1000
     import uvicorn
 
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning", access_log=False, http="httptools", loop="uvloop")

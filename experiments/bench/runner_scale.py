@@ -82,13 +82,15 @@ def free_port() -> int:
 class InstantEndpoint:
     """The stand-in endpoint as a child process (so its CPU is not counted as ours)."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, delay_ms: float = 0.0):
         self.port = port or free_port()
+        self.delay_ms = delay_ms
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "InstantEndpoint":
-        self.proc = subprocess.Popen([sys.executable, "-m", "experiments.bench.instant_endpoint", "--port", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "experiments.bench.instant_endpoint", "--port", str(self.port),
+                                      "--delay-ms", str(self.delay_ms)],
                                      cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 60
         while time.time() < deadline:

@@ -1,0 +1,38 @@
+"""``concurrency: auto``: cases (and requests) in flight chosen by the device this machine serves from.
+
+- GPU (``nvidia-smi -L`` lists N GPUs): 256 x N. One vLLM replica per GPU is saturated at about 256
+  sequences in flight (``max-num-seqs`` 256, the setting of the published 8B/H100 throughput figure we
+  use); a CRAFT-MD case-trial has one call in flight while it converses and up to eight while it is
+  asked, so 256 case-trials per replica keep its batch full (derivation: experiments/bench/README.md,
+  "Paper scale on a GPU").
+- CPU: 16, what the 2-vCPU machine this was measured on sustains without queueing longer than a call.
+
+``auto`` looks at THIS machine. Against a server elsewhere (``ALIAS@URL``), give a number.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+AUTO_PER_GPU = 256
+AUTO_CPU = 16
+
+
+def gpu_count() -> int:
+    if os.environ.get("MEDSTACK_FORCE_CPU") == "1" or not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+
+
+def resolve_concurrency(value: int | str, gpus: int | None = None) -> int:
+    """An integer stays as it is; ``auto`` becomes 256 per GPU, or 16 without one."""
+    if value != "auto":
+        return int(value)
+    n = gpu_count() if gpus is None else gpus
+    return AUTO_PER_GPU * n if n > 0 else AUTO_CPU

@@ -124,26 +124,37 @@ class RunDir:
     def records(self) -> list[dict]:
         return read_jsonl(self.records_path) if self.records_path.exists() else []
 
-    def latest(self, *, drop: tuple[str, ...] = ()) -> dict[str, dict]:
+    def latest(self, *, drop: tuple[str, ...] = (), start: int = 0) -> dict[str, dict]:
         """id -> the last record written for it (a case run again after a failure has two lines).
 
         ``drop``: keys left out of every record as it is read (e.g. ``calls``, the call log and the bulk of
-        a record), so that a paper-scale file is never held in memory whole."""
+        a record), so that a paper-scale file is never held in memory whole. ``start``: read only the lines
+        from this byte offset on (a size taken earlier: what was appended since)."""
         out: dict[str, dict] = {}
-        for r in self._scan():
+        for r in self._scan(start):
             for key in drop:
                 r.pop(key, None)
             out[str(r[self.id_key])] = r
         return out
 
-    def statuses(self) -> dict[str, str | None]:
-        """id -> the status of its last record, read line by line (what resuming needs)."""
-        return {str(r[self.id_key]): r.get("status") for r in self._scan()}
+    def size(self) -> int:
+        return self.records_path.stat().st_size if self.records_path.exists() else 0
 
-    def _scan(self):
-        if self.records_path.exists():
+    def _scan(self, start: int = 0):
+        if not self.records_path.exists():
+            return
+        if not start:
             for _, r in iter_jsonl(self.records_path, objects=False):
                 yield r
+            return
+        with open(self.records_path, "rb") as f:
+            f.seek(start)
+            for line in f:
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise DataError(f"{self.records_path}: a line after byte {start} is not valid JSON ({e.msg})") from None
 
     def done_ids(self) -> set[str]:
         """Ids whose last record is not a failure."""

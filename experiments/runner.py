@@ -115,9 +115,10 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     prompt_files = study.prompts.file_hashes() if study.prompts else {}
     rundir = RunDir(settings.out, settings.model_dump(mode="json"), prompt_files=prompt_files)
     case_ids = [str(c["id"]) for c in cases]
-    status = rundir.statuses()
-    done = {i for i in case_ids if i in status and status[i] != "failed"}
-    retry = [i for i in case_ids if status.get(i) == "failed"]
+    # one pass over the file, without the call logs (the bulk of every record); the end of the run reads only what it appended
+    known, offset = rundir.latest(drop=("calls",)), rundir.size()
+    done = {i for i in case_ids if i in known and known[i].get("status") != "failed"}
+    retry = [i for i in case_ids if i in known and known[i].get("status") == "failed"]
     todo = [c for c in cases if str(c["id"]) not in done]
     if done or retry:
         log(f"resuming {rundir.path}: {len(done)} case(s) already finished" + (f", {len(retry)} failed last time and run again" if retry else ""))
@@ -138,7 +139,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
         stats["server"] = {u: server_metrics.summary(before[u], server_metrics.scrape(u)) for u in urls if before[u]}
 
-    latest = rundir.latest(drop=("calls",))  # metrics never read the call log, the bulk of every record
+    latest = {**known, **rundir.latest(drop=("calls",), start=offset)}  # metrics never read the call log
     records = [latest[i] for i in case_ids if i in latest]
     finished = [r for r in records if r.get("status") != "failed"]
     failed = [r for r in records if r.get("status") == "failed"]

@@ -16,7 +16,7 @@ import asyncio
 import ipaddress
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from urllib.parse import urlparse
 
 import httpx2
@@ -75,7 +75,7 @@ class GenConfig:
     stop: tuple[str, ...] | None = None
 
     def replace(self, **kw) -> "GenConfig":
-        return GenConfig(**{**asdict(self), **kw})
+        return replace(self, **kw)
 
 
 @dataclass
@@ -98,7 +98,13 @@ class ChatResult:
         return self.error is None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return shallow_dict(self)
+
+
+def shallow_dict(obj) -> dict:
+    """A dataclass's fields as a dict, values shared (``asdict`` deep-copies every value: ~0.3 ms a call at
+    paper scale for what is serialised at once)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 @dataclass
@@ -160,7 +166,7 @@ class LLMClient:
     async def _request(self, kind: str, content, role: str, gen: GenConfig) -> ChatResult:
         ep = self.endpoint(role)
         cacheable = self.cache is not None and (gen.temperature == 0 or gen.seed is not None)
-        key = request_key({"kind": kind, "model": ep.identity, "content": content, "gen": asdict(gen)}) if cacheable else None
+        key = request_key({"kind": kind, "model": ep.identity, "content": content, "gen": shallow_dict(gen)}) if cacheable else None
         usage = self.usage[role]
         if key:
             hit = self.cache.get(key)

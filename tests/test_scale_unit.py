@@ -120,3 +120,16 @@ def test_runner_scale_benchmark_small(tmp_path):
     db.close()
     assert keys and keys <= stored  # every answer a record refers to is in the cache
     assert json.loads((tmp_path / "b" / "runner-scale.json").read_text())["calls_per_s"] > 0
+
+
+def test_cache_key_unchanged_by_shallow_gen_dict():
+    """Existing caches stay valid: the key built from the shallow field dict equals the one from asdict."""
+    from dataclasses import asdict
+
+    from serving.cache import request_key
+    from serving.client import GenConfig, shallow_dict
+
+    g = GenConfig(temperature=0.7, stop=("\nA:", "B"), seed=5)
+    payload = {"kind": "chat", "model": "m", "content": [{"role": "user", "content": "x"}]}
+    assert request_key({**payload, "gen": shallow_dict(g)}) == request_key({**payload, "gen": asdict(g)})
+    assert g.replace(seed=9) == GenConfig(temperature=0.7, stop=("\nA:", "B"), seed=9)

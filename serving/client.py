@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -117,6 +118,8 @@ class Usage:
     seconds: float = 0.0
 
 
+POOL_CONNECTIONS = 16  # requests in flight per SDK client (connection pool); more pools above that
+
 RETRYABLE = (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError, openai.RateLimitError)
 
 
@@ -144,14 +147,18 @@ class LLMClient:
         self.backoff = backoff
         self.cache = cache
         self._sem = asyncio.Semaphore(concurrency)
-        self._clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}
+        self._clients: dict[tuple[str, str, int], openai.AsyncOpenAI] = {}
+        # several SDK clients (connection pools) per endpoint, used in turn: httpcore scans every connection of
+        # its pool for each request, so one pool of `concurrency` connections costs O(concurrency) per call
+        self._pools = max(1, -(-concurrency // POOL_CONNECTIONS))
+        self._turn = itertools.count()
         self.usage: dict[str, Usage] = defaultdict(Usage)
 
     def endpoint(self, role: str) -> Endpoint:
         return self.endpoints.get(role) or self.endpoints["default"]
 
     def _sdk(self, ep: Endpoint) -> openai.AsyncOpenAI:
-        key = (ep.base_url, ep.api_key)
+        key = (ep.base_url, ep.api_key, next(self._turn) % self._pools)
         if key not in self._clients:
             # retries are ours (with logging and backoff), so the SDK's are off
             self._clients[key] = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, timeout=self.timeout, max_retries=0)

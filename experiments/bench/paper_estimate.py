@@ -144,7 +144,7 @@ def case_trial_calls(tpl: dict, shape: dict, turns: int) -> list[tuple[str, floa
     return calls
 
 
-def estimate(tpl: dict, shape: dict, throughput: dict = THROUGHPUT, replicas=(1, 2, 4, 8)) -> dict:
+def estimate(tpl: dict, shape: dict, throughput: dict = THROUGHPUT, replicas=(1, 2, 4, 8), measured_hit: float | None = None) -> dict:
     lo, hi = math.floor(shape["turns_mean"]), math.ceil(shape["turns_mean"])
     w = shape["turns_mean"] - lo  # the mean number of turns, as a mix of the two nearest whole numbers
     per = {"calls": 0.0, "prompt": 0.0, "uncached": 0.0, "output": 0.0}
@@ -156,6 +156,11 @@ def estimate(tpl: dict, shape: dict, throughput: dict = THROUGHPUT, replicas=(1,
             per["output"] += weight * output
     total = {k: v * CASE_TRIALS for k, v in per.items()}
     gpu_s = total["uncached"] / throughput["prefill_tok_s"] + total["output"] / throughput["decode_tok_s"]
+    # bounds: the prefix-cache hit rate a real server reports may be lower than the model's (evictions, a turn
+    # routed to another replica, 16-token blocks): the same run at a given hit rate, and with none
+    bounds = {}
+    for h in ([measured_hit] if measured_hit is not None else []) + [0.0]:
+        bounds[f"{round(100 * h)} % cached"] = round(((1 - h) * total["prompt"] / throughput["prefill_tok_s"] + total["output"] / throughput["decode_tok_s"]) / 3600, 2)
     rows = []
     for n in replicas:
         wall = gpu_s / n
@@ -163,7 +168,17 @@ def estimate(tpl: dict, shape: dict, throughput: dict = THROUGHPUT, replicas=(1,
                      "concurrency": throughput["batch"] * n})
     return {"case_trials": CASE_TRIALS, "per_case_trial": {k: round(v, 1) for k, v in per.items()},
             "total": {k: round(v) for k, v in total.items()}, "prefix_cache_saving": round(1 - total["uncached"] / total["prompt"], 3),
-            "gpu_seconds": round(gpu_s), "replicas": rows, "throughput": throughput, "shape": shape, "templates": tpl}
+            "gpu_seconds": round(gpu_s), "gpu_hours_if": bounds, "replicas": rows, "throughput": throughput, "shape": shape, "templates": tpl}
+
+
+def _measured_hit(run_dir: str) -> float | None:
+    """The prefix-cache hit rate the run's server reported (metrics.json run.server), if any."""
+    try:
+        servers = json.loads((Path(run_dir) / "metrics.json").read_text())["run"].get("server") or {}
+    except (OSError, ValueError, KeyError):
+        return None
+    rates = [s.get("prefix_cache_hit_rate") for s in servers.values() if s.get("prefix_cache_hit_rate") is not None]
+    return rates[0] if rates else None
 
 
 def markdown(e: dict) -> str:
@@ -172,6 +187,7 @@ def markdown(e: dict) -> str:
              "|---|---|---|---|---|---|",
              f"| {e['case_trials']:,} | {t['calls']:,} | {t['prompt']:,} | {t['uncached']:,} ({100 * e['prefix_cache_saving']:.0f} % cached) "
              f"| {t['output']:,} | {e['gpu_seconds'] / 3600:.2f} h |", "",
+             "GPU time (1 H100) at a lower prefix-cache hit rate: " + "; ".join(f"{k}: {v} h" for k, v in e["gpu_hours_if"].items()), "",
              "| replicas (1 H100 each) | wall time | calls/s the runner must sustain | concurrency that keeps them busy |", "|---|---|---|---|"]
     lines += [f"| {r['replicas']} | {r['wall_h']} h | {r['calls_per_s']} | {r['concurrency']} |" for r in e["replicas"]]
     return "\n".join(lines)
@@ -184,7 +200,8 @@ def main() -> None:
     ap.add_argument("--json", help="write the estimate here as JSON")
     a = ap.parse_args()
     shape = published_shape(a.published) if a.published else LLAMA2_SHAPE
-    e = estimate(template_tokens(a.run), shape)
+    hit = _measured_hit(a.run)
+    e = estimate(template_tokens(a.run), shape, measured_hit=hit)
     if a.json:
         Path(a.json).write_text(json.dumps(e, indent=2))
     print(markdown(e))

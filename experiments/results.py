@@ -90,6 +90,7 @@ class RunDir:
         cfg_path = self.path / "config.yaml"
         if cfg_path.exists() and self.records_path.exists():
             old = yaml.safe_load(cfg_path.read_text()) or {}
+            old = {**{k: v for k, v in ADDED_SETTINGS.items() if k in config}, **old}
             old_prompts, new_prompts = old.get("prompt_files") or {}, config.get("prompt_files") or {}
             edited = sorted(n for n in set(old_prompts) | set(new_prompts) if old_prompts.get(n) != new_prompts.get(n))
             if old_prompts and edited:
@@ -150,6 +151,8 @@ class RunDir:
         (self.path / "summary.md").write_text(markdown)
 
 
+# settings added after runs were made: an older config.yaml without them is read with this value (their default then)
+ADDED_SETTINGS = {"answers": "free"}
 # settings that may change between a run and its resumption without changing results
 RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures"}
 

@@ -91,19 +91,19 @@ class RunDir:
         if cfg_path.exists() and self.records_path.exists():
             old = yaml.safe_load(cfg_path.read_text()) or {}
             old = {**{k: v for k, v in ADDED_SETTINGS.items() if k in config}, **old}
-            old_prompts, new_prompts = old.get("prompt_files") or {}, config.get("prompt_files") or {}
-            edited = sorted(n for n in set(old_prompts) | set(new_prompts) if old_prompts.get(n) != new_prompts.get(n))
-            if old_prompts and edited:
-                raise ResultsError(
-                    f"{self.path} was run with other prompt text: {', '.join(edited)} changed since; "
-                    "resuming would mix prompt versions. Use another --out, or restore the prompt file"
-                )
             keys = sorted(k for k in set(old) | set(config)
                           if k not in RESUME_IGNORED and k != "prompt_files" and old.get(k) != config.get(k))
             if keys:
                 raise ResultsError(
                     f"{self.path} holds a run with different settings ({', '.join(keys)}); "
                     "use another --out, or delete the folder to start over"
+                )
+            old_prompts, new_prompts = old.get("prompt_files") or {}, config.get("prompt_files") or {}
+            edited = sorted(n for n in set(old_prompts) | set(new_prompts) if old_prompts.get(n) != new_prompts.get(n))
+            if old_prompts and edited:
+                raise ResultsError(
+                    f"{self.path} was run with other prompt text: {', '.join(edited)} changed since; "
+                    "resuming would mix prompt versions. Use another --out, or restore the prompt file"
                 )
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 

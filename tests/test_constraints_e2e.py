@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,6 +22,13 @@ from serving.client import Endpoint, GenConfig, LLMClient
 
 pytestmark = pytest.mark.e2e
 FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def server(request):
+    """The shared test server (MEDSTACK_TEST_SERVER, used as is: no adapter is loaded into it) or the session's own."""
+    url = os.environ.get("MEDSTACK_TEST_SERVER")
+    return {"base_url": url} if url else request.getfixturevalue("embedded_server")
 
 
 def _client(server) -> LLMClient:
@@ -42,21 +50,21 @@ def _ask(server, kind, content, constraint, gen):
     return asyncio.run(go())
 
 
-def test_choice_constraint_mcq_answer_is_one_of_the_choices(embedded_server):
+def test_choice_constraint_mcq_answer_is_one_of_the_choices(server):
     choices = ["Plaque psoriasis", "Atopic dermatitis", "Tinea corporis", "Lichen planus"]
     prompt = render("ask_mcq", context="A 30-year-old woman has silvery scaly plaques on both elbows and pitted nails.",
                     question="What is the most likely diagnosis?", choice_a=choices[0], choice_b=choices[1], choice_c=choices[2], choice_d=choices[3])
     c = CRAFT.constraint("ask_mcq", choices=choices)
-    r, entry = _ask(embedded_server, "completion", prompt, c, GenConfig(temperature=0.7, max_tokens=24, seed=1))
+    r, entry = _ask(server, "completion", prompt, c, GenConfig(temperature=0.7, max_tokens=24, seed=1))
     assert entry["gen"]["structured"] == {"choice": choices} and entry["format_ok"] == [True]
     assert r.text in choices
 
 
-def test_regex_constraint_dera_researcher_reply_is_tagged(embedded_server):
+def test_regex_constraint_dera_researcher_reply_is_tagged(server):
     c = DERA.constraint("summarize_researcher")
     prompt = ("You review a summary of a doctor-patient chat. Point out one problem as [RESPONSE: \"your message\"], "
               "or write [STOP] if there is none.\nSummary: Pertinent Positives: cough for three days.\n")
-    r, entry = _ask(embedded_server, "chat", [{"role": "user", "content": prompt}], c, GenConfig(temperature=0.0, max_tokens=120))
+    r, entry = _ask(server, "chat", [{"role": "user", "content": prompt}], c, GenConfig(temperature=0.0, max_tokens=120))
     assert entry["gen"]["structured"] == {"regex": c.spec}
     if entry["finish_reasons"] == ["stop"]:  # the model closed the tag: the whole reply obeys the regex
         assert c.check(r.text) and entry["format_ok"] == [True]
@@ -65,11 +73,11 @@ def test_regex_constraint_dera_researcher_reply_is_tagged(embedded_server):
         assert entry["texts"][0].startswith(('[RESPONSE: "', "[STOP")) and r.text == "" and entry["format_ok"] == [False]
 
 
-def test_json_schema_constraint_gptf1_verification_numbers(embedded_server):
+def test_json_schema_constraint_gptf1_verification_numbers(server):
     c = DERA.constraint("gptf1_verify", n=3)
     prompt = DERA.render("gptf1_verify", snippet="Cough and fever for two days, no chest pain.", list_a="cough, fever, chest pain",
                          list_b="1. cough\n2. fever\n3. rash")
-    r, entry = _ask(embedded_server, "completion", prompt + "\n", c, GenConfig(temperature=0.0, max_tokens=40))
+    r, entry = _ask(server, "completion", prompt + "\n", c, GenConfig(temperature=0.0, max_tokens=40))
     assert entry["gen"]["structured"] == {"json": c.spec}
     if entry["finish_reasons"] == ["stop"]:
         value = json.loads(r.text)

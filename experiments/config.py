@@ -62,6 +62,9 @@ class RunSettings(BaseModel):
     max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
     roles: dict[str, str] = {}
     lora: dict[str, str] = {}  # adapter name -> peft adapter dir, served for the study's model under test
+    # SPEC 9: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
+    # format (prompts/constraints.yaml) is sent with vLLM structured outputs. Named in every results file and table.
+    answers: Literal["free", "constrained"] = "free"
 
 
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:

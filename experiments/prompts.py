@@ -4,6 +4,11 @@ Templates use ``string.Template`` placeholders (``$name`` or ``${name}``; ``$$``
 dollar sign). A missing value is an error naming the template and the placeholder. Each record
 stores the hashes of the templates it used, and a results directory stores the hash of every
 file in the folder, so a resumed run never mixes prompt versions silently.
+
+A step whose reply has a fixed format declares it beside its template, in the folder's
+``constraints.yaml`` (template name -> constraint; see experiments/constraints.py):
+``PromptSet.constraint(name, **values)`` returns it (None: a free-text step). It is sent only in
+runs with ``answers: constrained``, whose results directory then pins the file's hash too.
 """
 
 from __future__ import annotations
@@ -52,6 +57,26 @@ class PromptSet:
 
     def hashes(self, names) -> dict[str, str]:
         return {n: self.hash(n) for n in sorted(set(names))}
+
+    @lru_cache(maxsize=None)
+    def declarations(self) -> dict:
+        from experiments.constraints import DECLARATION_FILE, read_declarations
+
+        return read_declarations(self.folder / DECLARATION_FILE)
+
+    def constraint(self, name: str, **values):
+        """The declared output format of template ``name`` (a Constraint), or None for a free-text step."""
+        from experiments.constraints import build
+
+        decl = self.declarations().get(name[:-4] if name.endswith(".txt") else name)
+        return build(decl, values, f"{self.folder.name}/constraints.yaml: {name}") if decl else None
+
+    def constraint_file_hash(self) -> dict[str, str]:
+        """{constraints.yaml: hash} when the folder declares constraints (pinned by constrained runs)."""
+        from experiments.constraints import DECLARATION_FILE
+
+        path = self.folder / DECLARATION_FILE
+        return {DECLARATION_FILE: _sha(path.read_text(encoding="utf-8"))} if path.exists() else {}
 
     def file_hashes(self) -> dict[str, str]:
         """Every template file in the folder -> hash (what a results directory pins)."""

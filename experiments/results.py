@@ -90,19 +90,20 @@ class RunDir:
         cfg_path = self.path / "config.yaml"
         if cfg_path.exists() and self.records_path.exists():
             old = yaml.safe_load(cfg_path.read_text()) or {}
-            old_prompts, new_prompts = old.get("prompt_files") or {}, config.get("prompt_files") or {}
-            edited = sorted(n for n in set(old_prompts) | set(new_prompts) if old_prompts.get(n) != new_prompts.get(n))
-            if old_prompts and edited:
-                raise ResultsError(
-                    f"{self.path} was run with other prompt text: {', '.join(edited)} changed since; "
-                    "resuming would mix prompt versions. Use another --out, or restore the prompt file"
-                )
+            old = {**{k: v for k, v in ADDED_SETTINGS.items() if k in config}, **old}
             keys = sorted(k for k in set(old) | set(config)
                           if k not in RESUME_IGNORED and k != "prompt_files" and old.get(k) != config.get(k))
             if keys:
                 raise ResultsError(
                     f"{self.path} holds a run with different settings ({', '.join(keys)}); "
                     "use another --out, or delete the folder to start over"
+                )
+            old_prompts, new_prompts = old.get("prompt_files") or {}, config.get("prompt_files") or {}
+            edited = sorted(n for n in set(old_prompts) | set(new_prompts) if old_prompts.get(n) != new_prompts.get(n))
+            if old_prompts and edited:
+                raise ResultsError(
+                    f"{self.path} was run with other prompt text: {', '.join(edited)} changed since; "
+                    "resuming would mix prompt versions. Use another --out, or restore the prompt file"
                 )
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
@@ -185,6 +186,8 @@ class RunDir:
         (self.path / "summary.md").write_text(markdown)
 
 
+# settings added after runs were made: an older config.yaml without them is read with this value (their default then)
+ADDED_SETTINGS = {"answers": "free"}
 # settings that may change between a run and its resumption without changing results
 RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures"}
 

@@ -31,7 +31,7 @@ from experiments.config import ConfigError, RunSettings
 from experiments.recordwriter import RecordWriter
 from experiments.results import RunDir
 from experiments.runlock import RunLock
-from experiments.study import CaseContext, RequestFailed, Study
+from experiments.study import CaseContext, RequestFailed, Study, call_formats, format_stats
 from models.errors import DataError, MedstackError
 from serving import server_metrics
 from serving.refs import ModelRef
@@ -113,6 +113,8 @@ async def run_study(study: Study, settings: RunSettings, cases: list[dict] | Non
 
 async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *, api_key, resume_command, client, log) -> RunOutcome:
     prompt_files = study.prompts.file_hashes() if study.prompts else {}
+    if settings.answers == "constrained" and study.prompts:  # the declared formats shape a constrained run's answers
+        prompt_files.update(study.prompts.constraint_file_hash())
     rundir = RunDir(settings.out, settings.model_dump(mode="json"), prompt_files=prompt_files)
     case_ids = [str(c["id"]) for c in cases]
     # one pass over the file, without the call logs (the bulk of every record); the end of the run reads only what it appended
@@ -124,7 +126,9 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         log(f"resuming {rundir.path}: {len(done)} case(s) already finished" + (f", {len(retry)} failed last time and run again" if retry else ""))
 
     async with _open(settings, study, api_key, client, log) as (client, identities):
-        rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles})
+        if settings.answers == "constrained":  # an endpoint without structured outputs: exit 2 before any case runs
+            await client.check_structured_outputs(list(settings.roles) or None)
+        rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
         before = {u: server_metrics.scrape(u) for u in urls}
         t0 = time.perf_counter()
@@ -146,9 +150,11 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     not_started = len(case_ids) - len(records)
     metrics = study.metrics(finished, settings)
     metrics["case_status"] = {"total": len(case_ids), "finished": len(finished), "failed": len(failed), "not_started": not_started}
+    metrics["answers"] = settings.answers
+    metrics["answer_formats"] = format_stats(finished)
     metrics["run"] = stats
     rundir.write_metrics(metrics)
-    summary = study.summary(metrics, settings).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command)
+    summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command)
     rundir.write_summary(summary)
     return RunOutcome(rundir.path, metrics, summary, len(finished), len(failed), not_started)
 
@@ -163,7 +169,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             if state["stopped"]:
                 state["not_started"] += 1
                 return
-            ctx = CaseContext(client, case["id"], settings.seed)
+            ctx = CaseContext(client, case["id"], settings.seed, answers=settings.answers)
             t0 = time.perf_counter()
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
@@ -179,6 +185,9 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 record = {"id": case["id"], "status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
                 state["failed"] += 1
             record["calls"] = ctx.calls
+            formats = call_formats(ctx.calls)  # kept beside the call log: metrics are computed without it
+            if formats["calls"]:
+                record["answer_formats"] = formats
             record["usage"] = ctx.usage()
             record["seconds"] = round(time.perf_counter() - t0, 3)
             await writer.append(record)
@@ -192,6 +201,34 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
         task = progress.add_task(study.name, total=len(todo))
         await asyncio.gather(*(one(c, progress, task) for c in todo))
     return state
+
+
+def answers_identity(study: Study, settings: RunSettings) -> dict:
+    """identity.json's account of the answer mode: the mode and, when constrained, the declarations file used."""
+    out: dict = {"mode": settings.answers}
+    if settings.answers == "constrained" and study.prompts:
+        out["declarations"] = {str(study.prompts.folder / name): h for name, h in study.prompts.constraint_file_hash().items()}
+        out["request_field"] = "structured_outputs"
+    return out
+
+
+def answers_line(metrics: dict) -> str:
+    """The line every summary.md carries under its title: the answer mode and how many replies kept their format."""
+    mode = metrics.get("answers", "free")
+    f = metrics.get("answer_formats") or {}
+    text = (f"**answers: {mode}** — " + ("steps with a fixed format were decoded under vLLM structured outputs (SPEC 9)"
+                                        if mode == "constrained" else "free text parsed afterwards (the papers' protocol)"))
+    if f.get("replies"):
+        text += (f"; replies of fixed-format steps in their declared format: {f['replies_in_format']} of {f['replies']}"
+                 + (" (the others were cut at max_tokens or a stop string: counted as format errors below)" if mode == "constrained" else ""))
+    return text + "."
+
+
+def with_answers_line(summary: str, metrics: dict) -> str:
+    """``summary`` with :func:`answers_line` after its title line (or first, when it has no title)."""
+    lines = summary.split("\n")
+    at = 1 if lines and lines[0].startswith("#") else 0
+    return "\n".join(lines[:at] + ["", answers_line(metrics)] + lines[at:] if at else [answers_line(metrics), ""] + lines)
 
 
 def _report_endpoint_down(n: int, identities: dict, log) -> None:

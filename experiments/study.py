@@ -19,6 +19,27 @@ for), so ``medstack bench --replay`` can replay a run. A call that failed after 
 retries raises :class:`RequestFailed`: the case is then recorded as failed, never scored.
 Sampled calls get a seed derived from (run seed, case id, step, occurrence), which makes them
 cacheable: a killed run replays every answered call from the cache and continues mid-conversation.
+
+Constrained answers (SPEC 9, setting ``answers: free | constrained``, default ``free``): one
+mechanism for every study, here. A step whose reply has a fixed format declares that format once,
+beside its prompt template, in the study's ``prompts/constraints.yaml`` (template name ->
+``{choice | regex | json | grammar: spec}``, ``$name`` placeholders filled at the call; see
+experiments/constraints.py), and passes it with its call::
+
+    c = PROMPTS.constraint("ask_mcq", choices=case["choices"])    # None for a free-text template
+    r = await ctx.chat(messages, role="clinical", gen=gen, step="vignette_mcq", constraint=c)
+
+With ``answers: constrained`` the context sends it as vLLM's ``structured_outputs`` field (it is
+then in the request, in the cache key and in the call log entry: ``gen.structured`` and
+``constraint``); with ``free`` nothing is sent and the step runs as the paper did. Free-text
+steps (conversation turns, summaries) declare nothing and are never constrained. In both modes
+every reply of a declared step is checked against its format (``format_ok`` on the entry: the
+whole reply matches and was not cut at max_tokens), so the two modes can be compared. Under
+``constrained``, a reply that still breaks its format (cut at max_tokens, or a stop string) is
+handed to the step as an empty reply (the raw text stays in the call log), so every study's own
+parser counts it as a format error and nothing crashes. The runner probes each endpoint once
+before a constrained run (an endpoint without structured outputs is an error, exit 2) and names
+the mode in config.yaml, identity.json, metrics.json and summary.md.
 """
 
 from __future__ import annotations
@@ -29,7 +50,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dataclasses import replace
+
 from experiments.config import RunSettings
+from experiments.constraints import Constraint
 from experiments.prompts import PromptSet
 from serving.client import ChatResult, GenConfig, LLMClient
 
@@ -55,32 +79,39 @@ def call_seed(base: int, case_id: str, key: str) -> int:
 class CaseContext:
     """One case's access to the models, and the log of every call it made."""
 
-    def __init__(self, client: LLMClient, case_id: str, seed: int = 0):
+    def __init__(self, client: LLMClient, case_id: str, seed: int = 0, answers: str = "free"):
         self.client = client
         self.case_id = str(case_id)
         self.seed = seed
+        self.answers = answers  # free | constrained (RunSettings.answers)
         self.calls: list[dict] = []
         self._occurrences: Counter = Counter()
         self._last_finished: int | None = None
 
-    async def chat(self, messages: list[dict], *, role: str, gen: GenConfig, step: str) -> ChatResult:
-        return await self._call("chat", messages, role, gen, step)
+    async def chat(self, messages: list[dict], *, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None) -> ChatResult:
+        return await self._call("chat", messages, role, gen, step, constraint)
 
-    async def complete(self, prompt: str, *, role: str, gen: GenConfig, step: str) -> ChatResult:
-        return await self._call("completion", prompt, role, gen, step)
+    async def complete(self, prompt: str, *, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None) -> ChatResult:
+        return await self._call("completion", prompt, role, gen, step, constraint)
 
-    async def _call(self, kind: str, content: Any, role: str, gen: GenConfig, step: str) -> ChatResult:
+    async def _call(self, kind: str, content: Any, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None) -> ChatResult:
         n = self._occurrences[step]
         self._occurrences[step] += 1
         key = f"{step}#{n}"
         if gen.temperature > 0:  # sampled: a per-call seed makes it reproducible and cacheable
             gen = gen.replace(seed=call_seed(self.seed, self.case_id, key))
+        applied = constraint if constraint is not None and self.answers == "constrained" else None
+        if applied is not None:
+            gen = gen.replace(structured=applied.request_json())
         entry: dict = {"index": len(self.calls), "role": role, "step": step, "kind": kind,
                        ("messages" if kind == "chat" else "prompt"): content,
                        "gen": {"temperature": gen.temperature, "top_p": gen.top_p, "max_tokens": gen.max_tokens,
                                "frequency_penalty": gen.frequency_penalty, "n": gen.n,
-                               "stop": list(gen.stop) if gen.stop else None, "seed": gen.seed},
+                               "stop": list(gen.stop) if gen.stop else None, "seed": gen.seed,
+                               **({"structured": applied.request()} if applied is not None else {})},
                        "after": self._last_finished, "t_start": round(time.time(), 3)}
+        if constraint is not None:
+            entry["constraint"] = {**constraint.log(), "applied": applied is not None}
         self.calls.append(entry)
         send = self.client.chat if kind == "chat" else self.client.complete
         result = await send(content, role=role, gen=gen)
@@ -90,6 +121,10 @@ class CaseContext:
         self._last_finished = entry["index"]
         if not result.ok:
             raise RequestFailed(step, role, result.error or "no answer")
+        if constraint is not None:
+            entry["format_ok"] = format_ok(constraint, result)
+            if applied is not None and not all(entry["format_ok"]):  # cut at max_tokens / a stop: no answer, counted by the step's parser
+                result = replace(result, texts=[t if ok else "" for t, ok in zip(result.texts, entry["format_ok"])])
         return result
 
     def usage(self) -> dict:
@@ -105,6 +140,46 @@ class CaseContext:
                 u["completion_tokens"] += c.get("completion_tokens") or 0
                 u["seconds"] = round(u["seconds"] + (c.get("latency") or 0.0), 3)
         return out
+
+
+def format_ok(constraint: Constraint, result: ChatResult) -> list[bool]:
+    """Per completion: the reply obeys the declared format (whole reply) and was not cut at max_tokens."""
+    reasons = list(result.finish_reasons) + [""] * (len(result.texts) - len(result.finish_reasons))
+    return [reason != "length" and constraint.check(text) is not False for text, reason in zip(result.texts, reasons)]
+
+
+def format_stats(records: list[dict]) -> dict:
+    """Replies of steps with a declared format and how many obeyed it, per step kind: from each record's
+    ``answer_formats`` (written by the runner with the record) or, for older records, from its call log."""
+    out: dict = {"calls": 0, "constrained_calls": 0, "replies": 0, "replies_in_format": 0, "by_template": {}}
+    for r in records:
+        part = r.get("answer_formats") or (call_formats(r.get("calls") or []) if r.get("calls") else None)
+        if not part:
+            continue
+        for k in ("calls", "constrained_calls", "replies", "replies_in_format"):
+            out[k] += part.get(k, 0)
+        for name, t in (part.get("by_template") or {}).items():
+            mine = out["by_template"].setdefault(name, {"replies": 0, "in_format": 0})
+            mine["replies"] += t["replies"]
+            mine["in_format"] += t["in_format"]
+    return out
+
+
+def call_formats(calls: list[dict]) -> dict:
+    """One case's call log -> its format counts (the shape :func:`format_stats` sums)."""
+    out: dict = {"calls": 0, "constrained_calls": 0, "replies": 0, "replies_in_format": 0, "by_template": {}}
+    for c in calls:
+        if not c.get("constraint") or "format_ok" not in c:
+            continue
+        out["calls"] += 1
+        out["constrained_calls"] += int(bool(c["constraint"].get("applied")))
+        t = out["by_template"].setdefault(c["constraint"].get("declared_by") or c["step"], {"replies": 0, "in_format": 0})
+        for ok in c["format_ok"]:
+            out["replies"] += 1
+            out["replies_in_format"] += int(ok)
+            t["replies"] += 1
+            t["in_format"] += int(ok)
+    return out
 
 
 class Study:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import itertools
+import json
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -30,6 +31,14 @@ from serving.cache import ResponseCache, request_key
 
 class RemoteEndpointError(MedstackError):
     """A base URL that is not on this machine, without --allow-remote."""
+
+
+class StructuredOutputsUnsupported(MedstackError):
+    """An endpoint that rejects or ignores vLLM's `structured_outputs` field, in a run with answers: constrained."""
+
+
+# the probe of a constrained run: a reply no model writes unasked, forced by a choice constraint
+PROBE_CHOICE = "zq7"
 
 
 LOCAL_HOSTS = {"localhost", "localhost.localdomain"}
@@ -74,9 +83,19 @@ class GenConfig:
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] | None = None
+    # vLLM structured outputs: the JSON of the `structured_outputs` request field ({"choice"|"regex"|"json"|"grammar": ...}),
+    # set by CaseContext for a step with a declared format in runs with `answers: constrained`; None = free text
+    structured: str | None = None
 
     def replace(self, **kw) -> "GenConfig":
         return replace(self, **kw)
+
+    def key_fields(self) -> dict:
+        """The fields of the cache key; ``structured`` only when set, so free-text keys are those of earlier versions."""
+        out = shallow_dict(self)
+        if out["structured"] is None:
+            del out["structured"]
+        return out
 
 
 @dataclass
@@ -173,7 +192,7 @@ class LLMClient:
     async def _request(self, kind: str, content, role: str, gen: GenConfig) -> ChatResult:
         ep = self.endpoint(role)
         cacheable = self.cache is not None and (gen.temperature == 0 or gen.seed is not None)
-        key = request_key({"kind": kind, "model": ep.identity, "content": content, "gen": shallow_dict(gen)}) if cacheable else None
+        key = request_key({"kind": kind, "model": ep.identity, "content": content, "gen": gen.key_fields()}) if cacheable else None
         usage = self.usage[role]
         if key:
             hit = self.cache.get(key)
@@ -225,6 +244,8 @@ class LLMClient:
             params["seed"] = gen.seed
         if gen.stop:
             params["stop"] = list(gen.stop)
+        if gen.structured:  # vLLM >= 0.12: `structured_outputs` (the removed guided_* fields are ignored silently)
+            params["structured_outputs"] = json.loads(gen.structured)
         # The SDK's documented plain `post` (its retry, timeout and error classes as before) with the body as is:
         # `chat.completions.create` walks every message through the SDK's typed-dict transform first, which cost
         # ~20 ms of CPU per call on a 35-message conversation (measured by `medstack bench --runner-scale --profile`).
@@ -244,6 +265,37 @@ class LLMClient:
             latency=time.perf_counter() - t0,
             finish_reasons=[c.get("finish_reason") or "" for c in choices],
         )
+
+    async def check_structured_outputs(self, roles=None) -> list[dict]:
+        """Probe every endpoint once (one short greedy request per endpoint, never cached) with a choice
+        constraint whose only choice no model writes unasked; raise StructuredOutputsUnsupported naming the
+        endpoint when it refuses the field or answers something else (a server that ignores the field).
+        An endpoint that does not answer at all is left to the run's own failure policy."""
+        seen, report = set(), []
+        for role in roles or list(self.endpoints):
+            ep = self.endpoint(role)
+            if (ep.base_url, ep.model) in seen:
+                continue
+            seen.add((ep.base_url, ep.model))
+            gen = GenConfig(temperature=0.0, max_tokens=8, structured=json.dumps({"choice": [PROBE_CHOICE]}))
+            where = f"{ep.base_url} (model {ep.model}, role {role})"
+            refusals = []
+            for kind, content in (("chat", [{"role": "user", "content": "Reply with one word."}]), ("completion", "One word:")):
+                async with self._sem:
+                    r = await self._send_with_retries(kind, content, ep, gen)
+                if not (r.error and r.error.startswith("HTTP")):
+                    break
+                refusals.append(f"{kind}: {r.error[:240]}")  # e.g. a base model without a chat template: try the other API
+            if refusals and len(refusals) == 2:
+                raise StructuredOutputsUnsupported(
+                    f"answers: constrained needs vLLM structured outputs, and {where} refused a constrained request "
+                    f"({'; '.join(refusals)}). Use a vLLM >= 0.12 server, or --set answers=free")
+            if r.ok and r.text.strip() != PROBE_CHOICE:
+                raise StructuredOutputsUnsupported(
+                    f"answers: constrained needs vLLM structured outputs, and {where} ignored the `structured_outputs` field "
+                    f"(a choice-constrained probe answered {r.text[:60]!r}). Use a vLLM >= 0.12 server, or --set answers=free")
+            report.append({"endpoint": ep.base_url, "model": ep.model, "ok": r.ok, "error": r.error})
+        return report
 
     def usage_summary(self) -> dict:
         out = {role: asdict(u) for role, u in self.usage.items()}

@@ -214,7 +214,7 @@ def test_completion_api_prefills_good():
     class Completer:
         prompt = step = None
 
-        async def complete(self, prompt, role="default", gen=None, step=None):
+        async def complete(self, prompt, role="default", gen=None, step=None, constraint=None):
             Completer.prompt, Completer.step = prompt, step
             return ChatResult(texts=[" kind\nBad: slow\nSummary: ok\nRating: 4"])
 

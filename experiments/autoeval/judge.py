@@ -168,13 +168,16 @@ class JudgeConfig:
     max_note_chars: int = 240
 
 
-async def ask(ctx, prompt: str, cfg: JudgeConfig, gen: GenConfig, step: str) -> tuple[ChatResult, str]:
+async def ask(ctx, prompt: str, cfg: JudgeConfig, gen: GenConfig, step: str, constraint=None) -> tuple[ChatResult, str]:
     """Send one judge prompt through ``ctx`` (a CaseContext: raises RequestFailed when no answer came);
-    return the result and the reply text (with the prefilled ``Good:`` in completion mode)."""
+    return the result and the reply text (with the prefilled ``Good:`` in completion mode).
+    ``constraint``: the step's declared reply format (prompts/constraints.yaml; the context applies it
+    only with ``answers: constrained``); in completion mode the judge continues the prefilled ``Good:``."""
     if cfg.api == "completion":
-        res = await ctx.complete(prompt.rstrip() + "\n\nGood:", role=cfg.role, gen=gen, step=step)
+        res = await ctx.complete(prompt.rstrip() + "\n\nGood:", role=cfg.role, gen=gen, step=step,
+                                 constraint=constraint.continuing("Good:") if constraint else None)
         return res, "Good:" + res.text
-    res = await ctx.chat([{"role": "user", "content": prompt}], role=cfg.role, gen=gen, step=step)
+    res = await ctx.chat([{"role": "user", "content": prompt}], role=cfg.role, gen=gen, step=step, constraint=constraint)
     return res, res.text
 
 
@@ -242,7 +245,7 @@ def rate_prompt(criterion: Criterion, examples: dict[int, Example], explained: d
 async def rate_dialogue(ctx, criterion: Criterion, prompt: str, cfg: JudgeConfig) -> dict:
     """Step (b): one rating. ``rating`` is None (unscored) when the reply has no whole rating 1..5;
     a request that got no answer raises RequestFailed (the runner records the case as failed)."""
-    res, text = await ask(ctx, prompt, cfg, cfg.rate_gen, step="rate")
+    res, text = await ask(ctx, prompt, cfg, cfg.rate_gen, step="rate", constraint=PROMPTS.constraint("rate"))
     notes = parse_notes(text)
     parse_error = "no 'Rating: N' with a whole number 1-5 in the reply" if notes["rating"] is None else None
     return {

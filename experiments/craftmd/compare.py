@@ -30,7 +30,9 @@ def grading_of(run: dict) -> dict:
     metrics = run.get("metrics") or {}
     grades = cfg.get("grades") or metrics.get("grades") or ("published" if cfg.get("imported_from") else "local")
     rule = cfg.get("concurrent_rule") or metrics.get("concurrent_rule") or ("any" if grades == "published" else "zero")
-    return {"grades": grades, "concurrent_rule": rule}
+    # SPEC 9: free text (the papers' protocol; published runs, and local runs from before the setting) or constrained
+    answers = cfg.get("answers") or metrics.get("answers") or "free"
+    return {"grades": grades, "concurrent_rule": rule, "answers": answers}
 
 
 def grading_warnings(runs: list[dict]) -> list[str]:
@@ -40,6 +42,11 @@ def grading_warnings(runs: list[dict]) -> list[str]:
     if len(set(rules.values())) > 1:
         out.append("FRQ accuracies side by side use different concurrent-diagnosis rules (" + ", ".join(f"{n}: {v}" for n, v in rules.items())
                    + "); 'zero' scores an answer naming several diagnoses 0, 'any' scores it 1 when any matches")
+    modes = {r["name"]: r.get("answers", "free") for r in runs}
+    if len(set(modes.values())) > 1:
+        out.append("runs side by side were answered in different modes (" + ", ".join(f"{n}: answers {v}" for n, v in modes.items())
+                   + "); under 'constrained' the MCQ answer and the grader's replies were forced into their formats by vLLM "
+                   "structured outputs, under 'free' they were parsed from free text: differences mix knowledge and format-following")
     grades = {r["name"]: r["grades"] for r in runs}
     if len(set(grades.values())) > 1:
         out.append("FRQ accuracies side by side mix published grades (the authors' grader-AI) and local ones ("
@@ -119,7 +126,7 @@ def compare(paths: list[str]) -> dict:
             tests += table
     return {
         "runs": [{"name": r["name"], "path": r["path"], "records": len(r["records"]), "cases": len({x.get("case_id") for x in r["records"]}),
-                  "grades": r["grades"], "concurrent_rule": r["concurrent_rule"]} for r in runs],
+                  "grades": r["grades"], "concurrent_rule": r["concurrent_rule"], "answers": r["answers"]} for r in runs],
         "warnings": grading_warnings(runs),
         "accuracy": acc_rows,
         "tests": tests,
@@ -132,7 +139,8 @@ def _f(x, nd=3):
 
 
 def summary_markdown(result: dict) -> str:
-    L = ["# CRAFT-MD comparison", "", "Runs: " + ", ".join(f"{r['name']} ({r['cases']} cases, {r['records']} records)" for r in result["runs"]), ""]
+    L = ["# CRAFT-MD comparison", "", "Runs: " + ", ".join(f"{r['name']} ({r['cases']} cases, {r['records']} records, answers: {r.get('answers', 'free')})"
+                                                          for r in result["runs"]), ""]
     L += ["FRQ grading per run: " + "; ".join(f"{r['name']}: {r.get('grades', 'local')} grades, concurrent-diagnosis rule `{r.get('concurrent_rule', 'zero')}`"
                                              for r in result["runs"]), ""]
     for w in result.get("warnings") or []:

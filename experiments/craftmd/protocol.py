@@ -26,13 +26,15 @@ def _gen(settings: CraftSettings, key: str, stop=None) -> GenConfig:
     return settings.sampling[key].gen(stop=stop)
 
 
-async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, step: str, prompt: str, stop=None) -> str:
+async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, step: str, prompt: str, stop=None, constraint=None) -> str:
     """One single-prompt step (answer / grader / summarizer): chat, or a text completion when the
-    step is listed in ``completion_steps`` (then the first non-empty line of the reply is used)."""
+    step is listed in ``completion_steps`` (then the first non-empty line of the reply is used).
+    ``constraint``: the template's declared reply format (prompts/constraints.yaml), applied by the
+    context only with ``answers: constrained``."""
     if key in settings.completion_steps:
-        r = await ctx.complete(prompt, role=role, gen=_gen(settings, key, stop), step=step)
+        r = await ctx.complete(prompt, role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
         return r.text if key == "summarizer" else next((ln.strip() for ln in r.text.splitlines() if ln.strip()), "")
-    r = await ctx.chat([{"role": "user", "content": prompt}], role=role, gen=_gen(settings, key, stop), step=step)
+    r = await ctx.chat([{"role": "user", "content": prompt}], role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
     return r.text
 
 
@@ -140,7 +142,7 @@ def format_context(fmt: str, case: dict, transcript: list[dict], stop_reason: st
 async def ask_mcq(ctx: CaseContext, case, context: str, settings, fmt: str) -> dict:
     c = case["choices"]
     prompt = render("ask_mcq", context=context, question=case_question(case), choice_a=c[0], choice_b=c[1], choice_c=c[2], choice_d=c[3])
-    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", prompt)
+    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", prompt, constraint=PROMPTS.constraint("ask_mcq", choices=list(c)))
     return grading.parse_mcq(text.strip(), c, case["answer_index"])
 
 
@@ -153,13 +155,15 @@ async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fm
     if not answer.strip():
         extracted, status, raw1 = None, "none", None
     else:
-        raw1 = await ask(ctx, settings, "grader", "grader", f"{fmt}_extract", render("grader_extract", answer=answer))
+        raw1 = await ask(ctx, settings, "grader", "grader", f"{fmt}_extract", render("grader_extract", answer=answer),
+                         constraint=PROMPTS.constraint("grader_extract"))
         extracted, status = grading.parse_extraction(raw1)
     rule = settings.concurrent_rule
     replies = {}
     for i, given in enumerate(grading.match_targets(extracted, status, correct, rule)):
         step = f"{fmt}_match" + (f"_{i}" if i else "")
-        replies[given] = await ask(ctx, settings, "grader", "grader", step, render("grader_match", correct=correct, given=given))
+        replies[given] = await ask(ctx, settings, "grader", "grader", step, render("grader_match", correct=correct, given=given),
+                                   constraint=PROMPTS.constraint("grader_match"))
     grade = grading.grade_frq(extracted, status, correct, replies or None, rule)
     raw2 = next(iter(replies.values())) if len(replies) == 1 else (replies or None)
     return {"extracted": extracted, "extraction_status": status, "grader_extract_reply": raw1, "grader_match_reply": raw2,

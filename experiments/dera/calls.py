@@ -51,10 +51,16 @@ class CaseLog:
         self.prompt_hashes: dict[str, str] = {}
 
     async def call(self, step: str, role: str, template: str, sampling: Sampling, *,
-                   history: list | None = None, build: Callable[[list], dict] | None = None, **values) -> ChatResult:
+                   history: list | None = None, build: Callable[[list], dict] | None = None,
+                   constraint_values: dict | None = None, format_of: str | None = None, **values) -> ChatResult:
         """Render ``template`` and send it. With ``history`` + ``build(history_tail) -> values`` the
-        prompt is rebuilt with fewer old messages if it does not fit the model's context."""
+        prompt is rebuilt with fewer old messages if it does not fit the model's context.
+
+        The reply format declared for ``template`` (or for ``format_of``: the final QA answer has the one-shot
+        prompt's format) in prompts/constraints.yaml goes with the call, its placeholders filled from
+        ``constraint_values``; the runner's context applies it only in runs with ``answers: constrained``."""
         self.prompt_hashes[template] = PROMPTS.hash(template)
+        constraint = PROMPTS.constraint(format_of or template, **(constraint_values or {}))
         gen = sampling.gen()
         # vLLM refuses n > 1 with greedy decoding; greedy samples are identical, so ask once and copy.
         copies = gen.n if gen.temperature == 0 and gen.n > 1 else 1
@@ -66,7 +72,7 @@ class CaseLog:
             messages = [{"role": "user", "content": render(template, **values)}]
             start = len(self.ctx.calls)
             try:
-                result = await self.ctx.chat(messages, role=role, gen=send, step=step)
+                result = await self.ctx.chat(messages, role=role, gen=send, step=step, constraint=constraint)
                 break
             except RequestFailed as e:
                 self._note(start, step, template, dropped)

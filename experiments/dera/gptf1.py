@@ -76,7 +76,7 @@ async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: lis
     if not snippet.strip() and not list_a:
         return []
     numbered = "\n".join(f"{i}. {c}" for i, c in enumerate(list_b, 1))
-    r = await log.call(step, "judge", "gptf1_verify", settings.verification,
+    r = await log.call(step, "judge", "gptf1_verify", settings.verification, constraint_values={"n": len(list_b)},
                        snippet=snippet, list_a=", ".join(list_a) or "(none)", list_b=numbered)
     found = extract_indices(r.text, len(list_b)) if r.ok else None
     log.parsed(step, found is not None, r.error or "no concept numbers in reply", r.text)

@@ -78,14 +78,20 @@ def _options_block(q: dict, settings: QASettings) -> str:
     return f"Options: {format_options(q.get('options'))}\n" if settings.mcq else ""
 
 
+def letter_values(q: dict) -> dict:
+    """Placeholder values of the MCQ reply formats (prompts/constraints.yaml): the question's option letters."""
+    letters = sorted((q.get("options") or {}).keys()) or list("ABCDE")
+    return {"letters": letters, "letter_class": "".join(letters)}
+
+
 def _oneshot(q: dict, settings: QASettings) -> tuple[str, dict]:
     if settings.mcq:
         return "qa_oneshot_mcq", {"question": q["question_open"] if not q.get("question") else q["question"], "options": format_options(q["options"])}
     return "qa_oneshot", {"question": q["question_open"]}
 
 
-async def sample_answers(log: CaseLog, step: str, template: str, sampling, settings: QASettings, **values) -> dict:
-    r = await log.call(step, "decider", template, sampling, **values)
+async def sample_answers(log: CaseLog, step: str, template: str, sampling, settings: QASettings, constraint_values=None, **values) -> dict:
+    r = await log.call(step, "decider", template, sampling, constraint_values=constraint_values, **values)
     answers = [answer_from_completion(t, settings.mcq) for t in r.texts]
     for i, a in enumerate(answers):
         log.parsed(f"{step}:{i}", a is not None, r.error or "no answer in completion", r.texts[i] if i < len(r.texts) else "")
@@ -115,7 +121,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
             break
         turn += 1
         d = await log.call(f"decider:{turn}", "decider", decider_template, settings.dialogue, history=transcript, build=history,
-                           question=question, options=format_options(q.get("options")))
+                           constraint_values=letter_values(q), question=question, options=format_options(q.get("options")))
         said = extract_after(d.text, "answer")
         if said and settings.mcq:
             said = extract_choice(said)
@@ -133,7 +139,7 @@ def make_solver(settings: QASettings, model: str, scorer):
 
     async def solve(log: CaseLog, q: dict) -> dict:
         template, values = _oneshot(q, settings)
-        base = await sample_answers(log, "oneshot", template, settings.answer, settings, **values)
+        base = await sample_answers(log, "oneshot", template, settings.answer, settings, constraint_values=letter_values(q), **values)
         opts = _options_block(q, settings)
         question = values["question"]
         ex = await log.call("decider:explain", "decider", "qa_explain", settings.explain,
@@ -145,7 +151,7 @@ def make_solver(settings: QASettings, model: str, scorer):
         def final_history(tail):
             return {"dialogue": dialogue_text(tail), "oneshot": oneshot_prompt}
 
-        final = await sample_answers_with_history(log, settings, dia["transcript"], final_history)
+        final = await sample_answers_with_history(log, settings, dia["transcript"], final_history, template, letter_values(q))
         answers = {"oneshot": base["vote"], "dera": final["vote"]}
         rec = {
             "id": q["id"], "input_id": q["id"], "model": model, "mcq": settings.mcq,
@@ -169,8 +175,11 @@ def _render_oneshot(template: str, values: dict) -> str:
     return render(template, **values)
 
 
-async def sample_answers_with_history(log: CaseLog, settings: QASettings, transcript: list[dict], build) -> dict:
-    r = await log.call("decider:final", "decider", "qa_final", settings.final, history=transcript, build=build)
+async def sample_answers_with_history(log: CaseLog, settings: QASettings, transcript: list[dict], build,
+                                      oneshot_template: str = "qa_oneshot", constraint_values: dict | None = None) -> dict:
+    # the final prompt is the one-shot prompt with the chat as context: its reply has the one-shot's format
+    r = await log.call("decider:final", "decider", "qa_final", settings.final, history=transcript, build=build,
+                       format_of=oneshot_template, constraint_values=constraint_values)
     answers = [answer_from_completion(t, settings.mcq) for t in r.texts]
     for i, a in enumerate(answers):
         log.parsed(f"decider:final:{i}", a is not None, "no answer in completion", r.texts[i])

@@ -1,0 +1,130 @@
+"""Constrained answers against the real vLLM server (embedded model): one test per constraint kind (choice,
+regex, JSON schema), each sent through the runner's CaseContext with answers: constrained exactly as the
+studies send it, and the reply obeys the declared format; the probe passes on a real server; a fake
+endpoint that rejects the field stops a constrained run before any case (exit 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from experiments.craftmd.prompts import PROMPTS as CRAFT
+from experiments.craftmd.prompts import render
+from experiments.dera.prompts import PROMPTS as DERA
+from experiments.study import CaseContext
+from serving.client import Endpoint, GenConfig, LLMClient
+
+pytestmark = pytest.mark.e2e
+FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def server(request):
+    """The shared test server (MEDSTACK_TEST_SERVER, used as is: no adapter is loaded into it) or the session's own."""
+    url = os.environ.get("MEDSTACK_TEST_SERVER")
+    return {"base_url": url} if url else request.getfixturevalue("embedded_server")
+
+
+def _client(server) -> LLMClient:
+    return LLMClient({"default": Endpoint(server["base_url"], "embedded", "embedded-e2e-constraints")}, timeout=300, retries=1)
+
+
+def _ask(server, kind, content, constraint, gen):
+    async def go():
+        client = _client(server)
+        try:
+            await client.check_structured_outputs()  # the real server supports the field: no error
+            ctx = CaseContext(client, "e2e", answers="constrained")
+            send = ctx.chat if kind == "chat" else ctx.complete
+            r = await send(content, role="default", gen=gen, step="e2e", constraint=constraint)
+            return r, ctx.calls[0]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_choice_constraint_mcq_answer_is_one_of_the_choices(server):
+    choices = ["Plaque psoriasis", "Atopic dermatitis", "Tinea corporis", "Lichen planus"]
+    prompt = render("ask_mcq", context="A 30-year-old woman has silvery scaly plaques on both elbows and pitted nails.",
+                    question="What is the most likely diagnosis?", choice_a=choices[0], choice_b=choices[1], choice_c=choices[2], choice_d=choices[3])
+    c = CRAFT.constraint("ask_mcq", choices=choices)
+    r, entry = _ask(server, "completion", prompt, c, GenConfig(temperature=0.7, max_tokens=24, seed=1))
+    assert entry["gen"]["structured"] == {"choice": choices} and entry["format_ok"] == [True]
+    assert r.text in choices
+
+
+def test_regex_constraint_dera_researcher_reply_is_tagged(server):
+    c = DERA.constraint("summarize_researcher")
+    prompt = ("You review a summary of a doctor-patient chat. Point out one problem as [RESPONSE: \"your message\"], "
+              "or write [STOP] if there is none.\nSummary: Pertinent Positives: cough for three days.\n")
+    r, entry = _ask(server, "chat", [{"role": "user", "content": prompt}], c, GenConfig(temperature=0.0, max_tokens=120))
+    assert entry["gen"]["structured"] == {"regex": c.spec}
+    if entry["finish_reasons"] == ["stop"]:  # the model closed the tag: the whole reply obeys the regex
+        assert c.check(r.text) and entry["format_ok"] == [True]
+        assert r.text == "[STOP]" or r.text.startswith('[RESPONSE: "')
+    else:  # cut at max_tokens: still a prefix of the format, handed to the step as no answer (a counted format error)
+        assert entry["texts"][0].startswith(('[RESPONSE: "', "[STOP")) and r.text == "" and entry["format_ok"] == [False]
+
+
+def test_json_schema_constraint_gptf1_verification_numbers(server):
+    c = DERA.constraint("gptf1_verify", n=3)
+    prompt = DERA.render("gptf1_verify", snippet="Cough and fever for two days, no chest pain.", list_a="cough, fever, chest pain",
+                         list_b="1. cough\n2. fever\n3. rash")
+    r, entry = _ask(server, "completion", prompt + "\n", c, GenConfig(temperature=0.0, max_tokens=40))
+    assert entry["gen"]["structured"] == {"json": c.spec}
+    if entry["finish_reasons"] == ["stop"]:
+        value = json.loads(r.text)
+        assert isinstance(value, list) and all(isinstance(i, int) and 1 <= i <= 3 for i in value)
+    else:
+        assert r.text == "" and entry["format_ok"] == [False]
+
+
+class _Rejecting(BaseHTTPRequestHandler):
+    """An OpenAI-shaped endpoint that refuses `structured_outputs` (as a non-vLLM server would) and records requests."""
+
+    seen: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Rejecting.seen.append(body)
+        if "structured_outputs" in body:
+            out, code = {"error": {"message": "Unrecognized request argument supplied: structured_outputs", "type": "invalid_request_error"}}, 400
+        else:
+            out, code = {"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}, 200
+        data = json.dumps(out).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_endpoint_rejecting_structured_outputs_exits_2_before_any_case(cli, tmp_path):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Rejecting)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        proc = cli("run", "dera-qa", "--mcq", "--model", f"embedded@{url}", "--data", str(FIX / "dera" / "medqa_open.jsonl"), "--limit", "1",
+                   "--out", str(tmp_path / "run"), "--set", "answers=constrained", timeout=300)
+    finally:
+        srv.shutdown()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "structured outputs" in proc.stderr and "refused" in proc.stderr and "Traceback" not in proc.stderr
+    assert _Rejecting.seen and all("structured_outputs" in b for b in _Rejecting.seen)  # only the probe went out
+    assert not (tmp_path / "run" / "records.jsonl").exists()

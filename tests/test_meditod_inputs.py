@@ -324,7 +324,7 @@ def test_finetune_dry_run_without_and_with_a_tokenizer(cli, tmp_path):
     rows = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     assert {x["split"] for x in rows} == {"train", "valid"} and all("text" not in x for x in rows)
     assert [m["role"] for m in rows[0]["messages"]] == ["system", "user", "assistant"]
-    assert sum(x["split"] == "train" for x in rows) == 6 and sum(x["split"] == "valid" for x in rows) == 2
+    assert sum(x["split"] == "train" for x in rows) == 4 and sum(x["split"] == "valid" for x in rows) == 1
     r = cli("finetune", "meditod-nlu", "--data", str(FX / "dialogs.json"), "--base", "embedded", "--set", "data.prompt_format=chat",
             "--limit", "2", "--dry-run", "--out", str(out))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -39,6 +39,9 @@ COMMON: dict[str, tuple[Any, Any]] = {
     "allow_remote": (bool, typer.Option(False, "--allow-remote", help="Allow an ALIAS@URL endpoint that is not on this machine.")),
     "api_key": (Optional[str], typer.Option(None, "--api-key", help="API key for ALIAS@URL endpoints (default: $MEDSTACK_API_KEY). Never written to the results.")),
     "lora": (List[str], typer.Option([], "--lora", help="NAME=PATH: a peft LoRA adapter served for the model under test (repeatable).")),
+    "dry_run": (bool, typer.Option(False, "--dry-run", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
+                                   "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
+                                   "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),
 }
 
 
@@ -109,6 +112,11 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
         settings, cases = prepare_run(study, settings)  # every input check happens here, before a server starts
     except UnicodeDecodeError as e:
         raise DataError(f"{settings.data}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
+    if common.get("dry_run"):
+        from experiments.dryrun import dry_run
+
+        asyncio.run(dry_run(study, settings, cases, log=_log))
+        return
     resume = "medstack " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None
     outcome = asyncio.run(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
     typer.echo(outcome.summary.rstrip("\n"))

@@ -32,6 +32,8 @@ def _command(task: str):
         early_stopping_patience: Optional[int] = typer.Option(None, "--early-stopping-patience", help="Stop after P evaluations without a lower valid loss."),
         limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N training samples (smoke runs)."),
         set_: List[str] = typer.Option([], "--set", help="Any recipe key, SECTION.KEY=VALUE (repeatable), e.g. --set lora.r=16 --set training.learning_rate=2e-4."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Train nothing: write OUT/samples.jsonl, one line per training (--limit applies) "
+                                     "and validation sample (split, id, messages; the rendered text when the base's tokenizer is on this machine)."),
     ) -> None:
         from experiments.commands import resolve_data
         from finetune.recipe import default_config, load_recipe, merge_overrides, parse_assignments, strip_none
@@ -46,6 +48,9 @@ def _command(task: str):
         }
         overrides = merge_overrides(strip_none(overrides), parse_assignments(set_))
         recipe = load_recipe(config or default_config(base), overrides)
+        if dry_run:
+            _dry_run(recipe)
+            return
 
         from finetune.sft import train
 
@@ -63,6 +68,19 @@ def _command(task: str):
         f"that vLLM serves (`medstack serve --model BASE --lora {task}=OUT/adapter`)."
     )
     return finetune
+
+
+def _dry_run(recipe) -> None:
+    """The samples training would see, without weights (messages only) or with the base's local tokenizer."""
+    from experiments.meditod.prompts import load_tokenizer
+    from finetune.data import write_samples
+
+    tok = load_tokenizer(recipe.model.base)
+    counts = write_samples(recipe, recipe.out_dir(), tok)
+    how = "messages and rendered text" if tok is not None or recipe.data.prompt_format == "completion" else \
+        f"messages only (no local tokenizer for {recipe.model.base}: the {recipe.data.prompt_format} rendering needs it)"
+    typer.echo(f"dry run: {', '.join(f'{n} {k}' for k, n in counts.items())} samples ({how}) written to "
+               f"{recipe.out_dir() / 'samples.jsonl'}; nothing trained")
 
 
 def register(app=None, run_app=None, score_app=None, import_app=None, data_app=None, finetune_app=None, **_) -> None:

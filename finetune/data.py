@@ -1,14 +1,18 @@
-"""MediTOD prompt/completion datasets for supervised fine-tuning.
+"""MediTOD supervised fine-tuning samples, built as the dataset authors' released code builds them (SPEC 4).
 
-The samples and the prompt are the MediTOD study's own (``experiments.meditod``): a
-training pair is ``(supervised_prompt(task, sample), target_text + eos)``, exactly what
-``medstack run meditod-<task> --mode supervised`` later sends to the server, so training
-and evaluation see the same text. The loss covers the completion tokens only: prompt
-positions get the label -100.
+Samples come from the MediTOD study's own builders (``experiments.meditod.tasks.sft_samples``, the
+authors' per-task windows) and messages (``experiments.meditod.prompts.sft_messages``): system,
+user (``[dialog state]``/``[action]``, ``[dialog history]``, ``[last turn]``, ``[output]`` blocks) and
+assistant ``[answer] <target> [done]``. ``render_sft`` renders them with the base's chat template
+(``chat``) or joins them by newlines (``completion``, for a base without a chat template); the
+evaluation run (``medstack run meditod-<task> --mode supervised``) sends the same rendering up to
+``[answer]``. The loss covers only what follows the response marker ``[answer]``: every token up
+to and including it gets the label -100.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from models.errors import DataError
@@ -16,45 +20,47 @@ from models.errors import DataError
 IGNORE_INDEX = -100
 
 
-def _field(sample, name: str):
-    return sample[name] if isinstance(sample, dict) else getattr(sample, name)
-
-
 def split_file(splits_dir: Path, split: str) -> Path:
     return Path(splits_dir) / f"{split}_ids.json"
 
 
-def load_pairs(dialogs_path: str, splits_dir: str | None, split: str, task: str, *, history_turns: int | None = None) -> list[dict]:
-    """[{id, prompt, completion}] for one split, built with the MediTOD study's builders
-    (``history_turns`` utterances of history; None: the study's default, 4 as in the authors' configs)."""
+def load_pairs(dialogs_path: str, splits_dir: str | None, split: str, task: str, *, history_size: int | None = None) -> list[dict]:
+    """[{id, split, messages}] for one split (``history_size``: the authors' parameter; None = 4, their configs')."""
     from experiments.meditod.data import load_dialogs, load_split_ids
-    from experiments.meditod.prompts import supervised_prompt
-    from experiments.meditod.tasks import build_samples
+    from experiments.meditod.prompts import sft_messages
+    from experiments.meditod.tasks import sft_samples
 
     splits = Path(splits_dir) if splits_dir else Path(dialogs_path).parent
     if not split_file(splits, split).exists():
         raise DataError(f"split {split!r}: {split_file(splits, split)} not found (expected a JSON list of dialog ids)")
     dialogs = load_dialogs(dialogs_path)
-    ids = load_split_ids(splits, split)
-    samples = build_samples(dialogs, ids, task, **({} if history_turns is None else {"history_turns": history_turns}))
+    ids = load_split_ids(splits, split, dialogs=dialogs)
+    samples = sft_samples(dialogs, ids, task, **({} if history_size is None else {"history_size": history_size}))
     if not samples:
         raise DataError(f"split {split!r} ({split_file(splits, split)}): no {task} samples in its dialogues")
-    return [{"id": str(_field(s, "id")), "prompt": supervised_prompt(task, s), "completion": _field(s, "target_text")} for s in samples]
+    return [{"id": s["id"], "split": split, "messages": sft_messages(task, s)} for s in samples]
+
+
+def render_pair(tokenizer, messages: list[dict], prompt_format: str) -> tuple[str, str]:
+    """(text up to and including the response marker, the rest): the loss is taken on the rest only."""
+    from experiments.meditod.prompts import ANSWER, render_sft
+
+    text = render_sft(messages, prompt_format, tokenizer)
+    cut = text.rindex(ANSWER) + len(ANSWER)
+    return text[:cut], text[cut:]
 
 
 def tokenize_pair(tokenizer, prompt: str, completion: str, max_length: int, prompt_format: str = "completion") -> dict:
-    """input_ids = prompt ++ completion ++ eos; labels mask the prompt (-100).
+    """input_ids = prompt ++ completion (++ eos for the completion format); labels mask the prompt (-100).
 
-    Too long: the completion is kept (cut to half the budget at most) and the prompt loses
-    its oldest tokens (the start of the dialogue history), keeping the leading BOS.
+    A chat rendering carries its own special tokens (BOS, end of turn); a completion rendering gets
+    the tokenizer's BOS and an EOS after the answer. Too long: the completion is kept (cut to half the
+    budget at most) and the prompt loses its oldest tokens, keeping the leading BOS.
     """
-    if prompt_format == "chat":
-        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "keys"):
-            prompt_ids = prompt_ids["input_ids"]
-    else:
-        prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    prompt_ids = tokenizer(prompt, add_special_tokens=prompt_format != "chat")["input_ids"]
+    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    if prompt_format != "chat":
+        completion_ids = completion_ids + [tokenizer.eos_token_id]
     truncated = False
     if len(prompt_ids) + len(completion_ids) > max_length:
         truncated = True
@@ -68,13 +74,34 @@ def tokenize_pair(tokenizer, prompt: str, completion: str, max_length: int, prom
 
 
 def build_dataset(pairs: list[dict], tokenizer, max_length: int, prompt_format: str = "completion"):
-    """A `datasets.Dataset` of tokenized pairs (columns input_ids, attention_mask, labels)."""
+    """A `datasets.Dataset` of tokenized samples (columns input_ids, attention_mask, labels)."""
     from datasets import Dataset
 
-    rows = [tokenize_pair(tokenizer, p["prompt"], p["completion"], max_length, prompt_format) for p in pairs]
+    rows = [tokenize_pair(tokenizer, *render_pair(tokenizer, p["messages"], prompt_format), max_length, prompt_format)
+            for p in pairs]
     ds = Dataset.from_list([{k: r[k] for k in ("input_ids", "attention_mask", "labels")} for r in rows])
     ds.info.description = f"truncated={sum(r['truncated'] for r in rows)}"
     return ds
+
+
+def write_samples(recipe, out: Path, tokenizer=None) -> dict:
+    """``finetune --dry-run``: ``out/samples.jsonl``, one line per training (``data.limit`` applied, as in
+    training) and validation sample: split, id, messages, and the rendered ``text`` when a tokenizer is given
+    (always for the completion format). Returns counts per split."""
+    d = recipe.data
+    pairs = load_pairs(d.dialogs, d.splits_dir, d.train_split, d.task, history_size=d.history_size)[: d.limit]
+    if d.valid_split:
+        pairs += load_pairs(d.dialogs, d.splits_dir, d.valid_split, d.task, history_size=d.history_size)
+    out.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, int] = {}
+    with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
+        for p in pairs:
+            row = dict(p)
+            if tokenizer is not None or d.prompt_format == "completion":
+                row["text"] = "".join(render_pair(tokenizer, p["messages"], d.prompt_format))
+            counts[p["split"]] = counts.get(p["split"], 0) + 1
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return counts
 
 
 def dataset_stats(ds) -> dict:

@@ -37,6 +37,8 @@ class ModelSection(_Section):
     """e.g. ``eager`` (recommended for Gemma 3 training) or ``sdpa``; None = transformers' default."""
     load_in_4bit: bool = False
     """QLoRA-style 4-bit NF4 base via bitsandbytes (GPU only; bitsandbytes must be installed)."""
+    double_quant: bool = False
+    """4-bit only: also quantize the quantization constants (the MediTOD authors: off)."""
     gradient_checkpointing: bool = True
     """Paper: on (trades compute for activation memory); the CPU config turns it off."""
 
@@ -75,11 +77,12 @@ class DataSection(_Section):
     valid_split: str | None = "valid"
     """None: no validation loss (and no early stopping)."""
     max_length: int = Field(1024, ge=16, description="prompt + completion tokens; longer prompts lose their oldest history")
-    prompt_format: Literal["completion", "chat"] = "completion"
-    """completion: raw prompt (what `run --mode supervised` sends to /v1/completions); chat: the base's chat template."""
+    prompt_format: Literal["completion", "chat"] = "chat"
+    """chat: the base's chat template (the authors'); completion: the messages joined by newlines (the authors'
+    rendering for a base without a chat template). `run --mode supervised` sends the same rendering."""
     limit: int | None = Field(None, ge=1, description="use at most N training samples (smoke tests)")
-    history_turns: int = Field(4, ge=0, description="dialogue-history utterances in each prompt (the authors' history_size: 4); "
-                               "must match the evaluation run's history_turns")
+    history_size: int = Field(4, ge=2, description="the authors' history_size (4): the window of each sample "
+                              "(experiments/meditod/tasks.py sft_samples)")
 
 
 class TrainingSection(_Section):
@@ -91,6 +94,12 @@ class TrainingSection(_Section):
     per_device_eval_batch_size: int = Field(1, ge=1)
     epochs: float = Field(10.0, gt=0, description="paper: 10 (with early stopping on the valid loss)")
     max_steps: int = Field(-1, description="> 0 overrides epochs")
+    optim: str = "adamw_torch"
+    """transformers optimizer name; the MediTOD authors: adamw_bnb_8bit (bitsandbytes, GPU)."""
+    dataloader_drop_last: bool = False
+    """Drop the last incomplete batch (the MediTOD authors: true)."""
+    group_by_length: bool = False
+    """Batch samples of similar length together (the MediTOD authors: true for POL/NLG)."""
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     logging_steps: int = Field(1, ge=1)

@@ -38,10 +38,11 @@ from models.registry import resolve_weights
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def bnb_4bit_kwargs(compute_dtype: torch.dtype) -> dict:
-    """The QLoRA base: 4-bit NormalFloat weights, double quantization, compute in ``compute_dtype`` (bf16 on GPU)."""
+def bnb_4bit_kwargs(compute_dtype: torch.dtype, double_quant: bool = False) -> dict:
+    """The QLoRA base: 4-bit NormalFloat weights, compute in ``compute_dtype`` (bf16 on GPU); double quantization
+    as the recipe says (the MediTOD authors: off)."""
     return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": compute_dtype,
-            "bnb_4bit_use_double_quant": True}
+            "bnb_4bit_use_double_quant": double_quant}
 
 
 def from_pretrained_kwargs(recipe: Recipe, on_gpu: bool, dtype: torch.dtype) -> dict:
@@ -53,7 +54,7 @@ def from_pretrained_kwargs(recipe: Recipe, on_gpu: bool, dtype: torch.dtype) -> 
     if recipe.model.load_in_4bit:
         from transformers import BitsAndBytesConfig
 
-        kwargs["quantization_config"] = BitsAndBytesConfig(**bnb_4bit_kwargs(dtype))
+        kwargs["quantization_config"] = BitsAndBytesConfig(**bnb_4bit_kwargs(dtype, recipe.model.double_quant))
         from accelerate import PartialState
 
         # the whole 4-bit model on this process's GPU: under DDP each rank loads onto its own (local rank)
@@ -104,8 +105,8 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
 
     # ---- data
     d = recipe.data
-    train_pairs = load_pairs(d.dialogs, d.splits_dir, d.train_split, d.task, history_turns=d.history_turns)[: d.limit]
-    valid_pairs = load_pairs(d.dialogs, d.splits_dir, d.valid_split, d.task, history_turns=d.history_turns) if d.valid_split else []
+    train_pairs = load_pairs(d.dialogs, d.splits_dir, d.train_split, d.task, history_size=d.history_size)[: d.limit]
+    valid_pairs = load_pairs(d.dialogs, d.splits_dir, d.valid_split, d.task, history_size=d.history_size) if d.valid_split else []
 
     # ---- tokenizer
     if weights is None:
@@ -138,6 +139,8 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
         per_device_train_batch_size=t.per_device_train_batch_size, per_device_eval_batch_size=t.per_device_eval_batch_size,
         gradient_accumulation_steps=t.accumulation(world_size()),
         num_train_epochs=t.epochs, max_steps=t.max_steps, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
+        optim=t.optim, dataloader_drop_last=t.dataloader_drop_last,
+        train_sampling_strategy="group_by_length" if t.group_by_length else "random",
         bf16=on_gpu and dtype == torch.bfloat16, fp16=on_gpu and dtype == torch.float16,
         gradient_checkpointing=recipe.model.gradient_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
         logging_steps=t.logging_steps, logging_first_step=True, include_num_input_tokens_seen="non_padding",
@@ -190,7 +193,7 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
         "planned_steps": planned, "early_stopping_patience": t.early_stopping_patience, "stopped_early": stopped_early,
         "best_checkpoint": best_ckpt, "best_step": int(best_ckpt.rsplit("-", 1)[1]) if best_ckpt else None,
         "load_in_4bit": recipe.model.load_in_4bit, "gradient_checkpointing": recipe.model.gradient_checkpointing,
-        "max_length": d.max_length, "history_turns": d.history_turns,
+        "max_length": d.max_length, "history_size": d.history_size, "prompt_format": d.prompt_format,
         "merged": str(merged_dir) if merged_dir else None, "resumed_from": last_checkpoint,
         "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3) if on_gpu else None,
     })

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.meditod.prompts import icl_assistant, icl_user, sft_user
 from experiments.meditod.run import MeditodSettings, MeditodStudy, load_samples
-from experiments.meditod.tasks import compact_json
 from experiments.runner import prepare_run, run_study
 from models.errors import MedstackError
 from tests.scripted import ScriptedLLM, down
@@ -25,9 +25,10 @@ DATA = FX / "dialogs.json"
 def no_tokenizer(monkeypatch):
     """Count prompt tokens with the estimate (loading the model's tokenizer is slow and not under test here)."""
     from experiments.meditod import run as run_mod
-    from experiments.meditod.prompts import estimate_tokens
+    from experiments.meditod.prompts import estimate_message_tokens
 
-    monkeypatch.setattr(run_mod, "token_counter", lambda alias: estimate_tokens)
+    monkeypatch.setattr(run_mod, "token_counter", lambda alias: (lambda text: len(text) // 3 + 1))
+    monkeypatch.setattr(run_mod, "message_counter", lambda alias: estimate_message_tokens)
 
 
 def settings(tmp_path: Path, task: str, **kw) -> MeditodSettings:
@@ -41,31 +42,37 @@ def run(task: str, s: MeditodSettings, client):
     return asyncio.run(run_study(study, s, cases, client=client, log=lambda m: None))
 
 
-def test_input(prompt: str) -> str:
-    """The test turn's input in a prompt (after the in-context exemplars, before 'Output:')."""
-    head, sep, tail = prompt.rpartition("### Now your turn\n")
-    text = tail if sep else prompt.split("\n\n", 1)[1]   # supervised: one instruction line, a blank line, the input
-    return text.rsplit("\nOutput:", 1)[0]
+def test_input(content) -> str:
+    """The test sample's own input: the last user message (in-context), or the user block of the
+    supervised rendering (system line, user block, then "[answer]")."""
+    if isinstance(content, list):
+        return content[-1]["content"]
+    return content.split("\n", 1)[1].rsplit("\n[answer]", 1)[0]
 
 
 test_input.__test__ = False  # a helper, not a test
 
 
-def gold_backend(task: str, fail_ids=(), junk_ids=(), sent=None):
+def gold_backend(task: str, fail_ids=(), junk_ids=(), sent=None, mode="icl"):
     """Answers every turn with its gold output; raises a dead-server error for ``fail_ids``."""
-    samples = {c["sample"]["input_text"]: c["sample"] for c in load_samples(MeditodSettings(task=task, data=str(DATA), k=0))}
+    user = icl_user if mode == "icl" else sft_user
+    samples = {user(task, c["sample"]): c["sample"] for c in load_samples(MeditodSettings(task=task, mode=mode, data=str(DATA), k=0))}
 
-    def respond(role, prompt, gen):
-        sample = samples[test_input(prompt)]
+    def respond(role, content, gen):
+        sample = samples[test_input(content)]
         if sent is not None:
             sent.append(sample["id"])
         if sample["id"] in fail_ids:
             raise down()
         if sample["id"] in junk_ids:
             return "I am not sure."
-        return sample["target_text"]
+        return icl_assistant(task, sample) if mode == "icl" else " " + icl_assistant(task, {"answer": sample["target"]}) + " "
 
     return respond
+
+
+def scored(s: MeditodSettings) -> int:
+    return sum(c["sample"]["scored"] for c in load_samples(s))
 
 
 def records(out: str) -> dict[str, dict]:
@@ -83,7 +90,7 @@ def test_failed_request_is_a_failed_turn_then_resumed(tmp_path, task, key, perfe
     assert recs[bad]["status"] == "failed" and "gave up" in recs[bad]["error"]
     assert all(recs[i]["status"] == "ok" for i in ids if i != bad)
     m = json.loads((Path(s.out) / "metrics.json").read_text())
-    assert m["turns"] == len(ids) - 1 and m[key] == pytest.approx(perfect)       # the failed turn is in no metric
+    assert m["turns"] == scored(s) - 1 and m[key] == pytest.approx(perfect)      # the failed turn is in no metric
     assert m.get("format_errors", 0) == 0                                        # ... and never a format error
     assert m["case_status"]["failed"] == 1
     summary = (Path(s.out) / "summary.md").read_text()
@@ -93,7 +100,8 @@ def test_failed_request_is_a_failed_turn_then_resumed(tmp_path, task, key, perfe
     again = run(task, s, ScriptedLLM(gold_backend(task, sent=sent), roles=("model", "grader")))
     assert again.exit_code == 0 and again.failed == 0 and sent == [bad]          # only the failed turn is asked again
     m = json.loads((Path(s.out) / "metrics.json").read_text())
-    assert m["turns"] == len(ids) and m[key] == pytest.approx(perfect) and m["case_status"]["failed"] == 0
+    assert m["turns"] == scored(s) and m[key] == pytest.approx(perfect) and m["case_status"]["failed"] == 0
+    assert m["requests_not_scored"] == (0 if task == "nlu" else 1)              # POL/NLG: utterance 0 is sent, not scored
     assert records(s.out)[bad]["status"] == "ok"
 
 
@@ -107,29 +115,34 @@ def test_record_shape_prompt_and_format_errors(tmp_path):
     assert r["correct"] == 1 and r["model"] == "embedded" and r["prompt_hash"] and r["prediction"] == r["target"]
     assert r["transcript"][0] == {"agent": "doctor", "content": "Hello, what brings you here today?", "turn": 0}
     assert [c["step"] for c in r["calls"]] == ["predict"] and r["calls"][0]["gen"]["temperature"] == 0.0
-    assert r["calls"][0]["gen"]["stop"] == ["\n\n", "\n###", "\nDialogue history:"]
+    assert r["calls"][0]["kind"] == "chat" and r["calls"][0]["gen"]["stop"] is None
+    assert r["messages"][0]["role"] == "system" and r["messages"][-1]["content"].startswith("[dialog state]\n```\n{")
     junk = recs["301/4"]   # unparseable output: a format error, scored as empty, never a failure
     assert junk["status"] == "ok" and junk["parse_error"] is True and junk["prediction"] is None
     m = outcome.metrics
     assert m["format_errors"] == 1 and m["turns"] == 3 and m["settings"]["mode"] == "icl"
 
 
-def test_icl_exemplars_and_side_by_side_summary(tmp_path):
+def test_icl_exemplars_and_side_by_side_summary(tmp_path, monkeypatch):
+    from experiments.meditod import run as run_mod
+
+    monkeypatch.setattr(run_mod, "context_budget", lambda *a: None)   # no context limit: every exemplar is kept
     sent: list = []
 
-    def respond(role, prompt, gen):
-        sent.append(prompt)
-        return gold_backend("pol")(role, prompt, gen)
+    def respond(role, content, gen):
+        sent.append(content)
+        return gold_backend("pol")(role, content, gen)
 
     s = settings(tmp_path, "pol", k=2, out=str(tmp_path / "runs" / "pol-icl"))
     run("pol", s, ScriptedLLM(respond, roles=("model", "grader")))
-    assert len(sent) == 3 and all(p.count("### Example") == 2 for p in sent)
+    assert len(sent) == 4 and all([m["role"] for m in p].count("assistant") == 2 for p in sent)
     assert all(r["exemplars_kept"] == 2 and len(r["exemplar_ids"]) == 2 for r in records(s.out).values())
     s2 = s.model_copy(update={"mode": "supervised", "k": 0, "out": str(tmp_path / "runs" / "pol-supervised")})
-    run("pol", s2, ScriptedLLM(gold_backend("pol"), roles=("model", "grader")))
+    run("pol", s2, ScriptedLLM(gold_backend("pol", mode="supervised"), roles=("model", "grader")))
     summary = (Path(s2.out) / "summary.md").read_text()
     assert "| metric | supervised (embedded) | icl (embedded) |" in summary
-    assert next(iter(records(s2.out).values()))["prompt"].startswith("Task:")
+    rec = next(iter(records(s2.out).values()))
+    assert rec["prompt_format"] == "completion" and rec["prompt"].endswith("[output]\n[answer]") and rec["f1"] == 1.0
 
 
 def test_nlg_summary_counts_gold_utterances_over_the_token_cap(tmp_path):
@@ -151,7 +164,7 @@ def adjudication_backend(fail_grader=False):
             if fail_grader:
                 raise down()
             return "positive" if "Phrase 1: two weeks ago\nPhrase 2: 2 weeks back" in prompt else "negative"
-        return compact_json(PRED)
+        return json.dumps(PRED)
 
     return respond
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -11,9 +10,8 @@ import pytest
 
 from experiments.meditod import run as run_mod
 from experiments.meditod.data import load_dialogs, load_split_ids
-from experiments.meditod.prompts import estimate_tokens, fit_icl_prompt, icl_prompt, supervised_prompt
 from experiments.meditod.retrieval import top_k
-from experiments.meditod.tasks import build_samples, compact_json
+from experiments.meditod.tasks import build_samples, gold_turns
 from models.errors import DataError
 
 FX = Path(__file__).parent / "fixtures" / "meditod"
@@ -70,58 +68,16 @@ def test_split_id_not_in_data(tmp_path, dialogs):
 
 # ------------------------------------------------------------------ samples
 
-def test_nlu_samples(dialogs):
-    s = build_samples(dialogs, ["301"], "nlu")
-    assert [x["id"] for x in s] == ["301/1", "301/3", "301/5", "301/7"]
-    x = s[1]
-    assert x["dialog_id"] == "301" and x["uttr_id"] == 3 and x["task"] == "nlu"
-    assert x["target"] == dialogs["301"]["utterances"][3]["nlu"]
-    assert x["target_text"] == compact_json(x["target"]) and " " not in x["target_text"].split('"')[0]
-    assert json.loads(x["target_text"]) == x["target"]
-    # history = utterances 0-1, last exchange = doctor 2 + patient 3
-    assert x["input_text"] == (
-        "Dialogue history:\nDoctor: Hello, what brings you here today?\nPatient: I have been short of breath for two weeks.\n"
-        "Last exchange:\nDoctor: Is it getting worse over time?\nPatient: Yes, it is getting worse every day.")
-
-
-def test_pol_and_nlg_samples(dialogs):
-    pol = build_samples(dialogs, ["301"], "pol")
-    nlg = build_samples(dialogs, ["301"], "nlg")
-    assert [x["id"] for x in pol] == [x["id"] for x in nlg] == ["301/2", "301/4", "301/6"]   # doctor turns but utterance 0
-    assert pol[0]["target"] == dialogs["301"]["utterances"][2]["actions"]
-    assert pol[0]["input_text"].endswith("Dialogue state: " + compact_json(dialogs["301"]["utterances"][1]["dialog_state"]))
-    assert nlg[0]["target"] == nlg[0]["target_text"] == "Is it getting worse over time?"
-    assert nlg[0]["input_text"].endswith("Doctor actions: " + compact_json(dialogs["301"]["utterances"][2]["actions"]))
-    short = build_samples(dialogs, ["301"], "pol", history_turns=2)
-    assert short[2]["input_text"].count("\n") == 3    # header + 2 history lines + state
-
-
-def test_default_history_window_is_the_last_4_utterances(tmp_path):
-    """SPEC 4: the authors' history_size 4. A 10-utterance dialogue; every sample with more than 4 earlier
-    utterances shows exactly the 4 right before its current turn (the NLU last exchange excluded)."""
-    utts = []
-    for i in range(10):
-        u = {"speaker": "doctor" if i % 2 == 0 else "patient", "uttr_id": i, "text": f"line-{i:02d}"}
-        if i % 2:
-            u.update(nlu=[{"intent": "inform", "slots": {}}], dialog_state={})
-        else:
-            u["actions"] = [{"action": "inquire"}]
-        utts.append(u)
-    data = {"9": {"utterances": utts}}
-    data_file = _write(tmp_path, data)
-    (tmp_path / "test_ids.json").write_text('["9"]')
-
-    def history(sample) -> list[str]:  # the utterance lines under "Dialogue history:", up to the next block
-        lines = sample["input_text"].split("Dialogue history:\n", 1)[1].split("\n")
-        return list(itertools.takewhile(lambda ln: ln.startswith(("Doctor: ", "Patient: ")), lines))
-
-    for task, turn, first in (("nlu", 9, 4), ("pol", 8, 4), ("nlg", 8, 4), ("nlu", 7, 2)):
-        want = [f"{'Doctor' if i % 2 == 0 else 'Patient'}: line-{i:02d}" for i in range(first, first + 4)]
-        via_settings = {c["id"]: c["sample"] for c in run_mod.load_samples(run_mod.MeditodSettings(task=task, data=str(data_file), k=0))}
-        for sample in (via_settings[f"9/{turn}"], {s["id"]: s for s in build_samples(data, ["9"], task)}[f"9/{turn}"]):
-            assert [f"{t['speaker'].capitalize()}: {t['text']}" for t in sample["context"]] == want, (task, turn)
-            assert history(sample) == want and f"line-{first - 1:02d}" not in sample["input_text"], (task, turn)
-    assert run_mod.MeditodSettings().history_turns == 4
+def test_run_cases_use_the_windows_of_tasks_py(tmp_path):
+    """The run's cases are tasks.py's samples (windows and skip rules pinned in test_meditod_inputs.py);
+    history_size is the authors' setting and changes every window."""
+    for task, mode in (("nlu", "icl"), ("pol", "icl"), ("nlu", "supervised"), ("nlg", "supervised")):
+        cases = run_mod.load_samples(run_mod.MeditodSettings(task=task, mode=mode, data=str(DATA), k=0))
+        want = build_samples(load_dialogs(DATA), ["301"], task, mode=mode)
+        assert [c["sample"] for c in cases] == want and want
+    assert run_mod.MeditodSettings().history_size == 4
+    wide = build_samples(load_dialogs(DATA), ["301"], "nlu", history_size=6)
+    assert len(wide[-1]["history"]) == 4 and len(build_samples(load_dialogs(DATA), ["301"], "nlu")[-1]["history"]) == 3
 
 
 def test_unknown_task(dialogs):
@@ -129,33 +85,6 @@ def test_unknown_task(dialogs):
 
     with pytest.raises(MedstackError, match="valid tasks: nlu, pol, nlg"):
         build_samples(dialogs, ["301"], "dst")
-
-
-# ------------------------------------------------------------------ prompts
-
-def test_supervised_prompt_is_short_and_ends_with_output(dialogs):
-    x = build_samples(dialogs, ["301"], "nlu")[0]
-    p = supervised_prompt("nlu", x)
-    assert p.endswith(x["input_text"] + "\nOutput:\n")
-    assert p.startswith("Task:") and p.count("\n") < x["input_text"].count("\n") + 5
-
-
-def test_icl_prompt_drops_exemplars_not_the_test_sample(dialogs):
-    test = build_samples(dialogs, ["301"], "nlu")[2]
-    train = build_samples(dialogs, ["101", "102"], "nlu")
-    full, n, h = fit_icl_prompt("nlu", test, train[:3])
-    assert n == 3 and h is None and full.count("### Example") == 3
-    assert full.rstrip().endswith(test["input_text"] + "\nOutput:")
-    # most similar exemplar (first) sits closest to the test input
-    assert full.rfind(train[0]["target_text"]) > full.rfind(train[2]["target_text"])
-    one = len(icl_prompt("nlu", test, train[:1]))
-    budget = estimate_tokens("x" * (one + 10))
-    p, n, h = fit_icl_prompt("nlu", test, train[:3], budget_tokens=budget)
-    assert n == 1 and test["input_text"] in p and train[0]["target_text"] in p and train[2]["target_text"] not in p
-    # a budget below the bare test prompt: history is shortened, exemplars all gone
-    bare = fit_icl_prompt("nlu", test, [])[0]
-    p, n, h = fit_icl_prompt("nlu", test, train[:3], budget_tokens=estimate_tokens(bare) - 5)
-    assert n == 0 and h is not None and h < len(test["context"]) and test["last"][-1]["text"] in p
 
 
 # ------------------------------------------------------------------ retrieval
@@ -179,21 +108,12 @@ def test_retrieval_with_local_encoder(dialogs):
     assert all(e["dialog_id"] != "301" for row in ex for e in row)     # never its own dialogue
 
 
-# ------------------------------------------------------------------ prediction parsing
-
-def test_parse_prediction():
-    assert run_mod.parse_prediction("nlu", 'Sure:\n```json\n[{"intent":"chit-chat"}]\n``` done') == [{"intent": "chit-chat"}]
-    assert run_mod.parse_prediction("pol", '{"action":"inquire"} and more') == [{"action": "inquire"}]
-    assert run_mod.parse_prediction("nlu", "no json here") is None
-    assert run_mod.parse_prediction("nlg", "\n  Do you smoke?\nPatient: no") == "Do you smoke?"
-
-
 # ------------------------------------------------------------------ `medstack score` / `medstack data`
 
 def _gold_preds(tmp_path, task, dialogs, perturb=None) -> Path:
     rows = []
     for did in dialogs:
-        for s in build_samples(dialogs, [did], task, history_turns=0):
+        for s in gold_turns(dialogs, [did], task):
             pred = s["target"]
             if perturb:
                 pred = perturb(s, pred)
@@ -252,7 +172,7 @@ def score_counts(dialogs):
     from experiments.meditod.metrics import nlu_skipped, nlu_tuples
 
     c = n = 0
-    for s in build_samples(dialogs, list(dialogs), "nlu", history_turns=0):
+    for s in gold_turns(dialogs, list(dialogs), "nlu"):
         if not nlu_skipped(s["target"]):
             a, b = nlu_tuples(s["target"])
             c, n = c + len(a), n + len(b)
@@ -280,15 +200,3 @@ def test_data_view_cli(cli, tmp_path):
     assert stats["splits"]["train"] == {"dialogues": 2, "utterances": 12, "patient_turns": 6, "doctor_turns": 6, "avg_utterances_per_dialogue": 6.0}
     assert stats["splits"]["test"]["utterances"] == 8 and stats["intents"]["inform"] == 11
     assert png.stat().st_size > 1000
-
-
-# ------------------------------------------------------------------ prompt fitting (the run itself: tests/test_meditod_runner.py)
-
-def test_supervised_prompt_fits_by_dropping_history(dialogs):
-    from experiments.meditod.prompts import fit_supervised_prompt
-
-    x = build_samples(dialogs, ["301"], "pol")[2]          # 5 history utterances
-    full, h = fit_supervised_prompt("pol", x)
-    assert h is None and full == supervised_prompt("pol", x)
-    p, h = fit_supervised_prompt("pol", x, budget_tokens=estimate_tokens(full) - 20)
-    assert h is not None and h < len(x["context"]) and p.endswith("Output:\n") and "Dialogue state:" in p

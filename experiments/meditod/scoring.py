@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.meditod.data import load_dialogs
-from experiments.meditod.tasks import build_samples
+from experiments.meditod.tasks import gold_turns
 from experiments.parsing import extract_json
 from experiments.results import read_jsonl
 from models.errors import DataError
@@ -30,7 +30,7 @@ def align_predictions(task: str, data: str | Path, pred: str | Path) -> tuple[li
     pred = Path(pred)
     if not pred.exists():
         raise DataError(f"{pred}: file does not exist")
-    samples = build_samples(dialogs, list(dialogs), task, history_turns=0)
+    samples = gold_turns(dialogs, list(dialogs), task)
     order = {(s["dialog_id"], s["uttr_id"]): i for i, s in enumerate(samples)}
     found: dict[int, object] = {}
     for lineno, row in enumerate(read_jsonl(pred), 1):

@@ -1,68 +1,50 @@
-"""MediTOD task samples: NLU, POL and NLG as sequence-to-sequence (output = JSON or text).
+"""MediTOD task samples, windowed as the dataset authors' released code windows them (SPEC 4).
 
-Stable interface (the LoRA fine-tuning code builds on it):
+Two builders, one per baseline family; ``history_size`` (the authors' parameter, 4 in every
+config) gives each its own window. Utterances are ``"speaker: text"`` lines (speaker as in the
+data, lower case); ``u`` below is an utterance's position in its dialogue.
 
-``build_samples(dialogs, dialog_ids, task, *, history_turns=HISTORY_TURNS) -> list[dict]`` with
-``task`` in {"nlu", "pol", "nlg"}. One sample per turn, in dialogue order:
+``icl_samples(dialogs, ids, task, history_size=4)`` (in-context baselines, and their exemplars):
 
-- ``nlu``: every patient turn. Input = dialogue history + the last (doctor, patient) exchange;
-  target = the patient turn's ``nlu`` list.
-- ``pol``: every doctor turn except the opening utterance. Input = dialogue history + the
-  current dialogue state (the ``dialog_state`` of the latest patient turn); target = the doctor
-  turn's ``actions`` list.
-- ``nlg``: the same doctor turns. Input = dialogue history + the doctor's ``actions``;
-  target = the doctor's utterance text.
+- ``nlu``: every patient utterance except a dialogue's final utterance. Window = utterances
+  max(0, u-4) .. u; ``last_turn`` = its final two lines (just the patient's at u = 0),
+  ``history`` = the rest (at most 3 lines). Gold = the utterance's ``nlu``; the model is asked
+  for ``answer`` = the same labels in the status shape (``ontology.to_status_shape``).
+- ``pol``: every doctor utterance, u = 0 included. Window = utterances max(0, u-5) .. u-1;
+  ``last_turn`` = its final two lines (fewer at the start); no history; ``state`` = the
+  ``dialog_state`` recorded on utterance u-1 ({} at u = 0). Gold = the utterance's ``actions``.
+- ``nlg``: every doctor utterance; ``last_turn`` as POL; ``actions`` = the utterance's actions
+  ({} at u = 0). Gold = its text.
 
-(The turn sets follow the dataset authors' scorer: all patient turns for NLU, all doctor turns
-but utterance 0 for POL/NLG; POL Precision@K walks these turns in order.)
+POL/NLG samples at u = 0 are built (and sent) but not scored (``scored: False``), as the authors'
+post-processing skips them.
 
-Each sample dict has:
-  ``id`` ("<dialog_id>/<uttr_id>"), ``dialog_id`` (str), ``uttr_id`` (int), ``task``,
-  ``input_text`` (the serialized task input, history limited to the last ``history_turns``
-  utterances), ``target`` (gold: list for NLU/POL, str for NLG), ``target_text`` (the gold exactly
-  as a model should output it: compact JSON for NLU/POL, the utterance for NLG),
-  ``retrieval_text`` (what the in-context retriever embeds: the dialogue history incl. the last
-  exchange), and the pieces ``context`` (history utterances ``{"speaker", "text"}``), ``last``
-  (NLU: the last exchange), ``state`` (POL), ``actions`` (NLG) that ``serialize_input`` uses to
-  rebuild a shorter input when a prompt must fit a small context.
+``sft_samples(dialogs, ids, task, history_size=4)`` (supervised LoRA samples): one per patient
+utterance p that the doctor answers in the next utterance d. Window = the last ``history_size``
+utterances up to p; ``last_turn`` = (previous doctor, patient) (just the patient's at the
+start), ``history`` = up to 2 lines before it. NLU: gold = p's ``nlu`` (data shape, prefixed);
+POL: ``state`` = p's ``dialog_state``, gold = d's actions; NLG: ``actions`` = d's actions, gold =
+d's text, no history. The sample id names the labelled utterance (p for NLU, d for POL/NLG).
+
+Every sample: ``id`` ("<dialog_id>/<uttr_id>"), ``dialog_id``, ``uttr_id``, ``task``, ``history``,
+``last_turn`` (lists of lines), ``state`` (POL) / ``actions`` (NLG), ``target`` (gold as in the
+data), ``answer`` (what the model is asked to write), ``retrieval_text`` (the last-turn lines
+joined by newlines: the retrieval key) and ``scored``.
+
+``gold_turns(dialogs, ids, task)``: every labelled turn (all patient turns for NLU, all doctor
+turns but the opening one for POL/NLG) -- what ``medstack score`` aligns predictions with.
 """
 
 from __future__ import annotations
 
-import json
-
 from models.errors import MedstackError
 
 TASKS = ("nlu", "pol", "nlg")
-HISTORY_TURNS = 4  # utterances of history before the current turn kept in input_text (the authors' history_size: 4)
+HISTORY_SIZE = 4  # the authors' history_size in every config
 
 
-def compact_json(value) -> str:
-    """The one serialization of structured targets (and of what models are asked to output)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _turn(u: dict) -> dict:
-    return {"speaker": u["speaker"], "text": u["text"]}
-
-
-def _lines(turns: list[dict]) -> str:
-    return "\n".join(f"{t['speaker'].capitalize()}: {t['text']}" for t in turns) or "(none)"
-
-
-def serialize_input(task: str, sample: dict, history_turns: int | None = None) -> str:
-    """The task input as text; ``history_turns`` keeps only that many latest history utterances."""
-    ctx = sample["context"]
-    if history_turns is not None:
-        ctx = ctx[len(ctx) - history_turns:] if history_turns > 0 else []
-    parts = [f"Dialogue history:\n{_lines(ctx)}"]
-    if task == "nlu":
-        parts.append(f"Last exchange:\n{_lines(sample['last'])}")
-    elif task == "pol":
-        parts.append(f"Dialogue state: {compact_json(sample['state'])}")
-    elif task == "nlg":
-        parts.append(f"Doctor actions: {compact_json(sample['actions'])}")
-    return "\n".join(parts)
+def line(u: dict) -> str:
+    return f"{u['speaker']}: {u['text']}"
 
 
 def _check_task(task: str) -> None:
@@ -70,59 +52,97 @@ def _check_task(task: str) -> None:
         raise MedstackError(f"unknown MediTOD task {task!r}; valid tasks: {', '.join(TASKS)}")
 
 
-def build_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_turns: int = HISTORY_TURNS) -> list[dict]:
-    """Task samples of the given dialogues (see module docstring)."""
-    _check_task(task)
-    samples = []
-    for did in dialog_ids:
-        did = str(did)
-        utts = dialogs[did]["utterances"]
-        state: dict = {}
-        for j, u in enumerate(utts):
-            if u["speaker"] == "patient":
-                if task == "nlu":
-                    prev_doctor = j > 0 and utts[j - 1]["speaker"] == "doctor"
-                    split = j - 1 if prev_doctor else j
-                    context = [_turn(x) for x in utts[max(0, split - history_turns):split]]
-                    last = [_turn(x) for x in utts[split:j + 1]]
-                    target = u.get("nlu", [])
-                    samples.append(_sample(task, did, u, context, target, compact_json(target), last=last,
-                                           retrieval=context + last))
-                state = u.get("dialog_state", state)
-                continue
-            if task == "nlu" or j == 0:
-                continue
-            context = [_turn(x) for x in utts[max(0, j - history_turns):j]]
-            if task == "pol":
-                target = u.get("actions", [])
-                samples.append(_sample(task, did, u, context, target, compact_json(target), state=state, retrieval=context))
-            else:
-                samples.append(_sample(task, did, u, context, u["text"], u["text"], actions=u.get("actions", []),
-                                       retrieval=context))
-    return samples
-
-
-def _sample(task, did, u, context, target, target_text, *, retrieval, last=None, state=None, actions=None) -> dict:
-    s = {
-        "id": f"{did}/{u['uttr_id']}",
-        "dialog_id": did,
-        "uttr_id": u["uttr_id"],
-        "task": task,
-        "target": target,
-        "target_text": target_text,
-        "context": context,
-        "retrieval_text": _lines(retrieval),
-    }
-    if last is not None:
-        s["last"] = last
+def _sample(task: str, did: str, u: dict, *, history: list[str], last_turn: list[str], target, answer=None,
+            state=None, actions=None, scored: bool = True) -> dict:
+    s = {"id": f"{did}/{u['uttr_id']}", "dialog_id": did, "uttr_id": u["uttr_id"], "task": task,
+         "history": history, "last_turn": last_turn, "target": target, "answer": target if answer is None else answer,
+         "retrieval_text": "\n".join(last_turn), "scored": scored}
     if state is not None:
         s["state"] = state
     if actions is not None:
         s["actions"] = actions
-    s["input_text"] = serialize_input(task, s)
     return s
 
 
+def icl_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size: int = HISTORY_SIZE) -> list[dict]:
+    """In-context samples (module docstring), in dialogue order."""
+    from experiments.meditod.ontology import to_status_shape
+
+    _check_task(task)
+    out = []
+    for did in map(str, dialog_ids):
+        utts = dialogs[did]["utterances"]
+        lines = [line(u) for u in utts]
+        for u, utt in enumerate(utts):
+            if task == "nlu":
+                if utt["speaker"] != "patient" or u + 1 == len(utts):
+                    continue
+                window = lines[max(0, u - history_size):u + 1]
+                gold = utt.get("nlu", [])
+                out.append(_sample(task, did, utt, history=window[:-2], last_turn=window[-2:], target=gold,
+                                   answer=to_status_shape(gold)))
+                continue
+            if utt["speaker"] != "doctor":
+                continue
+            last = lines[max(0, u - history_size - 1):u][-2:]
+            if task == "pol":
+                state = utts[u - 1].get("dialog_state", {}) if u > 0 else {}
+                out.append(_sample(task, did, utt, history=[], last_turn=last, target=utt.get("actions", []),
+                                   state=state, scored=u > 0))
+            else:
+                actions = utt.get("actions", []) if u > 0 else {}
+                out.append(_sample(task, did, utt, history=[], last_turn=last, target=utt["text"],
+                                   actions=actions, scored=u > 0))
+    return out
+
+
+def sft_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size: int = HISTORY_SIZE) -> list[dict]:
+    """Supervised samples (module docstring), in dialogue order."""
+    _check_task(task)
+    out = []
+    for did in map(str, dialog_ids):
+        utts = dialogs[did]["utterances"]
+        lines = [line(u) for u in utts]
+        for p, utt in enumerate(utts):
+            if utt["speaker"] != "patient" or p + 1 >= len(utts) or utts[p + 1]["speaker"] != "doctor":
+                continue
+            reply = utts[p + 1]
+            window = lines[max(0, p + 1 - history_size):p + 1]
+            history, last = window[:-2], window[-2:]
+            if task == "nlu":
+                out.append(_sample(task, did, utt, history=history, last_turn=last, target=utt.get("nlu", [])))
+            elif task == "pol":
+                out.append(_sample(task, did, reply, history=history, last_turn=last, target=reply.get("actions", []),
+                                   state=utt.get("dialog_state", {})))
+            else:
+                out.append(_sample(task, did, reply, history=[], last_turn=last, target=reply["text"],
+                                   actions=reply.get("actions", [])))
+    return out
+
+
+def build_samples(dialogs: dict, dialog_ids: list[str], task: str, *, mode: str = "icl",
+                  history_size: int = HISTORY_SIZE) -> list[dict]:
+    """The samples of ``mode`` (icl | supervised)."""
+    build = icl_samples if mode == "icl" else sft_samples
+    return build(dialogs, dialog_ids, task, history_size=history_size)
+
+
+def gold_turns(dialogs: dict, dialog_ids: list[str], task: str) -> list[dict]:
+    """Every labelled turn as ``{id, dialog_id, uttr_id, target}``, in dialogue order."""
+    _check_task(task)
+    out = []
+    for did in map(str, dialog_ids):
+        for u, utt in enumerate(dialogs[did]["utterances"]):
+            if task == "nlu" and utt["speaker"] == "patient":
+                target = utt.get("nlu", [])
+            elif task != "nlu" and utt["speaker"] == "doctor" and u > 0:
+                target = utt.get("actions", []) if task == "pol" else utt["text"]
+            else:
+                continue
+            out.append({"id": f"{did}/{utt['uttr_id']}", "dialog_id": did, "uttr_id": utt["uttr_id"], "target": target})
+    return out
+
+
 def gold_by_key(dialogs: dict, dialog_ids: list[str], task: str) -> dict[tuple[str, int], dict]:
-    """{(dialog_id, uttr_id): sample} for scoring predictions made elsewhere."""
-    return {(s["dialog_id"], s["uttr_id"]): s for s in build_samples(dialogs, dialog_ids, task, history_turns=0)}
+    """{(dialog_id, uttr_id): gold turn} for scoring predictions made elsewhere."""
+    return {(s["dialog_id"], s["uttr_id"]): s for s in gold_turns(dialogs, dialog_ids, task)}

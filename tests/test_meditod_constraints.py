@@ -107,3 +107,27 @@ def test_statusless_slot_keeps_its_own_status_attribute_and_needs_none():
     assert v.is_valid([{"intent": "inform", "slots": {"occupation": [{"value": "teacher", "status": "retired"}]}}])
     assert v.is_valid([{"intent": "inform", "slots": {"occupation": [{"value": "teacher"}]}}])
     assert v.is_valid([{"intent": "chit-chat", "slots": None}]) and v.is_valid([{"intent": "chit-chat", "slots": {}}])
+
+
+def test_run_constraint_from_the_shipped_ontology_accepts_fixture_gold():
+    """The prediction step's declared format (ontology.yaml -> schema) accepts every gold NLU/POL turn of our fixtures."""
+    import json as _json
+    from pathlib import Path as _Path
+
+    from experiments.meditod.ontology import to_status_shape
+    from experiments.meditod.run import icl_constraint
+
+    dialogs = _json.loads((_Path(__file__).parent / "fixtures" / "meditod" / "dialogs.json").read_text())
+    nlu, pol = icl_constraint("nlu"), icl_constraint("pol")
+    assert icl_constraint("nlg") is None
+    seen = 0
+    for d in dialogs.values():
+        for u in d["utterances"]:
+            if u.get("nlu"):
+                assert nlu.check(_json.dumps(to_status_shape(u["nlu"]))) is not False, u["nlu"]
+                seen += 1
+            if u.get("actions"):
+                assert pol.check(_json.dumps(u["actions"])) is not False, u["actions"]
+                seen += 1
+    assert seen > 5
+    assert nlu.check('[{"intent": "no_such_intent"}]') is False

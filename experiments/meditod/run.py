@@ -40,6 +40,19 @@ TASK_LABEL = {"nlu": "NLU", "pol": "POL", "nlg": "NLG"}
 MODES = ("icl", "supervised")
 
 
+def icl_constraint(task: str):
+    """The declared format of an in-context prediction (SPEC 9): NLU and POL answer JSON of the schema built from
+    ontology.yaml (experiments/meditod/constraints.py); NLG is free text. Applied only under answers: constrained."""
+    if task == "nlg":
+        return None
+    from experiments.constraints import Constraint
+    from experiments.meditod.constraints import nlu_schema, pol_schema
+    from experiments.meditod.ontology import load_ontology
+
+    schema = (nlu_schema if task == "nlu" else pol_schema)(load_ontology())
+    return Constraint.make("json", schema, f"meditod/{task}: experiments/meditod/ontology.yaml")
+
+
 class MeditodSettings(RunSettings):
     task: Literal["nlu", "pol", "nlg"] = "nlu"
     splits_dir: str | None = None  # default: the folder of --data
@@ -211,7 +224,7 @@ class MeditodStudy(Study):
         kind, content, kept = self.request(s, sample, ex)
         if kind == "chat":
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens).gen()
-            res = await ctx.chat(content, role="model", gen=gen, step="predict")  # RequestFailed: the runner fails the case
+            res = await ctx.chat(content, role="model", gen=gen, step="predict", constraint=icl_constraint(s.task))  # RequestFailed: fails the case
             pred = parse_icl(s.task, res.text)
         else:
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=[DONE]).gen()

@@ -62,6 +62,7 @@ class RunSettings(BaseModel):
     max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
     roles: dict[str, str] = {}
     lora: dict[str, str] = {}  # adapter name -> peft adapter dir, served for the study's model under test
+    startup_timeout: float | None = Field(None, gt=0)  # seconds a server started for the run may take (None: scales with model and device)
 
 
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:
@@ -70,7 +71,11 @@ def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist{missing_hint}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte offset {e.start}: {e.reason}); save the file as UTF-8") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {p} is a folder, not a YAML file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

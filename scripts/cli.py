@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from models.errors import MedstackError
-from models.paths import set_offline
+from models.paths import apply_umask, set_offline
 
 console = Console(stderr=True)
 out = Console()
@@ -90,7 +90,10 @@ def serve(
     lora: List[str] = typer.Option([], "--lora", help="LoRA adapter NAME=PATH (repeatable)."),
     port: int = typer.Option(8000, help="Port to listen on."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (default: this machine only)."),
-    api_key: Optional[str] = typer.Option(None, help="Require this API key."),
+    api_key: Optional[str] = typer.Option(None, envvar="MEDSTACK_API_KEY", show_envvar=True,
+                                          help="Require this API key (default: $MEDSTACK_API_KEY). It reaches vLLM through its environment, never its command line or any file."),
+    no_auth: bool = typer.Option(False, "--no-auth", help="Allow a non-loopback --host without a key (an open server, on purpose)."),
+    startup_timeout: Optional[float] = typer.Option(None, min=1, help="Seconds vLLM may take to become ready (default: scales with the model's size and the device; CPU 900 s + 300 s per GiB of weights)."),
     detach: bool = typer.Option(False, help="Leave the server running and return."),
     max_model_len: Optional[int] = typer.Option(None, help="Context length (default: the registry's)."),
     tensor_parallel_size: int = typer.Option(1, help="GPU: shard each layer across N GPUs."),
@@ -123,8 +126,11 @@ def serve(
         gpu_memory_utilization=gpu_memory_utilization, distributed_backend=distributed_backend, device=device,
         allow_runtime_lora=runtime_lora, extra_args=list(vllm_arg), cpu_threads_bind=cpu_threads_bind, cpu_reserved=cpu_reserved, cpu_kvcache_gb=cpu_kvcache_gb,
         omp_threads=omp_threads, preload_iomp=preload_iomp, max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill,
-        prefix_caching=prefix_caching,
+        prefix_caching=prefix_caching, no_auth=no_auth, startup_timeout=startup_timeout,
     )
+    if api_key and not detach and any(a == "--api-key" or a.startswith("--api-key=") for a in sys.argv):
+        console.print("note: a key given with --api-key stays visible to other local users (ps) while this command runs; "
+                      "$MEDSTACK_API_KEY or --detach avoid that", markup=False)
     rec = start_server(settings, log=lambda m: console.print(m))
     out.print(rec["base_url"])
     if detach:
@@ -154,7 +160,10 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
         return
     table = Table("alias", "url", "pid", "adapters", "healthy", "log")
     for r in recs:
-        table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-", str(healthy(r["base_url"], r.get("api_key"))), r["log"])
+        import os
+
+        table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-",
+                      str(healthy(r["base_url"], os.environ.get("MEDSTACK_API_KEY"))) + (" (keyed)" if r.get("api_key_sha256") else ""), r["log"])
     out.print(table)
 
 
@@ -219,6 +228,11 @@ def _terminate(signum, frame) -> None:
 
 
 def main() -> None:
+    try:
+        apply_umask()  # everything we create is private (MEDSTACK_UMASK for a group that shares on purpose)
+    except MedstackError as e:
+        console.print(f"error: {e}", markup=False, highlight=False)
+        sys.exit(2)
     set_offline()
     signal.signal(signal.SIGTERM, _terminate)
     _register_studies()
@@ -227,7 +241,9 @@ def main() -> None:
         if isinstance(code, int) and code:
             sys.exit(code)
     except MedstackError as e:
-        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -4,6 +4,11 @@ The key covers everything that changes the output: model identity (alias, weight
 hash, adapter), the messages or prompt, sampling parameters, seed and n. Timeouts and
 concurrency are left out. Sampled requests (temperature > 0) are cached only when they
 carry a seed, so a cache hit never hides the randomness a protocol asked for.
+
+A damaged cache is found when it is opened (``PRAGMA quick_check``), not case by case: it is
+moved aside as ``responses.sqlite.corrupt-<time>`` (said on screen) and a fresh one is used; the
+cache only saves calls, so nothing is lost but the saving. A write the disk refuses (full,
+read-only) raises :class:`~models.errors.StorageError`.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import hashlib
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
-from models.paths import medstack_home
+from models.errors import StorageError
+from models.paths import medstack_home, private_dir, private_file
 
 
 def default_cache_path() -> Path:
@@ -25,17 +32,67 @@ def request_key(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _storage_error(path: Path, e: sqlite3.Error) -> StorageError | None:
+    """sqlite's words for a refused write -> StorageError; None for anything else."""
+    text = str(e).lower()
+    for marker, why in (("full", "the disk is full"), ("readonly", "the file system or file is read-only"),
+                        ("unable to open", "the folder cannot be written"), ("disk i/o", "a disk I/O error")):
+        if marker in text:
+            return StorageError(f"cannot write the response cache {path}: {why} ({e}); free space or fix the folder, or run with --no-cache")
+    return None
+
+
 class ResponseCache:
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, log=print):
         self.path = Path(path or default_cache_path())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        self._db.commit()
+        self._db = self._open_checked(log)
         self.hits = 0
         self.misses = 0
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.commit()
+            ok = db.execute("PRAGMA quick_check(1)").fetchone()
+            for suffix in ("", *SIDE_FILES):
+                private_file(f"{self.path}{suffix}")
+            if not ok or ok[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {ok[0].strip() if ok else 'no answer'}".replace("\n", " "))
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open_checked(self, log) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.Error as e:
+            refused = _storage_error(self.path, e)
+            if refused is not None:
+                raise refused from None
+            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            self.path.replace(aside)
+            for suffix in SIDE_FILES:
+                side = Path(f"{self.path}{suffix}")
+                if side.exists():
+                    side.replace(Path(f"{aside}{suffix}"))
+        except OSError as e:
+            raise StorageError(f"the response cache {self.path} is damaged ({reason}) and cannot be moved aside ({e.strerror}); "
+                               "remove it, or run with --no-cache") from None
+        log(f"the response cache {self.path} is damaged ({reason}): moved aside to {aside}; continuing with a fresh cache")
+        try:
+            return self._connect()
+        except sqlite3.Error as e:
+            raise (_storage_error(self.path, e) or StorageError(f"cannot open a fresh response cache {self.path}: {e}; run with --no-cache")) from None
 
     def get(self, key: str) -> dict | None:
         with self._lock:
@@ -48,8 +105,18 @@ class ResponseCache:
 
     def put(self, key: str, value: dict) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", (key, json.dumps(value)))
-            self._db.commit()
+            try:
+                self._db.execute("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+                self._db.commit()
+            except sqlite3.Error as e:
+                refused = _storage_error(self.path, e)
+                if refused is None:
+                    raise
+                try:
+                    self._db.rollback()
+                except sqlite3.Error:
+                    pass
+                raise refused from None
 
     def close(self) -> None:
         with self._lock:

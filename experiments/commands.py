@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -124,16 +125,14 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
         settings, cases = prepare_run(study, settings)  # every input check happens here, before a server starts
     except UnicodeDecodeError as e:
         raise DataError(f"{settings.data}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
-    if common.get("api_key"):
-        _log("note: a key given with --api-key is visible to other local users (ps) while this runs; $MEDSTACK_API_KEY is not")
     resume = resume_command(sys.argv[1:])
     outcome = asyncio.run(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
     typer.echo(outcome.summary.rstrip("\n"))
     _log(f"results in {outcome.out}")
     if outcome.exit_code:
         _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"))
-        if resume and "--api-key" in resume:
-            _log("(the key is shown as ***: put it back, or set $MEDSTACK_API_KEY and leave --api-key out)")
+        if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
+            _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)")
         raise typer.Exit(outcome.exit_code)
 
 

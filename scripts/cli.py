@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from typing import List, Optional
@@ -128,9 +129,6 @@ def serve(
         omp_threads=omp_threads, preload_iomp=preload_iomp, max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill,
         prefix_caching=prefix_caching, no_auth=no_auth, startup_timeout=startup_timeout,
     )
-    if api_key and not detach and any(a == "--api-key" or a.startswith("--api-key=") for a in sys.argv):
-        console.print("note: a key given with --api-key stays visible to other local users (ps) while this command runs; "
-                      "$MEDSTACK_API_KEY or --detach avoid that", markup=False)
     rec = start_server(settings, log=lambda m: console.print(m))
     out.print(rec["base_url"])
     if detach:
@@ -160,8 +158,6 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
         return
     table = Table("alias", "url", "pid", "adapters", "healthy", "log")
     for r in recs:
-        import os
-
         table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-",
                       str(healthy(r["base_url"], os.environ.get("MEDSTACK_API_KEY"))) + (" (keyed)" if r.get("api_key_sha256") else ""), r["log"])
     out.print(table)
@@ -227,7 +223,38 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+KEY_FROM_ARGV_ENV = "MEDSTACK_KEY_FROM_ARGV"
+
+
+def _key_out_of_argv() -> None:
+    """``--api-key KEY`` on our command line: start again at once with the key in $MEDSTACK_API_KEY instead,
+    so that for the rest of the command (a server's lifetime, a long run) `ps` shows no key."""
+    args = list(getattr(sys, "orig_argv", []))
+    if not any(a == "--api-key" or a.startswith("--api-key=") for a in args[1:]):
+        return
+    kept, key, i = [], None, 1
+    while i < len(args):
+        a = args[i]
+        if a == "--" :
+            kept += args[i:]
+            break
+        if a == "--api-key" and i + 1 < len(args):
+            key, i = args[i + 1], i + 2
+            continue
+        if a.startswith("--api-key="):
+            key, i = a.split("=", 1)[1], i + 1
+            continue
+        kept.append(a)
+        i += 1
+    if not key:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *kept], {**os.environ, "MEDSTACK_API_KEY": key, KEY_FROM_ARGV_ENV: "1"})
+
+
 def main() -> None:
+    _key_out_of_argv()
     try:
         apply_umask()  # everything we create is private (MEDSTACK_UMASK for a group that shares on purpose)
     except MedstackError as e:

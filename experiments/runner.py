@@ -212,7 +212,14 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task(study.name, total=len(todo))
-        await asyncio.gather(*(one(c, progress, task) for c in todo))
+        tasks = [asyncio.ensure_future(one(c, progress, task)) for c in todo]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:  # a fault that stops the whole run (refused key, bad input): cases in flight end here
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
     return state
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-KEY = "fault-matrix-key-5bd1c0e9a7"
+KEY = os.environ.get("MEDSTACK_TEST_KEYED_KEY") or "fault-matrix-key-5bd1c0e9a7"
 FAULT_CASES = Path(__file__).resolve().parent.parent / "fixtures" / "faults" / "cases.csv"
 
 
@@ -30,6 +30,12 @@ def keyed_server(medstack_home):
     """Yields {"url", "port", "pid", "log", "ps_during_start"}; the server is stopped at the end (by pid, ours only)."""
     from serving.launcher import _kill_group, free_port, running_servers, servers_dir
 
+    dev_url = os.environ.get("MEDSTACK_TEST_KEYED_SERVER")
+    if dev_url:  # developer convenience (a busy box): a keyed server started with `MEDSTACK_API_KEY=K medstack serve --host 0.0.0.0`,
+        port = int(dev_url.rsplit(":", 1)[1].split("/")[0])  # its key in $MEDSTACK_TEST_KEYED_KEY
+        log = os.environ.get("MEDSTACK_TEST_KEYED_LOG", "")
+        yield {"url": dev_url, "port": port, "pid": None, "log": log, "ps_during_start": "", "stderr": ""}
+        return
     port = free_port()
     proc = subprocess.Popen(
         [*__import__("tests.conftest", fromlist=["MEDSTACK"]).MEDSTACK, "serve", "--model", "embedded", "--host", "0.0.0.0",

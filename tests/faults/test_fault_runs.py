@@ -101,7 +101,7 @@ def test_keyed_server_key_is_in_no_process_list_log_record_result_or_report(keye
     ident = json.loads((ok / "identity.json").read_text())["models"]["clinical"]
     assert ident["keyed"] is True and "--api-key" not in (ident.get("argv") or [])
     log = Path(keyed_server["log"]).read_text()
-    assert log.startswith("$ ") and "--api-key" not in log.splitlines()[0]
+    assert log.startswith("$ ") and "--api-key" not in log.splitlines()[0] and KEY not in log
 
 
 def non_loopback_address() -> str | None:

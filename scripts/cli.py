@@ -203,7 +203,10 @@ def chat(
 
     result = asyncio.run(go())
     if not result.ok:
-        raise MedstackError(f"request failed: {result.error}")
+        from serving.client import AUTH_MARK
+
+        hint = ": set $MEDSTACK_API_KEY to the server's key" if AUTH_MARK in (result.error or "") else ""
+        raise MedstackError(f"request failed: {result.error}{hint}")
     out.print(result.text)
     console.print(f"[dim]{result.prompt_tokens} prompt + {result.completion_tokens} completion tokens, {result.latency:.2f} s{' (cached)' if result.cached else ''}[/dim]")
 

@@ -88,7 +88,8 @@ async def open_client(
                 endpoints[role] = Endpoint(url, served, f"{alias}@{url}{ident_suffix}", url_key)
                 # a medstack server behind the URL: record its command line and environment too
                 known = next((r for r in running_servers() if r["base_url"].rstrip("/") == url.rstrip("/")), None)
-                identities[role] = {**(server_identity(known) if known else {}), "alias": alias, "base_url": url, "adapters": adapters}
+                identities[role] = {**(server_identity(known) if known else {}), "alias": alias, "base_url": url, "adapters": adapters,
+                                    "keyed": url_key != "EMPTY"}  # whether a key was sent (never the key)
                 continue
             rec = servers[alias]
             ident = server_identity(rec)

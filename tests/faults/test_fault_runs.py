@@ -148,16 +148,16 @@ def test_torn_records_line_is_moved_aside_on_resume_and_its_case_runs_again(keye
     out = tmp_path / "run"
     assert run_cli(*craftmd_run(keyed_server["url"], out, limit=2), env=WITH_KEY).returncode == 0
     before = records(out)
-    torn = '{"id": "f02", "status": "ok", "answ\n'
+    torn = '{"id": "f02/t0", "status": "ok", "answ\n'
     with open(out / "records.jsonl", "a") as f:
-        f.write(torn + '{"id": "f03", "sta')  # a torn line that ends in a newline, and a torn tail
+        f.write(torn + '{"id": "f03/t0", "sta')  # a torn line that ends in a newline, and a torn tail
     proc = run_cli(*craftmd_run(keyed_server["url"], out, limit=4), env=WITH_KEY)
     assert proc.returncode == 0, proc.stderr
     no_traceback(proc)
     assert f"{out / 'records.jsonl'}: 2 torn line(s) (line 3, 4) moved aside to {out / 'records.jsonl.torn'}" in flat(proc.stderr)
-    assert (out / "records.jsonl.torn").read_text() == torn + '{"id": "f03", "sta\n'
+    assert (out / "records.jsonl.torn").read_text() == torn + '{"id": "f03/t0", "sta\n'
     finished_intact(before, out)
-    assert sorted(records(out)) == ["f00", "f01", "f02", "f03"]
+    assert sorted(records(out)) == ["f00/t0", "f01/t0", "f02/t0", "f03/t0"]
 
 
 @contextmanager

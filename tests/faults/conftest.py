@@ -72,4 +72,11 @@ def records(out: Path) -> dict[str, dict]:
     p = out / "records.jsonl"
     if not p.exists():
         return {}
-    return {r["id"]: r for r in (json.loads(x) for x in p.read_text().splitlines() if x.strip())}
+    out = {}
+    for line in p.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:  # a torn line (the run under test was stopped mid-write): not a record
+            continue
+        out[r["id"]] = r
+    return out

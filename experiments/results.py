@@ -75,7 +75,15 @@ def iter_jsonl(path: str | Path, *, objects: bool = True):
 def read_records(path: Path, id_key: str = "id") -> list[dict]:
     """The records of a results directory; a line that is not a record is an error naming the file and line."""
     rows = []
-    for lineno, row in iter_jsonl(path, objects=False):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = list(enumerate(f, 1))
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # torn (a write stopped mid-line, e.g. by a full disk): moved aside when the folder is next opened
         if not isinstance(row, dict):
             raise ResultsError(f"{path}:{lineno}: a {type(row).__name__}, not a record (a JSON object with an {id_key!r}); "
                                "fix or delete that line, or use another --out")

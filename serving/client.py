@@ -42,6 +42,8 @@ PROBE_CHOICE = "zq7"
 
 
 LOCAL_HOSTS = {"localhost", "localhost.localdomain"}
+AUTH_MARK = "the endpoint refused the API key"  # in ChatResult.error of a 401/403: the runner stops the run on it
+AUTH_STATUS = (401, 403)
 
 
 def is_local_url(url: str) -> bool:
@@ -222,6 +224,8 @@ class LLMClient:
             except RETRYABLE as e:
                 last_error = f"{type(e).__name__}: {e}"
             except openai.APIStatusError as e:  # 4xx: our request is wrong, retrying will not help
+                if e.status_code in AUTH_STATUS:  # a missing or wrong key: every other request would get the same
+                    return ChatResult(error=f"HTTP {e.status_code} from {ep.base_url}: {AUTH_MARK} ({e.message})", latency=time.perf_counter() - t0)
                 return ChatResult(error=f"HTTP {e.status_code}: {e.message}", latency=time.perf_counter() - t0)
             if attempt < self.retries:
                 await asyncio.sleep(delay)

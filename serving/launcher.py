@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.errors import MedstackError
-from models.paths import OFFLINE_ENV, medstack_home
+from models.paths import OFFLINE_ENV, medstack_home, private_dir, private_file
 from models.registry import resolve_weights
+from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, public_env, redact_argv
 
 
 class ServeError(MedstackError):
@@ -49,9 +50,22 @@ def parse_lora(items: list[str]) -> dict[str, str]:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise ServeError(f"bad --lora item {item!r}: expected NAME=PATH")
-        if not (Path(path) / "adapter_config.json").exists():
-            raise ServeError(f"--lora {name}: {path} has no adapter_config.json (not a peft adapter directory)")
-        out[name] = str(Path(path).resolve())
+        out.update(check_lora({name: path}, where="--lora"))
+    return out
+
+
+def check_lora(adapters: dict[str, str], where: str = "--lora") -> dict[str, str]:
+    """Adapter name -> peft adapter folder, each checked (name rule, folder with adapter_config.json); resolved paths.
+
+    The one check of adapters, wherever they are named (--lora, a config file's ``lora:``), before anything runs.
+    """
+    out = {}
+    for name, path in (adapters or {}).items():
+        label = where if where == "--lora" else f"{where}.{name}"
+        check_adapter_name(str(name), label)
+        if not path or not (Path(path) / "adapter_config.json").exists():
+            raise ServeError(f"{label}: {path} has no adapter_config.json (not a peft adapter directory)")
+        out[str(name)] = str(Path(path).resolve())
     return out
 
 
@@ -78,7 +92,8 @@ class ServerSettings:
     distributed_backend: str | None = None  # "ray" for multi-node
     extra_args: list[str] = field(default_factory=list)
     device: str = "auto"  # auto | cpu | gpu
-    startup_timeout: float = 600.0
+    startup_timeout: float | None = None  # None: default_startup_timeout (scales with the weights' size and the device)
+    no_auth: bool = False  # allow a non-loopback host without a key (an open server, on purpose)
     # engine tuning; None = the measured CPU default (CPU_DEFAULTS) on the CPU build, vLLM's own on GPU
     cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND: "all" (every core we may run on), "auto" (vLLM's), or "0-1"
     cpu_reserved: int | None = None  # VLLM_CPU_NUM_OF_RESERVED_CPU
@@ -220,9 +235,9 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
     ]
     if spec.chat_template_path():
         argv += ["--chat-template", str(spec.chat_template_path())]
-    if s.api_key:
-        argv += ["--api-key", s.api_key]
     env = dict(OFFLINE_ENV) if os.environ.get("MEDSTACK_ALLOW_DOWNLOAD") != "1" else {}
+    if s.api_key:  # through the environment: argv is visible to every local user (ps)
+        env[SERVER_KEY_ENV] = s.api_key
     if on_gpu:
         argv += ["--dtype", "auto" if spec.dtype == "float32" else spec.dtype]
         argv += ["--tensor-parallel-size", str(s.tensor_parallel_size), "--pipeline-parallel-size", str(s.pipeline_parallel_size)]
@@ -241,35 +256,52 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
     if s.lora or s.allow_runtime_lora:
         argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank(list(s.lora.values())) if s.lora else 64)]
         if s.lora:
-            argv += ["--lora-modules", *[f"{n}={p}" for n, p in s.lora.items()]]
+            argv += ["--lora-modules", *[f"{check_adapter_name(n)}={p}" for n, p in s.lora.items()]]
         if s.allow_runtime_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     argv += s.extra_args
     return argv, env
 
 
+def weights_gib(weights: Path) -> float:
+    """Size of a model's weight files in GiB (0 when they cannot be listed)."""
+    p = Path(weights)
+    files = [p] if p.is_file() else [f for pat in ("*.safetensors", "*.bin", "*.pt", "*.gguf") for f in p.glob(pat)]
+    return sum(f.stat().st_size for f in files if f.is_file()) / 2**30
+
+
+# start-up time budget: a base plus seconds per GiB of weights. On a busy 2-core CPU box the embedded model
+# (1.0 GiB in float32) once became ready only 594 s into vLLM's own 600 s default, so CPU gets a wide margin.
+STARTUP_BASE_S = {"cpu": 900.0, "gpu": 600.0}
+STARTUP_PER_GIB_S = {"cpu": 300.0, "gpu": 60.0}
+
+
+def default_startup_timeout(weights: Path, on_gpu: bool) -> float:
+    device = "gpu" if on_gpu else "cpu"
+    return round(STARTUP_BASE_S[device] + STARTUP_PER_GIB_S[device] * weights_gib(weights))
+
+
 # ---------------------------------------------------------------- server records
 
 def write_record(rec: dict) -> Path:
-    """Write a server record, readable by this user only (it may hold the server's API key)."""
+    """Write a server record, readable by this user only. It never holds the API key, only its fingerprint."""
     path = servers_dir() / f"{rec['alias']}-{rec['port']}.json"
+    stored = {k: v for k, v in rec.items() if k != "api_key"}
+    if rec.get("api_key"):
+        stored["api_key_sha256"] = key_fingerprint(rec["api_key"])
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(rec, indent=2))
+        f.write(json.dumps(stored, indent=2))
     os.chmod(path, 0o600)
     return path
 
 
 def servers_dir() -> Path:
-    d = medstack_home() / "servers"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return private_dir(medstack_home() / "servers")
 
 
 def logs_dir() -> Path:
-    d = medstack_home() / "logs"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return private_dir(medstack_home() / "logs")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -298,12 +330,20 @@ def running_servers() -> list[dict]:
     return out
 
 
-def find_server(alias: str) -> dict | None:
-    """A running server that serves ``alias`` either as its base model or as a LoRA adapter."""
+def find_server(alias: str, api_key: str | None = None) -> dict | None:
+    """A running server that serves ``alias`` either as its base model or as a LoRA adapter.
+
+    A keyed server is used only with its key (``api_key``, matched against the record's fingerprint); the
+    returned record then carries the key in memory (records on disk never do).
+    """
     for rec in running_servers():
         if rec["alias"] == alias or alias in rec.get("adapters", {}):
-            if healthy(rec["base_url"], rec.get("api_key")):
-                return rec
+            wanted = rec.get("api_key_sha256")
+            if wanted and key_fingerprint(api_key) != wanted:
+                continue
+            key = api_key if wanted else None
+            if healthy(rec["base_url"], key):
+                return {**rec, "api_key": key}
     return None
 
 
@@ -338,25 +378,28 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def start_server(s: ServerSettings, log=print) -> dict:
     """Start a server in its own process group, wait until it answers, record it. Returns the record."""
+    check_exposure(s.host, s.api_key, s.no_auth)
     on_gpu = s.device == "gpu" or (s.device == "auto" and has_nvidia_gpu())
     argv, env = build_command(s, on_gpu)  # an unknown alias or missing weights is reported before the port
     if not port_free(s.host, s.port):
         raise ServeError(f"port {s.port} on {s.host} is already in use; pick another with --port")
+    timeout = s.startup_timeout or default_startup_timeout(resolve_weights(s.alias)[1], on_gpu)
     log_path = logs_dir() / f"serve-{s.alias}-{s.port}.log"
     log(f"starting vLLM ({'GPU' if on_gpu else 'CPU'}) for {s.alias} on {s.base_url}; log: {log_path}")
+    private_file(log_path)
     with open(log_path, "w") as logf:
-        logf.write("$ " + " ".join(argv) + "\n")
+        logf.write("$ " + " ".join(redact_argv(argv)) + "\n")
         logf.flush()
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
     rec = {
         "alias": s.alias, "base_url": s.base_url, "pid": proc.pid, "port": s.port, "host": s.host,
-        "adapters": s.lora, "log": str(log_path), "api_key": s.api_key, "argv": argv, "env": env,
+        "adapters": s.lora, "log": str(log_path), "api_key": s.api_key, "argv": redact_argv(argv), "env": public_env(env),
         "device": "gpu" if on_gpu else "cpu", "started": time.time(), "runtime_lora": s.allow_runtime_lora,
-        "serve_settings": effective_serve_settings(s, on_gpu)["settings"], "machine": machine_facts(),
+        "serve_settings": effective_serve_settings(s, on_gpu)["settings"], "machine": machine_facts(), "startup_timeout": timeout,
     }
     t0 = time.time()
     try:
-        wait_healthy(s.base_url, proc, log_path, s.startup_timeout, s.api_key)
+        wait_healthy(s.base_url, proc, log_path, timeout, s.api_key)
     except BaseException:
         _kill_group(proc.pid)
         raise
@@ -375,7 +418,8 @@ def wait_healthy(base_url: str, proc: subprocess.Popen | None, log_path: Path, t
         if healthy(base_url, api_key):
             return
         time.sleep(1.0)
-    raise ServeError(f"vLLM did not become healthy within {timeout:.0f} s; see {log_path}")
+    raise ServeError(f"vLLM did not become healthy within {timeout:.0f} s; see {log_path}. "
+                     "A slow or busy machine may need longer: --startup-timeout SECONDS (settings key startup_timeout)")
 
 
 def _kill_group(pid: int, grace: float = 20.0) -> None:
@@ -398,6 +442,7 @@ def _kill_group(pid: int, grace: float = 20.0) -> None:
 
 def load_adapter(rec: dict, name: str, path: str) -> None:
     """Load a LoRA adapter into a running server started with runtime LoRA loading enabled."""
+    check_adapter_name(name)
     body = json.dumps({"lora_name": name, "lora_path": str(Path(path).resolve())}).encode()
     req = urllib.request.Request(rec["base_url"] + "/load_lora_adapter", data=body, headers={"Content-Type": "application/json"})
     if rec.get("api_key"):
@@ -424,9 +469,11 @@ def stop_servers(alias: str | None = None, log=print) -> int:
 
 
 @contextmanager
-def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, **kw):
-    """Yield the record of a running server for ``alias`` (and adapters), starting one for the block if needed."""
-    rec = find_server(alias)
+def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, api_key: str | None = None, **kw):
+    """Yield the record of a running server for ``alias`` (and adapters), starting one for the block if needed.
+
+    ``api_key`` lets a running keyed server be reused (a server started here is loopback-only and keyless)."""
+    rec = find_server(alias, api_key)
     if rec is not None:
         missing = {n: p for n, p in (lora or {}).items() if n not in rec.get("adapters", {})}
         if missing and rec.get("runtime_lora"):
@@ -459,11 +506,17 @@ def server_identity(rec: dict) -> dict:
             break
         except metadata.PackageNotFoundError:
             continue
-    return {
+    ident = {
         "alias": rec["alias"], "weights": str(weights),
         "weights_sha256": weights_hash(weights) if spec.source == "embedded" else None,
-        "engine": version, "device": rec.get("device"), "adapters": rec.get("adapters", {}),
-        "base_url": rec["base_url"], "argv": rec.get("argv"), "env": rec.get("env"), "log": rec.get("log"),
-        "started_by_run": bool(rec.get("started_by_run")),
-        **{k: rec[k] for k in ("serve_settings", "machine") if k in rec},
+        "engine": version, "started_by_run": bool(rec.get("started_by_run")),
+        "keyed": bool(rec.get("api_key") or rec.get("api_key_sha256")),
     }
+    # an allow-list: a new field of a server record reaches results only when added here, and never raw
+    ident.update({k: rec[k] for k in IDENTITY_FIELDS if k in rec})
+    ident["argv"] = redact_argv(rec["argv"]) if rec.get("argv") else None
+    ident["env"] = public_env(rec.get("env"))
+    return ident
+
+
+IDENTITY_FIELDS = ("device", "adapters", "base_url", "log", "serve_settings", "machine", "startup_seconds", "startup_timeout")

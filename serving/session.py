@@ -58,6 +58,7 @@ async def open_client(
     allow_remote: bool = False,
     api_key: str | None = None,
     send_seed: bool = False,
+    startup_timeout: float | None = None,
     log=print,
 ):
     """Yield ``(client, identities)``: identities maps role -> model identity for the results directory."""
@@ -75,7 +76,8 @@ async def open_client(
         if not ref.url:
             needed.setdefault(ref.alias, {}).update(lora.get(role, {}))
     with ExitStack() as stack:
-        servers = {alias: stack.enter_context(ensure_server(alias, lora=ad, log=log)) for alias, ad in needed.items()}
+        own_key = None if url_key == "EMPTY" else url_key  # reuses a running keyed server with the same key
+        servers = {alias: stack.enter_context(ensure_server(alias, lora=ad, log=log, api_key=own_key, startup_timeout=startup_timeout)) for alias, ad in needed.items()}
         for role, ref in refs.items():
             alias, url = ref.alias, ref.url
             adapters = lora.get(role, {})
@@ -86,14 +88,15 @@ async def open_client(
                 endpoints[role] = Endpoint(url, served, f"{alias}@{url}{ident_suffix}", url_key)
                 # a medstack server behind the URL: record its command line and environment too
                 known = next((r for r in running_servers() if r["base_url"].rstrip("/") == url.rstrip("/")), None)
-                identities[role] = {**(server_identity(known) if known else {}), "alias": alias, "base_url": url, "adapters": adapters}
+                identities[role] = {**(server_identity(known) if known else {}), "alias": alias, "base_url": url, "adapters": adapters,
+                                    "keyed": url_key != "EMPTY"}  # whether a key was sent (never the key)
                 continue
             rec = servers[alias]
             ident = server_identity(rec)
             identities[role] = {**ident, "adapters": adapters}
             weights_id = ident.get("weights_sha256") or ident["weights"]
             endpoints[role] = Endpoint(rec["base_url"], served, f"{alias}:{weights_id}{ident_suffix}", rec.get("api_key") or "EMPTY")
-        cache = ResponseCache(cache_path) if use_cache else None
+        cache = ResponseCache(cache_path, log=log) if use_cache else None
         client = LLMClient(endpoints, concurrency=concurrency, timeout=timeout, retries=retries, cache=cache, allow_remote=allow_remote,
                            send_seed=send_seed)
         try:

@@ -32,6 +32,7 @@ from experiments.study import CaseContext, RequestFailed, Study
 from models.errors import DataError, MedstackError
 from serving import server_metrics
 from serving.refs import ModelRef
+from serving.replicas import metrics_targets
 from serving.session import open_client
 
 
@@ -116,7 +117,8 @@ async def run_study(study: Study, settings: RunSettings, cases: list[dict] | Non
     async with _open(settings, study, api_key, client, log) as (client, identities):
         rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles})
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
-        before = {u: server_metrics.scrape(u) for u in urls}
+        targets = metrics_targets(urls)  # a replica group's URL -> its replicas' URLs (the router has no engine metrics)
+        before = {u: server_metrics.scrape(u) for members in targets.values() for u in members}
         t0 = time.perf_counter()
         try:
             await study.setup(client, settings, todo, rundir.path)
@@ -127,7 +129,7 @@ async def run_study(study: Study, settings: RunSettings, cases: list[dict] | Non
         wall = time.perf_counter() - t0
         stats = _run_stats(client, wall, settings, len(done), state)
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
-        stats["server"] = {u: server_metrics.summary(before[u], server_metrics.scrape(u)) for u in urls if before[u]}
+        stats["server"] = server_metrics.endpoint_figures(targets, before, {u: server_metrics.scrape(u) for u in before})
 
     latest = rundir.latest()
     records = [latest[i] for i in case_ids if i in latest]

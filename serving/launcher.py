@@ -25,6 +25,7 @@ from pathlib import Path
 from models.errors import MedstackError
 from models.paths import OFFLINE_ENV, medstack_home
 from models.registry import resolve_weights
+from serving.parallel import check_ray_cluster, local_ranks, parallel_args, rank_binding
 
 
 class ServeError(MedstackError):
@@ -74,6 +75,7 @@ class ServerSettings:
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1  # vLLM's own data parallel: N engine copies behind one API server
     gpu_memory_utilization: float | None = None
     distributed_backend: str | None = None  # "ray" for multi-node
     extra_args: list[str] = field(default_factory=list)
@@ -177,8 +179,8 @@ def effective_serve_settings(s: ServerSettings, on_gpu: bool) -> dict:
     if not on_gpu:
         chosen = {n: (CPU_DEFAULTS[n] if v is None else v) for n, v in chosen.items()}
         bind = chosen["cpu_threads_bind"]
-        if bind == "all":
-            bind = cpu_list(_usable_cpus())
+        if bind == "all":  # every usable core; one list per worker process where vLLM runs several
+            bind = rank_binding(_usable_cpus(), local_ranks(s))
         kv = chosen["cpu_kvcache_gb"]
         env_sources = {  # variable: (field, value)
             "VLLM_CPU_OMP_THREADS_BIND": ("cpu_threads_bind", bind),
@@ -223,13 +225,11 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
     if s.api_key:
         argv += ["--api-key", s.api_key]
     env = dict(OFFLINE_ENV) if os.environ.get("MEDSTACK_ALLOW_DOWNLOAD") != "1" else {}
+    argv += parallel_args(s)
     if on_gpu:
         argv += ["--dtype", "auto" if spec.dtype == "float32" else spec.dtype]
-        argv += ["--tensor-parallel-size", str(s.tensor_parallel_size), "--pipeline-parallel-size", str(s.pipeline_parallel_size)]
         if s.gpu_memory_utilization:
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-        if s.distributed_backend:
-            argv += ["--distributed-executor-backend", s.distributed_backend]
     else:
         # measured on 2-core CPU machines: float32 is ~6x faster than bf16; eager avoids a long compile
         argv += ["--dtype", "float32", "--enforce-eager"]
@@ -342,6 +342,8 @@ def start_server(s: ServerSettings, log=print) -> dict:
     argv, env = build_command(s, on_gpu)  # an unknown alias or missing weights is reported before the port
     if not port_free(s.host, s.port):
         raise ServeError(f"port {s.port} on {s.host} is already in use; pick another with --port")
+    if s.distributed_backend == "ray":
+        check_ray_cluster()
     log_path = logs_dir() / f"serve-{s.alias}-{s.port}.log"
     log(f"starting vLLM ({'GPU' if on_gpu else 'CPU'}) for {s.alias} on {s.base_url}; log: {log_path}")
     with open(log_path, "w") as logf:
@@ -399,24 +401,32 @@ def _kill_group(pid: int, grace: float = 20.0) -> None:
 def load_adapter(rec: dict, name: str, path: str) -> None:
     """Load a LoRA adapter into a running server started with runtime LoRA loading enabled."""
     body = json.dumps({"lora_name": name, "lora_path": str(Path(path).resolve())}).encode()
-    req = urllib.request.Request(rec["base_url"] + "/load_lora_adapter", data=body, headers={"Content-Type": "application/json"})
-    if rec.get("api_key"):
-        req.add_header("Authorization", f"Bearer {rec['api_key']}")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            r.read()
-    except urllib.error.HTTPError as e:
-        raise ServeError(f"server {rec['base_url']} refused adapter {name} ({path}): {e.read().decode(errors='replace')[:300]}") from None
+    for base_url in [m["base_url"] for m in rec.get("replicas", [])] or [rec["base_url"]]:  # a replica group: into every replica
+        req = urllib.request.Request(base_url + "/load_lora_adapter", data=body, headers={"Content-Type": "application/json"})
+        if rec.get("api_key"):
+            req.add_header("Authorization", f"Bearer {rec['api_key']}")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                r.read()
+        except urllib.error.HTTPError as e:
+            raise ServeError(f"server {base_url} refused adapter {name} ({path}): {e.read().decode(errors='replace')[:300]}") from None
     rec.setdefault("adapters", {})[name] = str(Path(path).resolve())
     if (servers_dir() / f"{rec['alias']}-{rec['port']}.json").exists():
         write_record(rec)
+
+
+def kill_record(rec: dict) -> None:
+    """Stop a recorded server: its process group and those of its members (a replica group's router first, then each replica)."""
+    _kill_group(rec["pid"])
+    for member in rec.get("replicas", []):
+        _kill_group(member["pid"])
 
 
 def stop_servers(alias: str | None = None, log=print) -> int:
     stopped = 0
     for rec in running_servers():
         if alias is None or rec["alias"] == alias:
-            _kill_group(rec["pid"])
+            kill_record(rec)
             (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
             log(f"stopped {rec['alias']} (pid {rec['pid']}, {rec['base_url']})")
             stopped += 1
@@ -441,7 +451,7 @@ def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, **k
     try:
         yield {**rec, "started_by_run": True}
     finally:
-        _kill_group(rec["pid"])
+        kill_record(rec)
         (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
 
 
@@ -465,5 +475,5 @@ def server_identity(rec: dict) -> dict:
         "engine": version, "device": rec.get("device"), "adapters": rec.get("adapters", {}),
         "base_url": rec["base_url"], "argv": rec.get("argv"), "env": rec.get("env"), "log": rec.get("log"),
         "started_by_run": bool(rec.get("started_by_run")),
-        **{k: rec[k] for k in ("serve_settings", "machine") if k in rec},
+        **{k: rec[k] for k in ("serve_settings", "machine", "router", "replicas") if k in rec},
     }

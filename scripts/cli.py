@@ -170,11 +170,12 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
 
 
 @serve_app.command("stop")
-def serve_stop(alias: Optional[str] = typer.Argument(None, help="Stop only this alias (default: all).")) -> None:
-    """Stop running servers."""
+def serve_stop(alias: Optional[str] = typer.Argument(None, help="Stop only this alias (default: all)."),
+               port: Optional[int] = typer.Option(None, help="Stop only the server (or replica group) listening on this port.")) -> None:
+    """Stop running servers (a replica group: its router and every replica)."""
     from serving.launcher import stop_servers
 
-    n = stop_servers(alias, log=lambda m: console.print(m))
+    n = stop_servers(alias, log=lambda m: console.print(m), port=port)
     if n == 0:
         console.print("no matching server running")
 

@@ -423,10 +423,10 @@ def kill_record(rec: dict) -> None:
         _kill_group(member["pid"])
 
 
-def stop_servers(alias: str | None = None, log=print) -> int:
+def stop_servers(alias: str | None = None, log=print, port: int | None = None) -> int:
     stopped = 0
     for rec in running_servers():
-        if alias is None or rec["alias"] == alias:
+        if (alias is None or rec["alias"] == alias) and (port is None or rec["port"] == port):
             kill_record(rec)
             (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
             log(f"stopped {rec['alias']} (pid {rec['pid']}, {rec['base_url']})")

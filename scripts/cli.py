@@ -99,7 +99,7 @@ def serve(
     distributed_backend: Optional[str] = typer.Option(None, help="'ray' for multi-node serving: joins the running Ray cluster ($RAY_ADDRESS or the one `ray start --head` recorded); 'mp' for vLLM's local processes."),
     data_parallel_size: int = typer.Option(1, min=1, help="vLLM's own data parallel: N engine copies behind one API server (vLLM balances between them)."),
     replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
-    router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (default, by measurement), round_robin, power_of_two, consistent_hash, random."),
+    router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (the router's default: a request goes to the replica caching its longest prefix), round_robin, power_of_two, consistent_hash, random."),
     router_arg: List[str] = typer.Option([], "--router-arg", help="With --replicas: one more argument to vllm-router as is (repeatable), e.g. --router-arg=--balance-abs-threshold=4."),
     device: str = typer.Option("auto", help="auto | cpu | gpu."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),

@@ -36,7 +36,8 @@ from serving.parallel import local_ranks, rank_binding, split_cpus
 
 # vllm-router's policies (vllm-router 0.1.17 --help); kv_aware and sticky_least_loaded need KV events / sessions we do not send.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")
-# Chosen by measurement (README "GPU boxes and distributed options"): a 10-case CRAFT-MD run through 2 replicas.
+# The router's own default. The A/B against round_robin on a CRAFT-MD run could not be completed on the shared
+# 2-core box (README "GPU boxes and distributed options"): measure it where replicas fit before changing this.
 DEFAULT_POLICY = "cache_aware"
 # A dead replica is found by the router's own health check within about interval x threshold seconds;
 # until then a request that fails on it is retried by the router (and by our client).

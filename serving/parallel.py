@@ -48,6 +48,8 @@ def rank_binding(cpus: list[int], ranks: int) -> str:
 
     if ranks <= 1:
         return cpu_list(cpus)
+    if len(cpus) < ranks:  # more ranks than cores: they take turns on the cores (slow, but it runs)
+        return "|".join(str(sorted(cpus)[i % len(cpus)]) for i in range(ranks))
     return "|".join(cpu_list(g) for g in split_cpus(cpus, ranks, what="parallel rank"))
 
 

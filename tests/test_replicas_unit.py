@@ -23,6 +23,7 @@ def test_rank_binding_gives_each_worker_process_its_own_cores():
     assert rank_binding([0, 1], 1) == "0-1"
     assert rank_binding([0, 1], 2) == "0|1"
     assert rank_binding(list(range(8)), 4) == "0-1|2-3|4-5|6-7"
+    assert rank_binding([0, 1], 4) == "0|1|0|1"  # more ranks than cores: shared, never refused
 
 
 def test_cpu_server_binding_follows_tensor_parallel_ranks(monkeypatch):

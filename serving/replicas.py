@@ -140,7 +140,7 @@ def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, rout
             logf.flush()
             router = subprocess.Popen(rargv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         router_pid = router.pid
-        deadline = time.time() + 120
+        deadline = time.time() + base.startup_timeout  # its Python launcher alone took ~110 s to import on a loaded 2-core box
         while not _router_ready(base.base_url):
             if router.poll() is not None or time.time() > deadline:
                 tail = "\n".join(router_log.read_text(errors="replace").splitlines()[-15:])

@@ -134,10 +134,10 @@ def test_tensor_parallel_2_on_cpu_matches_single_process(reference, cli):
         _stop(cli, port)
     result = compare(reference, outputs)
     print("TP=2 vs single process:", json.dumps(result, indent=1))
-    # float32 all-reduce adds the two halves' partial sums in another order than one process: greedy decoding
-    # may part at a near tie, never at the start (the first tokens' logits are far apart)
+    # measured on the 2-core AVX2 box: 8 of 8 identical. Float32 all-reduce adds the two halves' partial sums in
+    # another order than one process, so on another CPU a near tie may part an output late, never at its start
     assert all(d["agree_chars"] >= 8 for d in result["differences"]), result
-    assert result["equal"] >= len(PROMPTS) // 2, result
+    assert result["equal"] >= len(PROMPTS) - 2, result
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ from experiments.study import CaseContext, RequestFailed, Study, call_formats, f
 from models.errors import DataError, MedstackError, StorageError
 from serving import server_metrics
 from serving.refs import ModelRef
+from serving.replicas import metrics_targets
 from serving.session import open_client
 
 
@@ -139,7 +140,8 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         if settings.answers == "constrained":  # an endpoint without structured outputs: exit 2 before any case runs
             await client.check_structured_outputs(list(settings.roles) or None)
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
-        before = {u: server_metrics.scrape(u) for u in urls}
+        targets = metrics_targets(urls)  # a replica group's URL -> its replicas' URLs (the router has no engine metrics)
+        before = {u: server_metrics.scrape(u) for members in targets.values() for u in members}
         t0 = time.perf_counter()
         try:
             rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
@@ -155,7 +157,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         wall = time.perf_counter() - t0
         stats = _run_stats(client, wall, settings, len(done), state)
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
-        stats["server"] = {u: server_metrics.summary(before[u], server_metrics.scrape(u)) for u in urls if before[u]}
+        stats["server"] = server_metrics.endpoint_figures(targets, before, {u: server_metrics.scrape(u) for u in before})
 
     latest = {**known, **rundir.latest(drop=("calls",), start=offset)}  # metrics never read the call log
     records = [latest[i] for i in case_ids if i in latest]

@@ -97,10 +97,14 @@ def serve(
     startup_timeout: Optional[float] = typer.Option(None, min=1, help="Seconds vLLM may take to become ready (default: scales with the model's size and the device; CPU 900 s + 300 s per GiB of weights)."),
     detach: bool = typer.Option(False, help="Leave the server running and return."),
     max_model_len: Optional[int] = typer.Option(None, help="Context length (default: the registry's)."),
-    tensor_parallel_size: int = typer.Option(1, help="GPU: shard each layer across N GPUs."),
-    pipeline_parallel_size: int = typer.Option(1, help="GPU: split layers across N GPUs / nodes."),
+    tensor_parallel_size: int = typer.Option(1, help="Shard each layer across N GPUs (CPU: N worker processes, each bound to its own cores)."),
+    pipeline_parallel_size: int = typer.Option(1, help="Split the layers across N GPUs / nodes (CPU: N worker processes)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU: fraction of memory vLLM may take."),
-    distributed_backend: Optional[str] = typer.Option(None, help="GPU: 'ray' for multi-node serving (start the Ray cluster first)."),
+    distributed_backend: Optional[str] = typer.Option(None, help="'ray' for multi-node serving: joins the running Ray cluster ($RAY_ADDRESS or the one `ray start --head` recorded); 'mp' for vLLM's local processes."),
+    data_parallel_size: int = typer.Option(1, min=1, help="vLLM's own data parallel: N engine copies behind one API server (vLLM balances between them)."),
+    replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
+    router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (the router's default: a request goes to the replica caching its longest prefix), round_robin, power_of_two, consistent_hash, random."),
+    router_arg: List[str] = typer.Option([], "--router-arg", help="With --replicas: one more argument to vllm-router as is (repeatable), e.g. --router-arg=--balance-abs-threshold=4."),
     device: str = typer.Option("auto", help="auto | cpu | gpu."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
@@ -120,16 +124,20 @@ def serve(
         console.print(ctx.get_help())
         raise typer.Exit(2)
     from serving.launcher import ServerSettings, parse_lora, start_server, stop_servers
+    from serving.replicas import start_group
 
     settings = ServerSettings(
         alias=model, host=host, port=port, api_key=api_key, lora=parse_lora(lora), max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-        gpu_memory_utilization=gpu_memory_utilization, distributed_backend=distributed_backend, device=device,
+        gpu_memory_utilization=gpu_memory_utilization, distributed_backend=distributed_backend, device=device, data_parallel_size=data_parallel_size,
         allow_runtime_lora=runtime_lora, extra_args=list(vllm_arg), cpu_threads_bind=cpu_threads_bind, cpu_reserved=cpu_reserved, cpu_kvcache_gb=cpu_kvcache_gb,
         omp_threads=omp_threads, preload_iomp=preload_iomp, max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill,
         prefix_caching=prefix_caching, no_auth=no_auth, startup_timeout=startup_timeout,
     )
-    rec = start_server(settings, log=lambda m: console.print(m))
+    if replicas > 1:
+        rec = start_group(settings, replicas, router_policy, list(router_arg), log=lambda m: console.print(m))
+    else:
+        rec = start_server(settings, log=lambda m: console.print(m))
     out.print(rec["base_url"])
     if detach:
         console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop {model}`")
@@ -156,19 +164,23 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
     if not recs:
         console.print("no medstack servers running")
         return
-    table = Table("alias", "url", "pid", "adapters", "healthy", "log")
+    table = Table("alias", "url", "pid", "adapters", "healthy", "replicas", "log")
     for r in recs:
+        group = r.get("replicas")
+        key = os.environ.get("MEDSTACK_API_KEY")
+        members = (f"{sum(healthy(m['base_url'], key) for m in group)}/{len(group)} healthy, {r['router']['policy']}") if group else "-"
         table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-",
-                      str(healthy(r["base_url"], os.environ.get("MEDSTACK_API_KEY"))) + (" (keyed)" if r.get("api_key_sha256") else ""), r["log"])
+                      str(healthy(r["base_url"], key)) + (" (keyed)" if r.get("api_key_sha256") else ""), members, r["log"])
     out.print(table)
 
 
 @serve_app.command("stop")
-def serve_stop(alias: Optional[str] = typer.Argument(None, help="Stop only this alias (default: all).")) -> None:
-    """Stop running servers."""
+def serve_stop(alias: Optional[str] = typer.Argument(None, help="Stop only this alias (default: all)."),
+               port: Optional[int] = typer.Option(None, help="Stop only the server (or replica group) listening on this port.")) -> None:
+    """Stop running servers (a replica group: its router and every replica)."""
     from serving.launcher import stop_servers
 
-    n = stop_servers(alias, log=lambda m: console.print(m))
+    n = stop_servers(alias, log=lambda m: console.print(m), port=port)
     if n == 0:
         console.print("no matching server running")
 

@@ -26,6 +26,7 @@ from models.errors import MedstackError
 from models.paths import OFFLINE_ENV, medstack_home, private_dir, private_file
 from models.registry import resolve_weights
 from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, public_env, redact_argv
+from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
 
 
 class ServeError(MedstackError):
@@ -88,6 +89,7 @@ class ServerSettings:
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1  # vLLM's own data parallel: N engine copies behind one API server
     gpu_memory_utilization: float | None = None
     distributed_backend: str | None = None  # "ray" for multi-node
     extra_args: list[str] = field(default_factory=list)
@@ -192,8 +194,8 @@ def effective_serve_settings(s: ServerSettings, on_gpu: bool) -> dict:
     if not on_gpu:
         chosen = {n: (CPU_DEFAULTS[n] if v is None else v) for n, v in chosen.items()}
         bind = chosen["cpu_threads_bind"]
-        if bind == "all":
-            bind = cpu_list(_usable_cpus())
+        if bind == "all":  # every usable core; one list per worker process where vLLM runs several
+            bind = rank_binding(_usable_cpus(), local_ranks(s))
         kv = chosen["cpu_kvcache_gb"]
         env_sources = {  # variable: (field, value)
             "VLLM_CPU_OMP_THREADS_BIND": ("cpu_threads_bind", bind),
@@ -238,13 +240,11 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
     env = dict(OFFLINE_ENV) if os.environ.get("MEDSTACK_ALLOW_DOWNLOAD") != "1" else {}
     if s.api_key:  # through the environment: argv is visible to every local user (ps)
         env[SERVER_KEY_ENV] = s.api_key
+    argv += parallel_args(s)
     if on_gpu:
         argv += ["--dtype", "auto" if spec.dtype == "float32" else spec.dtype]
-        argv += ["--tensor-parallel-size", str(s.tensor_parallel_size), "--pipeline-parallel-size", str(s.pipeline_parallel_size)]
         if s.gpu_memory_utilization:
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-        if s.distributed_backend:
-            argv += ["--distributed-executor-backend", s.distributed_backend]
     else:
         # measured on 2-core CPU machines: float32 is ~6x faster than bf16; eager avoids a long compile
         argv += ["--dtype", "float32", "--enforce-eager"]
@@ -383,6 +383,9 @@ def start_server(s: ServerSettings, log=print) -> dict:
     argv, env = build_command(s, on_gpu)  # an unknown alias or missing weights is reported before the port
     if not port_free(s.host, s.port):
         raise ServeError(f"port {s.port} on {s.host} is already in use; pick another with --port")
+    if s.distributed_backend == "ray":
+        check_backend_supported(s, on_gpu)
+        check_ray_cluster()
     timeout = s.startup_timeout or default_startup_timeout(resolve_weights(s.alias)[1], on_gpu)
     log_path = logs_dir() / f"serve-{s.alias}-{s.port}.log"
     log(f"starting vLLM ({'GPU' if on_gpu else 'CPU'}) for {s.alias} on {s.base_url}; log: {log_path}")
@@ -444,24 +447,32 @@ def load_adapter(rec: dict, name: str, path: str) -> None:
     """Load a LoRA adapter into a running server started with runtime LoRA loading enabled."""
     check_adapter_name(name)
     body = json.dumps({"lora_name": name, "lora_path": str(Path(path).resolve())}).encode()
-    req = urllib.request.Request(rec["base_url"] + "/load_lora_adapter", data=body, headers={"Content-Type": "application/json"})
-    if rec.get("api_key"):
-        req.add_header("Authorization", f"Bearer {rec['api_key']}")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            r.read()
-    except urllib.error.HTTPError as e:
-        raise ServeError(f"server {rec['base_url']} refused adapter {name} ({path}): {e.read().decode(errors='replace')[:300]}") from None
+    for base_url in [m["base_url"] for m in rec.get("replicas", [])] or [rec["base_url"]]:  # a replica group: into every replica
+        req = urllib.request.Request(base_url + "/load_lora_adapter", data=body, headers={"Content-Type": "application/json"})
+        if rec.get("api_key"):
+            req.add_header("Authorization", f"Bearer {rec['api_key']}")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                r.read()
+        except urllib.error.HTTPError as e:
+            raise ServeError(f"server {base_url} refused adapter {name} ({path}): {e.read().decode(errors='replace')[:300]}") from None
     rec.setdefault("adapters", {})[name] = str(Path(path).resolve())
     if (servers_dir() / f"{rec['alias']}-{rec['port']}.json").exists():
         write_record(rec)
 
 
-def stop_servers(alias: str | None = None, log=print) -> int:
+def kill_record(rec: dict) -> None:
+    """Stop a recorded server: its process group and those of its members (a replica group's router first, then each replica)."""
+    _kill_group(rec["pid"])
+    for member in rec.get("replicas", []):
+        _kill_group(member["pid"])
+
+
+def stop_servers(alias: str | None = None, log=print, port: int | None = None) -> int:
     stopped = 0
     for rec in running_servers():
-        if alias is None or rec["alias"] == alias:
-            _kill_group(rec["pid"])
+        if (alias is None or rec["alias"] == alias) and (port is None or rec["port"] == port):
+            kill_record(rec)
             (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
             log(f"stopped {rec['alias']} (pid {rec['pid']}, {rec['base_url']})")
             stopped += 1
@@ -488,7 +499,7 @@ def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, api
     try:
         yield {**rec, "started_by_run": True}
     finally:
-        _kill_group(rec["pid"])
+        kill_record(rec)
         (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
 
 
@@ -516,6 +527,13 @@ def server_identity(rec: dict) -> dict:
     ident.update({k: rec[k] for k in IDENTITY_FIELDS if k in rec})
     ident["argv"] = redact_argv(rec["argv"]) if rec.get("argv") else None
     ident["env"] = public_env(rec.get("env"))
+    if rec.get("replicas"):  # a replica group: each member's command line and environment, redacted the same way
+        ident["replicas"] = [{**{k: v for k, v in m.items() if k not in ("api_key", "argv", "env")},
+                              "argv": redact_argv(m["argv"]) if m.get("argv") else None, "env": public_env(m.get("env"))}
+                             for m in rec["replicas"]]
+    if rec.get("router"):
+        ident["router"] = {**{k: v for k, v in rec["router"].items() if k not in ("api_key", "argv", "env")},
+                           "argv": redact_argv(rec["router"]["argv"]) if rec["router"].get("argv") else None}
     return ident
 
 

@@ -115,3 +115,27 @@ def summary(before: dict, after: dict) -> dict:
         "prefix_cache_hit_tokens": delta(before, after, h) if h else None,
         **ttft_split(before, after),
     }
+
+
+def combine(snapshots: list[dict]) -> dict[str, float]:
+    """Several servers' snapshots summed (a replica group's counters as one server's)."""
+    out: dict[str, float] = {}
+    for snap in snapshots:
+        for name, value in snap.items():
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def endpoint_figures(targets: dict[str, list[str]], before: dict[str, dict], after: dict[str, dict]) -> dict:
+    """``summary`` per scraped server; for an endpoint backed by several (a replica group) also the group's
+    figures over the servers that answered both scrapes, under the endpoint's own URL."""
+    out = {}
+    for url, members in targets.items():
+        answered = [m for m in members if before.get(m) and after.get(m)]
+        if members != [url] and answered:
+            out[url] = {**summary(combine([before[m] for m in answered]), combine([after[m] for m in answered])),
+                        "replicas": len(members), "replicas_scraped": len(answered)}
+        for m in members:
+            if before.get(m):
+                out[m] = summary(before[m], after.get(m) or {})
+    return out

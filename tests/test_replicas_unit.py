@@ -1,0 +1,151 @@
+"""Replica groups, vLLM's parallel options and the router's command line, without starting anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.errors import MedstackError
+from serving import server_metrics
+from serving.launcher import ServerSettings, build_command, kill_record, write_record
+from serving.parallel import check_ray_cluster, parallel_args, rank_binding, split_cpus
+from serving.replicas import ROUTER_POLICIES, metrics_targets, plan_replicas, router_argv
+
+
+def test_split_cpus_is_disjoint_contiguous_and_even():
+    assert split_cpus([0, 1], 2) == [[0], [1]]
+    assert split_cpus(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert split_cpus([5, 3, 4, 6], 2) == [[3, 4], [5, 6]]
+    with pytest.raises(MedstackError, match="3 replicas need at least one core each, but only 2"):
+        split_cpus([0, 1], 3, what="replica")
+
+
+def test_rank_binding_gives_each_worker_process_its_own_cores():
+    assert rank_binding([0, 1], 1) == "0-1"
+    assert rank_binding([0, 1], 2) == "0|1"
+    assert rank_binding(list(range(8)), 4) == "0-1|2-3|4-5|6-7"
+    assert rank_binding([0, 1], 4) == "0|1|0|1"  # more ranks than cores: shared, never refused
+
+
+def test_cpu_server_binding_follows_tensor_parallel_ranks(monkeypatch):
+    monkeypatch.setattr("serving.launcher._usable_cpus", lambda: [0, 1, 2, 3])
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    argv, env = build_command(ServerSettings(alias="embedded", tensor_parallel_size=2), on_gpu=False)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+    joined = " ".join(argv)
+    assert "--tensor-parallel-size 2" in joined and "--data-parallel-size" not in joined
+    _, env = build_command(ServerSettings(alias="embedded"), on_gpu=False)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
+    argv, env = build_command(ServerSettings(alias="embedded", data_parallel_size=2, distributed_backend="mp"), on_gpu=False)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+    assert "--data-parallel-size 2" in " ".join(argv) and "--distributed-executor-backend mp" in " ".join(argv)
+
+
+def test_parallel_args_on_both_builds():
+    s = ServerSettings(alias="x", tensor_parallel_size=4, pipeline_parallel_size=2, distributed_backend="ray")
+    assert parallel_args(s) == ["--tensor-parallel-size", "4", "--pipeline-parallel-size", "2", "--distributed-executor-backend", "ray"]
+
+
+def test_cpu_replicas_split_cores_and_kv_cache():
+    plans = plan_replicas(ServerSettings(alias="embedded", port=8110, host="0.0.0.0"), 2, on_gpu=False, cpus=[0, 1, 2, 3])
+    assert [p["cpus"] for _, p in plans] == [[0, 1], [2, 3]]
+    assert [s.cpu_threads_bind for s, _ in plans] == ["0-1", "2-3"]
+    assert all(s.cpu_kvcache_gb == 1 and s.host == "127.0.0.1" for s, _ in plans)  # replicas are loopback-only; the router takes --host
+    envs = [build_command(s, on_gpu=False)[1] for s, _ in plans]
+    assert [e["VLLM_CPU_OMP_THREADS_BIND"] for e in envs] == ["0-1", "2-3"]
+    assert all(e["VLLM_CPU_KVCACHE_SPACE"] == "1" for e in envs)
+    # tensor parallel inside each replica: one core list per rank, replicas disjoint
+    plans = plan_replicas(ServerSettings(alias="embedded", tensor_parallel_size=2, cpu_kvcache_gb=3), 2, on_gpu=False, cpus=list(range(8)))
+    assert [s.cpu_threads_bind for s, _ in plans] == ["0-1|2-3", "4-5|6-7"] and all(s.cpu_kvcache_gb == 3 for s, _ in plans)
+
+
+def test_replica_plans_refuse_what_cannot_work():
+    with pytest.raises(MedstackError, match="at least one core each"):
+        plan_replicas(ServerSettings(alias="embedded"), 3, on_gpu=False, cpus=[0, 1])
+    with pytest.raises(MedstackError, match="--cpu-threads-bind"):
+        plan_replicas(ServerSettings(alias="embedded", cpu_threads_bind="0-1"), 2, on_gpu=False, cpus=[0, 1])
+    with pytest.raises(MedstackError, match="needs 8 GPUs; this machine has 4"):
+        plan_replicas(ServerSettings(alias="x", tensor_parallel_size=4), 2, on_gpu=True, gpus=4)
+    with pytest.raises(MedstackError, match="at least 2"):
+        plan_replicas(ServerSettings(alias="x"), 1, on_gpu=False, cpus=[0, 1])
+
+
+def test_gpu_replicas_get_their_own_devices():
+    plans = plan_replicas(ServerSettings(alias="x", tensor_parallel_size=2), 4, on_gpu=True, gpus=8)
+    assert [p["env"]["CUDA_VISIBLE_DEVICES"] for _, p in plans] == ["0,1", "2,3", "4,5", "6,7"]
+
+
+def test_router_argv():
+    argv = router_argv("127.0.0.1", 8110, ["http://127.0.0.1:1", "http://127.0.0.1:2"], "round_robin", 29555)
+    joined = " ".join(argv)
+    assert "-m vllm_router.launch_router" in joined and "--worker-urls http://127.0.0.1:1 http://127.0.0.1:2" in joined
+    assert "--policy round_robin" in joined and "--port 8110" in joined and "--prometheus-port 29555" in joined
+    assert "--health-check-interval-secs" in joined
+    assert "cache_aware" in ROUTER_POLICIES
+    with pytest.raises(MedstackError, match="expected one of"):
+        router_argv("127.0.0.1", 1, ["http://x:1"], "fastest", 2)
+
+
+def test_router_cli_knows_the_flags_we_pass():
+    """The flags we build are the installed vllm-router's own (its argparse, not a guess)."""
+    import argparse
+
+    from vllm_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser)
+    args = parser.parse_args(router_argv("127.0.0.1", 8110, ["http://127.0.0.1:1"], "cache_aware", 29555)[3:])
+    assert args.policy == "cache_aware" and args.worker_urls == ["http://127.0.0.1:1"] and args.health_check_interval_secs == 5
+
+
+def test_group_record_is_found_stopped_and_scraped_as_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDSTACK_HOME", str(tmp_path))
+    import subprocess
+
+    procs = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(3)]
+    rec = {"alias": "embedded", "port": 8110, "pid": procs[0].pid, "base_url": "http://127.0.0.1:8110/v1",
+           "replicas": [{"pid": p.pid, "base_url": f"http://127.0.0.1:{9000 + i}/v1"} for i, p in enumerate(procs[1:])]}
+    write_record(rec)
+    assert metrics_targets(["http://127.0.0.1:8110/v1", "http://127.0.0.1:8000/v1"]) == {
+        "http://127.0.0.1:8110/v1": ["http://127.0.0.1:9000/v1", "http://127.0.0.1:9001/v1"],
+        "http://127.0.0.1:8000/v1": ["http://127.0.0.1:8000/v1"]}
+    kill_record(rec)  # the router's process group and every replica's
+    for p in procs:  # each ended (a survivor would make wait() time out); _kill_group reaps them, so no status is left
+        p.wait(timeout=30)
+
+
+def test_group_figures_sum_the_replicas_that_answered():
+    q, h = server_metrics.PREFIX_QUERIES[0], server_metrics.PREFIX_HITS[0]
+    before = {"a": {q: 0, h: 0}, "b": {q: 100, h: 10}}
+    after = {"a": {q: 100, h: 80}, "b": {q: 200, h: 30}}
+    figs = server_metrics.endpoint_figures({"router": ["a", "b"], "solo": ["solo"]}, before, after)
+    assert figs["a"]["prefix_cache_hit_rate"] == 0.8 and figs["b"]["prefix_cache_hit_rate"] == 0.2
+    assert figs["router"]["prefix_cache_hit_rate"] == 0.5 and figs["router"]["replicas_scraped"] == 2
+    # a replica killed mid-run answers no second scrape: the group's figure is over the others
+    figs = server_metrics.endpoint_figures({"router": ["a", "b"]}, before, {"a": after["a"], "b": {}})
+    assert figs["router"]["prefix_cache_hit_rate"] == 0.8 and figs["router"]["replicas_scraped"] == 1
+
+
+def test_ray_backend_without_a_cluster_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("serving.parallel.Path", lambda p: tmp_path / "no-such-file")
+    with pytest.raises(MedstackError, match="ray start --head"):
+        check_ray_cluster()
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens on port 1
+    with pytest.raises(MedstackError, match="does not answer"):
+        check_ray_cluster()
+
+
+def test_ray_on_the_cpu_build_is_refused_with_the_reason():
+    """vllm-cpu declares no Ray device (the reason vLLM itself stops a Ray start on CPU); when a
+    build does, this test fails and the refusal in serving/parallel.py should go."""
+    from vllm.platforms import current_platform
+
+    from serving.parallel import check_backend_supported
+
+    if not current_platform.is_cpu():
+        pytest.skip("GPU build: Ray is supported")
+    assert current_platform.ray_device_key == ""
+    with pytest.raises(MedstackError, match="CPU build of vLLM cannot run on Ray"):
+        check_backend_supported(ServerSettings(alias="embedded", distributed_backend="ray"), on_gpu=False)
+    check_backend_supported(ServerSettings(alias="embedded", distributed_backend="ray"), on_gpu=True)  # GPU: allowed
+    check_backend_supported(ServerSettings(alias="embedded", tensor_parallel_size=2), on_gpu=False)

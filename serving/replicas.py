@@ -28,14 +28,13 @@ import time
 import urllib.request
 from dataclasses import replace
 
-from serving.secrets import check_exposure, public_env
 from models.registry import resolve_weights
 from serving.launcher import (
-    default_startup_timeout,
-    CPU_DEFAULTS, ServeError, ServerSettings, _kill_group, _usable_cpus, build_command, effective_serve_settings,
+    CPU_DEFAULTS, ServeError, ServerSettings, _kill_group, _usable_cpus, build_command, default_startup_timeout, effective_serve_settings,
     free_port, has_nvidia_gpu, logs_dir, machine_facts, port_free, running_servers, wait_healthy, write_record,
 )
 from serving.parallel import local_ranks, rank_binding, split_cpus
+from serving.secrets import check_exposure, public_env
 
 # vllm-router's policies (vllm-router 0.1.17 --help); kv_aware and sticky_least_loaded need KV events / sessions we do not send.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")

@@ -32,6 +32,9 @@ def _command(task: str):
         early_stopping_patience: Optional[int] = typer.Option(None, "--early-stopping-patience", help="Stop after P evaluations without a lower valid loss."),
         limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N training samples (smoke runs)."),
         set_: List[str] = typer.Option([], "--set", help="Any recipe key, SECTION.KEY=VALUE (repeatable), e.g. --set lora.r=16 --set training.learning_rate=2e-4."),
+        processes: int = typer.Option(1, "--processes", help="Train on N processes with `accelerate launch` (DDP; one per GPU, or N CPU "
+                                      "processes with gloo); training.batch_size stays the global batch. The command line is printed."),
+        fsdp: bool = typer.Option(False, "--fsdp", help="With --processes N: fully sharded data parallel (finetune/accelerate_fsdp.yaml) instead of DDP."),
     ) -> None:
         from experiments.commands import resolve_data
         from finetune.recipe import default_config, load_recipe, merge_overrides, parse_assignments, strip_none
@@ -47,9 +50,18 @@ def _command(task: str):
         overrides = merge_overrides(strip_none(overrides), parse_assignments(set_))
         recipe = load_recipe(config or default_config(base), overrides)
 
-        from finetune.sft import train
+        if processes > 1 or fsdp:
+            from finetune.launch import LaunchFailed, launch
 
-        metrics = train(recipe, log=lambda m: typer.echo(m, err=True))
+            try:
+                metrics = launch(recipe, processes, fsdp=fsdp, log=lambda m: typer.echo(m, err=True))
+            except LaunchFailed as e:  # the processes ran and failed: checkpoints are kept, a re-run resumes
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(3)
+        else:
+            from finetune.sft import train
+
+            metrics = train(recipe, log=lambda m: typer.echo(m, err=True))
         typer.echo(
             f"train loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f} over {metrics['global_step']} steps; "
             f"valid loss {metrics['final_valid_loss'] if metrics['final_valid_loss'] is not None else '-'}; "

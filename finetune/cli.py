@@ -32,7 +32,7 @@ def _command(task: str):
         early_stopping_patience: Optional[int] = typer.Option(None, "--early-stopping-patience", help="Stop after P evaluations without a lower valid loss."),
         limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N training samples (smoke runs)."),
         set_: List[str] = typer.Option([], "--set", help="Any recipe key, SECTION.KEY=VALUE (repeatable), e.g. --set lora.r=16 --set training.learning_rate=2e-4."),
-        processes: int = typer.Option(1, "--processes", help="Train on N processes with `accelerate launch` (DDP; one per GPU, or N CPU "
+        processes: int = typer.Option(1, "--processes", min=1, help="Train on N processes with `accelerate launch` (DDP; one per GPU, or N CPU "
                                       "processes with gloo); training.batch_size stays the global batch. The command line is printed."),
         fsdp: bool = typer.Option(False, "--fsdp", help="With --processes N: fully sharded data parallel (finetune/accelerate_fsdp.yaml) instead of DDP."),
     ) -> None:

@@ -34,6 +34,9 @@ def _command(task: str):
         set_: List[str] = typer.Option([], "--set", help="Any recipe key, SECTION.KEY=VALUE (repeatable), e.g. --set lora.r=16 --set training.learning_rate=2e-4."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Train nothing: write OUT/samples.jsonl, one line per training (--limit applies) "
                                      "and validation sample (split, id, messages; the rendered text when the base's tokenizer is on this machine)."),
+        processes: int = typer.Option(1, "--processes", min=1, help="Train on N processes with `accelerate launch` (DDP; one per GPU, or N CPU "
+                                      "processes with gloo); training.batch_size stays the global batch. The command line is printed."),
+        fsdp: bool = typer.Option(False, "--fsdp", help="With --processes N: fully sharded data parallel (finetune/accelerate_fsdp.yaml) instead of DDP."),
     ) -> None:
         from experiments.commands import resolve_data
         from finetune.recipe import default_config, load_recipe, merge_overrides, parse_assignments, strip_none
@@ -52,9 +55,18 @@ def _command(task: str):
             _dry_run(recipe)
             return
 
-        from finetune.sft import train
+        if processes > 1 or fsdp:
+            from finetune.launch import LaunchFailed, launch
 
-        metrics = train(recipe, log=lambda m: typer.echo(m, err=True))
+            try:
+                metrics = launch(recipe, processes, fsdp=fsdp, log=lambda m: typer.echo(m, err=True))
+            except LaunchFailed as e:  # the processes ran and failed: checkpoints are kept, a re-run resumes
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(3)
+        else:
+            from finetune.sft import train
+
+            metrics = train(recipe, log=lambda m: typer.echo(m, err=True))
         typer.echo(
             f"train loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f} over {metrics['global_step']} steps; "
             f"valid loss {metrics['final_valid_loss'] if metrics['final_valid_loss'] is not None else '-'}; "

@@ -118,14 +118,24 @@ class TrainingSection(_Section):
             )
         return self
 
-    def accumulation(self, world_size: int = 1) -> int:
-        per_step = self.per_device_train_batch_size * world_size
-        if self.batch_size % per_step:
+    def split(self, world_size: int = 1) -> tuple[int, int]:
+        """``batch_size`` (the global batch) -> (per-device batch, accumulation steps) on ``world_size`` processes.
+
+        per_device x accumulation x processes = batch_size. The configured per-device batch is kept when it
+        divides; otherwise (more processes than the accumulation allows) it is lowered to the largest size
+        that does, so a recipe trains with the same global batch on any number of processes.
+        """
+        if self.batch_size % world_size:
             raise ConfigError(
-                f"training.batch_size {self.batch_size} cannot be split over {world_size} process(es) x "
-                f"per_device_train_batch_size {self.per_device_train_batch_size}"
+                f"training.batch_size {self.batch_size} (the global batch) cannot be split over {world_size} processes; "
+                f"use a number of processes that divides it"
             )
-        return self.batch_size // per_step
+        per_process = self.batch_size // world_size
+        per_device = max(d for d in range(1, self.per_device_train_batch_size + 1) if per_process % d == 0)
+        return per_device, per_process // per_device
+
+    def accumulation(self, world_size: int = 1) -> int:
+        return self.split(world_size)[1]
 
 
 class Recipe(_Section):
@@ -150,7 +160,13 @@ class Recipe(_Section):
 
 
 def world_size() -> int:
+    """Processes of this training (``accelerate launch`` / torchrun set WORLD_SIZE; 1 otherwise)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_rank_zero() -> bool:
+    """The process that writes the adapter, the metrics and the log (rank 0, or the only process)."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def parse_assignments(items: list[str]) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from finetune.callbacks import LossProgressCallback, ThroughputCallback
 from finetune.data import build_dataset, collator, completion_loss, dataset_stats, load_pairs
-from finetune.recipe import Recipe, load_recipe, parse_assignments, require_4bit_support, world_size
+from finetune.recipe import Recipe, is_rank_zero, load_recipe, parse_assignments, require_4bit_support, world_size
 from finetune.report import plot_losses, summarize, write_metrics
 from models.registry import resolve_weights
 
@@ -85,6 +86,8 @@ def merge_adapter(weights: Path, adapter_dir: Path, out_dir: Path, dtype: torch.
 def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
     """Fine-tune per ``recipe``; ``weights`` replaces the base alias's resolved weights dir (tests use a tiny model)."""
     t_start = time.perf_counter()
+    if not is_rank_zero():  # under `accelerate launch` only rank 0 reports (every rank trains)
+        log = lambda *_: None  # noqa: E731
     out = recipe.out_dir()
     out.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
@@ -129,6 +132,7 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
                              target_modules=lora.target_modules, task_type="CAUSAL_LM")
     model = get_peft_model(model, peft_config)
     t = recipe.training
+    per_device, accumulation = t.split(world_size())  # batch_size is the global batch on any number of processes
     has_valid = valid_ds is not None
     eval_steps = t.eval_steps or (t.max_steps if t.max_steps > 0 else None)
     strategy = ("steps" if eval_steps else "epoch") if has_valid else "no"
@@ -136,8 +140,8 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
         output_dir=str(out), seed=t.seed, use_cpu=not on_gpu,
         # transformers >= 5 (requirements.txt) reads a float warmup_steps < 1 as a fraction of the steps (warmup_ratio is gone)
         learning_rate=t.learning_rate, lr_scheduler_type=t.lr_scheduler_type, warmup_steps=t.warmup_ratio,
-        per_device_train_batch_size=t.per_device_train_batch_size, per_device_eval_batch_size=t.per_device_eval_batch_size,
-        gradient_accumulation_steps=t.accumulation(world_size()),
+        per_device_train_batch_size=per_device, per_device_eval_batch_size=t.per_device_eval_batch_size,
+        gradient_accumulation_steps=accumulation,
         num_train_epochs=t.epochs, max_steps=t.max_steps, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
         optim=t.optim, dataloader_drop_last=t.dataloader_drop_last,
         train_sampling_strategy="group_by_length" if t.group_by_length else "random",
@@ -159,6 +163,14 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
     trainer.add_callback(LossProgressCallback())
     if trainer.is_world_process_zero():
         model.print_trainable_parameters()
+    state = trainer.accelerator.state
+    distributed = {"type": str(state.distributed_type).rsplit(".", 1)[-1], "backend": state.backend, "processes": state.num_processes,
+                   "per_device_batch": per_device, "accumulation": accumulation, "global_batch": per_device * accumulation * state.num_processes}
+    if state.num_processes > 1:
+        log(f"distributed: {json.dumps(distributed)}")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and distributed["type"] != "FSDP":
+        log(f"warning: the accelerate config asks for FSDP, but these processes train as {distributed['type']} (plain data "
+            "parallel, the model replicated): accelerate applies FSDP only to GPU (accelerator) process groups")
 
     # ---- train
     result = trainer.train(resume_from_checkpoint=last_checkpoint)
@@ -187,7 +199,7 @@ def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
     metrics = summarize(trainer.state.log_history, throughput.train_tokens, throughput.train_seconds, time.perf_counter() - t_start)
     metrics.update({
         "task": d.task, "base": recipe.model.base, "weights": str(weights), "device": "cuda" if on_gpu else "cpu",
-        "dtype": str(dtype).removeprefix("torch."), "world_size": world_size(), "data": data_stats,
+        "dtype": str(dtype).removeprefix("torch."), "world_size": world_size(), "distributed": distributed, "data": data_stats,
         "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
         "final_valid_loss": eval_metrics.get("eval_loss"), "adapter": str(adapter_dir),
         "planned_steps": planned, "early_stopping_patience": t.early_stopping_patience, "stopped_early": stopped_early,
@@ -220,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     except MedstackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: metrics[k] for k in ("first_loss", "last_loss", "best_valid_loss", "train_tokens_per_s", "train_seconds", "adapter")}))
+    if is_rank_zero():
+        print(json.dumps({k: metrics[k] for k in ("first_loss", "last_loss", "best_valid_loss", "train_tokens_per_s", "train_seconds", "adapter")}))
     return 0
 
 

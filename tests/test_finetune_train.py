@@ -39,6 +39,57 @@ def test_a_few_steps_lower_the_training_loss(trained):
     assert any(out.glob("checkpoint-*"))
 
 
+# ------------------------------------------------------------------ two CPU processes (accelerate launch, gloo)
+
+@pytest.fixture(scope="module")
+def trained_2proc(tmp_path_factory, cli):
+    """The same recipe through `--processes 2`: 3 steps (the 1-process run's schedule is constant, so its first 3 steps compare)."""
+    out = tmp_path_factory.mktemp("ft2") / "nlu"
+    p = cli("finetune", "meditod-nlu", "--data", str(FIX / "dialogs.json"), "--base", "embedded", "--config", str(FIX / "test-cpu.yaml"),
+            "--out", str(out), "--processes", "2", "--max-steps", "3", "--set", "training.eval_steps=3", timeout=1200)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return out, p
+
+
+def test_two_cpu_processes_follow_the_one_process_loss_curve(trained, trained_2proc):
+    (out1, _), (out2, proc) = trained, trained_2proc
+    assert "CPU (gloo), 2 processes: accelerate launch --config_file finetune/accelerate_ddp.yaml --num_processes 2" in proc.stderr
+    m1 = json.loads((out1 / "train_metrics.json").read_text())
+    m2 = json.loads((out2 / "train_metrics.json").read_text())
+    # the recipe's batch_size (4) is the global batch: 2 per device x 2 accumulation on one process, x 2 processes on two
+    assert m2["distributed"] == {"type": "MULTI_CPU", "backend": "gloo", "processes": 2, "per_device_batch": 2, "accumulation": 1,
+                                 "global_batch": 4}
+    assert m1["distributed"]["global_batch"] == 4 and m1["distributed"]["accumulation"] == 2 and m2["world_size"] == 2
+    # every optimizer step sees the same samples in the same micro-batches (seeded sampler, rank r = accumulation step r),
+    # so only the order of floating-point sums differs (measured: < 2e-5 absolute); tolerance 1e-3 relative
+    one = {p["step"]: p["loss"] for p in m1["train"]}
+    two = {p["step"]: p["loss"] for p in m2["train"]}
+    assert sorted(two) == [1, 2, 3] and two[3] < two[1]
+    assert all(two[s] == pytest.approx(one[s], rel=1e-3) for s in two), (one, two)
+    valid1 = {p["step"]: p["loss"] for p in m1["valid"]}
+    assert [p["step"] for p in m2["valid"]] == [3] and m2["valid"][0]["loss"] == pytest.approx(valid1[3], rel=1e-3)
+    assert m2["train_tokens"] == 3 * m1["data"]["train"]["tokens"]  # both processes' tokens counted: the whole data set per step
+    # one adapter, written by rank 0 (the only process that logs)
+    assert (proc.stdout + proc.stderr).count("adapter saved to") == 1
+    assert sorted(x.parent.name for x in out2.rglob("adapter_model.safetensors")) == ["adapter", "checkpoint-3"]
+
+
+@pytest.mark.e2e
+def test_two_process_adapter_is_served_and_scored(trained_2proc, cli, embedded_server, tmp_path):
+    """The 2-process adapter is an adapter like any other: vLLM serves it, the MediTOD NLU supervised run scores it."""
+    out, _ = trained_2proc
+    name = f"ft2-nlu-{os.getpid()}"  # unique: a shared dev server keeps adapters loaded by earlier sessions
+    run = tmp_path / "nlu-supervised"
+    r = cli("run", "meditod-nlu", "--data", str(FIX / "dialogs.json"), "--split", "test", "--mode", "supervised",
+            "--lora", f"{name}={out / 'adapter'}", "--model", f"embedded@{embedded_server['base_url']}", "--max-tokens", "48",
+            "--out", str(run), "--no-cache")
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
+    assert recs and all(x["status"] == "ok" and x["lora"] == name and x["usage"]["total"]["completion_tokens"] > 0 for x in recs)
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["case_status"]["failed"] == 0 and 0.0 <= m["f1"] <= 1.0
+
+
 def test_adapter_reloads_with_peft_and_changes_the_model(trained):
     import torch
     from peft import PeftModel

@@ -65,6 +65,51 @@ def test_unknown_key_and_bad_batch_are_rejected():
         load_recipe(None, {"training": {"batch_size": 16, "per_device_train_batch_size": 2}}).training.accumulation(3)
 
 
+def test_batch_size_is_the_global_batch_on_any_number_of_processes():
+    t = load_recipe(CONFIG_DIR / "embedded-cpu.yaml").training  # batch 16, 2 per device
+    assert [t.split(n) for n in (1, 2, 4, 8, 16)] == [(2, 8), (2, 4), (2, 2), (2, 1), (1, 1)]  # (per device, accumulation)
+    t = load_recipe(CONFIG_DIR / "llama3-8b-nlu.yaml").training  # batch 16, 4 per device
+    assert [t.split(n) for n in (1, 2, 8)] == [(4, 4), (4, 2), (2, 1)]  # 8 GPUs: the per-device batch drops to 2
+    assert all(pd * acc * n == 16 for n in (1, 2, 4, 8, 16) for pd, acc in [t.split(n)])
+    with pytest.raises(ConfigError, match="batch_size 16 .* cannot be split over 3 processes"):
+        t.split(3)
+
+
+def test_launch_command_and_its_checks(tmp_path):
+    from finetune.launch import check_processes, launch_argv
+
+    argv = launch_argv(Path("runs/x/recipe.yaml"), 2, port=8155)
+    assert argv == ["accelerate", "launch", "--config_file", "finetune/accelerate_ddp.yaml", "--num_processes", "2",
+                    "--main_process_port", "8155", "-m", "finetune.sft", "runs/x/recipe.yaml"]
+    assert launch_argv(Path("r.yaml"), 4, fsdp=True, port=1)[3] == "finetune/accelerate_fsdp.yaml"
+    r = load_recipe(FIX / "test-cpu.yaml", {"data": {"dialogs": str(FIX / "dialogs.json")}})  # batch 4
+    check_processes(r, 2, fsdp=False, on_gpu=False, gpus=0)
+    with pytest.raises(ConfigError, match="--fsdp needs GPUs"):
+        check_processes(r, 2, fsdp=True, on_gpu=False, gpus=0)
+    with pytest.raises(ConfigError, match="this machine has 2 GPU"):
+        check_processes(r, 4, fsdp=False, on_gpu=True, gpus=2)
+    with pytest.raises(ConfigError, match="cannot be split over 3 processes"):
+        check_processes(r, 3, fsdp=False, on_gpu=False, gpus=0)
+    with pytest.raises(ConfigError, match="load_in_4bit"):
+        check_processes(load_recipe(CONFIG_DIR / "llama3-8b-nlu.yaml", {"data": {"dialogs": "d.json"}}), 2, fsdp=True, on_gpu=True, gpus=2)
+    shutil.copy(FIX / "dialogs.json", tmp_path / "dialogs.json")
+    shutil.copy(FIX / "train_ids.json", tmp_path / "train_ids.json")
+    with pytest.raises(DataError, match=r"valid_ids\.json not found"):
+        check_processes(load_recipe(FIX / "test-cpu.yaml", {"data": {"dialogs": str(tmp_path / "dialogs.json")}}), 2,
+                        fsdp=False, on_gpu=False, gpus=0)
+
+
+def test_accelerate_files_leave_precision_to_the_recipe():
+    """mixed_precision bf16 in an accelerate file would turn on bf16 autocast even on the CPU (TrainingArguments
+    reads ACCELERATE_MIXED_PRECISION); the recipe's model.dtype decides instead."""
+    import yaml
+
+    for name in ("accelerate_ddp.yaml", "accelerate_fsdp.yaml"):
+        cfg = yaml.safe_load((CONFIG_DIR.parent / name).read_text())
+        assert cfg["mixed_precision"] == "no" and cfg["num_machines"] == 1
+    assert yaml.safe_load((CONFIG_DIR.parent / "accelerate_fsdp.yaml").read_text())["distributed_type"] == "FSDP"
+
+
 def test_missing_config_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_recipe(tmp_path / "nope.yaml")
@@ -225,5 +270,10 @@ def test_cli_bad_base_rank_and_split_exit_2(cli, tmp_path):
     assert p.returncode == 2 and "lora.r" in p.stderr
     p = cli("finetune", "meditod-pol", "--data", data, "--base", "embedded", "--set", "data.valid_split=dev", "--out", str(tmp_path / "c"))
     assert p.returncode == 2 and "dev_ids.json not found" in p.stderr
+    p = cli("finetune", "meditod-nlu", "--data", data, "--base", "embedded", "--config", str(FIX / "test-cpu.yaml"), "--processes", "3",
+            "--out", str(tmp_path / "d"))
+    assert p.returncode == 2 and "training.batch_size 4 (the global batch) cannot be split over 3 processes" in p.stderr
+    p = cli("finetune", "meditod-nlu", "--data", data, "--base", "embedded", "--processes", "2", "--fsdp", "--out", str(tmp_path / "e"))
+    assert p.returncode == 2 and "--fsdp needs GPUs" in p.stderr and "Traceback" not in p.stderr
     p = cli("finetune", "meditod-nlg", "--data", str(tmp_path / "missing.json"), "--base", "embedded")
     assert p.returncode == 2 and "missing.json" in p.stderr and ("does not exist" in p.stderr or "no such file" in p.stderr)

@@ -206,7 +206,7 @@ def compute_table(decl: Declaration, table: Table, runs: list[PreparedRun]) -> C
                   published_model=pub.model if pub else None, published_source=(pub.source or decl.source) if pub else None,
                   path=str(pr.run.get("path")))
         for fn in decl.footnotes:
-            if matches(fn.when, pr.attrs):
+            if (fn.tables is None or table.id in fn.tables) and matches(fn.when, pr.attrs):
                 text = _format(fn.text, pr.attrs)
                 if text not in notes:
                     notes.append(text)
@@ -225,6 +225,7 @@ def compute_table(decl: Declaration, table: Table, runs: list[PreparedRun]) -> C
             t = paired_bootstrap([vb[i] for i in common], [va[i] for i in common])
             g.cells[b].test = {"vs": a, "diff": t.mean_diff, "low": t.low, "high": t.high, "p": t.p_value, "n": t.n}
             tests.append(g.cells[b].test)
+        g.notes.sort()
         groups.append(g)
     for t, p in zip(tests, holm([t["p"] for t in tests])):
         t["p_holm"] = p

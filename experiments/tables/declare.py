@@ -93,6 +93,7 @@ class Published(BaseModel):
 class Footnote(BaseModel):
     when: dict[str, Any]  # attribute conditions (see build.matches)
     text: str  # may name attributes: {max_turns}
+    tables: list[str] | None = None  # only under these tables (default: every table of the study)
 
 
 class Declaration(BaseModel):

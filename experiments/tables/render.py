@@ -15,6 +15,8 @@ COLUMNS = ["run", "", "ours [95% CI]", "n", "paper", "ours − paper", "paired t
 def _num(x, digits: int = 3, sign: bool = False) -> str:
     if x is None or x != x:
         return "–"
+    if round(x, digits) == 0:
+        x = 0.0  # no "-0.000"
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 

@@ -106,7 +106,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         if "name" in v and v["name"] is None:
             v["name"] = r.label  # the run's name in `compare` and the tables
         common, given = _split(v, to_overrides)
-        settings, cases = prepare_run(study_factory(), build_settings(study_factory(), common, given))
+        settings, cases = prepare_run(study, build_settings(study, common, given))
         planned.append((r, common, given, settings, [str(c["id"]) for c in cases]))
     pub_dirs = _published_plan(published or [], sweep_dir)
 

@@ -148,19 +148,20 @@ def run_label(run: dict) -> str:
 
 
 def prepare_runs(runs: list[dict]) -> dict[str, list[PreparedRun]]:
-    """study -> its runs (in the given order), labels made unique with the folder name."""
+    """study -> its runs (in the given order)."""
     by: dict[str, list[tuple[dict, Declaration, str]]] = {}
     for run in runs:
         decl = declaration_for(experiment_of(run))
         if decl is None:
             continue
         by.setdefault(decl.study, []).append((run, decl, decl.load_adapter().label(run, run_label(run))))
-    out: dict[str, list[PreparedRun]] = {}
-    for study, items in by.items():
-        labels = [lbl for _, _, lbl in items]
-        out[study] = [PreparedRun(run, decl, lbl if labels.count(lbl) == 1 else f"{lbl} ({Path(run.get('path', '?')).name})")
-                      for run, decl, lbl in items]
-    return out
+    return {study: [PreparedRun(run, decl, lbl) for run, decl, lbl in items] for study, items in by.items()}
+
+
+def _unique_labels(runs: list[PreparedRun]) -> list[str]:
+    """Runs side by side in one table with the same label get their folder name added."""
+    labels = [pr.attrs["label"] for pr in runs]
+    return [lbl if labels.count(lbl) == 1 else f"{lbl} ({Path(pr.run.get('path', '?')).name})" for lbl, pr in zip(labels, runs)]
 
 
 def _published_for(decl: Declaration, pr: PreparedRun) -> Published | None:
@@ -197,11 +198,11 @@ def compute_table(decl: Declaration, table: Table, runs: list[PreparedRun]) -> C
     groups: list[Group] = []
     used_published: set[int] = set()
     tests = []
-    for pr in chosen:
+    for pr, label in zip(chosen, _unique_labels(chosen)):
         pub = _published_for(decl, pr)
         if pub is not None:
             used_published.add(id(pub))
-        g = Group(pr.attrs["label"] + (" (published run)" if pr.attrs.get("published_run") else ""),
+        g = Group(label + (" (published run)" if pr.attrs.get("published_run") else ""),
                   "published-run" if pr.attrs.get("published_run") else "run",
                   published_model=pub.model if pub else None, published_source=(pub.source or decl.source) if pub else None,
                   path=str(pr.run.get("path")))

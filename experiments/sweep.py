@@ -171,6 +171,10 @@ def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> l
 
 def summary_lines(outcome: SweepOutcome) -> list[str]:
     lines = ["| model | run | status |", "| --- | --- | --- |"]
-    lines += [f"| {r.model} | {r.out} | {r.status}{': ' + r.message if r.message else ''} |" for r in outcome.runs]
+    def one_line(text: str) -> str:  # a server's log tail is many lines: its first line, in the table
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        return (first[:200] + " ...") if len(first) > 200 or "\n" in text.strip() else first
+
+    lines += [f"| {r.model} | {r.out} | {r.status}{': ' + one_line(r.message).replace('|', '/') if r.message else ''} |" for r in outcome.runs]
     lines += [f"| (published) | {p} | imported |" for p in outcome.published]
     return lines

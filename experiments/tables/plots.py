@@ -65,7 +65,9 @@ def figure_png(t: ComputedTable) -> bytes | None:
     if t.plot.ylim:
         ax.set_ylim(*t.plot.ylim)
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(t.title, fontsize=10)
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(t.title, 70)), fontsize=10)
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     buf = io.BytesIO()

@@ -231,7 +231,8 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
         "calibration": calibration_view(run),
-        "charts": run["charts"],
+        # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
+        "charts": [c for c in run["charts"] if not (run.get("finetune") and c["name"] == "loss.png")],
         "summary": run["summary"],
         "config_text": run["config_text"],
         "identity": json.dumps(run["identity"], indent=2, ensure_ascii=False) if run["identity"] is not None else "",

@@ -68,8 +68,9 @@ def figure_png(t: ComputedTable) -> bytes | None:
     import textwrap
 
     ax.set_title("\n".join(textwrap.wrap(t.title, 70)), fontsize=10)
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    ncol = min(len(labels), 5 if max(len(x) for x in labels) <= 16 else 2)  # long row names: fewer legend columns
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 * (1 + (len(labels) - 1) // ncol), 1, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)

@@ -172,4 +172,5 @@ def study_command(study_factory: Callable[[], Study], *, help: str,
               for name, (ann, info) in {**options, **COMMON}.items()]
     command.__signature__ = inspect.Signature(params)
     command.__doc__ = help
+    command.study_factory, command.to_overrides = study_factory, to_overrides  # for `medstack sweep`
     return command

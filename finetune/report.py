@@ -40,10 +40,12 @@ def write_metrics(out: Path, metrics: dict) -> Path:
     return path
 
 
-def plot_losses(out: Path, metrics: dict, title: str) -> Path | None:
-    """Train and valid loss against the optimizer step; None when nothing was logged."""
+def loss_figure_png(metrics: dict, title: str) -> bytes | None:
+    """Train and valid loss against the optimizer step, the best checkpoint (lowest valid loss) marked; PNG bytes."""
     if not metrics.get("train"):
         return None
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,12 +55,27 @@ def plot_losses(out: Path, metrics: dict, title: str) -> Path | None:
     ax.plot([p["step"] for p in metrics["train"]], [p["loss"] for p in metrics["train"]], label="train", marker=".")
     if metrics.get("valid"):
         ax.plot([p["step"] for p in metrics["valid"]], [p["loss"] for p in metrics["valid"]], label="valid", marker="o")
+        best = min(metrics["valid"], key=lambda p: p["loss"])
+        step = metrics.get("best_step") or best["step"]
+        ax.axvline(step, color="#555", linestyle=":", linewidth=1)
+        ax.plot([best["step"]], [best["loss"]], marker="*", markersize=14, color="#c44e52", linestyle="none",
+                label=f"best checkpoint (step {step}, valid {best['loss']:.3f})")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (completion tokens)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(out) / "loss.png"
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_losses(out: Path, metrics: dict, title: str) -> Path | None:
+    """loss.png: :func:`loss_figure_png` written beside the adapter; None when nothing was logged."""
+    png = loss_figure_png(metrics, title)
+    if png is None:
+        return None
+    path = Path(out) / "loss.png"
+    path.write_bytes(png)
     return path

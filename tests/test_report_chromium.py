@@ -47,7 +47,7 @@ def test_report_renders_in_headless_chromium(fixtures_dir, tmp_path, cli):
     for agent in ("doctor", "patient", "decider", "researcher"):
         assert f'class="who">{agent} ' in dom
     assert "data-pwned" not in dom.split("<body", 1)[1].split(">", 1)[0]  # the injected markup did not run
-    assert dom.count('src="data:image/png;base64,') == 1
+    assert dom.count('src="data:image/png;base64,') == 3  # the run's chart + CRAFT-MD's paper figures (MCQ, FRQ)
 
     # the JS filters: preset from the address, they hide what does not match
     def shown(fragment: str) -> str:

@@ -98,8 +98,8 @@ def _holm_table(tests: list[dict]) -> None:
         t.setdefault("p_holm", None)
 
 
-def compare(paths: list[str]) -> dict:
-    runs = load_runs(paths)
+def compare(paths: list[str], runs: list[dict] | None = None) -> dict:
+    runs = runs if runs is not None else load_runs(paths)
     fm_by_run = {r["name"]: formats_modes(r["records"]) for r in runs}
     acc_rows, tests = [], []
     scores = {}
@@ -218,10 +218,19 @@ def bar_chart(result: dict, path: Path) -> None:
 def run_compare(paths: list[str], out: str | Path) -> dict:
     if len(paths) < 1:
         raise MedstackError("give at least one results directory")
-    result = compare(paths)
+    runs = load_runs(paths)
+    result = compare(paths, runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
-    (out / "summary.md").write_text(summary_markdown(result))
+    from experiments.tables.build import study_tables
+    from experiments.tables.plots import write_figures
+    from experiments.tables.render import study_markdown
+
+    studies = study_tables(runs)  # the paper's tables over the same runs, figures as PNG
+    paper = "\n".join(study_markdown(st) for st in studies if st.tables)
+    (out / "summary.md").write_text((paper + "\n" if paper else "") + summary_markdown(result))
     bar_chart(result, out / "accuracy.png")
+    for st in studies:
+        write_figures(st.tables, out)
     return result

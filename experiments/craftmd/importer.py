@@ -265,5 +265,7 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     metrics.update(import_stats(records))
     metrics["turn_cap_inferred"] = cap
     rundir.write_metrics(metrics)
-    rundir.write_summary(summary_markdown(name, metrics))
+    from experiments.tables.render import run_paper_tables
+
+    rundir.write_summary(summary_markdown(name, metrics) + "\n" + run_paper_tables(rundir.path))
     return metrics

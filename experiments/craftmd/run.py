@@ -52,4 +52,6 @@ class CraftmdStudy(Study):
         return metrics
 
     def summary(self, metrics: dict, s: CraftSettings) -> str:
-        return summary_markdown(s.name, metrics)
+        from experiments.tables.render import run_paper_tables
+
+        return summary_markdown(s.name, metrics) + "\n" + run_paper_tables(s.out)

@@ -65,7 +65,9 @@ class DeraDialogueStudy(Study):
         return report.dialogue_metrics(records, s)
 
     def summary(self, metrics: dict, s: DialogueSettings) -> str:
-        return report.dialogue_summary(metrics, s, self.name)
+        from experiments.tables.render import run_paper_tables
+
+        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out)
 
 
 class SummarizeStudy(DeraDialogueStudy):
@@ -120,7 +122,9 @@ class QAStudy(Study):
         return report.qa_metrics(records, s)
 
     def summary(self, metrics: dict, s: QASettings) -> str:
-        return report.qa_summary(metrics, s, self.name)
+        from experiments.tables.render import run_paper_tables
+
+        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out)
 
 
 STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}

@@ -258,7 +258,9 @@ class MeditodStudy(Study):
         return m
 
     def summary(self, metrics: dict, s: MeditodSettings) -> str:
-        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out)))
+        from experiments.tables.render import run_paper_tables
+
+        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(s.out)
 
 
 # ------------------------------------------------------------------ scoring and adjudication

@@ -75,9 +75,11 @@ def metric_tables(data, title: str = "overview") -> list[dict]:
 # ---------------------------------------------------------------- cases
 
 def outcome(rec: dict) -> str:
-    """failed (no answer: never scored), correct, incorrect or unscored."""
+    """failed (no answer: never scored), rated (a rubric rating), correct, incorrect or unscored."""
     if rec.get("status") == "failed" or rec.get("error") or rec.get("request_error"):
         return "failed"
+    if "rating" in rec and "criterion" in rec:  # a rubric rating is a rating, not a right/wrong answer
+        return "rated" if rec.get("rating") is not None else "unscored"
     c = rec.get("correct")
     if isinstance(c, (bool, int, float)):
         return "correct" if c == 1 else "incorrect" if c == 0 else "unscored"
@@ -132,10 +134,13 @@ def nested_grades(rec: dict) -> dict | None:
 
 
 def case_view(rec: dict, run_model: str) -> dict:
+    rated = "rating" in rec and "criterion" in rec
     grades = [[k, fmt(_short(v))] for k, v in rec.items()
               if k not in SPECIAL and GRADE_KEY.search(k) and not NOT_GRADES.search(k) and _is_scalar(v)]
     if "correct" in rec:
-        grades.insert(0, ["correct", fmt(rec["correct"])])
+        grades.insert(0, ["correct" if not rated else "rated dialogue's answer correct", fmt(rec["correct"])])
+    if rated:
+        grades.insert(0, [str(rec.get("criterion_name") or rec["criterion"]), "-" if rec["rating"] is None else f"{fmt(rec['rating'])} / 5"])
     gold_key = next((k for k in GOLD_KEYS if k in rec), None)
     rest = {k: v for k, v in rec.items() if k not in SPECIAL and not (k == gold_key and "prediction" in rec)}
     error = rec.get("error") or rec.get("request_error")
@@ -143,6 +148,7 @@ def case_view(rec: dict, run_model: str) -> dict:
         "id": str(rec.get("id", "?")),
         "model": str(rec.get("model") or run_model or "?"),
         "outcome": outcome(rec),
+        "badge": f"rating {fmt(rec['rating'])}/5" if rated and rec.get("rating") is not None else outcome(rec),
         "turns": _turns(rec["transcript"]) if "transcript" in rec else [],
         "grades": grades,
         "nested_grades": nested_grades(rec),
@@ -198,7 +204,7 @@ def calibration_view(run: dict) -> dict | None:
 
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
-    model = _run_model(run)
+    model = _run_model(run) or str(((run.get("finetune") or {}).get("metrics") or {}).get("base") or "")
     cases = [case_view(r, model) for r in run["records"][:max_cases]]
     outcomes = [outcome(r) for r in run["records"]]
     scored = [o for o in outcomes if o in ("correct", "incorrect")]
@@ -208,7 +214,7 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         head = run["bench"].get("headline") or {}
         run_stats = {"output_tokens_per_s": head.get("vllm_output_tokens_per_s")}
     cfg = run["config"]
-    study = cfg.get("experiment") or cfg.get("study") or ("bench" if run["bench"] else "")
+    study = cfg.get("experiment") or cfg.get("study") or ("bench" if run["bench"] else "finetune" if run.get("finetune") else "")
     return {
         "key": f"run{idx}",
         "path": run["path"],
@@ -225,21 +231,119 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
         "calibration": calibration_view(run),
-        "charts": run["charts"],
+        # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
+        "charts": [c for c in run["charts"] if not (run.get("finetune") and c["name"] == "loss.png")],
         "summary": run["summary"],
         "config_text": run["config_text"],
         "identity": json.dumps(run["identity"], indent=2, ensure_ascii=False) if run["identity"] is not None else "",
         "bench_config": json.dumps(run["bench"].get("config"), indent=2) if run["bench"] else "",
         "warnings": run["warnings"],
+        "finetune": finetune_view(run),
+        "bench_view": bench_view(run),
+        "mean_rating": mean_rating(run["records"]),
         "cases": cases,
     }
 
 
-def render(runs: list[dict], sources: list[str]) -> str:
+def mean_rating(records: list[dict]) -> str | None:
+    ratings = [r["rating"] for r in records if "criterion" in r and isinstance(r.get("rating"), (int, float))]
+    return f"{sum(ratings) / len(ratings):.2f} / 5 (n={len(ratings)})" if ratings else None
+
+
+def _png(data: bytes | None) -> str | None:
+    import base64
+
+    return base64.b64encode(data).decode("ascii") if data else None
+
+
+def finetune_view(run: dict) -> dict | None:
+    """Loss curves (train, valid, best checkpoint marked), the headline numbers, the recipe and the adapter hash."""
+    ft = run.get("finetune")
+    if not ft:
+        return None
+    from finetune.report import loss_figure_png
+
+    m = ft["metrics"]
+    title = f"{m.get('base', '?')} LoRA, MediTOD {m.get('task', '?')}"
+    keys = ("task", "base", "device", "dtype", "world_size", "global_step", "planned_steps", "best_step", "best_valid_loss",
+            "final_valid_loss", "first_loss", "last_loss", "train_tokens", "train_tokens_per_s", "train_seconds", "stopped_early")
+    return {"loss_png": _png(loss_figure_png(m, title)), "rows": [[k, fmt(m.get(k))] for k in keys if k in m],
+            "recipe": ft["recipe"], "adapter_hash": ft["adapter_hash"], "adapter": ft["adapter"]}
+
+
+def bench_view(run: dict) -> dict | None:
+    """A benchmark run: its headline and the vLLM / transformers ratio table (the plot is its bench.png)."""
+    b = run.get("bench")
+    if not isinstance(b, dict):
+        return None
+    from experiments.bench.measure import FIGURES
+    from experiments.bench.summary import RATIO_HEADS
+
+    rows = [[str(r.get("concurrency")), str(r.get("baseline_batch")), *(("-" if (r.get("figures") or {}).get(k) is None else f"{r['figures'][k]:.2f}x") for k in FIGURES)]
+            for r in b.get("ratios") or []]
+    head = b.get("headline") or {}
+    line = None
+    if head.get("ratio") is not None:
+        line = (f"vLLM at concurrency {head.get('vllm_concurrency')}: {fmt(head.get('vllm_output_tokens_per_s'))} output tok/s = "
+                f"{head['ratio']:.2f}x the best transformers figure ({fmt(head.get('best_hf_output_tokens_per_s'))} tok/s at batch {head.get('best_hf_batch')})")
+    return {"columns": ["vLLM conc", "vs HF batch", *RATIO_HEADS], "rows": rows, "headline": line,
+            "host": json.dumps(b.get("host"), default=str) if b.get("host") else None}
+
+
+SECTION_TITLES = {"finetune": "Fine-tuning (LoRA)", "bench": "Benchmark: serving throughput", "other": "Other runs"}
+
+
+def section_of(run: dict) -> str:
+    from experiments.tables.build import experiment_of
+    from experiments.tables.declare import declaration_for
+
+    decl = declaration_for(experiment_of(run))
+    if decl:
+        return decl.study
+    if run.get("finetune"):
+        return "finetune"
+    if run.get("bench"):
+        return "bench"
+    return "other"
+
+
+def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
+    """The report's sections in order: each study's paper tables and figures over its runs, then fine-tuning,
+    benchmark and other runs."""
+    from experiments.tables.build import study_tables
+    from experiments.tables.declare import declarations
+    from experiments.tables.plots import figure_png
+    from experiments.tables.render import table_view
+
+    keys = [section_of(r) for r in raw_runs]
+    computed = {st.decl.study: st for st in study_tables(raw_runs)}
+    out = []
+    for decl in declarations():
+        runs = [v for v, k in zip(views, keys) if k == decl.study]
+        if not runs:
+            continue
+        st = computed.get(decl.study)
+        tables = []
+        for t in (st.tables if st else []):
+            view = table_view(t)
+            view["figure"] = _png(figure_png(t))
+            tables.append(view)
+        warnings = [w for pr in (st.runs if st else []) for w in pr.warnings]
+        out.append({"key": decl.study, "title": decl.title, "paper": decl.paper, "tables": tables, "runs": runs, "warnings": warnings})
+    for key in ("finetune", "bench", "other"):
+        runs = [v for v, k in zip(views, keys) if k == key]
+        if runs:
+            out.append({"key": key, "title": SECTION_TITLES[key], "paper": None, "tables": [], "runs": runs, "warnings": []})
+    return out
+
+
+def render(runs: list[dict], sources: list[str], sections: list[dict] | None = None) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"], default=True))
     models = sorted({c["model"] for r in runs for c in r["cases"]} | {r["model"] for r in runs if r["model"]})
+    if sections is None:
+        sections = [{"key": "runs", "title": "Runs", "paper": None, "tables": [], "runs": runs, "warnings": []}]
     return env.get_template("report.html.j2").render(
-        runs=runs, models=models, sources=sources,
+        runs=runs, models=models, sources=sources, sections=sections,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         n_cases=sum(len(r["cases"]) for r in runs),
     )
@@ -247,11 +351,13 @@ def render(runs: list[dict], sources: list[str]) -> str:
 
 def build_report(paths: list[str], out: str | Path, max_cases: int = 500) -> Path:
     dirs = find_runs(paths)
-    runs = [run_view(load_run_dir(d), i, max_cases) for i, d in enumerate(dirs)]
+    raw = [load_run_dir(d) for d in dirs]
+    runs = [run_view(r, i, max_cases) for i, r in enumerate(raw)]
+    sections = paper_sections(raw, runs)
     for r in runs:
         for w in r["warnings"]:
             print(f"warning: {w}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(runs, paths), encoding="utf-8")
+    out.write_text(render(runs, paths, sections), encoding="utf-8")
     return out

@@ -1,7 +1,7 @@
 """Finding and reading results directories for the report, whatever study wrote them.
 
-A results directory is a folder holding ``records.jsonl``, ``metrics.json`` or
-``bench.json``. Unreadable files become warnings shown in the report (naming file and
+A results directory is a folder holding ``records.jsonl``, ``metrics.json``,
+``bench.json`` or ``train_metrics.json`` (a fine-tuning run). Unreadable files become warnings shown in the report (naming file and
 line), so one broken run does not hide the others.
 """
 
@@ -16,7 +16,7 @@ import yaml
 from models.errors import DataError, MedstackError
 from experiments.results import read_jsonl
 
-MARKERS = ("records.jsonl", "metrics.json", "bench.json")
+MARKERS = ("records.jsonl", "metrics.json", "bench.json", "train_metrics.json")
 
 
 def is_run_dir(p: Path) -> bool:
@@ -31,7 +31,7 @@ def find_runs(paths: list[str]) -> list[Path]:
         if not p.exists():
             raise MedstackError(f"{p}: no such file or directory")
         if not p.is_dir():
-            raise MedstackError(f"{p}: expected a results directory (a folder with records.jsonl / metrics.json / bench.json)")
+            raise MedstackError(f"{p}: expected a results directory (a folder with records.jsonl / metrics.json / bench.json / train_metrics.json)")
         stack = [p]
         before = len(found)
         while stack:
@@ -41,7 +41,7 @@ def find_runs(paths: list[str]) -> list[Path]:
                 continue
             stack.extend(sorted((c for c in d.iterdir() if c.is_dir() and not c.name.startswith(".")), reverse=True))
         if len(found) == before:
-            raise MedstackError(f"{p}: no results directories in it (none holds records.jsonl, metrics.json or bench.json)")
+            raise MedstackError(f"{p}: no results directories in it (none holds records.jsonl, metrics.json, bench.json or train_metrics.json)")
     unique = []
     for f in found:
         if f.resolve() not in {u.resolve() for u in unique}:
@@ -57,6 +57,22 @@ def _read_json(path: Path, warnings: list[str]):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         warnings.append(f"{path}:{getattr(e, 'lineno', '?')}: not valid JSON ({getattr(e, 'msg', e)})")
         return None
+
+
+def _finetune(p: Path, warnings: list[str]) -> dict | None:
+    """A fine-tuning run (finetune/): train_metrics.json, recipe.yaml and the adapter's hash."""
+    metrics = _read_json(p / "train_metrics.json", warnings)
+    if metrics is None:
+        return None
+    adapter = p / "adapter"
+    adapter_hash = None
+    if any(adapter.glob("adapter_model.*")):
+        from serving.session import _adapter_hash  # the hash a served adapter carries in identity.json
+
+        adapter_hash = _adapter_hash(str(adapter))
+    recipe = (p / "recipe.yaml").read_text(encoding="utf-8", errors="replace") if (p / "recipe.yaml").exists() else ""
+    return {"metrics": metrics if isinstance(metrics, dict) else {}, "recipe": recipe, "adapter_hash": adapter_hash,
+            "adapter": str(adapter) if adapter.exists() else None}
 
 
 def load_run_dir(p: Path) -> dict:
@@ -85,6 +101,7 @@ def load_run_dir(p: Path) -> dict:
         summary = (p / "bench.md").read_text(encoding="utf-8", errors="replace")
     return {
         "path": str(p),
+        "finetune": _finetune(p, warnings),
         "records": records,
         "config": config if isinstance(config, dict) else {"value": config},
         "config_text": config_text,

@@ -1,0 +1,52 @@
+"""DERA for the paper tables (paper_tables.yaml): per-case GPT-F1 per section and arm, QA scores per arm."""
+
+from __future__ import annotations
+
+from experiments.dera.qa_metrics import normalize_similarity
+from experiments.dera.report import mcq_option_counts, options_label
+from experiments.tables.adapter import PaperAdapter
+
+
+class DeraPaper(PaperAdapter):
+    def label(self, run: dict, default: str) -> str:
+        level = (run.get("config") or {}).get("corruption_level")
+        return f"{default}, level {level}" if level and (run.get("config") or {}).get("task") == "corrupt" else default
+
+    def attrs(self, run: dict, records: list[dict]) -> dict:
+        cfg, m = run.get("config") or {}, run.get("metrics") or {}
+        out = {"answers": cfg.get("answers") or "free", "decider": (cfg.get("roles") or {}).get("decider"),
+               "judge": (cfg.get("roles") or {}).get("judge")}
+        bs = m.get("bertscore") or {}
+        if bs:
+            out.update(bertscore_encoder=bs.get("encoder"), bertscore_layer=bs.get("layer"))
+        if cfg.get("mcq"):
+            counts = mcq_option_counts(records)
+            out.update(mcq_options=next(iter(counts)) if len(counts) == 1 else None, mcq_options_label=options_label(counts))
+        return out
+
+    def case_values(self, run: dict, records: list[dict]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        ok = [r for r in records if "error" not in r]
+        for r in ok:  # GPT-F1: f1.<arm>.<section> and f1.<arm>.average
+            for arm, g in (r.get("gptf1") or {}).items():
+                for sec, v in (g.get("sections") or {}).items():
+                    if v.get("scored") and v.get("f1") is not None:
+                        out.setdefault(f"f1.{arm}.{sec}", {})[str(r["id"])] = float(v["f1"])
+                avg = (g.get("average") or {}).get("f1")
+                if avg is not None:
+                    out.setdefault(f"f1.{arm}.average", {})[str(r["id"])] = float(avg)
+        qa = [r for r in ok if isinstance(r.get("scores"), dict)]
+        for arm in ("oneshot", "dera"):  # QA: <metric>.<arm>
+            rows = [(str(r["id"]), r["scores"].get(arm) or {}) for r in qa]
+            for name in ("bertscore", "exact", "accuracy"):
+                vals = {i: float(s[name]) for i, s in rows if s.get(name) is not None}
+                if vals:
+                    out[f"{name}.{arm}"] = vals
+            sims = normalize_similarity([s.get("similarity_raw") for _, s in rows])
+            vals = {i: float(v) for (i, _), v in zip(rows, sims) if v is not None}
+            if vals:
+                out[f"similarity.{arm}"] = vals
+        return out
+
+
+ADAPTER = DeraPaper()

@@ -1,0 +1,180 @@
+"""`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder.
+
+    SWEEP/<label>/          each model's run: an ordinary results directory, made by the study's own
+                            command body (experiments.commands.run_command -> the one runner)
+    SWEEP/published-<name>/ --published NAME (CRAFT-MD): the authors' released run, imported
+    SWEEP/compare/          CRAFT-MD: `medstack compare` over every run of the sweep
+    SWEEP/report.html       `medstack report` over the sweep
+
+Models run in turn: the runner reuses a running server for the alias, else starts one for the run
+and stops it after (so one GPU holds one model at a time). Every input check happens for every
+model before anything starts (bad input: exit 2). Resumable as a whole: the same command again
+skips finished runs without starting their server, resumes a partial one. A model whose run stops
+on an error (its server will not start: weights missing, ...) is reported and the sweep goes on to
+the next; the sweep then exits 3, as does one that leaves failed or unstarted cases.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import typer
+
+from experiments.commands import COMMON, build_settings, run_command
+from experiments.config import ConfigError
+from experiments.results import read_jsonl
+from experiments.runner import prepare_run
+from models.errors import MedstackError
+from serving.refs import ModelRef
+
+
+@dataclass
+class ModelRun:
+    label: str
+    model: str
+    out: Path
+    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error
+    message: str = ""
+
+
+@dataclass
+class SweepOutcome:
+    runs: list[ModelRun]
+    published: list[Path] = field(default_factory=list)
+    compare: Path | None = None
+    report: Path | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if any(r.status in ("error", "incomplete") for r in self.runs) else 0
+
+
+def parse_models(text: str) -> list[str]:
+    models = [m.strip() for m in (text or "").split(",") if m.strip()]
+    if not models:
+        raise ConfigError("--models: give at least one model, e.g. --models embedded,llama3-8b-instruct")
+    for m in models:
+        ModelRef.parse(m, where="--models")
+    return models
+
+
+def labels_for(models: list[str]) -> list[str]:
+    """One folder name per model: its alias (a repeated alias gets -2, -3, ...)."""
+    out, seen = [], {}
+    for m in models:
+        base = re.sub(r"[^A-Za-z0-9._-]+", "_", ModelRef.parse(m).alias)
+        seen[base] = seen.get(base, 0) + 1
+        out.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return out
+
+
+def is_finished(out: Path, case_ids: list[str]) -> bool:
+    """Every case has a finished (not failed) record and metrics were written: nothing left to run."""
+    records = out / "records.jsonl"
+    if not (records.exists() and (out / "metrics.json").exists()):
+        return False
+    try:
+        latest = {str(r.get("id")): r for r in read_jsonl(records)}
+    except MedstackError:
+        return False
+    return all(i in latest and latest[i].get("status") != "failed" for i in case_ids)
+
+
+def _split(values: dict, to_overrides) -> tuple[dict, dict]:
+    values = dict(values)
+    common = {k: values.pop(k) for k in COMMON if k in values}
+    given = to_overrides(values) if to_overrides else {k: v for k, v in values.items() if v is not None}
+    return common, given
+
+
+def run_sweep(study_factory, to_overrides, values: dict, models: list[str], sweep_dir: Path, *,
+              published: list[str] | None = None, report: bool = True, log=print) -> SweepOutcome:
+    """Run ``study`` (the factory and option mapping of its command) once per model; see the module docstring.
+    ``values`` are the study command's parsed option values (``model`` and ``out`` are set here)."""
+    study = study_factory()
+    if values.get("model") or values.get("out"):
+        raise ConfigError("sweep: give the models with --models and the sweep folder with --out (not --model)")
+    if published and study.name != "craftmd":
+        raise ConfigError(f"--published imports CRAFT-MD releases; {study.name} has none")
+    sweep_dir = Path(sweep_dir)
+    runs = [ModelRun(lbl, m, sweep_dir / lbl) for lbl, m in zip(labels_for(models), models)]
+    planned = []
+    for r in runs:  # every input check first, for every model, before any server starts
+        v = {**values, "model": r.model, "out": str(r.out)}
+        if "name" in v and v["name"] is None:
+            v["name"] = r.label  # the run's name in `compare` and the tables
+        common, given = _split(v, to_overrides)
+        settings, cases = prepare_run(study, build_settings(study, common, given))
+        planned.append((r, common, given, settings, [str(c["id"]) for c in cases]))
+    pub_dirs = _published_plan(published or [], sweep_dir)
+
+    for r, common, given, settings, case_ids in planned:
+        if is_finished(r.out, case_ids):
+            r.status, r.message = "skipped", "finished earlier"
+            log(f"sweep: {r.label}: all {len(case_ids)} cases finished earlier in {r.out}; skipped")
+            continue
+        log(f"sweep: {r.label}: running {study.name} with model {r.model} -> {r.out}")
+        try:
+            run_command(study_factory(), common, given)  # the study command's own body: the one runner
+            r.status = "finished"
+        except MedstackError as e:  # e.g. its server would not start (weights missing): report, go on
+            r.status, r.message = "error", str(e)
+            log(f"sweep: [red]{r.label}: {study.name} with model {r.model} stopped: {e}[/red] — going on to the next model")
+        except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
+            r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
+
+    out = SweepOutcome(runs)
+    if pub_dirs:
+        out.published = _import_published(pub_dirs, planned[0][3].data, log)
+    done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published
+    if study.name == "craftmd" and done:
+        from experiments.craftmd.compare import run_compare
+
+        out.compare = sweep_dir / "compare"
+        run_compare([str(p) for p in done], out.compare)
+        log(f"sweep: compare: {out.compare / 'summary.md'}")
+    if report and done:
+        from experiments.report.build import build_report
+
+        out.report = build_report([str(sweep_dir)], sweep_dir / "report.html")
+        log(f"sweep: report: {out.report.resolve()}")
+    return out
+
+
+def _published_plan(names: list[str], sweep_dir: Path) -> list[tuple[str, Path]]:
+    from experiments.datasets import resolve_data
+
+    plan = []
+    for item in names:
+        for name in (x.strip() for x in item.split(",") if x.strip()):
+            resolve_data(name)  # not fetched: an error naming the fetch command, before anything runs
+            plan.append((name, sweep_dir / f"published-{name.removeprefix('craftmd-published-')}"))
+    return plan
+
+
+def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> list[Path]:
+    from experiments.craftmd.importer import import_folder
+    from experiments.datasets import resolve_data
+
+    out = []
+    for name, dest in plan:
+        if (dest / "metrics.json").exists():
+            log(f"sweep: {name}: imported earlier into {dest}; skipped")
+        else:
+            import_folder(Path(resolve_data(name)), f"{name.removeprefix('craftmd-published-')}-published", dest, cases)
+            log(f"sweep: {name}: imported into {dest}")
+        out.append(dest)
+    return out
+
+
+def summary_lines(outcome: SweepOutcome) -> list[str]:
+    lines = ["| model | run | status |", "| --- | --- | --- |"]
+    def one_line(text: str) -> str:  # a server's log tail is many lines: its first line, in the table
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        return (first[:200] + " ...") if len(first) > 200 or "\n" in text.strip() else first
+
+    lines += [f"| {r.model} | {r.out} | {r.status}{': ' + one_line(r.message).replace('|', '/') if r.message else ''} |" for r in outcome.runs]
+    lines += [f"| (published) | {p} | imported |" for p in outcome.published]
+    return lines

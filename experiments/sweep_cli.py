@@ -1,0 +1,71 @@
+"""`medstack sweep`: a study once per model (experiments/sweep.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from experiments.config import ConfigError
+
+_APP = {}
+
+
+def _log(msg: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(msg, highlight=False)
+
+
+def _study_command(study: str):
+    """The click command of `medstack run STUDY` (or of a top-level study command: autoeval, meld)."""
+    root = typer.main.get_command(_APP["app"])
+    run_group = root.commands.get("run")
+    cmd = (run_group.commands.get(study) if hasattr(run_group, "commands") else None) or root.commands.get(study)
+    fn = getattr(getattr(cmd, "callback", None), "__wrapped__", getattr(cmd, "callback", None))
+    if cmd is None or not hasattr(fn, "study_factory"):
+        names = sorted(n for n, c in {**run_group.commands, **root.commands}.items()
+                       if hasattr(getattr(getattr(c, "callback", None), "__wrapped__", getattr(c, "callback", None)), "study_factory"))
+        raise ConfigError(f"sweep: unknown study {study!r}; studies: {', '.join(names)}")
+    return cmd, fn
+
+
+def sweep(
+    ctx: typer.Context,
+    study: str = typer.Argument(..., help="The study to run once per model: craftmd, dera-summarize, dera-qa, meditod-nlu, autoeval, ... (as in `medstack run STUDY`)."),
+    models: str = typer.Option(..., "--models", help="Comma list of model references (ALIAS or ALIAS@URL), run in turn, e.g. embedded,llama3-8b-instruct."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Sweep folder (default runs/sweep-STUDY); one results directory per model inside. The same command again resumes."),
+    published: List[str] = typer.Option([], "--published", help="CRAFT-MD: a fetched release to import into the sweep, e.g. craftmd-published-gpt3_1106 (repeatable, or a comma list)."),
+    report: bool = typer.Option(True, "--report/--no-report", help="End with `medstack report` over the sweep (SWEEP/report.html)."),
+) -> None:
+    """Run STUDY once per model in turn, each an ordinary results directory under one sweep folder, then
+    `compare` (CRAFT-MD) and the report. Every other option is the study's own (see `medstack run STUDY --help`).
+
+    A running server for a model is reused, else one is started for its run and stopped before the next.
+    Finished runs are skipped, a partial one resumes. A model whose run cannot start (weights missing, ...)
+    is reported and the sweep goes on; exit 3 then, or when cases failed. Bad input: exit 2 before anything runs.
+    """
+    from experiments.sweep import parse_models, run_sweep, summary_lines
+
+    cmd, fn = _study_command(study)
+    try:
+        parsed = cmd.make_context(study, list(ctx.args), resilient_parsing=False)
+    except Exception as e:  # click usage errors: one line naming the option
+        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        raise ConfigError(f"sweep {study}: {msg}") from None
+    values = dict(parsed.params)
+    sweep_dir = out or Path("runs") / f"sweep-{study}"
+    outcome = run_sweep(fn.study_factory, fn.to_overrides, values, parse_models(models), sweep_dir,
+                        published=published, report=report, log=_log)
+    typer.echo("\n".join(["", f"# sweep {study}: {sweep_dir}", "", *summary_lines(outcome)]))
+    if outcome.exit_code:
+        bad = [r for r in outcome.runs if r.status in ("error", "incomplete")]
+        _log(f"[red]{len(bad)} model run(s) did not finish:[/red] " + "; ".join(f"{r.model}: {r.message}" for r in bad)
+             + ". Run the same command again to resume.")
+        raise typer.Exit(outcome.exit_code)
+
+
+def register(app, **_):
+    _APP["app"] = app
+    app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sweep)

@@ -1,0 +1,141 @@
+"""Paper-table declarations: what each study's headline tables look like, read from
+``experiments/<study>/paper_tables.yaml``.
+
+A declaration names the runs it covers (``experiments``: prefixes of the study name a run was made
+with), the adapter that turns a run into per-case values and setting attributes
+(``adapter: module:object``), the paper's published values with their source, the footnotes that
+say where a run's setting differs from the paper's, and the tables themselves:
+
+    tables:
+      - id: mcq
+        title: 4-choice MCQ accuracy by format
+        when: {mode: icl}                 # only runs whose attributes match (optional)
+        rows:
+          - {key: vignette.mcq, label: vignette}          # per-case values -> mean, 95% CI, n
+          - {metric: f1, label: F1 (all), n: scored_turns} # a corpus figure read from metrics.json
+        tests: [[vignette.mcq, multiturn.mcq]]           # paired tests (b vs a), Holm across the table
+        plot: {rows: [...], ylabel: accuracy, ylim: [0, 1]}
+
+Nothing here computes: :mod:`experiments.tables.build` does, :mod:`experiments.tables.render` prints.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from experiments.config import ConfigError
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent
+STUDY_ORDER = ("craftmd", "dera", "meditod", "autoeval")  # the order of the report's paper sections
+
+
+class Row(BaseModel):
+    label: str
+    key: str | None = None  # per-case values from the adapter
+    metric: str | None = None  # dotted path into metrics.json (corpus-level figure, no CI)
+    n: str | None = None  # dotted path into metrics.json for the n of a metric row
+    ci: str | None = None  # key rows: dotted path to the same mean/CI the study already put in metrics.json
+    #                        ({accuracy|mean, ci_low|low, ci_high|high, n}); used when present, else computed
+    digits: int = 3
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Row":
+        if (self.key is None) == (self.metric is None):
+            raise ValueError(f"row {self.label!r}: give exactly one of key (per-case values) or metric (metrics.json path)")
+        return self
+
+    @property
+    def id(self) -> str:
+        return self.key or self.metric
+
+
+class Plot(BaseModel):
+    rows: list[str] | None = None  # row ids to draw (default: all)
+    ylabel: str = "value"
+    ylim: tuple[float, float] | None = None
+
+
+class Table(BaseModel):
+    id: str
+    title: str
+    when: dict[str, Any] = Field(default_factory=dict)
+    rows: list[Row]
+    tests: list[tuple[str, str]] = Field(default_factory=list)
+    plot: Plot | None = None
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _tests_name_rows(self) -> "Table":
+        ids = {r.id for r in self.rows}
+        for a, b in self.tests:
+            for x in (a, b):
+                if x not in ids:
+                    raise ValueError(f"table {self.id}: test row {x!r} is not one of its rows")
+        return self
+
+
+class Published(BaseModel):
+    model: str  # the paper's model name
+    label: str | None = None  # the group label when shown alone (default: model)
+    match: str | None = None  # regex (case-insensitive) on a run's name/model: that run is the paper's model
+    any_model: bool = False  # shown beside every run the entry's `when` matches (the paper has one model only)
+    when: dict[str, Any] = Field(default_factory=dict)
+    source: str | None = None  # overrides the declaration's source
+    values: dict[str, float]
+
+
+class Footnote(BaseModel):
+    when: dict[str, Any]  # attribute conditions (see build.matches)
+    text: str  # may name attributes: {max_turns}
+    tables: list[str] | None = None  # only under these tables (default: every table of the study)
+
+
+class Declaration(BaseModel):
+    study: str
+    title: str
+    paper: str
+    source: str
+    experiments: list[str]  # study names (identity.json `experiment`, else config.yaml's) this declaration covers
+    adapter: str
+    published: list[Published] = Field(default_factory=list)
+    footnotes: list[Footnote] = Field(default_factory=list)
+    tables: list[Table]
+    path: str = ""
+
+    def covers(self, experiment: str) -> bool:
+        return experiment in self.experiments
+
+    def load_adapter(self):
+        module, _, name = self.adapter.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def load_declaration(path: str | Path) -> Declaration:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        return Declaration.model_validate({**raw, "path": str(p)})
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({e})") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"{p}: {where}: {first['msg']}") from None
+
+
+@lru_cache(maxsize=None)
+def declarations() -> tuple[Declaration, ...]:
+    """Every study's declaration, in the report's order."""
+    found = [load_declaration(p) for p in sorted(EXPERIMENTS.glob("*/paper_tables.yaml"))]
+    order = {s: i for i, s in enumerate(STUDY_ORDER)}
+    return tuple(sorted(found, key=lambda d: (order.get(d.study, len(order)), d.study)))
+
+
+def declaration_for(experiment: str) -> Declaration | None:
+    return next((d for d in declarations() if d.covers(experiment)), None)

@@ -1,0 +1,98 @@
+"""`medstack sweep`: labels, the finished-run check, skip/resume/failure policy (scripted where no model is
+needed), and one real sweep through the embedded server (e2e)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.sweep import is_finished, labels_for, parse_models
+
+CASES = "tests/fixtures/craftmd/cases.csv"
+SMALL = ["--data", CASES, "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/craftmd/configs/embedded-small.yaml"]
+
+
+def _finished_run(d, case_ids: list[str]) -> None:
+    """A results directory whose every case finished (as the runner leaves it)."""
+    d.mkdir(parents=True)
+    recs = [{"id": f"{c}/t0", "case_id": c, "trial": 0, "status": "ok", "answers": {"vignette": {"mcq": {"correct": i % 2}}}}
+            for i, c in enumerate(case_ids)]
+    (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "metrics.json").write_text(json.dumps({"case_status": {"total": len(recs), "finished": len(recs)}}))
+    (d / "config.yaml").write_text("experiment: craftmd\n")
+
+
+def test_labels_and_models():
+    assert labels_for(["embedded", "embedded", "llama3-8b-instruct@http://127.0.0.1:9/v1"]) == ["embedded", "embedded-2", "llama3-8b-instruct"]
+    assert parse_models(" embedded , llama2-7b-chat ") == ["embedded", "llama2-7b-chat"]
+    from experiments.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        parse_models(" , ")
+
+
+def test_is_finished(tmp_path):
+    _finished_run(tmp_path / "a", ["case_a", "case_b"])
+    assert is_finished(tmp_path / "a", ["case_a/t0", "case_b/t0"])
+    assert not is_finished(tmp_path / "a", ["case_a/t0", "case_b/t0", "case_c/t0"])  # a larger --limit: resume
+    with open(tmp_path / "a" / "records.jsonl", "a") as f:
+        f.write(json.dumps({"id": "case_b/t0", "status": "failed", "error": "HTTP 500"}) + "\n")  # the last line wins
+    assert not is_finished(tmp_path / "a", ["case_a/t0", "case_b/t0"])
+    _finished_run(tmp_path / "b", ["case_a"])
+    (tmp_path / "b" / "metrics.json").unlink()  # killed before the metrics were written
+    assert not is_finished(tmp_path / "b", ["case_a/t0"])
+
+
+def test_finished_runs_skipped_missing_weights_reported(cli, tmp_path):
+    """Both embedded runs finished earlier: skipped without a server; a model without weights is reported,
+    the sweep goes on (compare and report over what there is) and exits 3."""
+    sweep = tmp_path / "sweep"
+    for label in ("embedded", "embedded-2"):
+        _finished_run(sweep / label, ["case_a", "case_b"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"MEDSTACK_WEIGHTS": str(empty), "HF_HOME": str(empty), "HF_HUB_CACHE": str(empty)}
+    p = cli("sweep", "craftmd", "--models", "embedded,llama3-8b-instruct,embedded", "--limit", "2", *SMALL, "--out", str(sweep), env=env)
+    assert p.returncode == 3, p.stderr
+    err = " ".join(p.stderr.split())
+    assert "embedded: all 2 cases finished earlier" in err and "embedded-2: all 2 cases finished earlier" in err
+    assert "llama3-8b-instruct: craftmd with model llama3-8b-instruct stopped: weights for 'llama3-8b-instruct' not found" in err
+    assert "going on to the next model" in err
+    assert "| llama3-8b-instruct |" in p.stdout and "| error: weights for" in p.stdout and p.stdout.count("| skipped: finished earlier |") == 2
+    assert (sweep / "compare" / "summary.md").exists() and (sweep / "report.html").exists()
+    assert "serving" not in err and "starting vLLM" not in err  # no server was started for a finished run
+    assert not (sweep / "llama3-8b-instruct" / "records.jsonl").exists()
+
+
+def test_bad_input_before_anything_runs(cli, tmp_path):
+    p = cli("sweep", "craftmd", "--models", "embedded", "--data", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "nope.csv" in p.stderr and not (tmp_path / "s").exists()
+    p = cli("sweep", "dera-qa", "--models", "embedded", "--published", "craftmd-published-gpt3_1106", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "--published imports CRAFT-MD releases" in p.stderr
+    p = cli("sweep", "nosuch", "--models", "embedded")
+    assert p.returncode == 2 and "unknown study 'nosuch'" in " ".join(p.stderr.split())
+    p = cli("sweep", "craftmd", "--models", "embedded", "--model", "embedded", "--data", CASES)
+    assert p.returncode == 2 and "--models" in p.stderr
+
+
+@pytest.mark.e2e
+def test_sweep_two_models_resume_and_report(cli, embedded_server, tmp_path):
+    """The same (served) model twice: runs in turn, a larger --limit resumes both, the same command again skips both."""
+    ref = f"embedded@{embedded_server['base_url']}"
+    sweep = tmp_path / "sweep"
+    args = ["sweep", "craftmd", "--models", f"{ref},{ref}", *SMALL, "--out", str(sweep)]
+    p = cli(*args, "--limit", "1", check=True)
+    for label in ("embedded", "embedded-2"):
+        recs = [json.loads(x) for x in (sweep / label / "records.jsonl").read_text().splitlines()]
+        assert [r["id"] for r in recs] == ["case_a/t0"] and recs[0]["status"] == "ok"
+    p = cli(*args, "--limit", "2", check=True)  # resumes each: one case from earlier, one new
+    for label in ("embedded", "embedded-2"):
+        m = json.loads((sweep / label / "metrics.json").read_text())
+        assert m["run"]["cases_resumed"] == 1 and m["run"]["cases_run"] == 1 and m["case_status"]["finished"] == 2
+    p = cli(*args, "--limit", "2", check=True)  # nothing left: both skipped
+    assert p.stdout.count("| skipped: finished earlier |") == 2
+    summary = (sweep / "compare" / "summary.md").read_text()
+    assert "## CRAFT-MD: as in the paper" in summary and "**embedded-2**" in summary
+    html = (sweep / "report.html").read_text()
+    assert 'id="section-craftmd"' in html and "4-choice MCQ accuracy by format" in html

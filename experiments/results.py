@@ -104,18 +104,24 @@ def read_jsonl(path: Path) -> list[dict]:
     return [row for _, row in iter_jsonl(path, objects=False)]
 
 
+def make_results_dir(path: str | Path) -> Path:
+    """The results folder ``--out``, made private if new; a file in the way or a refused write is one clear error."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ResultsError(f"--out {path} is a file, not a results directory")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ResultsError(f"--out {path}: {blocker} is a file, so no folder can be made below it; choose another --out")
+    try:
+        private_dir(path)
+    except OSError as e:
+        raise StorageError.from_os(path, e, hint="choose another --out") from None
+    return path
+
+
 class RunDir:
     def __init__(self, path: str | Path, config: dict, *, id_key: str = "id", prompt_files: dict[str, str] | None = None):
-        self.path = Path(path)
-        if self.path.exists() and not self.path.is_dir():
-            raise ResultsError(f"--out {self.path} is a file, not a results directory")
-        blocker = next((p for p in self.path.parents if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise ResultsError(f"--out {self.path}: {blocker} is a file, so no folder can be made below it; choose another --out")
-        try:
-            private_dir(self.path)
-        except OSError as e:
-            raise StorageError.from_os(self.path, e, hint="choose another --out") from None
+        self.path = make_results_dir(path)
         self.id_key = id_key
         self.records_path = self.path / "records.jsonl"
         self.notes: list[str] = []  # what opening the folder repaired, for the screen

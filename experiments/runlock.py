@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.results import ResultsError
+from experiments.results import ResultsError, make_results_dir
 
 LOCK_NAME = ".medstack.lock"
 
@@ -43,9 +43,7 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
-        if self.dir.exists() and not self.dir.is_dir():
-            raise ResultsError(f"--out {self.dir} is a file, not a results directory")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_results_dir(self.dir)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

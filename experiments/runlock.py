@@ -44,7 +44,9 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         make_results_dir(self.dir)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        # held through a read-only descriptor (flock does not need write access), so the run keeps no file open for
+        # writing between writes: a file system can then be remounted read-only under it (a fault the tests provoke)
+        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -52,8 +54,12 @@ class RunLock:
             raise RunDirInUse(self._refusal()) from None
         info = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "since_unix": round(time.time(), 3), "command": " ".join(sys.argv)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        try:
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.write(json.dumps(info) + "\n")
+        except OSError:
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 

@@ -68,7 +68,10 @@ def test_two_cpu_processes_follow_the_one_process_loss_curve(trained, trained_2p
     assert all(two[s] == pytest.approx(one[s], rel=1e-3) for s in two), (one, two)
     valid1 = {p["step"]: p["loss"] for p in m1["valid"]}
     assert [p["step"] for p in m2["valid"]] == [3] and m2["valid"][0]["loss"] == pytest.approx(valid1[3], rel=1e-3)
-    assert m2["train_tokens"] == 3 * m1["data"]["train"]["tokens"]  # both processes' tokens counted: the whole data set per step
+    # both processes' tokens counted: each step holds the global batch (4 samples); the fixture's 2 training samples
+    # fill it twice (accelerate repeats samples to fill the last round), so a step is the whole data set twice
+    data = m1["data"]["train"]
+    assert m2["train_tokens"] == 3 * data["tokens"] * (4 // data["samples"])
     # one adapter, written by rank 0 (the only process that logs)
     assert (proc.stdout + proc.stderr).count("adapter saved to") == 1
     assert sorted(x.parent.name for x in out2.rglob("adapter_model.safetensors")) == ["adapter", "checkpoint-3"]
@@ -202,7 +205,7 @@ def test_early_stopping_on_rising_valid_loss_keeps_the_best_checkpoint(tmp_path)
         "out": str(out),
         "model": {"base": "embedded", "dtype": "float32", "gradient_checkpointing": False},
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
-        "data": {"task": "nlg", "dialogs": str(dialogs), "max_length": 256},
+        "data": {"task": "nlg", "dialogs": str(dialogs), "max_length": 256, "prompt_format": "completion"},  # base Gemma: no chat template
         "training": {"learning_rate": 3e-2, "lr_scheduler_type": "constant", "warmup_ratio": 0.0, "batch_size": 4,
                      "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "max_steps": 40, "logging_steps": 1,
                      "eval_steps": 1, "save_total_limit": 1, "early_stopping_patience": 3, "seed": 0},

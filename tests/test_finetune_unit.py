@@ -68,8 +68,8 @@ def test_unknown_key_and_bad_batch_are_rejected():
 def test_batch_size_is_the_global_batch_on_any_number_of_processes():
     t = load_recipe(CONFIG_DIR / "embedded-cpu.yaml").training  # batch 16, 2 per device
     assert [t.split(n) for n in (1, 2, 4, 8, 16)] == [(2, 8), (2, 4), (2, 2), (2, 1), (1, 1)]  # (per device, accumulation)
-    t = load_recipe(CONFIG_DIR / "llama3-8b-nlu.yaml").training  # batch 16, 4 per device
-    assert [t.split(n) for n in (1, 2, 8)] == [(4, 4), (4, 2), (2, 1)]  # 8 GPUs: the per-device batch drops to 2
+    t = load_recipe(CONFIG_DIR / "llama3-8b-nlu.yaml").training  # batch 16, 8 per device (the authors' config)
+    assert [t.split(n) for n in (1, 2, 8)] == [(8, 2), (8, 1), (2, 1)]  # 2 GPUs: the authors' 8 x 2; 8 GPUs: 2 per device
     assert all(pd * acc * n == 16 for n in (1, 2, 4, 8, 16) for pd, acc in [t.split(n)])
     with pytest.raises(ConfigError, match="batch_size 16 .* cannot be split over 3 processes"):
         t.split(3)

@@ -73,8 +73,11 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            try:
-                os.ftruncate(self._fd, 0)
+            try:  # clear the holder's details (the descriptor is read-only; a read-only disk keeps them: harmless)
+                with open(self.path, "w", encoding="utf-8"):
+                    pass
+            except OSError:
+                pass
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
                 os.close(self._fd)

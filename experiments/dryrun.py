@@ -41,6 +41,9 @@ class RecordingClient:
         self.calls.append({"role": role, "kind": "completion", "prompt": prompt})
         return ChatResult(texts=[""] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
 
+    async def served_context_length(self, role: str = "default") -> int | None:
+        return None  # no server: the registry's context length applies
+
     def usage_summary(self) -> dict:
         zero = {"requests": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0, "cache_hits": 0, "seconds": 0.0}
         return {"total": dict(zero, requests=len(self.calls))}

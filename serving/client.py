@@ -301,6 +301,21 @@ class LLMClient:
             report.append({"endpoint": ep.base_url, "model": ep.model, "ok": r.ok, "error": r.error})
         return report
 
+    async def served_context_length(self, role: str = "default") -> int | None:
+        """The context length the role's server was started with (vLLM's ``/v1/models`` ``max_model_len``
+        of the served model or adapter); None when the endpoint does not say or does not answer."""
+        ep = self.endpoint(role)
+        try:
+            async with self._sem:
+                models = [m async for m in self._sdk(ep).models.list()]
+        except Exception:  # noqa: BLE001 - unknown: the caller falls back to the registry's length
+            return None
+        for m in models:
+            if m.id == ep.model:
+                n = getattr(m, "max_model_len", None)
+                return int(n) if isinstance(n, int) and n > 0 else None
+        return None
+
     def usage_summary(self) -> dict:
         out = {role: asdict(u) for role, u in self.usage.items()}
         total = Usage()

@@ -244,3 +244,31 @@ def test_cli_help_lists_common_and_study_options(cli):
         for opt in ("--model", "--role", "--set", "--lora", "--limit", "--concurrency", "--api-key", "--k", "--adjudicate-model", "--split"):
             assert opt in r.stdout, (task, opt)
         assert "--lora-name" not in r.stdout
+
+
+def test_input_too_long_for_the_served_context_fails_and_says_how_to_make_room(tmp_path, monkeypatch):
+    """The budget follows the served context (the server's max_model_len); a turn whose input alone is over it
+    is a failed turn (never scored) whose error names `--max-model-len`."""
+    import httpx
+    import openai
+
+    from experiments.meditod import run as run_mod
+
+    served = []
+
+    async def context_of(self, role="default"):
+        served.append(role)
+        return 300  # as /v1/models would say for a server started with --max-model-len 300
+
+    monkeypatch.setattr(ScriptedLLM, "served_context_length", context_of)
+
+    def respond(role, content, gen):
+        raise openai.BadRequestError("This model's maximum context length is 300 tokens. However, your prompt contains at least 301 input tokens",
+                                     response=httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")), body=None)
+
+    s = settings(tmp_path, "pol", k=0)
+    outcome = run("pol", s, ScriptedLLM(respond, roles=("model",)))
+    assert served == ["model"] and outcome.metrics["settings"]["context_budget"] == 300 - s.max_tokens - s.context_margin
+    recs = records(s.out)
+    assert recs and all(r["status"] == "failed" and "medstack serve --max-model-len N" in r["error"] for r in recs.values())
+    assert run_mod.context_budget("embedded", 256, 8) == 2048 - 264  # no server answer: the registry's length

@@ -33,10 +33,12 @@ def test_chat_and_completion_return_text_and_usage(embedded_server):
         c = client_for(embedded_server)
         chat = await c.chat(MSG, gen=GenConfig(max_tokens=16))
         comp = await c.complete("The patient presented with", gen=GenConfig(max_tokens=16))
+        length = await c.served_context_length()
         await c.aclose()
-        return chat, comp
+        return chat, comp, length
 
-    chat, comp = asyncio.run(go())
+    chat, comp, length = asyncio.run(go())
+    assert length == 2048  # the served max_model_len (the registry's context_length for the embedded model)
     for r in (chat, comp):
         assert r.ok, r.error
         assert r.text.strip()

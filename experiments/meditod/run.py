@@ -32,7 +32,7 @@ from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokeniz
                                          templates_used, DONE)
 from experiments.meditod.tasks import TASKS, build_samples
 from experiments.metrics.text import bertscore_label
-from experiments.study import CaseContext, Study
+from experiments.study import CaseContext, RequestFailed, Study
 from serving.refs import ModelRef, model_name
 
 CONFIGS = Path(__file__).with_name("configs")
@@ -76,13 +76,17 @@ class MeditodSettings(RunSettings):
     roles: dict[str, str] = {"model": "embedded"}
 
 
-def context_budget(alias: str, max_tokens: int, margin: int) -> int | None:
+def context_budget(alias: str, max_tokens: int, margin: int, served: int | None = None) -> int | None:
+    """Prompt tokens a request may use: the served context length (the server's ``max_model_len``; else the
+    registry's) less ``max_tokens`` and a margin."""
     from models.registry import get_spec
 
-    try:
-        return get_spec(alias).context_length - max_tokens - margin
-    except Exception:  # noqa: BLE001 - unknown alias: no budget known
-        return None
+    if served is None:
+        try:
+            served = get_spec(alias).context_length
+        except Exception:  # noqa: BLE001 - unknown alias: no budget known
+            return None
+    return served - max_tokens - margin
 
 
 @lru_cache(maxsize=None)
@@ -206,7 +210,8 @@ class MeditodStudy(Study):
 
     async def setup(self, client, s: MeditodSettings, cases: list[dict], out: Path) -> None:
         alias = model_name(s.roles["model"])
-        self._budget = context_budget(alias, s.max_tokens, s.context_margin)
+        self._served_len = None if s.mode == "supervised" else await client.served_context_length("model")
+        self._budget = context_budget(alias, s.max_tokens, s.context_margin, self._served_len)
         self._counter = token_counter(alias)
 
     def request(self, s: MeditodSettings, sample: dict, exemplars: list[dict]) -> tuple[str, list[dict] | str, int]:
@@ -224,7 +229,14 @@ class MeditodStudy(Study):
         kind, content, kept = self.request(s, sample, ex)
         if kind == "chat":
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens).gen()
-            res = await ctx.chat(content, role="model", gen=gen, step="predict", constraint=icl_constraint(s.task))  # RequestFailed: fails the case
+            try:
+                res = await ctx.chat(content, role="model", gen=gen, step="predict", constraint=icl_constraint(s.task))
+            except RequestFailed as e:  # fails the case; an input too long even without exemplars says how to make room
+                if "context length" in e.error and kept == 0:
+                    e.error += (f" [the input alone does not fit the served context ({self._budget} prompt tokens beside "
+                                f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]")
+                    e.args = (f"{e.step} ({e.role}): {e.error}",)
+                raise
             pred = parse_icl(s.task, res.text)
         else:
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=[DONE]).gen()

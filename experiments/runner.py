@@ -169,18 +169,27 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     metrics["answers"] = settings.answers
     metrics["answer_formats"] = format_stats(finished)
     metrics["run"] = stats
-    summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command)
     storage = state.get("storage")
-    if storage:
-        log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {len(finished)} finished record(s) are kept in {rundir.records_path}")
-        summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
+    unwritten = None
     try:
-        rundir.write_metrics(metrics)
-        rundir.write_summary(summary)
+        rundir.write_metrics(metrics)  # before the summary: its paper tables read this run's metrics.json
     except StorageError as e:
         if not storage:
             raise
-        log(f"metrics and summary were not written either ({escape(str(e))})")
+        unwritten = e
+    summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command)
+    if storage:
+        log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {len(finished)} finished record(s) are kept in {rundir.records_path}")
+        summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
+    if unwritten is None:
+        try:
+            rundir.write_summary(summary)
+        except StorageError as e:
+            if not storage:
+                raise
+            unwritten = e
+    if unwritten is not None:
+        log(f"metrics and summary were not written either ({escape(str(unwritten))})")
     return RunOutcome(rundir.path, metrics, summary, len(finished), len(failed), not_started, storage)
 
 

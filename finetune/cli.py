@@ -38,7 +38,7 @@ def _command(task: str):
                                       "processes with gloo); training.batch_size stays the global batch. The command line is printed."),
         fsdp: bool = typer.Option(False, "--fsdp", help="With --processes N: fully sharded data parallel (finetune/accelerate_fsdp.yaml) instead of DDP."),
     ) -> None:
-        from experiments.commands import resolve_data
+        from experiments.core.commands import resolve_data
         from finetune.recipe import default_config, load_recipe, merge_overrides, parse_assignments, strip_none
 
         data = Path(resolve_data(data))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.config import ConfigError
+from experiments.core.config import ConfigError
 from finetune.data import split_file
 from finetune.recipe import Recipe
 from models.errors import DataError, MedstackError

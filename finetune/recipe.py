@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from experiments.config import ConfigError, load_settings, read_yaml_mapping
+from experiments.core.config import ConfigError, load_settings, read_yaml_mapping
 from models.errors import MedstackError
 
 TASKS = ("nlu", "pol", "nlg")

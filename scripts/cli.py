@@ -227,7 +227,7 @@ def chat(
 
 def _register_studies() -> None:
     """Each study adds its own commands; importing here keeps start-up light."""
-    from experiments import registry
+    from experiments.core import registry
 
     registry.register_all(app=app, run_app=run_app, score_app=score_app, import_app=import_app, data_app=data_app, finetune_app=finetune_app)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from experiments.autoeval.run import AutoevalSettings, AutoevalStudy
-from experiments.runner import prepare_run, run_study
+from experiments.core.runner import prepare_run, run_study
 from tests.scripted import ScriptedLLM, down
 
 FIX = Path(__file__).parent / "fixtures" / "autoeval"

@@ -30,9 +30,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from experiments import calibrate_cli
-from experiments.calibrate import CalibrationFailed, calibrate_autoeval, calibrate_grader, published_counts, read_labels, trivial_kind
-from experiments.stats import count_agreement, kendall, spearman, weighted_kappa
+from experiments.calibrate import cli as calibrate_cli
+from experiments.calibrate.run import CalibrationFailed, calibrate_autoeval, calibrate_grader, published_counts, read_labels, trivial_kind
+from experiments.common.stats import count_agreement, kendall, spearman, weighted_kappa
 from models.errors import DataError
 from serving.client import ChatResult
 

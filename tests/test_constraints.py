@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from experiments.autoeval import judge as J
-from experiments.config import ConfigError, load_settings
-from experiments.constraints import Constraint, ConstraintError, read_declarations
+from experiments.core.config import ConfigError, load_settings
+from experiments.core.constraints import Constraint, ConstraintError, read_declarations
 from experiments.craftmd import grading
 from experiments.craftmd.data import load_cases as load_craft_cases
 from experiments.craftmd.prompts import PROMPTS as CRAFT
@@ -23,9 +23,9 @@ from experiments.dera.calls import CaseLog
 from experiments.dera.dialogue import parse_decider, parse_researcher
 from experiments.dera.prompts import PROMPTS as DERA
 from experiments.dera.qa import answer_from_completion, letter_values
-from experiments.parsing import extract_after, extract_bool, extract_indices, extract_list, extract_number, extract_verdict
-from experiments.results import ResultsError
-from experiments.study import CaseContext
+from experiments.common.parsing import extract_after, extract_bool, extract_indices, extract_list, extract_number, extract_verdict
+from experiments.core.results import ResultsError
+from experiments.core.study import CaseContext
 from serving.cache import ResponseCache, request_key
 from serving.client import GenConfig
 from tests.scripted import ScriptedLLM
@@ -263,7 +263,7 @@ def test_cache_keys_differ_between_modes_and_free_keys_are_unchanged(tmp_path):
 
 
 def test_settings_default_free_and_validate(tmp_path):
-    from experiments.config import RunSettings
+    from experiments.core.config import RunSettings
 
     assert RunSettings().answers == "free"
     assert load_settings(RunSettings, None, {"answers": "constrained"}).answers == "constrained"
@@ -287,9 +287,9 @@ def _qa_backend(role, content, gen):
 
 
 def _run_qa(tmp_path, mode, out=None):
-    from experiments.commands import build_settings
+    from experiments.core.commands import build_settings
     from experiments.dera.study import STUDIES
-    from experiments.runner import prepare_run, run_study
+    from experiments.core.runner import prepare_run, run_study
 
     study = STUDIES["dera-qa"]()
     common = {"model": "embedded@http://127.0.0.1:9/v1", "out": str(out or tmp_path / mode), "data": str(FIX / "dera" / "medqa_open.jsonl"),
@@ -318,9 +318,9 @@ def test_runner_names_the_mode_everywhere_and_refuses_to_mix_modes(tmp_path):
 
 
 def test_an_endpoint_that_ignores_the_field_is_refused_before_any_case(tmp_path):
-    from experiments.commands import build_settings
+    from experiments.core.commands import build_settings
     from experiments.dera.study import STUDIES
-    from experiments.runner import prepare_run, run_study
+    from experiments.core.runner import prepare_run, run_study
     from serving.client import StructuredOutputsUnsupported
 
     study = STUDIES["dera-qa"]()

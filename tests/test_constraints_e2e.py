@@ -17,7 +17,7 @@ import pytest
 from experiments.craftmd.prompts import PROMPTS as CRAFT
 from experiments.craftmd.prompts import render
 from experiments.dera.prompts import PROMPTS as DERA
-from experiments.study import CaseContext
+from experiments.core.study import CaseContext
 from serving.client import Endpoint, GenConfig, LLMClient
 
 pytestmark = pytest.mark.e2e

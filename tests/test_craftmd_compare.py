@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from experiments.craftmd import cli as craftmd_cli
 from experiments.craftmd.compare import compare, run_compare
 from experiments.craftmd.importer import import_folder, parse_conversation
-from experiments.stats import mcnemar_test, mean_ci, paired_bootstrap
+from experiments.common.stats import mcnemar_test, mean_ci, paired_bootstrap
 
 
 def make_run(path, name, scores: dict, trials=1, specialty="Dermatology"):

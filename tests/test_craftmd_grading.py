@@ -6,7 +6,7 @@ import pytest
 
 from experiments.craftmd import grading
 from experiments.craftmd.data import answer_index, load_cases
-from experiments.parsing import extract_verdict, match_choice
+from experiments.common.parsing import extract_verdict, match_choice
 from models.errors import DataError
 
 CHOICES = ["Lymphogranuloma venereum", "Herpes", "Chancroid", "Syphilis"]

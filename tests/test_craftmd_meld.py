@@ -29,7 +29,7 @@ def test_meld_failed_request_is_a_failed_case_never_a_zero_similarity(tmp_path):
     from pathlib import Path
 
     from experiments.craftmd.meld import MeldSettings, MeldStudy
-    from experiments.runner import prepare_run, run_study
+    from experiments.core.runner import prepare_run, run_study
     from tests.scripted import ScriptedLLM, down
 
     cases = Path(__file__).parent / "fixtures" / "craftmd" / "cases.csv"

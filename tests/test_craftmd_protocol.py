@@ -7,7 +7,7 @@ import asyncio
 from experiments.craftmd.protocol import context_turns, converse, solve, stop_reason_for
 from experiments.craftmd.run import units_for
 from experiments.craftmd.settings import CraftSettings
-from experiments.study import CaseContext
+from experiments.core.study import CaseContext
 from serving.client import ChatResult
 
 CASE = {"case_id": "case_x", "vignette": "A 30-year-old woman has silvery scaly plaques on her elbows.", "question": "Which is the most likely diagnosis?", "choices": ["Plaque psoriasis", "Eczema", "Tinea", "Lichen planus"],

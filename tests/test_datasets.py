@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments import datasets as D
+from experiments.datasets import registry as D
 from models.errors import DataError
 
 FIX = Path(__file__).resolve().parent / "fixtures"

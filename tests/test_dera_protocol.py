@@ -10,7 +10,7 @@ import pytest
 from experiments.dera import dialogue, gptf1, qa
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import DialogueSettings, QASettings, Sampling
-from experiments.study import CaseContext, RequestFailed
+from experiments.core.study import CaseContext, RequestFailed
 from serving.client import ChatResult, GenConfig
 
 

@@ -13,12 +13,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from experiments.commands import build_settings
-from experiments.config import ConfigError
+from experiments.core.commands import build_settings
+from experiments.core.config import ConfigError
 from experiments.dera import qa_metrics
 from experiments.dera.settings import CAREPLAN_SECTIONS, SUMMARY_SECTIONS
 from experiments.dera.study import STUDIES, SAMPLE_ENCOUNTERS
-from experiments.runner import prepare_run, run_study
+from experiments.core.runner import prepare_run, run_study
 from tests.scripted import ScriptedLLM, down
 
 ROLES = ("decider", "researcher", "judge")

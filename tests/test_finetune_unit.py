@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import ConfigError
+from experiments.core.config import ConfigError
 from finetune.data import IGNORE_INDEX, completion_positions, load_pairs, tokenize_pair
 from finetune.recipe import CONFIG_DIR, load_recipe, merge_overrides, parse_assignments, require_4bit_support, strip_none
 from models.errors import DataError, MedstackError

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from experiments.config import ConfigError, RunSettings, load_settings
-from experiments.parsing import extract_after, extract_json, extract_tag, has_marker, split_sections
-from experiments.results import ResultsError, RunDir, read_jsonl
+from experiments.core.config import ConfigError, RunSettings, load_settings
+from experiments.common.parsing import extract_after, extract_json, extract_tag, has_marker, split_sections
+from experiments.core.results import ResultsError, RunDir, read_jsonl
 from models.errors import DataError
 from models.registry import RegistryError, get_spec, load_registry, resolve_weights
 from serving.cache import ResponseCache

@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from experiments.constraints import Constraint
+from experiments.core.constraints import Constraint
 from experiments.meditod.constraints import nlu_schema, pol_schema
 
 DIALOGS = json.loads((Path(__file__).parent / "fixtures" / "meditod" / "dialogs.json").read_text())

@@ -13,7 +13,7 @@ import pytest
 
 from experiments.meditod.prompts import icl_assistant, icl_user, sft_user
 from experiments.meditod.run import MeditodSettings, MeditodStudy, load_samples
-from experiments.runner import prepare_run, run_study
+from experiments.core.runner import prepare_run, run_study
 from models.errors import MedstackError
 from tests.scripted import ScriptedLLM, down
 

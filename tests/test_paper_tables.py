@@ -12,7 +12,7 @@ from experiments.tables.declare import declarations, load_declaration
 from experiments.tables.plots import figure_png
 from experiments.tables.render import paper_tables_markdown, table_view
 
-B = 10_000  # experiments.stats' bootstrap resamples
+B = 10_000  # experiments.common.stats' bootstrap resamples
 
 
 def _rec(case: str, marks: dict[str, int], trial: int = 0) -> dict:
@@ -154,7 +154,7 @@ def test_every_declaration_loads_and_names_its_rows():
 
 
 def test_bad_declaration_is_one_clear_error(tmp_path):
-    from experiments.config import ConfigError
+    from experiments.core.config import ConfigError
 
     p = tmp_path / "paper_tables.yaml"
     p.write_text("study: x\ntitle: X\npaper: P\nsource: S\nexperiments: [x]\nadapter: a:b\ntables:\n  - id: t\n    title: T\n"

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from experiments.config import ConfigError, deep_merge, parse_set
+from experiments.core.config import ConfigError, deep_merge, parse_set
 from serving.refs import ModelRef, ModelRefError, api_key_for, model_name
 
 

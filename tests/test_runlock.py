@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.results import RunDir, read_jsonl
-from experiments.runlock import LOCK_NAME, RunDirInUse, RunLock
+from experiments.core.results import RunDir, read_jsonl
+from experiments.core.runlock import LOCK_NAME, RunDirInUse, RunLock
 from tests.conftest import FIXTURES, MEDSTACK, REPO, run_cli
 
 CASES = FIXTURES / "craftmd" / "cases.csv"
@@ -54,7 +54,7 @@ def test_lock_refuses_second_holder_and_names_it(tmp_path):
 
 def test_lock_of_killed_process_is_taken_over(tmp_path):
     out = tmp_path / "out"
-    code = ("import sys, time; from experiments.runlock import RunLock; RunLock(sys.argv[1]).acquire(); "
+    code = ("import sys, time; from experiments.core.runlock import RunLock; RunLock(sys.argv[1]).acquire(); "
             "print('locked', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -184,7 +184,7 @@ def test_cache_answers_are_committed_before_the_record(tmp_path):
     import asyncio
     import sqlite3
 
-    from experiments.recordwriter import RecordWriter
+    from experiments.core.recordwriter import RecordWriter
     from serving.cache import ResponseCache
 
     cache = ResponseCache(tmp_path / "c.sqlite", commit_every=10_000)

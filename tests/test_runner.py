@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import ConfigError, RunSettings, Sampling
-from experiments.prompts import PromptSet
-from experiments.results import ResultsError
-from experiments.runner import prepare_run, resolve_roles, run_study
-from experiments.study import CaseContext, Study
+from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.prompts import PromptSet
+from experiments.core.results import ResultsError
+from experiments.core.runner import prepare_run, resolve_roles, run_study
+from experiments.core.study import CaseContext, Study
 from serving.cache import ResponseCache
 from tests.scripted import ScriptedLLM, down
 
@@ -151,7 +151,7 @@ def test_killed_run_replays_answered_calls_from_the_cache_and_continues(tmp_path
 
 
 def test_seeds_are_per_case_and_step():
-    from experiments.study import call_seed
+    from experiments.core.study import call_seed
 
     assert call_seed(0, "c1", "turn_0#0") == call_seed(0, "c1", "turn_0#0")
     assert len({call_seed(0, c, k) for c in ("c1", "c2") for k in ("turn_0#0", "turn_0#1", "turn_1#0")}) == 6

@@ -9,8 +9,8 @@ import pytest
 
 from experiments.bench import instant_endpoint as ie
 from experiments.bench.paper_estimate import LLAMA2_SHAPE, case_trial_calls, estimate
-from experiments.concurrency import AUTO_CPU, AUTO_PER_GPU, resolve_concurrency
-from experiments.results import RunDir
+from experiments.core.concurrency import AUTO_CPU, AUTO_PER_GPU, resolve_concurrency
+from experiments.core.results import RunDir
 from serving.cache import ResponseCache
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.stats import holm, mcnemar_test, mean_ci, paired_bootstrap
+from experiments.common.stats import holm, mcnemar_test, mean_ci, paired_bootstrap
 
 
 def test_holm_known_list():

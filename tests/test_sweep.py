@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from experiments.sweep import is_finished, labels_for, parse_models
+from experiments.sweep.run import is_finished, labels_for, parse_models
 
 CASES = "tests/fixtures/craftmd/cases.csv"
 SMALL = ["--data", CASES, "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/craftmd/configs/embedded-small.yaml"]
@@ -26,7 +26,7 @@ def _finished_run(d, case_ids: list[str]) -> None:
 def test_labels_and_models():
     assert labels_for(["embedded", "embedded", "llama3-8b-instruct@http://127.0.0.1:9/v1"]) == ["embedded", "embedded-2", "llama3-8b-instruct"]
     assert parse_models(" embedded , llama2-7b-chat ") == ["embedded", "llama2-7b-chat"]
-    from experiments.config import ConfigError
+    from experiments.core.config import ConfigError
 
     with pytest.raises(ConfigError):
         parse_models(" , ")

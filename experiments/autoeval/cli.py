@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from experiments.commands import study_command
+from experiments.core.commands import study_command
 
 ALL = "empathy,concerns,welfare,understanding"
 

@@ -6,10 +6,10 @@
     (1..5, in that order) asks the judge to review a new dialogue in the same form, ending
     with ``Rating: N``. A reply without a parseable whole rating 1..5 is *unscored*.
 
-Prompts are the files in ``prompts/`` (one :class:`~experiments.prompts.PromptSet`, ``$name``
+Prompts are the files in ``prompts/`` (one :class:`~experiments.core.prompts.PromptSet`, ``$name``
 placeholders); every record stores the hash of the exact prompt sent. Judge calls go through the
-runner's :class:`~experiments.study.CaseContext`: a call that gets no answer raises
-:class:`~experiments.study.RequestFailed` and never becomes a rating.
+runner's :class:`~experiments.core.study.CaseContext`: a call that gets no answer raises
+:class:`~experiments.core.study.RequestFailed` and never becomes a rating.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from experiments.parsing import extract_rating, split_sections
-from experiments.prompts import PromptSet
-from experiments.results import iter_jsonl
+from experiments.common.parsing import extract_rating, split_sections
+from experiments.core.prompts import PromptSet
+from experiments.core.results import iter_jsonl
 from models.errors import DataError
 from serving.client import ChatResult, GenConfig
 

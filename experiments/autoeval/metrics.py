@@ -12,7 +12,7 @@ import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from experiments.stats import mean_ci
+from experiments.common.stats import mean_ci
 from models.errors import DataError
 
 from experiments.autoeval.judge import RATINGS, Criterion

@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from experiments.config import ConfigError, RunSettings, Sampling
-from experiments.results import read_jsonl
-from experiments.study import CaseContext, RequestFailed, Study
+from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.results import read_jsonl
+from experiments.core.study import CaseContext, RequestFailed, Study
 from models.errors import DataError
 from serving.refs import model_name
 

@@ -1,7 +1,7 @@
 """Experiment runs against the benchmark: a run's sustained output tokens/s as a fraction of
 the engine's saturated figure at the same (or nearest) concurrency.
 
-``experiments.runner.run_cases`` writes ``output_tokens_per_s`` and ``concurrency`` under
+``experiments.core.runner.run_cases`` writes ``output_tokens_per_s`` and ``concurrency`` under
 ``metrics.json["run"]``; that is all this reads.
 """
 
@@ -26,7 +26,7 @@ def compare_run(path: str | Path) -> dict:
         raise DataError(f"{f}:{e.lineno}: not valid JSON ({e.msg})") from None
     run = metrics.get("run") if isinstance(metrics, dict) else None
     if not isinstance(run, dict) or run.get("output_tokens_per_s") is None or run.get("concurrency") is None:
-        raise DataError(f"{f}: no 'run' section with output_tokens_per_s and concurrency (written by experiments.runner.run_cases)")
+        raise DataError(f"{f}: no 'run' section with output_tokens_per_s and concurrency (written by experiments.core.runner.run_cases)")
     return {
         "run": str(p),
         "output_tokens_per_s": float(run["output_tokens_per_s"]),

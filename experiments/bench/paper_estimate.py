@@ -35,7 +35,7 @@ import math
 import statistics as st
 from pathlib import Path
 
-from experiments.results import read_jsonl
+from experiments.core.results import read_jsonl
 
 CASE_TRIALS = 2004 * 5  # the released case set (2,004 cases) x 5 trials: one format set per case-trial
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from experiments.results import iter_jsonl
+from experiments.core.results import iter_jsonl
 from models.errors import DataError
 
 DEFAULT_DATA = Path(__file__).with_name("data") / "dialogues.jsonl"

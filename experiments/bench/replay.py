@@ -89,7 +89,7 @@ class ReplayWorkload:
 
 
 def _read_concurrency(run: Path) -> int:
-    from experiments.config import read_yaml_mapping
+    from experiments.core.config import read_yaml_mapping
 
     cfg_path = run / "config.yaml"
     cfg = read_yaml_mapping(cfg_path, missing_hint=f" (is {run} a results directory?)", what="run settings")

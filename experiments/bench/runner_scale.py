@@ -3,7 +3,7 @@
 A CRAFT-MD-shaped workload — by default 10,000 case-trials (2,000 synthetic cases x 5 trials),
 all four formats, MCQ and FRQ, the real CRAFT-MD protocol (``experiments.craftmd.protocol``:
 turns that wait for the previous turn, prompts that grow, ~35 calls per case-trial) — is run
-through the real runner (``experiments.runner.run_study``), the real :class:`LLMClient` with its
+through the real runner (``experiments.core.runner.run_study``), the real :class:`LLMClient` with its
 SQLite response cache, and a real results directory, against the stand-in endpoint of
 ``instant_endpoint.py`` (a separate process that answers at once). Measured, in this process:
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from experiments.craftmd.run import CONFIGS, CraftmdStudy, units_for
 from experiments.craftmd.settings import CraftSettings
-from experiments.config import load_settings
+from experiments.core.config import load_settings
 from models.errors import MedstackError
 
 SPECIALTIES = ("Dermatology", "Cardiology", "Neurology", "Gastroenterology", "Pulmonology", "Endocrinology")
@@ -139,7 +139,7 @@ def scale_settings(out: Path, url: str, trials: int, concurrency: int) -> CraftS
 
 
 async def _run(study, settings, cache_path: Path, url: str, log):
-    from experiments.runner import prepare_run, run_study
+    from experiments.core.runner import prepare_run, run_study
     from serving.cache import ResponseCache
     from serving.client import Endpoint, LLMClient
 
@@ -187,7 +187,7 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
         again, _ = asyncio.run(_run(study, settings, cache_path, ep.base_url, log))
         row["resume_s"] = round(time.perf_counter() - t0, 2)
         row["resume_ran_cases"] = again.metrics["run"]["cases_run"]
-    from experiments.results import load_run
+    from experiments.core.results import load_run
 
     records = load_run(rundir)["records"]
     t0 = time.perf_counter()
@@ -223,6 +223,6 @@ def run_scale(case_trials: int, trials: int, concurrency: int, out: Path | None,
 
 
 def _git() -> str | None:
-    from experiments.results import git_commit
+    from experiments.core.results import git_commit
 
     return git_commit()

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from experiments.commands import study_command
+from experiments.core.commands import study_command
 
 
 def _print(text: str) -> None:
@@ -79,7 +79,7 @@ def import_craftmd(
     (unless hedged with "or"), the one choice equal up to spelling slips, else unparsed (= wrong, listed).
     FRQ uses the published grades (-1 = wrong); the run records grades: published, concurrent rule: any.
     """
-    from experiments.commands import resolve_data
+    from experiments.core.commands import resolve_data
     from experiments.craftmd.importer import import_folder
 
     metrics = import_folder(Path(resolve_data(src)), name, out, resolve_data(cases))

@@ -5,7 +5,7 @@ Tables of comparisons, each Holm–Bonferroni corrected on its own:
 - ``formats|<run>|<mode>``: every pair of formats, within one run and mode (the paper's vignette vs
   conversational contrast).
 Each pair is paired on case_id (cases scored in both), per-case correctness averaged over trials;
-paired two-sided bootstrap (experiments.stats, 10,000 resamples, fixed seed) and, where every paired
+paired two-sided bootstrap (experiments.common.stats, 10,000 resamples, fixed seed) and, where every paired
 value is 0/1 (one trial), McNemar's test.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from experiments.craftmd.metrics import accuracy, case_scores, formats_modes, per_specialty
 from experiments.craftmd.settings import FORMATS, MODES
-from experiments.results import load_run
-from experiments.stats import holm, mcnemar_test, paired_bootstrap
+from experiments.core.results import load_run
+from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
 from models.errors import MedstackError
 
 

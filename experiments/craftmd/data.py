@@ -15,9 +15,9 @@ import csv
 import re
 from pathlib import Path
 
-from experiments.results import iter_jsonl
+from experiments.core.results import iter_jsonl
 from models.errors import DataError
-from experiments.parsing import match_choice
+from experiments.common.parsing import match_choice
 
 CSV_COLUMNS = ("case_vignette", "choice_1", "choice_2", "choice_3", "choice_4", "answer", "category", "dataset", "case_id")
 

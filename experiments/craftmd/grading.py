@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from experiments.parsing import _norm, extract_after, extract_verdict, match_choice
+from experiments.common.parsing import _norm, extract_after, extract_verdict, match_choice
 
 CONCURRENT_RULES = ("zero", "any")
 # words ignored by the lexical fallback; "disease", "syndrome", "disorder" are NOT among them:
@@ -166,7 +166,7 @@ def map_choice(text: str, choices: list[str]) -> tuple[int | None, str]:
     """Free-text MCQ answer -> (choice index or None, rule that decided), one rule for every model.
 
     In order: ``exact`` (the whole answer is a choice text, case/punctuation-insensitive);
-    ``letter`` (``Answer: B``, ``(B)``, a lone ``B``; experiments.parsing.match_choice) unless the
+    ``letter`` (``Answer: B``, ``(B)``, a lone ``B``; experiments.common.parsing.match_choice) unless the
     text itself names a choice by exact/stated/contains (the named choice wins: models invent letters
     for unlettered lists, and "A history of ..." is an article) ; ``stated`` (the choice named right
     after a committing phrase: "the most likely diagnosis is X", "Answer: X", "**Final Diagnosis:**

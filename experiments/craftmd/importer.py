@@ -37,7 +37,7 @@ from experiments.craftmd.data import answer_index, load_cases
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.protocol import stop_reason_for
 from experiments.craftmd.settings import FORMATS
-from experiments.results import RunDir
+from experiments.core.results import RunDir
 from models.errors import DataError, MedstackError
 
 ROLE_TO_AGENT = {"user": "patient", "patient": "patient", "human": "patient", "assistant": "doctor", "doctor": "doctor", "clinician": "doctor", "model": "doctor"}

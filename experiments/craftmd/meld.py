@@ -13,11 +13,11 @@ from pathlib import Path
 from pydantic import Field
 from rapidfuzz.distance import Levenshtein
 
-from experiments.config import ConfigError, RunSettings
+from experiments.core.config import ConfigError, RunSettings
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.prompts import PROMPTS, render
-from experiments.stats import mean_ci
-from experiments.study import CaseContext, Study
+from experiments.common.stats import mean_ci
+from experiments.core.study import CaseContext, Study
 from serving.client import GenConfig
 from serving.refs import model_name
 

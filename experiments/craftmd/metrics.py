@@ -12,7 +12,7 @@ import re
 from collections import Counter, defaultdict
 
 from experiments.craftmd.settings import FORMATS, MODES
-from experiments.stats import mean_ci
+from experiments.common.stats import mean_ci
 
 
 def answer_of(record: dict, fmt: str, mode: str) -> dict | None:

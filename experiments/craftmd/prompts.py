@@ -1,8 +1,8 @@
-"""CRAFT-MD prompt templates (files in prompts/, ``$placeholder`` syntax; see experiments/prompts.py)."""
+"""CRAFT-MD prompt templates (files in prompts/, ``$placeholder`` syntax; see experiments/core/prompts.py)."""
 
 from pathlib import Path
 
-from experiments.prompts import PromptSet
+from experiments.core.prompts import PromptSet
 
 PROMPTS = PromptSet(Path(__file__).with_name("prompts"))
 render = PROMPTS.render

@@ -14,7 +14,7 @@ import time
 from experiments.craftmd import grading
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.settings import CraftSettings
-from experiments.study import CaseContext
+from experiments.core.study import CaseContext
 from serving.client import GenConfig
 from serving.refs import model_name
 

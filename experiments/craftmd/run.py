@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.config import ConfigError
+from experiments.core.config import ConfigError
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings
-from experiments.study import CaseContext, Study
+from experiments.core.study import CaseContext, Study
 from serving.refs import model_name
 
 CONFIGS = Path(__file__).with_name("configs")

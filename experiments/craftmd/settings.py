@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from experiments.config import RunSettings, Sampling
+from experiments.core.config import RunSettings, Sampling
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
@@ -37,7 +37,7 @@ class CraftSettings(RunSettings):
     # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
     completion_steps: list[str] = []
-    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16  # "auto": 256 per GPU, 16 on CPU (experiments/concurrency.py)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16  # "auto": 256 per GPU, 16 on CPU (experiments/core/concurrency.py)
 
     @field_validator("completion_steps")
     @classmethod

@@ -1,12 +1,12 @@
 """DERA's protocol steps over the runner's call log: one prompt template -> one model call.
 
-``CaseLog`` wraps the runner's :class:`~experiments.study.CaseContext` of one case.
+``CaseLog`` wraps the runner's :class:`~experiments.core.study.CaseContext` of one case.
 ``CaseLog.call`` renders a template of the DERA prompt set (``$name`` placeholders), sends it
 as one user message under a role (``decider`` / ``researcher`` / ``judge``) through
 ``ctx.chat(..., step=step)``, and notes on the runner's entry for that call the template
 name and hash (plus ``dropped_history`` / ``greedy_copies`` when they apply). The call log,
 usage, per-call seeds and the failure policy are the runner's: a call that got no answer
-raises :class:`~experiments.study.RequestFailed` and the case is recorded as failed, never
+raises :class:`~experiments.core.study.RequestFailed` and the case is recorded as failed, never
 scored. What stays here is DERA's own: parse errors (counted, scored per the protocol) and
 the hashes of the templates a record used.
 
@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from experiments.config import Sampling
+from experiments.core.config import Sampling
 from experiments.dera.prompts import PROMPTS, render
-from experiments.study import CaseContext, RequestFailed
+from experiments.core.study import CaseContext, RequestFailed
 from serving.client import ChatResult
 
 # vLLM's refusals of a prompt that does not fit: longer than the context, or so long that no output

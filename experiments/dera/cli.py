@@ -1,6 +1,6 @@
 """`medstack run dera-summarize | dera-careplan | dera-corrupt | dera-qa`: the DERA studies on the study runner.
 
-Every command takes the common options (``experiments/commands.py``); the study options are below.
+Every command takes the common options (``experiments/core/commands.py``); the study options are below.
 ``--researcher-model`` / ``--judge-model`` are aliases of ``--role researcher=REF`` / ``--role judge=REF``.
 Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them).
 """
@@ -11,8 +11,8 @@ from typing import Optional
 
 import typer
 
-from experiments.commands import study_command
-from experiments.config import ConfigError
+from experiments.core.commands import study_command
+from experiments.core.config import ConfigError
 
 ROLE_OPTIONS = {
     "researcher_model": (Optional[str], typer.Option(None, "--researcher-model", help="Researcher model (alias of --role researcher=REF).")),

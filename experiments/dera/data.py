@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.results import iter_jsonl
+from experiments.core.results import iter_jsonl
 from models.errors import DataError
 
 ENCOUNTER_FIELDS = ("id", "age", "sex", "chief_complaint", "chat")

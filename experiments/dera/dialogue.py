@@ -19,7 +19,7 @@ from experiments.dera import gptf1
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_chat
 from experiments.dera.settings import DialogueSettings
-from experiments.parsing import extract_tag, extract_tags, has_marker, split_sections
+from experiments.common.parsing import extract_tag, extract_tags, has_marker, split_sections
 
 TEMPLATES = {
     "summarize": {"initial": "summarize_decider_initial", "researcher": "summarize_researcher",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import GptF1Settings
-from experiments.parsing import extract_indices, extract_list
+from experiments.common.parsing import extract_indices, extract_list
 
 def prf(n_gt: int, tp_gt: int, n_pred: int, tp_pred: int) -> dict:
     """Precision/recall/F1 from counts (pure)."""

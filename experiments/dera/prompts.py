@@ -1,5 +1,5 @@
 """DERA's prompt templates: one file per role and step under ``prompts/``, read by the one loader
-(:class:`experiments.prompts.PromptSet`, ``$name`` placeholders).
+(:class:`experiments.core.prompts.PromptSet`, ``$name`` placeholders).
 
 Every record stores the hash of each template it used (``prompt_hashes``), and the results
 directory pins the hash of every file in the folder, so an edited prompt never mixes into an
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.prompts import PromptSet
+from experiments.core.prompts import PromptSet
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
 PROMPTS = PromptSet(PROMPT_DIR)

@@ -18,7 +18,7 @@ from collections import Counter
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_options
 from experiments.dera.settings import QASettings
-from experiments.parsing import extract_after, extract_choice, has_marker
+from experiments.common.parsing import extract_after, extract_choice, has_marker
 
 LABELS = {"researcher": "Teacher", "decider": "Student"}
 

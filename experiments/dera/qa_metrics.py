@@ -17,7 +17,7 @@ import asyncio
 
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import QASettings
-from experiments.parsing import extract_bool, extract_number
+from experiments.common.parsing import extract_bool, extract_number
 
 ARMS = ("oneshot", "dera")
 _bert_lock = asyncio.Lock()

@@ -7,7 +7,7 @@ from statistics import mean
 
 from experiments.dera.qa_metrics import ARMS, normalize_similarity
 from experiments.metrics.text import bertscore_label
-from experiments.stats import mean_ci, paired_bootstrap
+from experiments.common.stats import mean_ci, paired_bootstrap
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from experiments.config import RunSettings, Sampling  # the one sampling type (keeps n)
+from experiments.core.config import RunSettings, Sampling  # the one sampling type (keeps n)
 
 SUMMARY_SECTIONS = [
     "Demographics and Social Determinants of Health",

@@ -12,13 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from experiments.config import ConfigError
+from experiments.core.config import ConfigError
 from experiments.dera import dialogue, qa, qa_metrics, report
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import load_encounters, load_medqa, resolve_qa_path
 from experiments.dera.prompts import PROMPTS
 from experiments.dera.settings import DialogueSettings, QASettings
-from experiments.study import CaseContext, Study
+from experiments.core.study import CaseContext, Study
 from serving.refs import model_name
 
 HERE = Path(__file__).parent

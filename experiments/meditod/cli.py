@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from experiments.commands import resolve_data, study_command
+from experiments.core.commands import resolve_data, study_command
 
 RUN_HELP = {
     "nlu": "MediTOD NLU: dialog history + last turn -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",

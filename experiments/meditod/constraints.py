@@ -2,7 +2,7 @@
 
 Pure functions; the run applies them as constrained answers (``answers: constrained``) by passing
 ``Constraint.make("json", nlu_schema(ontology), "meditod/nlu")`` with the prediction call (see
-experiments/study.py). ``ontology`` is the mapping of ``experiments/meditod/ontology.yaml``::
+experiments/core/study.py). ``ontology`` is the mapping of ``experiments/meditod/ontology.yaml``::
 
     intents: {NAME: meaning, ...}          # patient NLU intents
     actions: {NAME: meaning, ...}          # doctor POL actions

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.config import ConfigError
+from experiments.core.config import ConfigError
 
 ONTOLOGY_FILE = Path(__file__).with_name("ontology.yaml")
 # slots only doctors use (a diagnosis): left out of the NLU system message, as the authors' NLU ontology has none

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.meditod.ontology import from_status_shape, render_ontology
-from experiments.parsing import extract_json
-from experiments.prompts import PromptSet
+from experiments.common.parsing import extract_json
+from experiments.core.prompts import PromptSet
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
 PROMPTS = PromptSet(PROMPT_DIR)

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from experiments.config import ConfigError, RunSettings, Sampling
+from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.meditod import metrics as M
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
@@ -32,7 +32,7 @@ from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokeniz
                                          templates_used, DONE)
 from experiments.meditod.tasks import TASKS, build_samples
 from experiments.metrics.text import bertscore_label
-from experiments.study import CaseContext, RequestFailed, Study
+from experiments.core.study import CaseContext, RequestFailed, Study
 from serving.refs import ModelRef, model_name
 
 CONFIGS = Path(__file__).with_name("configs")
@@ -45,7 +45,7 @@ def icl_constraint(task: str):
     ontology.yaml (experiments/meditod/constraints.py); NLG is free text. Applied only under answers: constrained."""
     if task == "nlg":
         return None
-    from experiments.constraints import Constraint
+    from experiments.core.constraints import Constraint
     from experiments.meditod.constraints import nlu_schema, pol_schema
     from experiments.meditod.ontology import load_ontology
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from experiments.meditod.data import load_dialogs
 from experiments.meditod.tasks import gold_turns
-from experiments.parsing import extract_json
-from experiments.results import read_jsonl
+from experiments.common.parsing import extract_json
+from experiments.core.results import read_jsonl
 from models.errors import DataError
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from models.errors import DataError, MedstackError
-from experiments.results import read_jsonl
+from experiments.core.results import read_jsonl
 
 MARKERS = ("records.jsonl", "metrics.json", "bench.json", "train_metrics.json")
 

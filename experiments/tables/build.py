@@ -1,8 +1,8 @@
 """Paper tables over runs: declaration + runs -> a computed table (values, CIs, published, tests).
 
-A *run* here is what :func:`experiments.results.load_run` (or the report's loader) returns: a
+A *run* here is what :func:`experiments.core.results.load_run` (or the report's loader) returns: a
 dict with ``path``, ``config``, ``metrics``, ``identity`` and ``records``. Failed records are
-dropped (never scored). Every statistic comes from :mod:`experiments.stats`:
+dropped (never scored). Every statistic comes from :mod:`experiments.common.stats`:
 
 - a ``key`` row: mean of the per-case values with its 95% percentile-bootstrap CI, n = cases;
 - a ``metric`` row: the corpus figure from metrics.json (no CI; n from the row's ``n`` path);
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.stats import holm, mean_ci, paired_bootstrap
+from experiments.common.stats import holm, mean_ci, paired_bootstrap
 from experiments.tables.declare import Declaration, Published, Table, declaration_for, declarations
 
 

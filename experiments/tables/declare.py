@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from experiments.config import ConfigError
+from experiments.core.config import ConfigError
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent
 STUDY_ORDER = ("craftmd", "dera", "meditod", "autoeval")  # the order of the report's paper sections

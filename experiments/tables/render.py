@@ -111,7 +111,7 @@ def paper_tables_markdown(runs: list[dict]) -> str:
 
 def run_paper_tables(path) -> str:
     """The paper tables of one results directory (for its summary.md); '' when none applies or it cannot be read."""
-    from experiments.results import ResultsError, load_run
+    from experiments.core.results import ResultsError, load_run
 
     try:
         run = load_run(path)

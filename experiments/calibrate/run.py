@@ -32,7 +32,7 @@ from pathlib import Path
 
 from experiments.craftmd import grading
 from experiments.craftmd.prompts import PROMPTS, render
-from experiments.stats import count_agreement, kendall, spearman, weighted_kappa
+from experiments.common.stats import count_agreement, kendall, spearman, weighted_kappa
 from models.errors import DataError, MedstackError
 
 N_TRIALS = 5
@@ -254,7 +254,7 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
                            completion: bool | None = None, concurrency: int = 16, use_cache: bool = True, allow_remote: bool = False,
                            client=None, log=print) -> dict:
     """Run the calibration; write the results directory; return metrics. ``client`` (tests) replaces open_client."""
-    from experiments.results import RunDir
+    from experiments.core.results import RunDir
 
     grading.check_rule(rule)
     data = read_labels(labels)
@@ -399,7 +399,7 @@ def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
 
 
 def _read_autoeval_dir(path: Path) -> dict[tuple[str, str], int]:
-    from experiments.results import read_jsonl
+    from experiments.core.results import read_jsonl
 
     out = {}
     for r in read_jsonl(path / "records.jsonl"):
@@ -422,7 +422,7 @@ def read_ratings(path: str | Path) -> dict[tuple[str, str], int]:
 
 
 def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int = 1, hi: int = 5) -> dict:
-    from experiments.results import RunDir
+    from experiments.core.results import RunDir
 
     judge, ref = read_ratings(ratings), read_ratings(reference)
     # a reference without a criterion column applies to every criterion of the item

@@ -31,8 +31,8 @@ def craftmd_grader(
     grader match prompt) and compare per-case counts of correct trials with the dermatologist's: exact
     agreement, mean |diff|, trial agreement bound, linear-weighted kappa, Spearman, confusion matrix.
     Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
-    from experiments.calibrate import CalibrationFailed, calibrate_grader
-    from experiments.commands import resolve_data
+    from experiments.calibrate.run import CalibrationFailed, calibrate_grader
+    from experiments.core.commands import resolve_data
 
     labels, published = resolve_data(labels), resolve_data(published)
 
@@ -57,7 +57,7 @@ def autoeval_cmd(
 ) -> None:
     """Rubric judge vs reference ratings on the same (id, criterion) items: Spearman, Kendall tau-b,
     exact agreement, mean |diff|, linear-weighted kappa over 1-5, confusion matrix (SPEC 3.2)."""
-    from experiments.calibrate import calibrate_autoeval
+    from experiments.calibrate.run import calibrate_autoeval
 
     calibrate_autoeval(str(ratings), str(reference), out)
     typer.echo((out / "summary.md").read_text().rstrip("\n"))

@@ -2,7 +2,7 @@
 
 A study (DERA, CRAFT-MD, MELD, autoeval, MediTOD, ...) subclasses :class:`Study` and declares:
 
-- ``name``, ``settings_cls`` (a :class:`~experiments.config.RunSettings` subclass), ``roles``
+- ``name``, ``settings_cls`` (a :class:`~experiments.core.config.RunSettings` subclass), ``roles``
   (the valid role names; ``primary_role`` is the model under test), ``prompts`` (its folder);
 - ``load_cases(settings)``: the cases, each a dict with a unique ``id``; bad input raises
   :class:`~models.errors.DataError` naming the file and line/id. Called before any server starts;
@@ -11,7 +11,7 @@ A study (DERA, CRAFT-MD, MELD, autoeval, MediTOD, ...) subclasses :class:`Study`
   only (a failed case never reaches them).
 
 Everything else (settings, model references and the client, the results directory, resume, the
-failure policy, identity, the call log) is the runner's, once, in ``experiments/runner.py``.
+failure policy, identity, the call log) is the runner's, once, in ``experiments/core/runner.py``.
 
 :class:`CaseContext` is the one call log. Every call a case makes goes through it and is kept in
 the record (role, step, the messages sent, sampling, tokens, start/end times, the call it waited
@@ -24,7 +24,7 @@ Constrained answers (SPEC 9, setting ``answers: free | constrained``, default ``
 mechanism for every study, here. A step whose reply has a fixed format declares that format once,
 beside its prompt template, in the study's ``prompts/constraints.yaml`` (template name ->
 ``{choice | regex | json | grammar: spec}``, ``$name`` placeholders filled at the call; see
-experiments/constraints.py), and passes it with its call::
+experiments/core/constraints.py), and passes it with its call::
 
     c = PROMPTS.constraint("ask_mcq", choices=case["choices"])    # None for a free-text template
     r = await ctx.chat(messages, role="clinical", gen=gen, step="vignette_mcq", constraint=c)
@@ -52,9 +52,9 @@ from typing import Any, ClassVar
 
 from dataclasses import replace
 
-from experiments.config import RunSettings
-from experiments.constraints import Constraint
-from experiments.prompts import PromptSet
+from experiments.core.config import RunSettings
+from experiments.core.constraints import Constraint
+from experiments.core.prompts import PromptSet
 from models.errors import MedstackError
 from serving.client import AUTH_MARK, ChatResult, GenConfig, LLMClient
 

@@ -1,7 +1,7 @@
 """`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder.
 
     SWEEP/<label>/          each model's run: an ordinary results directory, made by the study's own
-                            command body (experiments.commands.run_command -> the one runner)
+                            command body (experiments.core.commands.run_command -> the one runner)
     SWEEP/published-<name>/ --published NAME (CRAFT-MD): the authors' released run, imported
     SWEEP/compare/          CRAFT-MD: `medstack compare` over every run of the sweep
     SWEEP/report.html       `medstack report` over the sweep
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import typer
 
-from experiments.commands import COMMON, build_settings, run_command
-from experiments.config import ConfigError
-from experiments.results import read_jsonl
-from experiments.runner import prepare_run
+from experiments.core.commands import COMMON, build_settings, run_command
+from experiments.core.config import ConfigError
+from experiments.core.results import read_jsonl
+from experiments.core.runner import prepare_run
 from models.errors import MedstackError
 from serving.refs import ModelRef
 
@@ -144,7 +144,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
 
 
 def _published_plan(names: list[str], sweep_dir: Path) -> list[tuple[str, Path]]:
-    from experiments.datasets import resolve_data
+    from experiments.datasets.registry import resolve_data
 
     plan = []
     for item in names:
@@ -156,7 +156,7 @@ def _published_plan(names: list[str], sweep_dir: Path) -> list[tuple[str, Path]]
 
 def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> list[Path]:
     from experiments.craftmd.importer import import_folder
-    from experiments.datasets import resolve_data
+    from experiments.datasets.registry import resolve_data
 
     out = []
     for name, dest in plan:

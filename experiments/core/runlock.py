@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.results import ResultsError, make_results_dir
+from experiments.core.results import ResultsError, make_results_dir
 
 LOCK_NAME = ".medstack.lock"
 

@@ -15,7 +15,7 @@ exit 3. When the endpoint stops answering (``max_consecutive_failures`` cases in
 transport), no new case is started; the log tail of a server this run started is shown.
 
 Two faults stop the run at once instead of failing case after case: an endpoint that refuses our
-key (HTTP 401/403: :class:`~experiments.study.EndpointAuthError`, exit 2, the case is not
+key (HTTP 401/403: :class:`~experiments.core.study.EndpointAuthError`, exit 2, the case is not
 recorded), and a disk that refuses a write (full, read-only: :class:`~models.errors.StorageError`):
 no new case starts, finished records stay, metrics and summary are written if the disk allows,
 and the command exits 3 with the resume command.
@@ -33,12 +33,12 @@ from pathlib import Path
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from experiments.concurrency import resolve_concurrency
-from experiments.config import ConfigError, RunSettings
-from experiments.recordwriter import RecordWriter
-from experiments.results import RunDir
-from experiments.runlock import RunLock
-from experiments.study import CaseContext, RequestFailed, Study, call_formats, format_stats
+from experiments.core.concurrency import resolve_concurrency
+from experiments.core.config import ConfigError, RunSettings
+from experiments.core.recordwriter import RecordWriter
+from experiments.core.results import RunDir
+from experiments.core.runlock import RunLock
+from experiments.core.study import CaseContext, RequestFailed, Study, call_formats, format_stats
 from models.errors import DataError, MedstackError, StorageError
 from serving import server_metrics
 from serving.refs import ModelRef

@@ -6,7 +6,7 @@ stores the hashes of the templates it used, and a results directory stores the h
 file in the folder, so a resumed run never mixes prompt versions silently.
 
 A step whose reply has a fixed format declares it beside its template, in the folder's
-``constraints.yaml`` (template name -> constraint; see experiments/constraints.py):
+``constraints.yaml`` (template name -> constraint; see experiments/core/constraints.py):
 ``PromptSet.constraint(name, **values)`` returns it (None: a free-text step). It is sent only in
 runs with ``answers: constrained``, whose results directory then pins the file's hash too.
 """
@@ -60,20 +60,20 @@ class PromptSet:
 
     @lru_cache(maxsize=None)
     def declarations(self) -> dict:
-        from experiments.constraints import DECLARATION_FILE, read_declarations
+        from experiments.core.constraints import DECLARATION_FILE, read_declarations
 
         return read_declarations(self.folder / DECLARATION_FILE)
 
     def constraint(self, name: str, **values):
         """The declared output format of template ``name`` (a Constraint), or None for a free-text step."""
-        from experiments.constraints import build
+        from experiments.core.constraints import build
 
         decl = self.declarations().get(name[:-4] if name.endswith(".txt") else name)
         return build(decl, values, f"{self.folder.name}/constraints.yaml: {name}") if decl else None
 
     def constraint_file_hash(self) -> dict[str, str]:
         """{constraints.yaml: hash} when the folder declares constraints (pinned by constrained runs)."""
-        from experiments.constraints import DECLARATION_FILE
+        from experiments.core.constraints import DECLARATION_FILE
 
         path = self.folder / DECLARATION_FILE
         return {DECLARATION_FILE: _sha(path.read_text(encoding="utf-8"))} if path.exists() else {}

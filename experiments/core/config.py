@@ -52,7 +52,7 @@ class RunSettings(BaseModel):
     data: str | None = None
     out: str | None = None
     limit: int | None = Field(None, ge=1)
-    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 32  # "auto": by device (experiments/concurrency.py)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 32  # "auto": by device (experiments/core/concurrency.py)
     timeout: float = Field(600.0, gt=0)
     retries: int = Field(5, ge=0)
     seed: int = 0

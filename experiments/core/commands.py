@@ -22,8 +22,8 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from experiments.config import ConfigError, load_settings, parse_set, read_yaml_mapping
-from experiments.study import Study
+from experiments.core.config import ConfigError, load_settings, parse_set, read_yaml_mapping
+from experiments.core.study import Study
 from models.errors import DataError
 
 COMMON: dict[str, tuple[Any, Any]] = {
@@ -73,7 +73,7 @@ def resolve_data(value: str | None) -> str | None:
     if not value:
         return value
     try:
-        from experiments.datasets import resolve_data as resolve
+        from experiments.datasets.registry import resolve_data as resolve
     except ImportError:  # the data registry is optional for path inputs
         return value
     return resolve(value)
@@ -102,7 +102,7 @@ def build_settings(study: Study, common: dict, study_overrides: dict):
     cli_lora = parse_lora(common["lora"]) if common.get("lora") else {}
     if cli_lora:
         overrides["lora"] = cli_lora
-    from experiments.config import deep_merge
+    from experiments.core.config import deep_merge
 
     overrides = deep_merge(overrides, parse_set(common.get("set_") or []))
     settings = load_settings(study.settings_cls, config, overrides)
@@ -121,7 +121,7 @@ def build_settings(study: Study, common: dict, study_overrides: dict):
 
 def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     """The body of every study command."""
-    from experiments.runner import prepare_run, run_study
+    from experiments.core.runner import prepare_run, run_study
 
     settings = build_settings(study, common, study_overrides)
     try:
@@ -129,7 +129,7 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     except UnicodeDecodeError as e:
         raise DataError(f"{settings.data}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
     if common.get("dry_run"):
-        from experiments.dryrun import dry_run
+        from experiments.core.dryrun import dry_run
 
         asyncio.run(dry_run(study, settings, cases, log=_log))
         return

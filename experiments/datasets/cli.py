@@ -9,8 +9,8 @@ import typer
 
 
 def data_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """The registered published data sets: license, size, whether fetched and where (experiments/datasets.yaml; --json adds what reads them)."""
-    from experiments.datasets import list_sets
+    """The registered published data sets: license, size, whether fetched and where (experiments/datasets/datasets.yaml; --json adds what reads them)."""
+    from experiments.datasets.registry import list_sets
 
     rows = list_sets()
     if as_json:
@@ -38,14 +38,14 @@ def data_fetch(
     A checksum mismatch or a failed download exits with status 2 and keeps nothing. Prints the set's main
     path (what `--data NAME` resolves to) on stdout and its license on stderr.
     """
-    from experiments.datasets import fetch
+    from experiments.datasets.registry import fetch
 
     typer.echo(str(fetch(name, from_, progress=not no_progress, force=force)))
 
 
 def data_path(name: str = typer.Argument(..., help="Registered set or a path.")) -> None:
     """Print what `--data NAME` resolves to (exit 2 with the fetch command when the set is not fetched)."""
-    from experiments.datasets import resolve_data
+    from experiments.datasets.registry import resolve_data
 
     typer.echo(resolve_data(name))
 

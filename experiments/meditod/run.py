@@ -210,8 +210,8 @@ class MeditodStudy(Study):
 
     async def setup(self, client, s: MeditodSettings, cases: list[dict], out: Path) -> None:
         alias = model_name(s.roles["model"])
-        self._served_len = None if s.mode == "supervised" else await client.served_context_length("model")
-        self._budget = context_budget(alias, s.max_tokens, s.context_margin, self._served_len)
+        served = None if s.mode == "supervised" else await client.served_context_length("model")
+        self._budget = context_budget(alias, s.max_tokens, s.context_margin, served)
         self._counter = token_counter(alias)
 
     def request(self, s: MeditodSettings, sample: dict, exemplars: list[dict]) -> tuple[str, list[dict] | str, int]:
@@ -232,11 +232,11 @@ class MeditodStudy(Study):
             try:
                 res = await ctx.chat(content, role="model", gen=gen, step="predict", constraint=icl_constraint(s.task))
             except RequestFailed as e:  # fails the case; an input too long even without exemplars says how to make room
-                if "context length" in e.error and kept == 0:
-                    e.error += (f" [the input alone does not fit the served context ({self._budget} prompt tokens beside "
-                                f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]")
-                    e.args = (f"{e.step} ({e.role}): {e.error}",)
-                raise
+                if "context length" not in e.error or kept:
+                    raise
+                raise RequestFailed(e.step, e.role, e.error + (
+                    f" [the input alone does not fit the served context ({self._budget} prompt tokens beside "
+                    f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]")) from None
             pred = parse_icl(s.task, res.text)
         else:
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=[DONE]).gen()

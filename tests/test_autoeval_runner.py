@@ -8,7 +8,6 @@ import asyncio
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -148,14 +147,13 @@ def test_cli_empty_results_exit_2_without_a_server(cli, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "records.jsonl").write_text("")
-    t0 = time.time()
     r = cli("autoeval", "--data", str(empty), "--model", "embedded", "--out", str(tmp_path / "o"), timeout=120)
     assert r.returncode == 2 and "no cases to run" in r.stderr, r.stderr[-2000:]
     r = cli("autoeval", str(FIX / "results"), "-j", "embedded", "--limit", "0", "--out", str(tmp_path / "o"), timeout=120)
     assert r.returncode == 2 and "limit" in r.stderr
     r = cli("autoeval", str(FIX / "results"), "-j", "embedded", "--api", "telepathy", "--out", str(tmp_path / "o"), timeout=120)
     assert r.returncode == 2 and "api" in r.stderr
-    assert time.time() - t0 < 120 and not (tmp_path / "o").exists()
+    assert "starting vLLM" not in r.stderr and not (tmp_path / "o").exists()  # refused before any server
 
 
 def test_cli_help_lists_common_options(cli):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -222,19 +221,17 @@ def test_prepare_refuses(tmp_path, kw, message):
     (["--max-tokens", "0"], "max_tokens"),
 ])
 def test_cli_bad_options_exit_2_without_a_server(cli, tmp_path, extra, message):
-    t0 = time.time()
     r = cli("run", "meditod-nlu", "--data", str(DATA), "--model", "embedded", "--out", str(tmp_path / "x"), *extra, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
-    assert time.time() - t0 < 60 and not (tmp_path / "x").exists()
+    assert "starting vLLM" not in r.stderr and not (tmp_path / "x").exists()  # refused before any server
 
 
 def test_cli_dialogs_not_json_exits_2_without_a_server(cli, tmp_path):
     bad = tmp_path / "dialogs.json"
     bad.write_text("{not json")
-    t0 = time.time()
     r = cli("run", "meditod-pol", "--data", str(bad), "--model", "embedded", "--out", str(tmp_path / "x"), timeout=120)
     assert r.returncode == 2 and "dialogs.json:1:2: not valid JSON" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert time.time() - t0 < 60
+    assert "starting vLLM" not in r.stderr
     binary = tmp_path / "bin.json"
     binary.write_bytes(b"\xff\xfe\x00\x81binary")
     r = cli("run", "meditod-nlg", "--data", str(binary), "--model", "embedded", "--out", str(tmp_path / "x"), timeout=120)

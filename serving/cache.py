@@ -35,6 +35,15 @@ def request_key(payload: dict) -> str:
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
+OPEN_BUSY_TRIES = 40  # tries to open a file another process holds (0.05 s, 0.10 s, ... apart: ~40 s)
+
+
+def _busy(e: sqlite3.Error) -> bool:
+    """sqlite's "database is locked" / "busy": another connection holds the file for a moment, nothing is damaged."""
+    text = str(e).lower()
+    return "locked" in text or "busy" in text
+
+
 def _storage_error(path: Path, e: sqlite3.Error) -> StorageError | None:
     """sqlite's words for a refused write -> StorageError; None for anything else."""
     text = str(e).lower()
@@ -82,13 +91,24 @@ class ResponseCache:
         return db
 
     def _open_checked(self, log) -> sqlite3.Connection:
-        try:
-            return self._connect()
-        except sqlite3.Error as e:
-            refused = _storage_error(self.path, e)
-            if refused is not None:
-                raise refused from None
-            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        for attempt in range(OPEN_BUSY_TRIES):
+            try:
+                return self._connect()
+            except sqlite3.OperationalError as e:  # another process is setting up the same file: busy, not damaged
+                if not _busy(e) or attempt == OPEN_BUSY_TRIES - 1:
+                    error = e
+                    break
+                time.sleep(0.05 * (attempt + 1))
+            except sqlite3.Error as e:
+                error = e
+                break
+        if _busy(error):
+            raise StorageError(f"the response cache {self.path} stayed locked by another process ({error}); "
+                               "wait for it, or run with --no-cache") from None
+        refused = _storage_error(self.path, error)
+        if refused is not None:
+            raise refused from None
+        reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
         aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             self.path.replace(aside)

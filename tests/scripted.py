@@ -2,7 +2,7 @@
 
 ``ScriptedLLM(respond)`` is an :class:`serving.client.LLMClient` whose transport is a Python
 function ``respond(role, content, gen) -> str`` instead of HTTP. ``respond`` may raise
-``openai.APIConnectionError`` (see :func:`down`) to play a server that stopped answering; the
+the client's ``TransportError`` (see :func:`down`) to play a server that stopped answering; the
 client's own retry loop (with no back-off delay) then gives up as it would in a real run.
 Used to unit-test protocol logic and the runner's failure policy; the real server is exercised
 by the e2e tests.
@@ -10,14 +10,11 @@ by the e2e tests.
 
 from __future__ import annotations
 
-import httpx
-import openai
-
-from serving.client import ChatResult, Endpoint, LLMClient
+from serving.client import ChatResult, Endpoint, LLMClient, TransportError
 
 
-def down() -> openai.APIConnectionError:
-    return openai.APIConnectionError(request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions"))
+def down() -> TransportError:
+    return TransportError("ClientConnectorError: Cannot connect to host 127.0.0.1:9 (scripted: the server is down)")
 
 
 class ScriptedLLM(LLMClient):

@@ -249,10 +249,8 @@ def test_cli_help_lists_common_and_study_options(cli):
 def test_input_too_long_for_the_served_context_fails_and_says_how_to_make_room(tmp_path, monkeypatch):
     """The budget follows the served context (the server's max_model_len); a turn whose input alone is over it
     is a failed turn (never scored) whose error names `--max-model-len`."""
-    import httpx
-    import openai
-
     from experiments.meditod import run as run_mod
+    from serving.client import StatusError
 
     served = []
 
@@ -263,8 +261,7 @@ def test_input_too_long_for_the_served_context_fails_and_says_how_to_make_room(t
     monkeypatch.setattr(ScriptedLLM, "served_context_length", context_of)
 
     def respond(role, content, gen):
-        raise openai.BadRequestError("This model's maximum context length is 300 tokens. However, your prompt contains at least 301 input tokens",
-                                     response=httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")), body=None)
+        raise StatusError(400, "This model's maximum context length is 300 tokens. However, your prompt contains at least 301 input tokens")
 
     s = settings(tmp_path, "pol", k=0)
     outcome = run("pol", s, ScriptedLLM(respond, roles=("model",)))

@@ -133,17 +133,3 @@ def test_cache_key_unchanged_by_shallow_gen_dict():
     payload = {"kind": "chat", "model": "m", "content": [{"role": "user", "content": "x"}]}
     assert request_key({**payload, "gen": shallow_dict(g)}) == request_key({**payload, "gen": asdict(g)})
     assert g.replace(seed=9) == GenConfig(temperature=0.7, stop=("\nA:", "B"), seed=9)
-
-
-async def test_client_spreads_requests_over_pools():
-    """concurrency 64 -> 4 SDK clients (connection pools of 16) per endpoint, used in turn; 8 -> one."""
-    from serving.client import Endpoint, LLMClient
-
-    ep = Endpoint("http://127.0.0.1:9/v1", "m", "m")
-    client = LLMClient({"default": ep}, concurrency=64)
-    sdks = [client._sdk(ep) for _ in range(8)]
-    assert len({id(s) for s in sdks}) == 4 and sdks[0] is sdks[4]
-    small = LLMClient({"default": ep}, concurrency=8)
-    assert small._sdk(ep) is small._sdk(ep)
-    await client.aclose()
-    await small.aclose()

@@ -369,8 +369,7 @@ class LLMClient:
                 listing = await self._http(ep, "GET", "/models")
         except (TransportError, StatusError):  # unknown: the caller falls back to the registry's length
             return None
-        models = (listing.get("data") or []) if isinstance(listing, dict) else []
-        for m in models:
+        for m in listing.get("data") or []:  # _http returns a JSON object or raises
             if isinstance(m, dict) and m.get("id") == ep.model:
                 n = m.get("max_model_len")
                 return int(n) if isinstance(n, int) and n > 0 else None

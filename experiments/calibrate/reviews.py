@@ -35,14 +35,14 @@ N_BOOT = 2000
 CI_KEYS = ("exact_agreement", "mean_abs_diff", "trial_agreement_bound", "weighted_kappa_linear")
 
 
-def _agreement(a, b, scale: dict, weights):
+def _agreement(a, b, scale: dict, weights, rank: bool = True):
     if scale["kind"] == "count":
-        return count_agreement(a, b, scale["max"], weights=weights)
+        return count_agreement(a, b, scale["max"], weights=weights, rank=rank)
     if scale["kind"] == "unit":
         diff = [abs(x - y) for x, y in zip(a, b)]
         mae = sum(diff) / len(diff) if weights is None else sum(w * d for w, d in zip(weights, diff)) / sum(weights)
-        return {"n": len(a), "mean_abs_diff": mae, "spearman": spearman(a, b)}
-    return rater_agreement(a, b, sorted(scale["values"]), weights=weights)
+        return {"n": len(a), "mean_abs_diff": mae, "spearman": spearman(a, b) if rank else None}
+    return rater_agreement(a, b, sorted(scale["values"]), weights=weights, rank=rank)
 
 
 def compare(a: list, b: list, strata: list[str], population: dict[str, int], scale: dict, *, n_boot: int = N_BOOT) -> dict:
@@ -53,17 +53,14 @@ def compare(a: list, b: list, strata: list[str], population: dict[str, int], sca
     weights = None if uniform else [w_h[h] for h in strata]
     out = _agreement(a, b, scale, weights)
     out["weighted"] = not uniform
-    out["ci95"] = {}
-    for k in CI_KEYS:
-        if k not in out:
-            continue
 
-        def stat(idx, k=k):
-            mh = Counter(strata[i] for i in idx)
-            ww = None if uniform else [population[strata[i]] / mh[strata[i]] for i in idx]
-            return _agreement([a[i] for i in idx], [b[i] for i in idx], scale, ww)[k]
+    def stat(idx):
+        mh = Counter(strata[i] for i in idx)  # the resample's own m_h: its weights are N_h / m_h again
+        ww = None if uniform else [population[strata[i]] / mh[strata[i]] for i in idx]
+        r = _agreement([a[i] for i in idx], [b[i] for i in idx], scale, ww, rank=False)
+        return {k: r[k] for k in CI_KEYS if k in r}
 
-        out["ci95"][k] = list(stratified_bootstrap(stat, strata, n_boot=n_boot))
+    out["ci95"] = {k: list(v) for k, v in stratified_bootstrap(stat, strata, n_boot=n_boot).items()}
     return out
 
 
@@ -109,8 +106,10 @@ def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | 
     if not per:
         raise DataError(f"{labels_src}: no label for judge {judge}")
 
+    order = [it["id"] for it in j["items"] if it["id"] in stratum]  # the run's order: the same sums as today's calibrate
+
     def vs_judge(labels: dict) -> dict:
-        ids = [i for i in (s["id"] for s in sample["items"]) if i in labels]
+        ids = [i for i in order if i in labels]
         return compare([labels[i] for i in ids], [verdict[i] for i in ids], [stratum[i] for i in ids], population, scale, n_boot=n_boot)
 
     result = {"judge": judge, "experiment": j["experiment"], "scale": scale, "run": str(run_dir), "labels": str(labels_src),
@@ -118,7 +117,7 @@ def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | 
               "reviewers": {w: {**counts[w], "vs_judge": vs_judge(per[w])} for w in per}, "n_boot": n_boot}
     if len(per) >= 2:
         names = sorted(per)
-        both = [i for i in (s["id"] for s in sample["items"]) if all(i in per[w] for w in names)]
+        both = [i for i in order if all(i in per[w] for w in names)]
         cons, no_majority = {}, 0
         for i in both:
             c = _consensus([per[w][i] for w in names], scale)
@@ -132,7 +131,7 @@ def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | 
         for x in range(len(names)):
             for y in range(x + 1, len(names)):
                 a, b = per[names[x]], per[names[y]]
-                ids = [i for i in (s["id"] for s in sample["items"]) if i in a and i in b]
+                ids = [i for i in order if i in a and i in b]
                 if ids:
                     result["inter_rater"].append({"a": names[x], "b": names[y], **compare([a[i] for i in ids], [b[i] for i in ids],
                                                                                           [stratum[i] for i in ids], population, scale, n_boot=n_boot)})

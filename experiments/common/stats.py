@@ -153,12 +153,12 @@ def kendall(a, b) -> dict:
     return _rank_correlation(kendalltau, "tau_b", a, b)
 
 
-def count_agreement(a, b, max_count: int, weights=None) -> dict:
+def count_agreement(a, b, max_count: int, weights=None, rank: bool = True) -> dict:
     """Agreement of two raters' per-item counts out of ``max_count`` (e.g. correct trials of 5):
     exact agreement share, mean absolute difference, the trial-level agreement bound
     mean((max - |a - b|) / max), linear-weighted kappa over 0..max, Spearman rho and the
     (max+1)x(max+1) confusion matrix (rows: a, columns: b). ``weights``: see :func:`rater_agreement`."""
-    m = rater_agreement(a, b, range(max_count + 1), weights=weights)
+    m = rater_agreement(a, b, range(max_count + 1), weights=weights, rank=rank)
     m["trial_agreement_bound"] = _wmean([(max_count - abs(int(x) - int(y))) / max_count for x, y in zip(a, b)], weights)
     return {k: m[k] for k in ("n", "exact_agreement", "mean_abs_diff", "trial_agreement_bound", "weighted_kappa_linear", "spearman", "confusion")}
 
@@ -172,12 +172,13 @@ def _wmean(values: list[float], weights=None) -> float:
     return float(sum(w * v for w, v in zip(weights, values)) / sum(weights))
 
 
-def rater_agreement(a, b, categories, weights=None) -> dict:
+def rater_agreement(a, b, categories, weights=None, rank: bool = True) -> dict:
     """Two raters on the same items, on an ordered scale ``categories`` (0/1 verdicts, counts, 1-5 ratings):
     exact agreement share, mean absolute difference, Cohen's kappa with linear weights (unweighted
     for two categories), Spearman rho and the confusion matrix (rows: a, columns: b; weighted counts
     when weighted). ``weights``: per item, e.g. N_h / n_h of a stratified sample, so that the shares,
-    the mean difference, kappa and the matrix estimate the whole population (Spearman stays unweighted)."""
+    the mean difference, kappa and the matrix estimate the whole population (Spearman stays unweighted;
+    ``rank=False`` leaves it out, e.g. inside a bootstrap)."""
     cats = list(categories)
     a, b = [int(x) for x in a], [int(x) for x in b]
     if len(a) != len(b):
@@ -194,26 +195,25 @@ def rater_agreement(a, b, categories, weights=None) -> dict:
         "exact_agreement": _wmean([float(d == 0) for d in diff], weights) if weights is not None else (sum(d == 0 for d in diff) / len(a) if a else float("nan")),
         "mean_abs_diff": _wmean(diff, weights),
         "weighted_kappa_linear": weighted_kappa(a, b, categories=cats, weights="linear", item_weights=weights),
-        "spearman": spearman(a, b),
+        "spearman": spearman(a, b) if rank else None,
         "confusion": cm,
     }
 
 
-def stratified_bootstrap(stat, strata, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> tuple[float, float]:
-    """Percentile CI of ``stat(indices)`` over resamples that redraw each stratum's items with
-    replacement, keeping its size (the design of a stratified sample). NaN resamples are dropped."""
+def stratified_bootstrap(stat, strata, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> dict:
+    """Percentile CIs of the figures ``stat(indices)`` returns (a dict of numbers) over resamples that redraw
+    each stratum's items with replacement, keeping its size (the design of a stratified sample): {name: (low, high)}.
+    NaN values of a resample are dropped for that figure."""
     rng = np.random.default_rng(seed)
     groups: dict = {}
     for i, s in enumerate(strata):
         groups.setdefault(s, []).append(i)
     members = [np.asarray(g) for g in groups.values()]
-    vals = []
+    vals: dict[str, list[float]] = {}
     for _ in range(n_boot):
         idx = np.concatenate([g[rng.integers(0, g.size, size=g.size)] for g in members]) if members else np.asarray([], dtype=int)
-        v = stat(idx.tolist())
-        if v == v:
-            vals.append(v)
-    if not vals:
-        return float("nan"), float("nan")
+        for k, v in stat(idx.tolist()).items():
+            if v == v:
+                vals.setdefault(k, []).append(v)
     a = (1 - level) / 2
-    return float(np.quantile(vals, a)), float(np.quantile(vals, 1 - a))
+    return {k: (float(np.quantile(v, a)), float(np.quantile(v, 1 - a))) for k, v in vals.items()}

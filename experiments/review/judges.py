@@ -125,8 +125,9 @@ def _calibration_items(key: str):
 
         items = []
         for r in records:
+            # the cases today's calibrate scores: the judge's main row leaves out cases with an unreadable verdict
             v = r.get("judge") if key == "judge" else (r.get("published") or {}).get("count")
-            if v is None or "judge_unscored_trials" in r:
+            if v is None or (key == "judge" and "judge_unscored_trials" in r):
                 continue
             items.append({"id": str(r["id"]), "verdict": int(v), "stratum": str(v),
                           "show": {"correct diagnosis": r.get("gold"),

@@ -94,7 +94,7 @@ def _frq_items(records, cfg, p):
             if not isinstance(frq, dict) or frq.get("correct") not in (0, 1):
                 continue
             items.append({"id": f"{r['id']}|{fmt}", "verdict": int(frq["correct"]), "stratum": f"{frq['correct']}|{fmt}|{r.get('model', '')}",
-                          "show": {"correct diagnosis": r.get("correct_answer"), "format": fmt, "doctor-AI's answer": frq.get("answer") or ""}})
+                          "show": {"correct diagnosis": r.get("correct_answer"), "doctor-AI's answer": frq.get("answer") or ""}})
     return BINARY, items
 
 
@@ -114,7 +114,7 @@ def _frq_count_items(records, cfg, p):
         rows.sort(key=lambda x: x[0].get("trial", 0))
         count = sum(f["correct"] for _, f in rows)
         items.append({"id": f"{case}|{fmt}|{model}", "verdict": count, "stratum": f"{count}|{fmt}|{model}",
-                      "show": {"correct diagnosis": rows[0][0].get("correct_answer"), "format": fmt,
+                      "show": {"correct diagnosis": rows[0][0].get("correct_answer"),
                                "doctor-AI's answers": [f.get("answer") or "" for _, f in rows]}})
     return count_scale(trials), items
 

@@ -26,7 +26,11 @@ from pathlib import Path
 
 import yaml
 
+from experiments.core.results import load_run
 from models.errors import DataError
+
+# the study modules (DERA, autoeval) are imported by their builders: loading them costs ~0.7 s that a
+# CRAFT-MD review, `calibrate --labels` and `report` need not pay
 
 # a scale: kind binary | count | rating | unit; the values a label may take (unit: any number in [0, 1])
 BINARY = {"kind": "binary", "values": [1, 0], "names": {"1": "match", "0": "no match"}}
@@ -64,8 +68,6 @@ def _config(run_dir: Path) -> dict:
 def load_judge(run_dir: str | Path, step: str) -> dict:
     """{"step", "experiment", "scale", "items": [...]} for judge ``step`` of the run; a step the run
     does not have, or a run without any judged item, is bad input naming the folder."""
-    from experiments.core.results import load_run
-
     p = Path(run_dir)
     run = load_run(p)  # ResultsError (exit 2) for a folder without records.jsonl
     exp = experiment_of(p)
@@ -121,8 +123,7 @@ def _frq_count_items(records, cfg, p):
 
 def _calibration_items(key: str):
     def build(records, cfg, p):
-        from experiments.calibrate.run import N_TRIALS
-
+        trials = max((len(r.get("trials") or []) for r in records), default=0)  # 5 in the authors' file
         items = []
         for r in records:
             # the cases today's calibrate scores: the judge's main row leaves out cases with an unreadable verdict
@@ -132,7 +133,7 @@ def _calibration_items(key: str):
             items.append({"id": str(r["id"]), "verdict": int(v), "stratum": str(v),
                           "show": {"correct diagnosis": r.get("gold"),
                                    "diagnoses extracted in the 5 trials": [t.get("extracted") or "" for t in r.get("trials") or []]}})
-        return count_scale(N_TRIALS), items
+        return count_scale(trials), items
     return build
 
 

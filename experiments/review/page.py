@@ -20,10 +20,12 @@ import hmac
 import json
 from pathlib import Path
 
+from aiohttp import web
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from experiments.review.labels import append_label, check_label, check_reviewer, read_labels
-from models.errors import DataError, MedstackError
+from models.errors import DataError, MedstackError, StorageError
+from models.paths import private_file
 
 TEMPLATES = Path(__file__).with_name("templates")
 KEY_HEADER = "X-Review-Key"
@@ -53,22 +55,16 @@ def render_page(data: dict) -> str:
 
 
 def export(run_dir: Path, sample: dict, items: dict[str, dict], reviewer: str, out: Path) -> Path:
-    from models.paths import private_file
-
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render_page(page_data(run_dir, sample, items, reviewer, "file")), encoding="utf-8")
         private_file(out)
     except OSError as e:
-        from models.errors import StorageError
-
         raise StorageError.from_os(out, e) from None
     return out
 
 
 def make_app(run_dir: Path, sample: dict, items: dict[str, dict], reviewer: str, key: str | None):
-    from aiohttp import web
-
     in_sample = {s["id"] for s in sample["items"]}
     lock = asyncio.Lock()
 
@@ -117,8 +113,6 @@ def make_app(run_dir: Path, sample: dict, items: dict[str, dict], reviewer: str,
 
 def serve(run_dir: Path, sample: dict, items: dict[str, dict], reviewer: str, host: str, port: int, key: str | None, log=print) -> None:
     """Serve the page until interrupted."""
-    from aiohttp import web
-
     async def main():
         runner = web.AppRunner(make_app(run_dir, sample, items, reviewer, key), access_log=None)
         await runner.setup()

@@ -114,7 +114,8 @@ def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | 
 
     result = {"judge": judge, "experiment": j["experiment"], "scale": scale, "run": str(run_dir), "labels": str(labels_src),
               "sample": {"size": len(sample["items"]), "population": sample["population"], "seed": sample["seed"], "strata": sample["strata"]},
-              "reviewers": {w: {**counts[w], "vs_judge": vs_judge(per[w])} for w in per}, "n_boot": n_boot}
+              "reviewers": {w: {**counts[w], "strata_without_label": sorted(set(stratum.values()) - {stratum[i] for i in per[w]}),
+                                "vs_judge": vs_judge(per[w])} for w in per}, "n_boot": n_boot}
     if len(per) >= 2:
         names = sorted(per)
         both = [i for i in order if all(i in per[w] for w in names)]
@@ -183,7 +184,9 @@ def summary(r: dict) -> str:
          "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     L += ["| " + " | ".join(row) + " |" for row in table_rows(r)]
     for w, v in r["reviewers"].items():
-        L.append(f"\n{w}: {v['labelled']} labelled, {v['skipped']} skipped")
+        gap = v.get("strata_without_label") or []
+        L.append(f"\n{w}: {v['labelled']} labelled, {v['skipped']} skipped"
+                 + (f"; {len(gap)} stratum/strata without a label yet, left out of the estimates: {', '.join(gap)}" if gap else ""))
     if r.get("consensus"):
         c = r["consensus"]
         L.append(f"\nconsensus: {c['items_all_labelled']} items labelled by all, {c['no_majority']} without a majority label (left out)")

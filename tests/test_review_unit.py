@@ -90,7 +90,8 @@ def test_weights_undo_the_oversampling(run):
 
 def test_count_judge_uses_the_trial_bound(run):
     j = load_judge(run, "frq-count")
-    assert j["scale"] == {"kind": "count", "values": [0, 1, 2], "max": 2}
+    assert {k: v for k, v in j["scale"].items() if k != "question"} == {"kind": "count", "values": [0, 1, 2], "max": 2}
+    assert j["scale"]["question"].startswith("How many of these diagnoses")
     assert {i["id"]: i["verdict"] for i in j["items"]} == {"c1|multiturn|embedded": 1, "c1|vignette|embedded": 2, "c2|multiturn|embedded": 1,
                                                             "c2|vignette|embedded": 2, "c3|multiturn|embedded": 0, "c3|vignette|embedded": 0}
     write_sample(run, j, 6, 0)

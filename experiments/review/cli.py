@@ -47,7 +47,7 @@ def review(
     if export is None:
         check_exposure(host, api_key, no_auth)
     j = load_judge(run_dir, judge)
-    s = write_sample(run_dir, j, sample, seed)
+    s = {**write_sample(run_dir, j, sample, seed), "scale": j["scale"]}  # the scale (and its question) as this version words it
     items = {it["id"]: it for it in j["items"]}
     missing = [x["id"] for x in s["items"] if x["id"] not in items]
     if missing:

@@ -43,6 +43,17 @@ def count_scale(n: int) -> dict:
 RATING = {"kind": "rating", "values": [1, 2, 3, 4, 5]}
 UNIT = {"kind": "unit", "values": None}
 
+# the question above each item, in our words; the rule for diagnoses is the one the authors gave their dermatologist
+_DX_RULE = ("Synonyms count as correct. An answer broader than the correct diagnosis (the correct one is a subtype of it) "
+            "is correct; an answer that is a subtype of the correct diagnosis is not.")
+QUESTIONS = {
+    "frq": "Does the doctor-AI's answer name the correct diagnosis? " + _DX_RULE,
+    "count": "How many of these diagnoses are the correct diagnosis? " + _DX_RULE,
+    "llm-exact": "Does the prediction give the same answer as the gold answer?",
+    "llm-similarity": "How close is the prediction to the gold answer, from 0 (unrelated) to 1 (the same answer)?",
+    "rubric": "Rate the doctor in this dialogue on the criterion, from 1 to 5 (the definitions of 5 and 1 are given).",
+}
+
 STEPS = {
     "craftmd": ("frq", "frq-count"),
     "calibrate-craftmd-grader": ("grader", "published"),
@@ -78,6 +89,7 @@ def load_judge(run_dir: str | Path, step: str) -> dict:
     if step not in steps:
         raise DataError(f"--judge {step}: a {exp} run's judge steps are {', '.join(steps)}")
     scale, items = BUILDERS[step](run["records"], run.get("config") or {}, p)
+    scale = {**scale, "question": QUESTIONS["count" if scale["kind"] == "count" else step]}
     if not items:
         raise DataError(f"{p}: no record carries a {step} decision to review")
     ids = [it["id"] for it in items]

@@ -63,6 +63,7 @@
     const it = items[idx];
     document.body.dataset.item = it.id;
     box.append(el("p", "item " + it.id, "id"));
+    if (scale.question) box.append(el("p", scale.question, "question"));
     for (const [name, value] of Object.entries(it.show)) {
       box.append(el("h2", name));
       if (Array.isArray(value)) {

@@ -213,7 +213,7 @@ def review_calibration_view(c: dict) -> dict:
             "caption": f"judge decisions vs clinicians' blind review labels, {scale.get('kind')} scale {scale.get('values') or '0-1'}; 95% CIs (stratified bootstrap)",
             "note": f"sample {s.get('size')} of {s.get('population')} decisions, {len(s.get('strata') or {})} strata, seed {s.get('seed')}; "
                     + ("weights N_h/m_h undo the stratified sampling" if weighted else "every stratum sampled at the same rate (no weights)")
-                    + "; consensus: the label more than half the reviewers gave"}
+                    + ("; consensus: the label more than half the reviewers gave" if c.get("consensus") else "")}
 
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:

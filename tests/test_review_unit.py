@@ -25,6 +25,21 @@ def run(fixtures_dir, tmp_path):
     return d
 
 
+def test_item_weights_equal_repeating_items():
+    from experiments.common.stats import count_agreement, rater_agreement, stratified_bootstrap
+
+    a, b, w = [0, 1, 2, 2], [0, 2, 2, 1], [3, 1, 2, 1]
+    rep_a = [x for x, k in zip(a, w) for _ in range(k)]
+    rep_b = [y for y, k in zip(b, w) for _ in range(k)]
+    weighted, repeated = count_agreement(a, b, 2, weights=w), count_agreement(rep_a, rep_b, 2)
+    for k in ("exact_agreement", "mean_abs_diff", "trial_agreement_bound", "weighted_kappa_linear"):
+        assert abs(weighted[k] - repeated[k]) < 1e-12, k
+    assert weighted["confusion"] == repeated["confusion"] and weighted["n"] == 4
+    assert rater_agreement([1, 0], [1, 0], [0, 1], rank=False)["spearman"] is None
+    stat = lambda idx: {"mean": sum(a[i] for i in idx) / len(idx)}
+    assert stratified_bootstrap(stat, ["x", "x", "y", "y"], n_boot=50) == stratified_bootstrap(stat, ["x", "x", "y", "y"], n_boot=50)
+
+
 def test_sample_is_stratified_reproducible_and_weighted(run):
     items = load_judge(run, "frq")["items"]
     a, b = stratified_sample(items, 8, 0), stratified_sample(items, 8, 0)
@@ -131,7 +146,7 @@ def test_dera_and_autoeval_judges(tmp_path):
     assert j["items"][0]["show"]["a 5 means"] and "rating" not in j["items"][0]["show"]
 
 
-async def test_server_key_and_input_checks(run, aiohttp_client=None):
+async def test_server_key_and_input_checks(run):
     from aiohttp.test_utils import TestClient, TestServer
 
     j = load_judge(run, "frq")

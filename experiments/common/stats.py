@@ -192,7 +192,7 @@ def rater_agreement(a, b, categories, weights=None, rank: bool = True) -> dict:
         cm[pos[x]][pos[y]] += 1 if weights is None else weights[n]
     return {
         "n": len(a),
-        "exact_agreement": _wmean([float(d == 0) for d in diff], weights) if weights is not None else (sum(d == 0 for d in diff) / len(a) if a else float("nan")),
+        "exact_agreement": _wmean([float(d == 0) for d in diff], weights),
         "mean_abs_diff": _wmean(diff, weights),
         "weighted_kappa_linear": weighted_kappa(a, b, categories=cats, weights="linear", item_weights=weights),
         "spearman": spearman(a, b) if rank else None,

@@ -7,8 +7,22 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
 
-calibrate_app = typer.Typer(help="Calibrate LLM judges against clinicians' ratings (SPEC 3.1, 3.2).", no_args_is_help=True)
+
+class _CalibrateGroup(TyperGroup):
+    """`medstack calibrate RUN_DIR --labels ...` is `medstack calibrate reviews RUN_DIR --labels ...`: a first
+    argument that names no sub-command is a results directory."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["reviews", *args]
+        return super().resolve_command(ctx, args)
+
+
+calibrate_app = typer.Typer(cls=_CalibrateGroup, no_args_is_help=True,
+                            help="Calibrate LLM judges against clinicians' ratings (SPEC 3.1, 3.2). "
+                                 "`medstack calibrate RUN_DIR --labels RUN_DIR/reviews` is the `reviews` command.")
 
 
 def _log(msg: str) -> None:
@@ -61,6 +75,23 @@ def autoeval_cmd(
 
     calibrate_autoeval(str(ratings), str(reference), out)
     typer.echo((out / "summary.md").read_text().rstrip("\n"))
+
+
+@calibrate_app.command("reviews")
+def reviews_cmd(
+    run_dir: Path = typer.Argument(..., help="The results directory that was reviewed (`medstack review`)."),
+    labels: Path = typer.Option(..., "--labels", help="RUN_DIR/reviews (every <reviewer>.jsonl in it) or one label file downloaded from the offline page."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="The judge step, when the labels cover several."),
+    n_boot: int = typer.Option(2000, "--n-boot", min=100, help="Bootstrap resamples for the CIs."),
+) -> None:
+    """The judge against each reviewer and their consensus (exact agreement, kappa -- linear-weighted for
+    ordered scales --, mean |diff|, trial agreement bound, Spearman; stratified bootstrap CIs; sampling weights
+    undone) and the reviewers' inter-rater agreement. Writes RUN_DIR/reviews/calibration-<judge>.json and .md."""
+    from experiments.calibrate.reviews import calibrate_reviews, summary
+
+    r = calibrate_reviews(run_dir, labels, judge, n_boot=n_boot)
+    typer.echo(summary(r).rstrip("\n"))
+    _log(f"results in {run_dir / 'reviews' / ('calibration-' + r['judge'] + '.json')}")
 
 
 def register(app, run_app, score_app, import_app, data_app, finetune_app) -> None:

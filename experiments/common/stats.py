@@ -101,10 +101,12 @@ def mcnemar_test(a, b) -> dict:
 
 # -- agreement between raters (judge calibration, SPEC 3.1 / 3.2) ---------------------------------
 
-def weighted_kappa(a, b, categories=None, weights: str = "linear") -> float:
+def weighted_kappa(a, b, categories=None, weights: str = "linear", item_weights=None) -> float:
     """Cohen's kappa with linear (|i-j|/(k-1)) or quadratic weights over ordered ``categories``
     (default: the sorted union of both raters' values). 1 = perfect agreement, 0 = chance; NaN when
-    both raters use one category only (no variance to agree on)."""
+    both raters use one category only (no variance to agree on). With two categories both weightings
+    give the unweighted kappa. ``item_weights``: each item counts this much in the joint table (a
+    stratified sample's inverse sampling fractions, to estimate the population's kappa)."""
     a, b = list(a), list(b)
     if len(a) != len(b):
         raise ValueError(f"rating lists differ in length: {len(a)} vs {len(b)}")
@@ -114,8 +116,8 @@ def weighted_kappa(a, b, categories=None, weights: str = "linear") -> float:
         return float("nan")
     pos = {c: i for i, c in enumerate(cats)}
     obs = np.zeros((k, k))
-    for x, y in zip(a, b):
-        obs[pos[x], pos[y]] += 1
+    for n, (x, y) in enumerate(zip(a, b)):
+        obs[pos[x], pos[y]] += 1 if item_weights is None else item_weights[n]
     obs /= obs.sum()
     exp = np.outer(obs.sum(axis=1), obs.sum(axis=0))
     i, j = np.indices((k, k))
@@ -149,29 +151,69 @@ def kendall(a, b) -> dict:
     from scipy.stats import kendalltau
 
     return _rank_correlation(kendalltau, "tau_b", a, b)
-    r = kendalltau(a, b)
-    return {"tau_b": float(r.statistic if hasattr(r, "statistic") else r[0]), "p_value": float(r.pvalue), "n": int(a.size)}
 
 
-def count_agreement(a, b, max_count: int) -> dict:
+def count_agreement(a, b, max_count: int, weights=None, rank: bool = True) -> dict:
     """Agreement of two raters' per-item counts out of ``max_count`` (e.g. correct trials of 5):
     exact agreement share, mean absolute difference, the trial-level agreement bound
     mean((max - |a - b|) / max), linear-weighted kappa over 0..max, Spearman rho and the
-    (max+1)x(max+1) confusion matrix (rows: a, columns: b)."""
+    (max+1)x(max+1) confusion matrix (rows: a, columns: b). ``weights``: see :func:`rater_agreement`."""
+    m = rater_agreement(a, b, range(max_count + 1), weights=weights, rank=rank)
+    m["trial_agreement_bound"] = _wmean([(max_count - abs(int(x) - int(y))) / max_count for x, y in zip(a, b)], weights)
+    return {k: m[k] for k in ("n", "exact_agreement", "mean_abs_diff", "trial_agreement_bound", "weighted_kappa_linear", "spearman", "confusion")}
+
+
+def _wmean(values: list[float], weights=None) -> float:
+    """Plain mean (sum / n) without weights; else sum(w x) / sum(w). NaN when empty."""
+    if not values:
+        return float("nan")
+    if weights is None:
+        return sum(values) / len(values)
+    return float(sum(w * v for w, v in zip(weights, values)) / sum(weights))
+
+
+def rater_agreement(a, b, categories, weights=None, rank: bool = True) -> dict:
+    """Two raters on the same items, on an ordered scale ``categories`` (0/1 verdicts, counts, 1-5 ratings):
+    exact agreement share, mean absolute difference, Cohen's kappa with linear weights (unweighted
+    for two categories), Spearman rho and the confusion matrix (rows: a, columns: b; weighted counts
+    when weighted). ``weights``: per item, e.g. N_h / n_h of a stratified sample, so that the shares,
+    the mean difference, kappa and the matrix estimate the whole population (Spearman stays unweighted;
+    ``rank=False`` leaves it out, e.g. inside a bootstrap)."""
+    cats = list(categories)
     a, b = [int(x) for x in a], [int(x) for x in b]
     if len(a) != len(b):
-        raise ValueError(f"count lists differ in length: {len(a)} vs {len(b)}")
-    n = len(a)
+        raise ValueError(f"rating lists differ in length: {len(a)} vs {len(b)}")
+    if weights is not None and len(weights) != len(a):
+        raise ValueError(f"weights differ in length from the ratings: {len(weights)} vs {len(a)}")
     diff = [abs(x - y) for x, y in zip(a, b)]
-    cm = [[0] * (max_count + 1) for _ in range(max_count + 1)]
-    for x, y in zip(a, b):
-        cm[x][y] += 1
+    pos = {c: i for i, c in enumerate(cats)}
+    cm = [[0] * len(cats) for _ in cats]
+    for n, (x, y) in enumerate(zip(a, b)):
+        cm[pos[x]][pos[y]] += 1 if weights is None else weights[n]
     return {
-        "n": n,
-        "exact_agreement": sum(d == 0 for d in diff) / n if n else float("nan"),
-        "mean_abs_diff": sum(diff) / n if n else float("nan"),
-        "trial_agreement_bound": sum((max_count - d) / max_count for d in diff) / n if n else float("nan"),
-        "weighted_kappa_linear": weighted_kappa(a, b, categories=range(max_count + 1), weights="linear"),
-        "spearman": spearman(a, b),
+        "n": len(a),
+        "exact_agreement": _wmean([float(d == 0) for d in diff], weights),
+        "mean_abs_diff": _wmean(diff, weights),
+        "weighted_kappa_linear": weighted_kappa(a, b, categories=cats, weights="linear", item_weights=weights),
+        "spearman": spearman(a, b) if rank else None,
         "confusion": cm,
     }
+
+
+def stratified_bootstrap(stat, strata, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> dict:
+    """Percentile CIs of the figures ``stat(indices)`` returns (a dict of numbers) over resamples that redraw
+    each stratum's items with replacement, keeping its size (the design of a stratified sample): {name: (low, high)}.
+    NaN values of a resample are dropped for that figure."""
+    rng = np.random.default_rng(seed)
+    groups: dict = {}
+    for i, s in enumerate(strata):
+        groups.setdefault(s, []).append(i)
+    members = [np.asarray(g) for g in groups.values()]
+    vals: dict[str, list[float]] = {}
+    for _ in range(n_boot):
+        idx = np.concatenate([g[rng.integers(0, g.size, size=g.size)] for g in members]) if members else np.asarray([], dtype=int)
+        for k, v in stat(idx.tolist()).items():
+            if v == v:
+                vals.setdefault(k, []).append(v)
+    a = (1 - level) / 2
+    return {k: (float(np.quantile(v, a)), float(np.quantile(v, 1 - a))) for k, v in vals.items()}

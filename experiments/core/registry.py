@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-STUDIES: list[str] = ["experiments.craftmd.cli", "experiments.dera.cli", "experiments.autoeval.cli", "experiments.meditod.cli", "experiments.bench.cli", "experiments.report.cli", "finetune.cli", "experiments.datasets.cli", "experiments.calibrate.cli", "experiments.sweep.cli"]
+STUDIES: list[str] = ["experiments.craftmd.cli", "experiments.dera.cli", "experiments.autoeval.cli", "experiments.meditod.cli", "experiments.bench.cli", "experiments.report.cli", "finetune.cli", "experiments.datasets.cli", "experiments.calibrate.cli", "experiments.review.cli", "experiments.sweep.cli"]
 
 
 def register_all(**apps) -> None:

@@ -203,6 +203,19 @@ def calibration_view(run: dict) -> dict | None:
             "rows": rows}
 
 
+def review_calibration_view(c: dict) -> dict:
+    """A `medstack calibrate RUN_DIR --labels` result (reviews/calibration-<judge>.json): its table, as in its summary."""
+    from experiments.calibrate.reviews import COLUMNS, table_rows
+
+    s, scale = c.get("sample") or {}, c.get("scale") or {}
+    weighted = any((v.get("vs_judge") or {}).get("weighted") for v in (c.get("reviewers") or {}).values())
+    return {"judge": c.get("judge"), "columns": COLUMNS, "rows": table_rows(c),
+            "caption": f"judge decisions vs clinicians' blind review labels, {scale.get('kind')} scale {scale.get('values') or '0-1'}; 95% CIs (stratified bootstrap)",
+            "note": f"sample {s.get('size')} of {s.get('population')} decisions, {len(s.get('strata') or {})} strata, seed {s.get('seed')}; "
+                    + ("weights N_h/m_h undo the stratified sampling" if weighted else "every stratum sampled at the same rate (no weights)")
+                    + ("; consensus: the label more than half the reviewers gave" if c.get("consensus") else "")}
+
+
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
     model = _run_model(run) or str(((run.get("finetune") or {}).get("metrics") or {}).get("base") or "")
     cases = [case_view(r, model) for r in run["records"][:max_cases]]
@@ -231,6 +244,7 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
         "calibration": calibration_view(run),
+        "review_calibrations": [review_calibration_view(c) for c in run.get("review_calibrations") or []],
         # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
         "charts": [c for c in run["charts"] if not (run.get("finetune") and c["name"] == "loss.png")],
         "summary": run["summary"],

@@ -110,5 +110,6 @@ def load_run_dir(p: Path) -> dict:
         "bench": bench,
         "summary": summary,
         "charts": charts,
+        "review_calibrations": [c for f in sorted((p / "reviews").glob("calibration-*.json")) if isinstance(c := _read_json(f, warnings), dict)],
         "warnings": warnings,
     }

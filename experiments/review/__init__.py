@@ -1,0 +1,1 @@
+"""`medstack review`: clinicians label a blind sample of an LLM judge's decisions (SPEC 3.1). ``judges`` reads the decisions, ``labels`` the sample and label files, ``page`` serves or exports the page."""

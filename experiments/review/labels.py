@@ -1,0 +1,182 @@
+"""The review sample and the reviewers' labels, as files in ``RUN_DIR/reviews/`` (SPEC 3.1).
+
+``sample-<step>.json``  the stratified, reproducible sample of one judge's items, written before the
+                        first item is shown: seed, requested size, per stratum the population N_h,
+                        the sampled n_h and the weight N_h / n_h, and the items in the order shown.
+                        It holds ids and strata only: the page never learns a verdict from it.
+``<reviewer>.jsonl``    one line per label as it is entered (appended, fsync'ed, 0600):
+                        ``{"judge", "item", "label", "skipped", "comment", "reviewer", "at"}``.
+                        The last line per (judge, item) wins: "back" and a new label overwrite.
+
+Stratified sampling: every stratum (the judge's verdict, and format / arm / criterion / model)
+gets an equal share of the sample (capped at its size, the rest going to the strata that still
+have items), so rare verdicts -- where disagreements hide -- are seen with few labels; the
+weights undo this in the agreement figures. A sample as large as the population takes every item
+with weight 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+from models.errors import DataError, StorageError
+from models.paths import private_dir, private_file
+
+REVIEWER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def reviews_dir(run_dir: str | Path) -> Path:
+    p = Path(run_dir) / "reviews"
+    try:
+        return private_dir(p)
+    except OSError as e:
+        raise StorageError.from_os(p, e) from None
+
+
+def check_reviewer(name: str, where: str = "--reviewer") -> str:
+    if not REVIEWER.match(name or ""):
+        raise DataError(f"{where}: reviewer name {name!r} is not allowed: letters, digits, '_', '.', '-' (up to 64), not starting with a sign")
+    return name
+
+
+def stratified_sample(items: list[dict], n: int, seed: int) -> dict:
+    """Equal allocation over strata (capped by each stratum's size), seeded draw within each, shown in a seeded shuffle."""
+    if n < 1:
+        raise DataError(f"--sample {n}: must be at least 1")
+    strata: dict[str, list[str]] = {}
+    for it in items:
+        strata.setdefault(it["stratum"], []).append(it["id"])
+    keys = sorted(strata)
+    take = {k: 0 for k in keys}
+    left = min(n, len(items))
+    while left:
+        open_ = [k for k in keys if take[k] < len(strata[k])]
+        share = max(1, left // len(open_))
+        for k in open_:
+            add = min(share, len(strata[k]) - take[k], left)
+            take[k] += add
+            left -= add
+            if not left:
+                break
+    rng = random.Random(seed)
+    chosen = []
+    for k in keys:
+        ids = sorted(strata[k])
+        chosen += [(i, k) for i in rng.sample(ids, take[k])]
+    rng.shuffle(chosen)
+    weights = {k: len(strata[k]) / take[k] for k in keys if take[k]}
+    return {"seed": seed, "requested": n, "population": len(items),
+            "strata": {k: {"N": len(strata[k]), "n": take[k], "weight": weights.get(k)} for k in keys},
+            "items": [{"id": i, "stratum": k, "weight": weights[k]} for i, k in chosen]}
+
+
+def sample_path(run_dir: str | Path, step: str) -> Path:
+    return Path(run_dir) / "reviews" / f"sample-{step}.json"
+
+
+def write_sample(run_dir: str | Path, judge: dict, n: int, seed: int) -> dict:
+    """The sample file of this judge: made once, then reused; another size or seed is refused (labels refer to it)."""
+    path = sample_path(run_dir, judge["step"])
+    if path.exists():
+        old = read_sample(path)
+        if old.get("requested") != n or old.get("seed") != seed:
+            raise DataError(f"{path} holds a sample of {old.get('requested')} with seed {old.get('seed')}; "
+                            f"--sample {n} --seed {seed} would make another one: use those values, or move the folder's reviews aside")
+        return old
+    s = {"judge": judge["step"], "experiment": judge["experiment"], "scale": judge["scale"], **stratified_sample(judge["items"], n, seed)}
+    reviews_dir(run_dir)
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(s, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        private_file(tmp)
+        tmp.replace(path)
+    except OSError as e:
+        raise StorageError.from_os(path, e) from None
+    return s
+
+
+def read_sample(path: Path) -> dict:
+    try:
+        s = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(s, dict) or not isinstance(s.get("items"), list):
+        raise DataError(f"{path}: not a review sample (no items list)")
+    return s
+
+
+def check_label(value, scale: dict, where: str):
+    """A label on the judge's scale (None for a skip), or a DataError naming where it came from."""
+    if value is None:
+        return None
+    if scale["kind"] == "unit":
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+            return float(value)
+        raise DataError(f"{where}: label {value!r} is not a number from 0 to 1")
+    if isinstance(value, bool) or value not in scale["values"]:
+        raise DataError(f"{where}: label {value!r} is not on the judge's scale {scale['values']}")
+    return int(value)
+
+
+def append_label(run_dir: str | Path, reviewer: str, entry: dict) -> dict:
+    """Append one label line to reviews/<reviewer>.jsonl, durable when this returns."""
+    check_reviewer(reviewer, "reviewer")
+    path = reviews_dir(run_dir) / f"{reviewer}.jsonl"
+    line = {**entry, "reviewer": reviewer, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        private_file(path)
+    except OSError as e:
+        raise StorageError.from_os(path, e, hint="labels entered before are kept") from None
+    return line
+
+
+def read_labels(source: str | Path) -> dict[str, dict[tuple[str, str], dict]]:
+    """reviewer -> {(judge, item): last line} from a reviews folder (every *.jsonl) or one file (a
+    download from the offline page). A torn last line (a kill mid-write) is ignored; anything else
+    unreadable is an error naming the file and line."""
+    p = Path(source)
+    if p.is_dir():
+        files = sorted(p.glob("*.jsonl"))
+        if not files:
+            raise DataError(f"{p}: no label files (*.jsonl) in it")
+    elif p.exists():
+        files = [p]
+    else:
+        raise DataError(f"{p}: no such file or directory")
+    out: dict[str, dict] = {}
+    for f in files:
+        for lineno, row in _label_lines(f):
+            for k in ("judge", "item", "reviewer"):
+                if not isinstance(row.get(k), str) or not row[k]:
+                    raise DataError(f"{f}:{lineno}: label line without a {k!r}")
+            check_reviewer(row["reviewer"], f"{f}:{lineno}")
+            out.setdefault(row["reviewer"], {})[(row["judge"], row["item"])] = row
+    return out
+
+
+def _label_lines(f: Path):
+    """(line number, object) per line; a torn LAST line (a kill mid-write) is left out, any other bad line is an error."""
+    lines = [(n, ln) for n, ln in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if ln.strip()]
+    for k, (n, ln) in enumerate(lines):
+        try:
+            row = json.loads(ln)
+        except ValueError as e:
+            if k == len(lines) - 1:
+                return
+            raise DataError(f"{f}:{n}: not valid JSON ({e})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{f}:{n}: expected a JSON object")
+        yield n, row

@@ -52,10 +52,19 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def _log(msg: str) -> None:
+def _log(msg: str, console=None) -> None:
+    """One message to stderr, never folded: a line longer than the terminal stays one line (the terminal
+    wraps it on screen only), so a command printed in it is copied whole at any width."""
     from rich.console import Console
 
-    Console(stderr=True).print(msg, highlight=False)
+    (console or Console(stderr=True)).print(msg, highlight=False, soft_wrap=True)
+
+
+def report_resume(outcome, resume: str | None, console=None) -> None:
+    """The end of a run that left cases to do: the counts and the command that resumes it, on one line."""
+    _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"), console)
+    if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
+        _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)", console)
 
 
 def parse_role_items(items: list[str], study: Study) -> dict[str, str]:
@@ -138,9 +147,7 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     typer.echo(outcome.summary.rstrip("\n"))
     _log(f"results in {outcome.out}")
     if outcome.exit_code:
-        _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"))
-        if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
-            _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)")
+        report_resume(outcome, resume)
         raise typer.Exit(outcome.exit_code)
 
 

@@ -12,7 +12,8 @@ the hashes of the templates a record used.
 
 Context window: when the server rejects a prompt as longer than the model's context (small
 local models have 2k tokens), the call is retried with the oldest dialogue messages left out
-of the prompt, one at a time; ``dropped_history`` on the call says how many. Models with a
+of the prompt, one at a time; ``dropped_history`` on the call says how many, and the call's
+``protocol: {history: {sent, asked}}`` counts it as a protocol deviation (experiments/core/deviations.py). Models with a
 long enough context never take this path, so the paper protocol is unchanged for them. Any
 other failure (or no history left to drop) is re-raised.
 
@@ -72,7 +73,9 @@ class CaseLog:
             messages = [{"role": "user", "content": render(template, **values)}]
             start = len(self.ctx.calls)
             try:
-                result = await self.ctx.chat(messages, role=role, gen=send, step=step, constraint=constraint)
+                kept = len(history or []) - dropped  # the dialogue messages this prompt carries, of the whole history
+                result = await self.ctx.chat(messages, role=role, gen=send, step=step, constraint=constraint,
+                                             protocol={"history": (kept, len(history))} if history else None)
                 break
             except RequestFailed as e:
                 self._note(start, step, template, dropped)

@@ -22,8 +22,9 @@ Free text ends inside the step's budget: a small model under a one-line constrai
 long line until ``max_tokens`` (the reply is then cut, a format error). So free text in a regex is
 written as words with a bounded count, ``[^\s]+( [^\s]+){0,$words}`` (any word class), and the
 reserved placeholder ``$words`` is filled at the call from the step's ``max_tokens``
-(:meth:`Constraint.bounded`): W = (max_tokens - 8) // (2 x the number of ``$words`` bounds a reply can
-pass through), at least 1 -- about two tokens per word, room for the format's fixed text. A
+(:meth:`Constraint.bounded`): W = (max_tokens - 8) // (3 x the number of ``$words`` bounds a reply can
+pass through), at least 1 -- three tokens per word (long medical terms take several), 8 for the format's
+fixed text. In free runs the declared format is checked without the bound (it is a decoding device). A
 declaration whose regex repeats anything but a word (``[^\n]*``, ``(...)+``) without a bound is
 refused (:func:`build`); a bounded repetition of a group of words is cheap for xgrammar (measured
 with a 60k-token vocabulary: ``( [^\s]+){0,400}`` 0.07 s) where one of a character class is not
@@ -54,6 +55,7 @@ KINDS = ("choice", "regex", "json", "grammar")
 ANSWER_MODES = ("free", "constrained")
 DECLARATION_FILE = "constraints.yaml"
 MAX_BOUNDED_REPEAT = 16  # larger {m,n} in a regex compile for minutes in xgrammar (vLLM's default back end)
+TOKENS_PER_WORD = 3  # budget per bounded word: English ~1.3 tokens a word, long medical terms up to ~5
 WORDS = "words"  # reserved placeholder: a free-text word count, filled from the step's max_tokens at the call
 _SENTINEL = 65521  # stands in for $words while a regex is parsed
 
@@ -137,7 +139,7 @@ class Constraint:
             return self
         spec = self.spec
         n = word_bounds(spec) if self.kind == "regex" else spec.count(f"${WORDS}")
-        words = max(1, ((max_tokens or 256) - 8) // (2 * max(n, 1)))
+        words = max(1, ((max_tokens or 256) - 8) // (TOKENS_PER_WORD * max(n, 1)))
         return Constraint.make(self.kind, spec.replace(f"${WORDS}", str(words)), self.source)
 
     def continuing(self, prefix: str) -> "Constraint":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from experiments.core.deviations import protocol_lines, protocol_stats
 from models.errors import DataError, MedstackError
@@ -40,12 +41,16 @@ class RecordingClient:
         self.calls: list[dict] = []
 
     async def chat(self, messages: list[dict], role: str = "default", gen: GenConfig = GenConfig()) -> ChatResult:
-        self.calls.append({"role": role, "kind": "chat", "messages": messages})
+        self.calls.append({"role": role, "kind": "chat", "messages": messages, "gen": _gen(gen)})
         return ChatResult(texts=[""] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
 
     async def complete(self, prompt: str, role: str = "default", gen: GenConfig = GenConfig()) -> ChatResult:
-        self.calls.append({"role": role, "kind": "completion", "prompt": prompt})
+        self.calls.append({"role": role, "kind": "completion", "prompt": prompt, "gen": _gen(gen)})
         return ChatResult(texts=[""] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
+
+    def endpoint(self, role: str = "default") -> SimpleNamespace:
+        """What a study reads of its endpoint (autoeval keys its explained examples on the judge's identity)."""
+        return SimpleNamespace(identity=f"dry-run:{role}", base_url=None, model=role)
 
     async def check_structured_outputs(self, roles=None) -> list[dict]:
         return []  # no server to probe: a constrained dry run writes each request with its constraint
@@ -56,6 +61,13 @@ class RecordingClient:
     def usage_summary(self) -> dict:
         zero = {"requests": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0, "cache_hits": 0, "seconds": 0.0}
         return {"total": dict(zero, requests=len(self.calls))}
+
+
+def _gen(gen: GenConfig) -> dict:
+    """The sampling of a set-up request (a case's requests carry the call log's own ``gen``)."""
+    return {"temperature": gen.temperature, "top_p": gen.top_p, "max_tokens": gen.max_tokens, "n": gen.n,
+            "stop": list(gen.stop) if gen.stop else None, "seed": gen.seed,
+            **({"structured": json.loads(gen.structured)} if gen.structured else {})}
 
 
 def _line(case_id, call: dict) -> dict:

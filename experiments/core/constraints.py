@@ -282,7 +282,8 @@ def build(declaration: dict, values: dict, where: str) -> Constraint:
         raise ConstraintError(f"{where}: free text without a length bound (a repetition '{loose}' over more than one word): a small "
                               "model then writes until max_tokens and the reply is cut; write it as words with a bounded count, "
                               "e.g. [^\\s]+( [^\\s]+){0,$words} ($words is filled from the step's max_tokens)")
-    if kind == "grammar" and re.search(r"[*+]", re.sub(r'"(\\.|[^"\\])*"|\[(\\.|[^\]\\])*\]', "", c.spec)):
-        raise ConstraintError(f"{where}: a grammar's repetitions need bounds ({{0,$words}}), not * or +: an unbounded one "
-                              "lets a small model write until max_tokens")
+    words = r'"(\\.|[^"\\])*"|\[\^[^\]]* [^\]]*\][*+]|\[(\\.|[^\]\\])*\]'  # literals; a word (a class without space)+; classes
+    if kind == "grammar" and re.search(r"[*+]", re.sub(words, "", c.spec)):
+        raise ConstraintError(f"{where}: a grammar's repetitions need bounds ({{0,$words}}), not * or + (only a word, "
+                              "[^ \\t\\n]+, may repeat unbounded): an unbounded one lets a small model write until max_tokens")
     return c

@@ -23,6 +23,7 @@ from models.errors import MedstackError
 QUANTITIES = {
     "exemplars": "in-context exemplars (left out, least similar first, to fit the model's context)",
     "history": "dialogue messages (the oldest left out to fit the model's context)",
+    "concepts": "concepts to verify (GPT-F1 lists cut at max_concepts)",
     "dialogue_turns": "whole dialogue turns (later turns cut at max_dialogue_chars to fit the judge's context)",
 }
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from experiments.core.config import ConfigError, load_settings, parse_set, read_yaml_mapping
+from experiments.core.deviations import protocol_lines
 from experiments.core.study import Study
 from models.errors import DataError
 
@@ -145,6 +146,8 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     resume = resume_command(sys.argv[1:])
     outcome = asyncio.run(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
     typer.echo(outcome.summary.rstrip("\n"))
+    for line in protocol_lines(outcome.metrics.get("protocol")):  # the run's last words: what it sent less of than the protocol
+        _log(f"[yellow]{escape(line)}[/yellow]")
     _log(f"results in {outcome.out}")
     if outcome.exit_code:
         report_resume(outcome, resume)

@@ -192,8 +192,6 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
             unwritten = e
     if unwritten is not None:
         log(f"metrics and summary were not written either ({escape(str(unwritten))})")
-    for line in protocol_lines(metrics["protocol"]):
-        log(f"[yellow]{escape(line)}[/yellow]")
     return RunOutcome(rundir.path, metrics, summary, len(finished), len(failed), not_started, storage)
 
 

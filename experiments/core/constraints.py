@@ -188,12 +188,14 @@ def _is_class(body) -> bool:
 
 def _big_repeats(spec: str) -> list[str]:
     """Bounded repetitions above MAX_BOUNDED_REPEAT of one character class (slow to compile in xgrammar)."""
+    from re import _constants as c
+
     try:
         tree = _parse(spec)
     except re.error:
         return []
-    return [f"{{{lo},{hi}}}" for _, lo, hi, body, _ in _walk(tree) if hi != _SENTINEL and _is_class(body)
-            and MAX_BOUNDED_REPEAT < max(lo, hi) < 4294967295]
+    return [f"{{{lo},{hi}}}" for _, lo, hi, body, _ in _walk(tree) if hi not in (_SENTINEL, c.MAXREPEAT) and _is_class(body)
+            and max(lo, hi) > MAX_BOUNDED_REPEAT]
 
 
 def word_bounds(spec: str) -> int:

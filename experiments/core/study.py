@@ -37,7 +37,9 @@ every reply of a declared step is checked against its format (``format_ok`` on t
 whole reply matches and was not cut at max_tokens), so the two modes can be compared. Under
 ``constrained``, a reply that still breaks its format (cut at max_tokens, or a stop string) is
 handed to the step as an empty reply (the raw text stays in the call log), so every study's own
-parser counts it as a format error and nothing crashes. The runner probes each endpoint once
+parser counts it as a format error and nothing crashes. Free text in a format is bounded at the call
+from the step's ``max_tokens`` (``$words``, experiments/core/constraints.py), so a constrained reply ends
+inside its budget; the log entry and the request carry the bounded form. The runner probes each endpoint once
 before a constrained run (an endpoint without structured outputs is an error, exit 2) and names
 the mode in config.yaml, identity.json, metrics.json and summary.md.
 """
@@ -122,9 +124,8 @@ class CaseContext:
         if gen.temperature > 0:  # sampled: a per-call seed makes it reproducible and cacheable
             gen = gen.replace(seed=call_seed(self.seed, self.case_id, key))
         applied = constraint if constraint is not None and self.answers == "constrained" else None
-        if applied is not None:  # a free-text part of the format ends inside the step's budget
+        if applied is not None:  # its free text bounded ($words) to end inside the step's max_tokens
             applied = applied.bounded(gen.max_tokens)
-        if applied is not None:
             gen = gen.replace(structured=applied.request_json())
         entry: dict = {"index": len(self.calls), "role": role, "step": step, "kind": kind,
                        ("messages" if kind == "chat" else "prompt"): content,

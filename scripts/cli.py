@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import shlex
 import sys
 from typing import List, Optional
 
@@ -140,7 +141,7 @@ def serve(
         rec = start_server(settings, log=lambda m: console.print(m))
     out.print(rec["base_url"])
     if detach:
-        console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop {model}`")
+        console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop {shlex.quote(model)}`", soft_wrap=True)
         return
     console.print("serving; Ctrl-C stops the server")
     try:
@@ -273,7 +274,7 @@ def main() -> None:
     try:
         apply_umask()  # everything we create is private (MEDSTACK_UMASK for a group that shares on purpose)
     except MedstackError as e:
-        console.print(f"error: {e}", markup=False, highlight=False)
+        console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     set_offline()
     signal.signal(signal.SIGTERM, _terminate)
@@ -285,7 +286,7 @@ def main() -> None:
     except MedstackError as e:
         from rich.markup import escape
 
-        console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
+        console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line: a command in it copies whole
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)

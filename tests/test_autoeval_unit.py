@@ -89,10 +89,10 @@ def test_render_dialogue_cuts_and_marks():
     tr = [{"agent": "doctor", "content": "How are you feeling today?", "turn": 0},
           {"agent": "patient", "content": "Tired " * 30, "turn": 1},
           {"agent": "doctor", "content": "Any fever?", "turn": 2}]
-    full, cut = J.render_dialogue(tr)
-    assert not cut and full.splitlines()[0] == "Doctor: How are you feeling today?" and full.splitlines()[2] == "Doctor: Any fever?"
-    short, cut = J.render_dialogue(tr, max_chars=100)
-    assert cut and short.startswith("Doctor: How are you") and "2 more turn(s) not shown" in short
+    full, shown = J.render_dialogue(tr)
+    assert shown == 3 and full.splitlines()[0] == "Doctor: How are you feeling today?" and full.splitlines()[2] == "Doctor: Any fever?"
+    short, shown = J.render_dialogue(tr, max_chars=100)
+    assert shown == 1 and short.startswith("Doctor: How are you") and "2 more turn(s) not shown" in short
     assert len(short) < 160
 
 
@@ -214,7 +214,7 @@ def test_completion_api_prefills_good():
     class Completer:
         prompt = step = None
 
-        async def complete(self, prompt, role="default", gen=None, step=None, constraint=None):
+        async def complete(self, prompt, role="default", gen=None, step=None, constraint=None, protocol=None):
             Completer.prompt, Completer.step = prompt, step
             return ChatResult(texts=[" kind\nBad: slow\nSummary: ok\nRating: 4"])
 

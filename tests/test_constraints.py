@@ -358,3 +358,41 @@ def test_compare_warns_when_modes_differ(tmp_path):
     assert "answers: constrained" in md and "**Warning:**" in md
     c = make_run(tmp_path / "c", "free-run-2", {("vignette", "mcq"): {"c1": [0], "c2": [0]}})
     assert not any("different modes" in w for w in run_compare([str(a), str(c)], tmp_path / "cmp2")["warnings"])
+
+
+# ------------------------------------------------------------------ free text bounded by the step's budget (issue 30)
+
+def test_free_text_is_bounded_from_the_steps_max_tokens():
+    from experiments.core.constraints import build, word_bounds
+
+    c = DERA.constraint("qa_decider")
+    b = c.bounded(250)
+    assert "$words" in c.spec and "{0,40}" in b.spec and "$words" not in b.spec        # (250 - 8) // (3 x 2 bounds)
+    line = "Answer: x\nResponse: "
+    assert ok(b, line + " ".join(["w"] * 41)) and not ok(b, line + " ".join(["w"] * 42))
+    assert ok(c, line + " ".join(["w"] * 200))                                         # unfilled: the format without the bound
+    reply = DERA.constraint("summarize_decider_reply")
+    assert word_bounds(reply.spec) == 5 and "{0,33}" in reply.bounded(512).spec       # RESPONSE + up to 4 SCRATCHPAD lines
+    assert DERA.constraint("qa_oneshot").bounded(1).spec == "[^\\s]+( [^\\s]+){0,1}\\n?"  # never below one word
+    sim = DERA.constraint("judge_similarity")
+    assert sim.bounded(16) == sim                                                      # nothing free to bound
+    with pytest.raises(ConstraintError, match="free text without a length bound"):
+        build({"regex": "Answer: [^\\n]*\\n?"}, {}, "x")
+    with pytest.raises(ConstraintError, match="free text without a length bound"):
+        build({"regex": "(Yes|No)( because)+"}, {}, "x")
+    with pytest.raises(ConstraintError, match="repetitions need bounds"):
+        build({"grammar": 'root ::= ("a" | "b")+'}, {}, "x")
+    g = build({"grammar": 'root ::= w (" " w){0,$words}\nw ::= [^ \\t\\n]+'}, {}, "x")
+    assert "{0,4}" in g.bounded(20).spec
+
+
+@pytest.mark.parametrize("prompts", [DERA, CRAFT, J.PROMPTS])
+def test_every_declared_free_text_is_bounded(prompts):
+    from experiments.core.constraints import unbounded_free_text
+
+    values = {"n": 3, "letters": ["A", "B"], "letter_class": "AB", "choices": ["x", "y"]}
+    for name in prompts.declarations():
+        c = prompts.constraint(name, **values)
+        if c.kind == "regex":
+            assert unbounded_free_text(c.spec) is None, name
+            assert "$words" not in c.bounded(100).spec, name

@@ -1,5 +1,5 @@
 """Constrained answers against the real vLLM server (embedded model): one test per constraint kind (choice,
-regex, JSON schema), each sent through the runner's CaseContext with answers: constrained exactly as the
+regex, JSON schema, grammar), each sent through the runner's CaseContext with answers: constrained exactly as the
 studies send it, and the reply obeys the declared format; the probe passes on a real server; a fake
 endpoint that rejects the field stops a constrained run before any case (exit 2)."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,7 +17,9 @@ import pytest
 
 from experiments.craftmd.prompts import PROMPTS as CRAFT
 from experiments.craftmd.prompts import render
+from experiments.core.constraints import build
 from experiments.dera.prompts import PROMPTS as DERA
+from experiments.dera.prompts import render as render_dera
 from experiments.core.study import CaseContext
 from serving.client import Endpoint, GenConfig, LLMClient
 
@@ -65,12 +68,44 @@ def test_regex_constraint_dera_researcher_reply_is_tagged(server):
     prompt = ("You review a summary of a doctor-patient chat. Point out one problem as [RESPONSE: \"your message\"], "
               "or write [STOP] if there is none.\nSummary: Pertinent Positives: cough for three days.\n")
     r, entry = _ask(server, "chat", [{"role": "user", "content": prompt}], c, GenConfig(temperature=0.0, max_tokens=120))
-    assert entry["gen"]["structured"] == {"regex": c.spec}
-    if entry["finish_reasons"] == ["stop"]:  # the model closed the tag: the whole reply obeys the regex
-        assert c.check(r.text) and entry["format_ok"] == [True]
-        assert r.text == "[STOP]" or r.text.startswith('[RESPONSE: "')
-    else:  # cut at max_tokens: still a prefix of the format, handed to the step as no answer (a counted format error)
-        assert entry["texts"][0].startswith(('[RESPONSE: "', "[STOP")) and r.text == "" and entry["format_ok"] == [False]
+    assert entry["gen"]["structured"] == {"regex": c.bounded(120).spec} and "{0,37}" in c.bounded(120).spec  # (120 - 8) // 3 words
+    # the bounded words close the tag inside the budget: the whole reply obeys the regex
+    assert entry["finish_reasons"] == ["stop"] and c.check(r.text) and entry["format_ok"] == [True]
+    assert r.text == "[STOP]" or r.text.startswith('[RESPONSE: "')
+
+
+def test_bounded_one_line_answers_end_inside_their_budget(server):
+    """DERA-QA's one-shot answer (5 samples, max_tokens 50): unbounded, a small model wrote one long line until
+    max_tokens and a third of the answers were cut; with $words filled from max_tokens every sample ends itself."""
+    c = DERA.constraint("qa_oneshot")
+    q = json.loads((FIX / "dera" / "medqa_open.jsonl").read_text().splitlines()[0])
+    prompt = render_dera("qa_oneshot", question=q["question_open"])
+    r, entry = _ask(server, "chat", [{"role": "user", "content": prompt}], c, GenConfig(temperature=0.7, max_tokens=50, n=5, seed=7))
+    assert entry["gen"]["structured"] == {"regex": "[^\\s]+( [^\\s]+){0,14}\\n?"}
+    assert entry["finish_reasons"] == ["stop"] * 5 and entry["format_ok"] == [True] * 5
+    assert all(t.strip() and "\n" not in t.strip() for t in r.texts)
+
+
+GRAMMAR = """root ::= verdict ("\\n" reason)?
+verdict ::= "Yes" | "No"
+reason ::= word (" " word){0,$words}
+word ::= [^ \\t\\n]+
+"""
+
+
+def test_grammar_constraint_verdict_and_a_bounded_reason(server):
+    """The fourth kind, an EBNF grammar (vLLM's xgrammar syntax), through the same CaseContext as a study's step."""
+    c = build({"grammar": GRAMMAR}, {}, "e2e grammar")
+    prompt = ("Is fever a symptom of influenza? Answer Yes or No, then give the reason on the next line.\nAnswer:")
+    r, entry = _ask(server, "completion", prompt, c, GenConfig(temperature=0.7, max_tokens=40, seed=3))
+    sent = entry["gen"]["structured"]["grammar"]
+    assert "{0,10}" in sent and "$words" not in sent                      # (40 - 8) // 3 words
+    assert entry["constraint"]["kind"] == "grammar" and entry["constraint"]["applied"] is True
+    # the server kept the grammar and its bound, whether the reply ended itself or was cut inside a word
+    # (a base model that wants to go on past the bound may glue words together: it is then cut, and counted)
+    raw = entry["texts"][0]
+    assert re.fullmatch(r"(Yes|No)(\n[^ \t\n]+( [^ \t\n]+){0,10})?", raw), raw
+    assert entry["format_ok"] == [entry["finish_reasons"] == ["stop"]] and (r.text == raw) == entry["format_ok"][0]
 
 
 def test_json_schema_constraint_gptf1_verification_numbers(server):

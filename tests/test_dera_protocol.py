@@ -353,6 +353,8 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     s = res["sections"]["Pertinent Negatives"]
     assert s["gt_concepts"] == many[:5] and s["concepts_cut"] == {"gt": 2, "pred": 2}
     assert res["max_concepts"] == 5 and res["sections_with_concepts_cut"] == 1
+    verify = [c for c in log.ctx.calls if c["step"].endswith(("recall", "precision"))]
+    assert [c["protocol"] for c in verify] == [{"concepts": {"sent": 5, "asked": 7}}] * 2  # a protocol deviation of each request
     assert s["recall"] == pytest.approx(3 / 5)
     # no cap: nothing cut, nothing reported
     res = run(gptf1.score_summary(case_log(ScriptedClient(reply)), {"Pertinent Negatives": "no fever"},

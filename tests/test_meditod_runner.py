@@ -269,3 +269,31 @@ def test_input_too_long_for_the_served_context_fails_and_says_how_to_make_room(t
     recs = records(s.out)
     assert recs and all(r["status"] == "failed" and "medstack serve --max-model-len N" in r["error"] for r in recs.values())
     assert run_mod.context_budget("embedded", 256, 8) == 2048 - 264  # no server answer: the registry's length
+
+
+def test_exemplars_left_out_to_fit_are_counted_and_said_everywhere(tmp_path, monkeypatch):
+    """Issue 30: in-context requests that carry fewer than k exemplars are a protocol deviation: per request in
+    the record, summed in metrics.json, a line in summary.md (the CLI prints it last), a paper-table footnote."""
+    from experiments.core.deviations import protocol_lines
+    from experiments.meditod import run as run_mod
+    from experiments.meditod.prompts import estimate_message_tokens, icl_messages
+
+    cases = load_samples(settings(tmp_path, "nlu", k=2))
+    with_one = [estimate_message_tokens(icl_messages("nlu", c["sample"], c["exemplars"][:1])) for c in cases]
+    with_two = [estimate_message_tokens(icl_messages("nlu", c["sample"], c["exemplars"][:2])) for c in cases]
+    budget = sorted(with_one)[len(with_one) // 2]  # about half the requests keep one exemplar, the others none
+    assert budget < min(with_two)
+    monkeypatch.setattr(run_mod, "context_budget", lambda *a: budget)
+    s = settings(tmp_path, "nlu", k=2)
+    run("nlu", s, ScriptedLLM(gold_backend("nlu"), roles=("model", "grader")))
+    recs = list(records(s.out).values())
+    kept = [r["exemplars_kept"] for r in recs]
+    assert all(r["protocol"]["exemplars"]["asked"] == 2 and r["protocol"]["exemplars"]["sent_min"] == r["exemplars_kept"] for r in recs)
+    m = json.loads((Path(s.out) / "metrics.json").read_text())["protocol"]["exemplars"]
+    assert m["requests"] == len(recs) and m["requests_below"] == len(recs) == sum(k < 2 for k in kept)
+    assert m["sent_min"] == min(kept) and m["sent_mean"] == round(sum(kept) / len(kept), 3)
+    (line,) = protocol_lines({"exemplars": m})
+    assert line.startswith(f"protocol deviation: {len(recs)} of {len(recs)} requests carried fewer in-context exemplars")
+    summary = (Path(s.out) / "summary.md").read_text()
+    head, _, tables = summary.partition("as in the paper")
+    assert line[1:] in head and tables and line[1:] in tables   # under the title, and a footnote of the paper table

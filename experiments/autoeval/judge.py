@@ -94,11 +94,12 @@ def check_transcript(transcript, where: str) -> list[dict]:
     return transcript
 
 
-def render_dialogue(transcript: list[dict], max_chars: int | None = None) -> tuple[str, bool]:
-    """``Doctor: …`` lines in order; beyond ``max_chars`` later turns are cut and a marker says how many."""
+def render_dialogue(transcript: list[dict], max_chars: int | None = None) -> tuple[str, int]:
+    """(``Doctor: …`` lines in order, how many turns are shown whole); beyond ``max_chars`` later turns are
+    cut and a marker says how many."""
     lines = [f"{t['agent'].strip().capitalize() or 'Speaker'}: {' '.join(t['content'].split())}" for t in transcript]
     if max_chars is None or sum(len(x) + 1 for x in lines) <= max_chars:
-        return "\n".join(lines), False
+        return "\n".join(lines), len(lines)
     kept, used = [], 0
     for line in lines:
         room = max_chars - used
@@ -110,7 +111,7 @@ def render_dialogue(transcript: list[dict], max_chars: int | None = None) -> tup
         used += len(line) + 1
     omitted = len(lines) - len(kept) + (1 if kept and kept[-1].endswith(" …") else 0)
     kept.append(f"[… dialogue cut here; {omitted} more turn(s) not shown]")
-    return "\n".join(kept), True
+    return "\n".join(kept), len(lines) - omitted
 
 
 @dataclass(frozen=True)
@@ -168,16 +169,16 @@ class JudgeConfig:
     max_note_chars: int = 240
 
 
-async def ask(ctx, prompt: str, cfg: JudgeConfig, gen: GenConfig, step: str, constraint=None) -> tuple[ChatResult, str]:
+async def ask(ctx, prompt: str, cfg: JudgeConfig, gen: GenConfig, step: str, constraint=None, protocol=None) -> tuple[ChatResult, str]:
     """Send one judge prompt through ``ctx`` (a CaseContext: raises RequestFailed when no answer came);
     return the result and the reply text (with the prefilled ``Good:`` in completion mode).
     ``constraint``: the step's declared reply format (prompts/constraints.yaml; the context applies it
     only with ``answers: constrained``); in completion mode the judge continues the prefilled ``Good:``."""
     if cfg.api == "completion":
         res = await ctx.complete(prompt.rstrip() + "\n\nGood:", role=cfg.role, gen=gen, step=step,
-                                 constraint=constraint.continuing("Good:") if constraint else None)
+                                 constraint=constraint.continuing("Good:") if constraint else None, protocol=protocol)
         return res, "Good:" + res.text
-    res = await ctx.chat([{"role": "user", "content": prompt}], role=cfg.role, gen=gen, step=step, constraint=constraint)
+    res = await ctx.chat([{"role": "user", "content": prompt}], role=cfg.role, gen=gen, step=step, constraint=constraint, protocol=protocol)
     return res, res.text
 
 
@@ -242,10 +243,11 @@ def rate_prompt(criterion: Criterion, examples: dict[int, Example], explained: d
                           examples="\n\n".join(blocks), dialogue=dialogue)
 
 
-async def rate_dialogue(ctx, criterion: Criterion, prompt: str, cfg: JudgeConfig) -> dict:
+async def rate_dialogue(ctx, criterion: Criterion, prompt: str, cfg: JudgeConfig, protocol: dict | None = None) -> dict:
     """Step (b): one rating. ``rating`` is None (unscored) when the reply has no whole rating 1..5;
-    a request that got no answer raises RequestFailed (the runner records the case as failed)."""
-    res, text = await ask(ctx, prompt, cfg, cfg.rate_gen, step="rate", constraint=PROMPTS.constraint("rate"))
+    a request that got no answer raises RequestFailed (the runner records the case as failed).
+    ``protocol``: {"dialogue_turns": (shown, all)} (a cut dialogue is a protocol deviation, counted by the runner)."""
+    res, text = await ask(ctx, prompt, cfg, cfg.rate_gen, step="rate", constraint=PROMPTS.constraint("rate"), protocol=protocol)
     notes = parse_notes(text)
     parse_error = "no 'Rating: N' with a whole number 1-5 in the reply" if notes["rating"] is None else None
     return {

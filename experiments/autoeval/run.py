@@ -145,9 +145,10 @@ class AutoevalStudy(Study):
     async def solve(self, ctx: CaseContext, case: dict, s: AutoevalSettings) -> dict:
         d, c = case["dialogue"], case["criterion"]
         cfg = judge_config(s)
-        text, truncated = J.render_dialogue(d["transcript"], cfg.max_dialogue_chars)
+        text, shown = J.render_dialogue(d["transcript"], cfg.max_dialogue_chars)
+        truncated = shown < len(d["transcript"])
         prompt = J.rate_prompt(c, self.examples[c.key], self.explained[c.key], text, cfg)
-        verdict = await J.rate_dialogue(ctx, c, prompt, cfg)
+        verdict = await J.rate_dialogue(ctx, c, prompt, cfg, protocol={"dialogue_turns": (shown, len(d["transcript"]))})
         return {"source_id": d["source_id"], "criterion": c.key, "criterion_name": c.name,
                 "judge": s.roles["judge"], "model": d["model"], "correct": d["correct"],
                 **verdict, "examples_used": [self.examples[c.key][r].id for r in J.RATINGS],

@@ -23,6 +23,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from experiments.core.config import ConfigError, load_settings, parse_set, read_yaml_mapping
+from experiments.core.deviations import protocol_lines
 from experiments.core.study import Study
 from models.errors import DataError
 
@@ -52,10 +53,19 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def _log(msg: str) -> None:
+def _log(msg: str, console=None) -> None:
+    """One message to stderr, never folded: a line longer than the terminal stays one line (the terminal
+    wraps it on screen only), so a command printed in it is copied whole at any width."""
     from rich.console import Console
 
-    Console(stderr=True).print(msg, highlight=False)
+    (console or Console(stderr=True)).print(msg, highlight=False, soft_wrap=True)
+
+
+def report_resume(outcome, resume: str | None, console=None) -> None:
+    """The end of a run that left cases to do: the counts and the command that resumes it, on one line."""
+    _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"), console)
+    if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
+        _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)", console)
 
 
 def parse_role_items(items: list[str], study: Study) -> dict[str, str]:
@@ -136,11 +146,11 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     resume = resume_command(sys.argv[1:])
     outcome = asyncio.run(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
     typer.echo(outcome.summary.rstrip("\n"))
+    for line in protocol_lines(outcome.metrics.get("protocol")):  # the run's last words: what it sent less of than the protocol
+        _log(f"[yellow]{escape(line)}[/yellow]")
     _log(f"results in {outcome.out}")
     if outcome.exit_code:
-        _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"))
-        if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
-            _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)")
+        report_resume(outcome, resume)
         raise typer.Exit(outcome.exit_code)
 
 

@@ -16,7 +16,19 @@ and :meth:`Constraint.check`'s), so they need no anchors; keep to syntax Python'
 back ends share (classes, groups, alternation, ``? * +``), and no ``{m,n}`` above 16 (xgrammar
 expands it: ``{1,500}`` over a class took 50 s to compile, past vLLM's 5 s limit -> HTTP 500).
 End a line-shaped regex with ``\n?``: a base model rarely emits end-of-sequence, and a newline
-lets it finish where a free reply would have ended its line. :class:`~experiments.core.prompts.PromptSet`
+lets it finish where a free reply would have ended its line.
+
+Free text ends inside the step's budget: a small model under a one-line constraint writes one very
+long line until ``max_tokens`` (the reply is then cut, a format error). So free text in a regex is
+written as words with a bounded count, ``[^\s]+( [^\s]+){0,$words}`` (any word class), and the
+reserved placeholder ``$words`` is filled at the call from the step's ``max_tokens``
+(:meth:`Constraint.bounded`): W = (max_tokens - 8) // (3 x the number of ``$words`` bounds a reply can
+pass through), at least 1 -- three tokens per word (long medical terms take several), 8 for the format's
+fixed text. In free runs the declared format is checked without the bound (it is a decoding device). A
+declaration whose regex repeats anything but a word (``[^\n]*``, ``(...)+``) without a bound is
+refused (:func:`build`); a bounded repetition of a group of words is cheap for xgrammar (measured
+with a 60k-token vocabulary: ``( [^\s]+){0,400}`` 0.07 s) where one of a character class is not
+(``[^\n]{1,64}`` 4.3 s, the same inside a group). :class:`~experiments.core.prompts.PromptSet`
 reads the file (``PromptSet.constraint(name, **values)``); :class:`~experiments.core.study.CaseContext`
 applies a constraint only when the run's ``answers`` setting is ``constrained``.
 
@@ -43,6 +55,9 @@ KINDS = ("choice", "regex", "json", "grammar")
 ANSWER_MODES = ("free", "constrained")
 DECLARATION_FILE = "constraints.yaml"
 MAX_BOUNDED_REPEAT = 16  # larger {m,n} in a regex compile for minutes in xgrammar (vLLM's default back end)
+TOKENS_PER_WORD = 3  # budget per bounded word: English ~1.3 tokens a word, long medical terms up to ~5
+WORDS = "words"  # reserved placeholder: a free-text word count, filled from the step's max_tokens at the call
+_SENTINEL = 65521  # stands in for $words while a regex is parsed
 
 
 class ConstraintError(MedstackError):
@@ -71,11 +86,11 @@ class Constraint:
                 re.compile(spec)
             except re.error as e:
                 raise ConstraintError(f"{source or 'constraint'}: invalid regex ({e})") from None
-            big = [m.group(0) for m in re.finditer(r"(?<!\\)\{(\d*),?(\d*)\}", spec) if max(int(x or 0) for x in m.groups()) > MAX_BOUNDED_REPEAT]
+            big = _big_repeats(spec)
             if big:
                 raise ConstraintError(f"{source or 'constraint'}: bounded repetition {big[0]} above {{{MAX_BOUNDED_REPEAT}}}: vLLM's xgrammar back end "
                                       "expands it state by state (measured: {1,500} over a character class took 50 s to compile, past vLLM's "
-                                      "5 s limit, so the request fails with HTTP 500); use + or * and let max_tokens bound the length")
+                                      "5 s limit, so the request fails with HTTP 500); bound words instead: [^\\s]+( [^\\s]+){0,$words}")
         if kind == "json":
             if not isinstance(spec, dict):
                 raise ConstraintError(f"{source or 'constraint'}: json needs a JSON schema (a mapping)")
@@ -106,8 +121,8 @@ class Constraint:
         text = text or ""
         if self.kind == "choice":
             return text in self.spec
-        if self.kind == "regex":
-            return re.fullmatch(self.spec, text) is not None
+        if self.kind == "regex":  # an unfilled {0,$words} (not yet bounded at a call) reads {0,}: any count
+            return re.fullmatch(self.spec.replace(f"${WORDS}", ""), text) is not None
         if self.kind == "json":
             import jsonschema
 
@@ -117,6 +132,15 @@ class Constraint:
                 return False
             return jsonschema.Draft202012Validator(self.spec).is_valid(value)
         return None
+
+    def bounded(self, max_tokens: int | None) -> "Constraint":
+        """This constraint with ``$words`` filled from the step's ``max_tokens`` (see the module docstring)."""
+        if self.kind not in ("regex", "grammar") or f"${WORDS}" not in self.spec:
+            return self
+        spec = self.spec
+        n = word_bounds(spec) if self.kind == "regex" else spec.count(f"${WORDS}")
+        words = max(1, ((max_tokens or 256) - 8) // (TOKENS_PER_WORD * max(n, 1)))
+        return Constraint.make(self.kind, spec.replace(f"${WORDS}", str(words)), self.source)
 
     def continuing(self, prefix: str) -> "Constraint":
         """The constraint of a reply that continues ``prefix`` already written into the prompt (a completion
@@ -130,6 +154,92 @@ class Constraint:
         return Constraint.make("regex", rest, self.source)
 
 
+def _parse(spec: str):
+    from re import _parser  # the standard library's own regex parser: the tree the checks below walk
+
+    return _parser.parse(spec.replace(f"${WORDS}", str(_SENTINEL)))
+
+
+def _walk(tree, times: int = 1):
+    """(op, min, max, body, how many times the enclosing repeats let it occur) for every repeat in a parsed regex."""
+    from re import _constants as c
+
+    for op, av in tree:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            lo, hi, body = av
+            yield op, lo, hi, body, times
+            inner = 1 if hi == _SENTINEL else (hi if hi != c.MAXREPEAT else 1)
+            yield from _walk(body, times * inner)
+        elif op == c.SUBPATTERN:
+            yield from _walk(av[-1], times)
+        elif op == c.BRANCH:
+            for b in av[1]:
+                yield from _walk(b, times)
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            yield from _walk(av[1], times)
+
+
+def _is_class(body) -> bool:
+    from re import _constants as c
+
+    return len(body) == 1 and body[0][0] in (c.IN, c.LITERAL, c.NOT_LITERAL, c.ANY, c.CATEGORY) or (
+        len(body) == 1 and body[0][0] == c.SUBPATTERN and _is_class(body[0][1][-1]))
+
+
+def _big_repeats(spec: str) -> list[str]:
+    """Bounded repetitions above MAX_BOUNDED_REPEAT of one character class (slow to compile in xgrammar)."""
+    from re import _constants as c
+
+    try:
+        tree = _parse(spec)
+    except re.error:
+        return []
+    return [f"{{{lo},{hi}}}" for _, lo, hi, body, _ in _walk(tree) if hi not in (_SENTINEL, c.MAXREPEAT) and _is_class(body)
+            and max(lo, hi) > MAX_BOUNDED_REPEAT]
+
+
+def word_bounds(spec: str) -> int:
+    """How many ``{0,$words}`` bounds one reply can pass through (a bound inside a group repeated up to n times counts n)."""
+    return sum(times for _, _, hi, _, times in _walk(_parse(spec)) if hi == _SENTINEL)
+
+
+def unbounded_free_text(spec: str) -> str | None:
+    """The first repetition without an upper bound over anything but a word (one class that admits no
+    space, tab or newline), as written in the regex's parsed form; None when every free text is bounded."""
+    from re import _constants as c
+
+    for _, lo, hi, body, _ in _walk(_parse(spec)):
+        if hi != c.MAXREPEAT:
+            continue
+        one = body[0] if len(body) == 1 else (None, None)
+        word = (one[0] == c.IN and not any(_admits(one[1], ch) for ch in " \t\n")
+                or one[0] == c.LITERAL and not chr(one[1]).isspace())
+        if not word:
+            return "*" if lo == 0 else "+"
+    return None
+
+
+def _admits(items, ch: str) -> bool:
+    """Does a parsed character class (``re._parser``'s IN items) admit ``ch``?"""
+    from re import _constants as c
+
+    cats = {c.CATEGORY_SPACE: str.isspace, c.CATEGORY_DIGIT: str.isdigit, c.CATEGORY_WORD: lambda x: x.isalnum() or x == "_"}
+    negate, hit = False, False
+    for op, av in items:
+        if op == c.NEGATE:
+            negate = True
+        elif op == c.LITERAL:
+            hit |= chr(av) == ch
+        elif op == c.RANGE:
+            hit |= av[0] <= ord(ch) <= av[1]
+        elif op == c.CATEGORY:
+            name = str(av)
+            base = next((f for k, f in cats.items() if str(k) == name.replace("NOT_", "")), None)
+            if base is not None:
+                hit |= (not base(ch)) if "NOT_" in name else base(ch)
+    return hit != negate
+
+
 def _fill(node: Any, values: dict, where: str) -> Any:
     if isinstance(node, dict):
         return {k: _fill(v, values, where) for k, v in node.items()}
@@ -141,8 +251,8 @@ def _fill(node: Any, values: dict, where: str) -> Any:
             if m.group(1) not in values:
                 raise ConstraintError(f"{where}: the constraint needs a value for ${m.group(1)}")
             return values[m.group(1)]
-        try:
-            return Template(node).substitute({k: str(v) for k, v in values.items()})
+        try:  # $words stays for the call to fill (Constraint.bounded)
+            return Template(node).substitute({WORDS: f"${WORDS}", **{k: str(v) for k, v in values.items()}})
         except KeyError as e:
             raise ConstraintError(f"{where}: the constraint needs a value for ${e.args[0]}") from None
         except ValueError as e:
@@ -169,4 +279,13 @@ def read_declarations(path: Path) -> dict[str, dict]:
 def build(declaration: dict, values: dict, where: str) -> Constraint:
     """A declaration ({kind: spec with $placeholders}) + the call's values -> a Constraint."""
     kind, spec = next(iter(declaration.items()))
-    return Constraint.make(kind, _fill(spec, values, where), where)
+    c = Constraint.make(kind, _fill(spec, values, where), where)
+    if kind == "regex" and (loose := unbounded_free_text(c.spec)):
+        raise ConstraintError(f"{where}: free text without a length bound (a repetition '{loose}' over more than one word): a small "
+                              "model then writes until max_tokens and the reply is cut; write it as words with a bounded count, "
+                              "e.g. [^\\s]+( [^\\s]+){0,$words} ($words is filled from the step's max_tokens)")
+    words = r'"(\\.|[^"\\])*"|\[\^[^\]]* [^\]]*\][*+]|\[(\\.|[^\]\\])*\]'  # literals; a word (a class without space)+; classes
+    if kind == "grammar" and re.search(r"[*+]", re.sub(words, "", c.spec)):
+        raise ConstraintError(f"{where}: a grammar's repetitions need bounds ({{0,$words}}), not * or + (only a word, "
+                              "[^ \\t\\n]+, may repeat unbounded): an unbounded one lets a small model write until max_tokens")
+    return c

@@ -5,7 +5,11 @@ The run goes through the one runner (:func:`experiments.core.runner.run_study`) 
 response cache is read or written, and every call is answered with an empty text so the study's
 own loop carries on. The runner's results files go to a throw-away directory; the only file written
 to ``OUT`` is ``dry-run.jsonl``: one line per request, in case order, with ``case_id``, ``role``,
-``step``, the sampling settings and either ``messages`` (chat) or ``prompt`` (completion).
+``step``, the sampling settings and either ``messages`` (chat) or ``prompt`` (completion), plus
+``constraint`` (the step's declared reply format; ``applied`` in a ``answers: constrained`` run, whose
+``gen.structured`` is what would be sent) and ``protocol`` (what the request carries less of than the
+protocol asks, experiments/core/deviations.py; the sentences are printed too). A dry run that builds no
+request for a non-empty case list exits 2 naming the cause.
 
 Multi-turn studies (DERA, CRAFT-MD, autoeval) continue on empty answers, so the first request of
 each conversation is exactly what a real run sends, and later ones show the shape of the turns that
@@ -19,7 +23,10 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
+from experiments.core.deviations import protocol_lines, protocol_stats
+from models.errors import DataError, MedstackError
 from serving.client import ChatResult, GenConfig
 
 DRY_RUN_FILE = "dry-run.jsonl"
@@ -34,12 +41,19 @@ class RecordingClient:
         self.calls: list[dict] = []
 
     async def chat(self, messages: list[dict], role: str = "default", gen: GenConfig = GenConfig()) -> ChatResult:
-        self.calls.append({"role": role, "kind": "chat", "messages": messages})
+        self.calls.append({"role": role, "kind": "chat", "messages": messages, "gen": _gen(gen)})
         return ChatResult(texts=[""] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
 
     async def complete(self, prompt: str, role: str = "default", gen: GenConfig = GenConfig()) -> ChatResult:
-        self.calls.append({"role": role, "kind": "completion", "prompt": prompt})
+        self.calls.append({"role": role, "kind": "completion", "prompt": prompt, "gen": _gen(gen)})
         return ChatResult(texts=[""] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
+
+    def endpoint(self, role: str = "default") -> SimpleNamespace:
+        """What a study reads of its endpoint (autoeval keys its explained examples on the judge's identity)."""
+        return SimpleNamespace(identity=f"dry-run:{role}", base_url=None, model=role)
+
+    async def check_structured_outputs(self, roles=None) -> list[dict]:
+        return []  # no server to probe: a constrained dry run writes each request with its constraint
 
     async def served_context_length(self, role: str = "default") -> int | None:
         return None  # no server: the registry's context length applies
@@ -49,37 +63,63 @@ class RecordingClient:
         return {"total": dict(zero, requests=len(self.calls))}
 
 
+def _gen(gen: GenConfig) -> dict:
+    """The sampling of a set-up request (a case's requests carry the call log's own ``gen``)."""
+    return {"temperature": gen.temperature, "top_p": gen.top_p, "max_tokens": gen.max_tokens, "n": gen.n,
+            "stop": list(gen.stop) if gen.stop else None, "seed": gen.seed,
+            **({"structured": json.loads(gen.structured)} if gen.structured else {})}
+
+
 def _line(case_id, call: dict) -> dict:
     row = {"case_id": case_id, "role": call["role"], "step": call.get("step", "setup"), "kind": call["kind"]}
     if "gen" in call:
         row["gen"] = call["gen"]
     row["messages" if call["kind"] == "chat" else "prompt"] = call["messages" if call["kind"] == "chat" else "prompt"]
+    for key in ("constraint", "protocol"):  # the reply format sent (or declared, in a free run); what the request carries less of
+        if call.get(key):
+            row[key] = call[key]
     return row
 
 
 async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
-    """Run the study against a :class:`RecordingClient`; write ``<settings.out>/dry-run.jsonl``; return its path."""
+    """Run the study against a :class:`RecordingClient`; write ``<settings.out>/dry-run.jsonl``; return its path.
+    A dry run that writes no request for its cases is bad input: :class:`DataError` (exit 2) naming the cause."""
     from experiments.core.results import read_jsonl
     from experiments.core.runner import run_study
 
     out = Path(settings.out)
     client = RecordingClient()
+    cause = None
     with tempfile.TemporaryDirectory(prefix="medstack-dry-run-") as tmp:
         scratch = settings.model_copy(update={"out": tmp, "use_cache": False})
         try:
             await run_study(study, scratch, cases, client=client, log=lambda *_: None)
+        except MedstackError:
+            raise  # bad input met on the way (a prompt placeholder, a constraint): as in a real run
         except Exception as e:  # noqa: BLE001 - metrics over empty answers may not compute; the requests are what we want
-            log(f"(dry run: the study's metrics over empty answers did not compute: {type(e).__name__}: {e})")
+            cause = f"{type(e).__name__}: {e}"
+            log(f"(dry run: the study's metrics over empty answers did not compute: {cause})")
         records = {str(r["id"]): r for r in read_jsonl(Path(tmp) / "records.jsonl")} if (Path(tmp) / "records.jsonl").exists() else {}
+    failed = [r for r in records.values() if r.get("status") == "failed"]
     per_case = sum(len(r.get("calls") or []) for r in records.values())
     rows = [_line(None, c) for c in client.calls[: max(0, len(client.calls) - per_case)]]
     for c in cases:
         rec = records.get(str(c["id"]))
         rows += [_line(c["id"], call) for call in (rec or {}).get("calls") or []]
+    if cases and not rows:
+        why = f"case {failed[0]['id']}: {failed[0].get('error')}" if failed else (cause or "the study made no request")
+        raise DataError(f"dry run: no request was built for {len(cases)} case(s) ({why})")
+    if failed:
+        log(f"dry run: {len(failed)} case(s) stopped before their last request; the first: {failed[0]['id']}: {failed[0].get('error')}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / DRY_RUN_FILE
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    log(f"dry run: {len(rows)} request(s) of {len(cases)} case(s) written to {path}; nothing was sent")
+    constrained = sum(1 for r in rows if (r.get("constraint") or {}).get("applied"))
+    log(f"dry run: {len(rows)} request(s) of {len(cases)} case(s) written to {path}"
+        + (f" ({constrained} with their reply format as structured outputs)" if settings.answers == "constrained" else "")
+        + "; nothing was sent")
+    for line in protocol_lines(protocol_stats([r for r in records.values() if r.get("status") != "failed"])):
+        log(line)
     return path

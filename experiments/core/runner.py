@@ -35,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from experiments.core.concurrency import resolve_concurrency
 from experiments.core.config import ConfigError, RunSettings
+from experiments.core.deviations import call_protocol, protocol_lines, protocol_stats
 from experiments.core.recordwriter import RecordWriter
 from experiments.core.results import RunDir
 from experiments.core.runlock import RunLock
@@ -168,6 +169,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     metrics["case_status"] = {"total": len(case_ids), "finished": len(finished), "failed": len(failed), "not_started": not_started}
     metrics["answers"] = settings.answers
     metrics["answer_formats"] = format_stats(finished)
+    metrics["protocol"] = protocol_stats(finished)
     metrics["run"] = stats
     storage = state.get("storage")
     unwritten = None
@@ -227,6 +229,9 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             formats = call_formats(ctx.calls)  # kept beside the call log: metrics are computed without it
             if formats["calls"]:
                 record["answer_formats"] = formats
+            shortfall = call_protocol(ctx.calls)  # requests that carried less than the protocol asks, per quantity
+            if shortfall:
+                record["protocol"] = shortfall
             record["usage"] = ctx.usage()
             record["seconds"] = round(time.perf_counter() - t0, 3)
             try:
@@ -272,7 +277,10 @@ def answers_line(metrics: dict) -> str:
     if f.get("replies"):
         text += (f"; replies of fixed-format steps in their declared format: {f['replies_in_format']} of {f['replies']}"
                  + (" (the others were cut at max_tokens or a stop string: counted as format errors below)" if mode == "constrained" else ""))
-    return text + "."
+    text += "."
+    for line in protocol_lines(metrics.get("protocol")):  # what this run sent less of than the protocol asks
+        text += f"\n\n**{line[0].upper() + line[1:]}.**"
+    return text
 
 
 def with_answers_line(summary: str, metrics: dict) -> str:

@@ -37,7 +37,9 @@ every reply of a declared step is checked against its format (``format_ok`` on t
 whole reply matches and was not cut at max_tokens), so the two modes can be compared. Under
 ``constrained``, a reply that still breaks its format (cut at max_tokens, or a stop string) is
 handed to the step as an empty reply (the raw text stays in the call log), so every study's own
-parser counts it as a format error and nothing crashes. The runner probes each endpoint once
+parser counts it as a format error and nothing crashes. Free text in a format is bounded at the call
+from the step's ``max_tokens`` (``$words``, experiments/core/constraints.py), so a constrained reply ends
+inside its budget; the log entry and the request carry the bounded form. The runner probes each endpoint once
 before a constrained run (an endpoint without structured outputs is an error, exit 2) and names
 the mode in config.yaml, identity.json, metrics.json and summary.md.
 """
@@ -54,6 +56,7 @@ from dataclasses import replace
 
 from experiments.core.config import RunSettings
 from experiments.core.constraints import Constraint
+from experiments.core.deviations import check_protocol
 from experiments.core.prompts import PromptSet
 from models.errors import MedstackError
 from serving.client import AUTH_MARK, ChatResult, GenConfig, LLMClient
@@ -103,20 +106,26 @@ class CaseContext:
         self._occurrences: Counter = Counter()
         self._last_finished: int | None = None
 
-    async def chat(self, messages: list[dict], *, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None) -> ChatResult:
-        return await self._call("chat", messages, role, gen, step, constraint)
+    async def chat(self, messages: list[dict], *, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None,
+                   protocol: dict | None = None) -> ChatResult:
+        return await self._call("chat", messages, role, gen, step, constraint, protocol)
 
-    async def complete(self, prompt: str, *, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None) -> ChatResult:
-        return await self._call("completion", prompt, role, gen, step, constraint)
+    async def complete(self, prompt: str, *, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None,
+                       protocol: dict | None = None) -> ChatResult:
+        return await self._call("completion", prompt, role, gen, step, constraint, protocol)
 
-    async def _call(self, kind: str, content: Any, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None) -> ChatResult:
+    async def _call(self, kind: str, content: Any, role: str, gen: GenConfig, step: str, constraint: Constraint | None = None,
+                    protocol: dict | None = None) -> ChatResult:
+        """``protocol``: {quantity: (sent, asked)} where this request may carry less than the protocol asks
+        (experiments/core/deviations.py); kept on the entry and summed into the record and metrics.json."""
         n = self._occurrences[step]
         self._occurrences[step] += 1
         key = f"{step}#{n}"
         if gen.temperature > 0:  # sampled: a per-call seed makes it reproducible and cacheable
             gen = gen.replace(seed=call_seed(self.seed, self.case_id, key))
         applied = constraint if constraint is not None and self.answers == "constrained" else None
-        if applied is not None:
+        if applied is not None:  # its free text bounded ($words) to end inside the step's max_tokens
+            applied = applied.bounded(gen.max_tokens)
             gen = gen.replace(structured=applied.request_json())
         entry: dict = {"index": len(self.calls), "role": role, "step": step, "kind": kind,
                        ("messages" if kind == "chat" else "prompt"): content,
@@ -126,7 +135,9 @@ class CaseContext:
                                **({"structured": applied.request()} if applied is not None else {})},
                        "after": self._last_finished, "t_start": round(time.time(), 3)}
         if constraint is not None:
-            entry["constraint"] = {**constraint.log(), "applied": applied is not None}
+            entry["constraint"] = {**(applied or constraint).log(), "applied": applied is not None}
+        if protocol:
+            entry["protocol"] = check_protocol(protocol, step)
         self.calls.append(entry)
         send = self.client.chat if kind == "chat" else self.client.complete
         result = await send(content, role=role, gen=gen)
@@ -137,7 +148,7 @@ class CaseContext:
         if not result.ok:
             raise RequestFailed(step, role, result.error or "no answer")
         if constraint is not None:
-            entry["format_ok"] = format_ok(constraint, result)
+            entry["format_ok"] = format_ok(applied or constraint, result)
             if applied is not None and not all(entry["format_ok"]):  # cut at max_tokens / a stop: no answer, counted by the step's parser
                 result = replace(result, texts=[t if ok else "" for t, ok in zip(result.texts, entry["format_ok"])])
         return result

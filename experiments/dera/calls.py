@@ -12,7 +12,8 @@ the hashes of the templates a record used.
 
 Context window: when the server rejects a prompt as longer than the model's context (small
 local models have 2k tokens), the call is retried with the oldest dialogue messages left out
-of the prompt, one at a time; ``dropped_history`` on the call says how many. Models with a
+of the prompt, one at a time; ``dropped_history`` on the call says how many, and the call's
+``protocol: {history: {sent, asked}}`` counts it as a protocol deviation (experiments/core/deviations.py). Models with a
 long enough context never take this path, so the paper protocol is unchanged for them. Any
 other failure (or no history left to drop) is re-raised.
 
@@ -52,13 +53,15 @@ class CaseLog:
 
     async def call(self, step: str, role: str, template: str, sampling: Sampling, *,
                    history: list | None = None, build: Callable[[list], dict] | None = None,
-                   constraint_values: dict | None = None, format_of: str | None = None, **values) -> ChatResult:
+                   constraint_values: dict | None = None, format_of: str | None = None, protocol: dict | None = None,
+                   **values) -> ChatResult:
         """Render ``template`` and send it. With ``history`` + ``build(history_tail) -> values`` the
         prompt is rebuilt with fewer old messages if it does not fit the model's context.
 
         The reply format declared for ``template`` (or for ``format_of``: the final QA answer has the one-shot
         prompt's format) in prompts/constraints.yaml goes with the call, its placeholders filled from
-        ``constraint_values``; the runner's context applies it only in runs with ``answers: constrained``."""
+        ``constraint_values``; the runner's context applies it only in runs with ``answers: constrained``.
+        ``protocol``: what this request may carry less of than the protocol asks (besides the history, counted here)."""
         self.prompt_hashes[template] = PROMPTS.hash(template)
         constraint = PROMPTS.constraint(format_of or template, **(constraint_values or {}))
         gen = sampling.gen()
@@ -72,7 +75,9 @@ class CaseLog:
             messages = [{"role": "user", "content": render(template, **values)}]
             start = len(self.ctx.calls)
             try:
-                result = await self.ctx.chat(messages, role=role, gen=send, step=step, constraint=constraint)
+                kept = len(history or []) - dropped  # the dialogue messages this prompt carries, of the whole history
+                shortfall = {**(protocol or {}), **({"history": (kept, len(history))} if history else {})}
+                result = await self.ctx.chat(messages, role=role, gen=send, step=step, constraint=constraint, protocol=shortfall or None)
                 break
             except RequestFailed as e:
                 self._note(start, step, template, dropped)

@@ -17,7 +17,8 @@ non-empty reference scores 0. Concept lists are kept in the record.
 The extraction prompt names the section heading it reads (a Pertinent Negatives text lists the
 denied findings as concepts). Concept lists longer than ``settings.max_concepts`` are cut to
 that length (null: no cap); a cut is recorded per section (``concepts_cut``: concepts dropped
-from the reference / prediction list) and counted in the run's metrics, never silent.
+from the reference / prediction list) and counted in the run's metrics, never silent; each verification
+request names it as ``protocol: {concepts: (sent, asked)}``, the runner's protocol deviations.
 """
 
 from __future__ import annotations
@@ -69,15 +70,17 @@ async def extract_concepts(log: CaseLog, text: str, settings: GptF1Settings, ste
     return (await extract_concepts_capped(log, text, settings, step, section))[0]
 
 
-async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: list[str], settings: GptF1Settings, step: str) -> list[int] | None:
-    """1-based numbers of ``list_b`` concepts found in ``snippet`` / ``list_a``."""
+async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: list[str], settings: GptF1Settings, step: str,
+                      cut_b: int = 0) -> list[int] | None:
+    """1-based numbers of ``list_b`` concepts found in ``snippet`` / ``list_a``; ``cut_b``: concepts of ``list_b`` the
+    cap left out (a protocol deviation of this request, experiments/core/deviations.py)."""
     if not list_b:
         return []
     if not snippet.strip() and not list_a:
         return []
     numbered = "\n".join(f"{i}. {c}" for i, c in enumerate(list_b, 1))
     r = await log.call(step, "judge", "gptf1_verify", settings.verification, constraint_values={"n": len(list_b)},
-                       snippet=snippet, list_a=", ".join(list_a) or "(none)", list_b=numbered)
+                       protocol={"concepts": (len(list_b), len(list_b) + cut_b)}, snippet=snippet, list_a=", ".join(list_a) or "(none)", list_b=numbered)
     found = extract_indices(r.text, len(list_b)) if r.ok else None
     log.parsed(step, found is not None, r.error or "no concept numbers in reply", r.text)
     return found
@@ -105,8 +108,8 @@ async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: Gp
         out["concepts_cut"] = dict(cut)
     if gt_c is None or pred_c is None:
         return {**out, "scored": False, "precision": None, "recall": None, "f1": None}
-    found_gt = await count_found(log, pred_text, pred_c, gt_c, settings, f"gptf1:{label}:recall")
-    found_pred = await count_found(log, gt_text, gt_c, pred_c, settings, f"gptf1:{label}:precision")
+    found_gt = await count_found(log, pred_text, pred_c, gt_c, settings, f"gptf1:{label}:recall", cut_b=cut["gt"])
+    found_pred = await count_found(log, gt_text, gt_c, pred_c, settings, f"gptf1:{label}:precision", cut_b=cut["pred"])
     out.update({"gt_found_in_pred": found_gt, "pred_found_in_gt": found_pred})
     if found_gt is None or found_pred is None:
         return {**out, "scored": False, "precision": None, "recall": None, "f1": None}

@@ -230,7 +230,8 @@ class MeditodStudy(Study):
         if kind == "chat":
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens).gen()
             try:
-                res = await ctx.chat(content, role="model", gen=gen, step="predict", constraint=icl_constraint(s.task))
+                res = await ctx.chat(content, role="model", gen=gen, step="predict", constraint=icl_constraint(s.task),
+                                     protocol={"exemplars": (kept, s.k)})  # fewer than k when the context cannot hold them
             except RequestFailed as e:  # fails the case; an input too long even without exemplars says how to make room
                 if "context length" not in e.error or kept:
                     raise

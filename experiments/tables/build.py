@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.common.stats import holm, mean_ci, paired_bootstrap
+from experiments.core.deviations import protocol_lines
 from experiments.tables.declare import Declaration, Published, Table, declaration_for, declarations
 
 
@@ -206,12 +207,13 @@ def compute_table(decl: Declaration, table: Table, runs: list[PreparedRun]) -> C
                   "published-run" if pr.attrs.get("published_run") else "run",
                   published_model=pub.model if pub else None, published_source=(pub.source or decl.source) if pub else None,
                   path=str(pr.run.get("path")))
-        for fn in decl.footnotes:
-            if (fn.tables is None or table.id in fn.tables) and matches(fn.when, pr.attrs):
-                text = _format(fn.text, pr.attrs)
-                if text not in notes:
-                    notes.append(text)
-                g.notes.append(notes.index(text) + 1)
+        texts = [_format(fn.text, pr.attrs) for fn in decl.footnotes
+                 if (fn.tables is None or table.id in fn.tables) and matches(fn.when, pr.attrs)]
+        texts += [line[0].upper() + line[1:] + "." for line in protocol_lines(dig(pr.run.get("metrics") or {}, "protocol"))]
+        for text in texts:  # declared notes, then what the run sent less of than the protocol asks
+            if text not in notes:
+                notes.append(text)
+            g.notes.append(notes.index(text) + 1)
         for row in table.rows:
             c = _cell(row, pr)
             if pub is not None and row.id in pub.values:

@@ -175,3 +175,20 @@ def subprocess_ps() -> str:
     import subprocess
 
     return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("width", [40, 200])
+def test_resume_command_is_one_line_at_any_width_and_splits_back_to_the_argv(tmp_path, width):
+    """The printed resume command is never folded by the console: the whole line after 'Resume with: ' is the
+    command, shell-quoted, and shlex.split gives the argv back (issue 30, item 4)."""
+    import shlex
+
+    out = tmp_path / "a run dir with spaces" / "r"
+    args = [*craftmd_run(DEAD, out, limit=1), "--set", "formats=[vignette]", "--set", "sampling.doctor.temperature=0"]
+    proc = run_cli(*args, env={"COLUMNS": str(width)})
+    assert proc.returncode == 3, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "Resume with: " in ln]
+    assert len(lines) == 1, proc.stderr
+    command = lines[0].split("Resume with: ", 1)[1]
+    assert len(command) > width or width == 200
+    assert shlex.split(command) == ["medstack", *args]

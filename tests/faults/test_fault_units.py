@@ -88,3 +88,61 @@ def test_storage_error_names_the_reason():
     assert "the disk is full" in str(StorageError.from_os("/x", OSError(28, "No space left on device")))
     assert "read-only" in str(StorageError.from_os("/x", OSError(30, "Read-only file system")))
     assert "size limit" in str(StorageError.from_os("/x", OSError(27, "File too large")))
+
+
+# ------------------------------------------------------------------ the runner's storage and auth faults (scripted backend)
+
+def _toy_run(tmp_path, respond, n=4, **kw):
+    from experiments.core.runner import prepare_run, run_study
+    from tests.scripted import ScriptedLLM
+    from tests.test_runner import ToySettings, ToyStudy
+
+    study = ToyStudy(n=n)
+    settings, cases = prepare_run(study, ToySettings(out=str(tmp_path / "run"), concurrency=1, **kw))
+    client = ScriptedLLM(respond, roles=ToyStudy.roles)
+    logs: list[str] = []
+    return asyncio.run(run_study(study, settings, cases, client=client, log=logs.append, resume_command="medstack run toy")), logs
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_refused_key_stops_the_run_at_once_without_recording_the_case(tmp_path):
+    from experiments.core.study import EndpointAuthError
+    from serving.client import StatusError
+
+    sent = []
+
+    def respond(role, content, gen):
+        sent.append(content)
+        raise StatusError(401, "invalid API key")
+
+    with pytest.raises(EndpointAuthError, match=r"HTTP 401 .*refused the API key.*--api-key KEY or \$MEDSTACK_API_KEY"):
+        _toy_run(tmp_path, respond)
+    assert len(sent) == len({json.dumps(c) for c in sent})     # never retried (cases already waiting may send once)
+    assert _lines(tmp_path / "run" / "records.jsonl") == []    # never a failed case: the next run with the key runs it
+
+
+def test_a_disk_that_refuses_a_record_stops_new_cases_and_keeps_the_finished_ones(tmp_path, monkeypatch):
+    from experiments.core.recordwriter import RecordWriter
+
+    real = RecordWriter._write
+    calls = {"n": 0}
+
+    def write(self, records):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third record: the disk is full
+            raise StorageError.from_os(self.rundir.records_path, OSError(28, "No space left on device"))
+        return real(self, records)
+
+    monkeypatch.setattr(RecordWriter, "_write", write)
+    outcome, logs = _toy_run(tmp_path, lambda role, content, gen: "reply 0", n=6)
+    kept = _lines(tmp_path / "run" / "records.jsonl")
+    assert [r["id"] for r in kept] == ["c0", "c1"] and all(r["status"] == "ok" for r in kept)
+    assert outcome.storage_error and "the disk is full" in outcome.storage_error and outcome.exit_code == 3
+    assert outcome.finished == 2 and outcome.not_started == 4  # the refused record's case runs again on resume
+    assert any("the run stopped" in m and "the disk is full" in m for m in logs)
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    assert "**The run stopped: cannot write" in summary and "medstack run toy" in summary
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["case_status"] == {"total": 6, "finished": 2, "failed": 0, "not_started": 4}

@@ -96,3 +96,68 @@ def test_sweep_two_models_resume_and_report(cli, embedded_server, tmp_path):
     assert "## CRAFT-MD: as in the paper" in summary and "**embedded-2**" in summary
     html = (sweep / "report.html").read_text()
     assert 'id="section-craftmd"' in html and "4-choice MCQ accuracy by format" in html
+
+
+# ---------------------------------------------------------------- which roles vary (issue 34)
+
+def _planned_roles(monkeypatch, tmp_path, study: str, models: list[str], args: list[str], vary: str | None = None):
+    """The role -> model map of each run a sweep would start (the study command's body replaced by a recorder)."""
+    from experiments.core import commands
+    from experiments.sweep import cli as sweep_cli, run as sweep_run
+    from scripts import cli as medstack_cli
+
+    if not sweep_cli._APP:  # the study commands are registered as `medstack` starts
+        medstack_cli._register_studies()
+    seen = {}
+
+    def record(study_obj, common, given):
+        settings = commands.build_settings(study_obj, common, given)
+        seen[common["out"]] = dict(sweep_run.prepare_run(study_obj, settings)[0].roles)
+
+    monkeypatch.setattr(sweep_run, "run_command", record)
+    cmd, fn = sweep_cli._study_command(study)
+    values = dict(cmd.make_context(study, list(args)).params)
+    outcome = sweep_run.run_sweep(fn.study_factory, fn.to_overrides, values, models, tmp_path / "sweep", report=False, vary=vary,
+                                  log=lambda m: None)
+    return {k.rsplit("/", 1)[-1]: v for k, v in seen.items()}, outcome
+
+
+def test_sweep_varies_only_the_role_under_test(monkeypatch, tmp_path):
+    """CRAFT-MD: the doctor-AI takes each model; patient and grader stay on the one named model, the summarizer
+    follows the grader; the sweep's summary says so."""
+    args = ["--data", CASES, "--trials", "1", "--role", "patient=embedded", "--role", "grader=mistral-7b-instruct-v0.2"]
+    roles, outcome = _planned_roles(monkeypatch, tmp_path, "craftmd", ["embedded", "llama3-8b-instruct"], args)
+    assert roles["embedded"] == {"clinical": "embedded", "patient": "embedded", "grader": "mistral-7b-instruct-v0.2",
+                                 "summarizer": "mistral-7b-instruct-v0.2"}
+    assert roles["llama3-8b-instruct"] == {**roles["embedded"], "clinical": "llama3-8b-instruct"}
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "Roles: clinical: the model of each run; patient: embedded, grader: mistral-7b-instruct-v0.2, summarizer: mistral-7b-instruct-v0.2 for every run." in summary
+
+
+def test_sweep_dera_varies_both_agents_judge_fixed(monkeypatch, tmp_path):
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "dera-summarize", ["embedded", "llama2-7b-chat"], ["--role", "judge=openbiollm-8b"])
+    assert roles["llama2-7b-chat"] == {"decider": "llama2-7b-chat", "researcher": "llama2-7b-chat", "judge": "openbiollm-8b"}
+    roles, _ = _planned_roles(monkeypatch, tmp_path / "v", "dera-summarize", ["llama2-7b-chat"], ["--role", "judge=embedded", "--role", "researcher=embedded"],
+                              vary="decider")  # --vary: only the Decider varies, the Researcher is named
+    assert roles["llama2-7b-chat"] == {"decider": "llama2-7b-chat", "researcher": "embedded", "judge": "embedded"}
+
+
+def test_sweep_meditod_varies_the_model(monkeypatch, tmp_path):
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "meditod-nlu", ["embedded", "llama2-7b-chat"], ["--data", "tests/fixtures/meditod/dialogs.json"])
+    assert roles["llama2-7b-chat"]["model"] == "llama2-7b-chat" and roles["embedded"]["model"] == "embedded"
+
+
+def test_sweep_refuses_unnamed_fixed_roles(cli, tmp_path):
+    """A study that needs fixed roles: one line naming the option, exit 2, nothing written."""
+    p = cli("sweep", "craftmd", "--models", "embedded,llama3-8b-instruct", "--data", CASES, "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and not (tmp_path / "s").exists()
+    err = " ".join(p.stderr.split())
+    assert "patient, grader, summarizer role(s) stay one model for every run" in err
+    assert "--role patient=ALIAS --role grader=ALIAS" in err
+    p = cli("sweep", "dera-qa", "--models", "embedded", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "--role judge=ALIAS" in " ".join(p.stderr.split())
+    p = cli("sweep", "craftmd", "--models", "embedded", "--data", CASES, "--role", "clinical=embedded", "--role", "patient=embedded",
+            "--role", "grader=embedded", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "clinical is the role under test" in " ".join(p.stderr.split())
+    p = cli("sweep", "craftmd", "--models", "embedded", "--data", CASES, "--vary", "doctor", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "--vary 'doctor': roles of craftmd: clinical, patient, grader, summarizer" in " ".join(p.stderr.split())

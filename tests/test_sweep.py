@@ -221,10 +221,19 @@ def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_
         assert "Roles: clinical: embedded, patient: embedded" in (sweep / label / "summary.md").read_text()
     assert json.loads((sweep / "embedded" / "metrics.json").read_text())["run"]["cases_resumed"] >= 1 or "embedded: all 2 cases finished earlier" in err
     summary = (sweep / "summary.md").read_text()
-    assert "Roles: clinical: the model of each run; patient: embedded, grader: embedded, summarizer: embedded for every run." in summary
+    assert "Roles: clinical: the model of each run; patient: embedded for every run (grader, summarizer: not called with these settings)." in summary
     assert "| (published) |" in summary and (sweep / "published-gpt3_1106" / "metrics.json").exists()
     compare = (sweep / "compare" / "summary.md").read_text()
     assert "gpt3_1106-published" in compare and "**embedded-2**" in compare
     html = (sweep / "report.html").read_text()
     assert "Roles: clinical: embedded, patient: embedded, grader: embedded, summarizer: embedded for every run." in html
     assert json.loads(run_cli("serve", "status", "--json", env=env, check=True).stdout) == []  # every server it started is stopped
+
+
+def test_sweep_roles_not_called_stay_on_the_swept_model(monkeypatch, tmp_path):
+    """Vignette MCQ only: CRAFT-MD calls no patient, grader or summarizer; they go with each run's model (no
+    server is started for them) and the summary says they were not called."""
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "craftmd", ["embedded", "llama2-7b-chat"], SMALL)
+    assert roles["llama2-7b-chat"] == dict.fromkeys(("clinical", "patient", "grader", "summarizer"), "llama2-7b-chat")
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "Roles: clinical: the model of each run (patient, grader, summarizer: not called with these settings)." in summary

@@ -54,6 +54,7 @@ class SweepOutcome:
     compare: Path | None = None
     report: Path | None = None
     varied: tuple[str, ...] = ()
+    idle: tuple[str, ...] = ()  # roles the study does not call with these settings (left on each run's model)
 
     @property
     def exit_code(self) -> int:
@@ -132,11 +133,11 @@ def _role_items(study, vary: tuple[str, ...], named: dict[str, str], model: str)
     return items
 
 
-def fixed_roles_line(roles: dict[str, str], vary: tuple[str, ...]) -> str:
-    """'patient-AI: X, grader-AI: Y for every run' (the map of the roles that do not vary)."""
-    fixed = [f"{r}: {m}" for r, m in roles.items() if r not in vary]
-    varied = ", ".join(vary)
-    return (f"{varied}: the model of each run; " if varied else "") + (f"{', '.join(fixed)} for every run" if fixed else "no other role")
+def fixed_roles_line(roles: dict[str, str], vary: tuple[str, ...], idle: tuple[str, ...] = ()) -> str:
+    """'clinical: the model of each run; patient: X, grader: Y for every run' (+ the roles not called)."""
+    fixed = [f"{r}: {m}" for r, m in roles.items() if r not in vary and r not in idle]
+    parts = ([f"{', '.join(vary)}: the model of each run"] if vary else []) + ([f"{', '.join(fixed)} for every run"] if fixed else [])
+    return "; ".join(parts) + (f" ({', '.join(idle)}: not called with these settings)" if idle else "")
 
 
 def run_sweep(study_factory, to_overrides, values: dict, models: list[str], sweep_dir: Path, *,
@@ -154,24 +155,32 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     if clash:
         raise ConfigError(f"--role {clash[0]}={named[clash[0]]}: {clash[0]} is the role under test in this sweep and takes each model "
                           f"of --models; name only the fixed roles (or choose the varied ones with --vary)")
-    named = {**{k: v for k, v in in_config.items() if k not in roles_varied}, **named}
+    on_cli, named = named, {**{k: v for k, v in in_config.items() if k not in roles_varied}, **named}
     sweep_dir = Path(sweep_dir)
     runs = [ModelRun(lbl, m, sweep_dir / lbl) for lbl, m in zip(labels_for(models), models)]
-    planned = []
-    for r in runs:  # every input check first, for every model, before any server starts
-        v = {**values, "out": str(r.out), "role": list(values.get("role") or []) + _role_items(study, roles_varied, named, r.model)}
+
+    def plan(r: ModelRun, idle: tuple[str, ...]):
+        extra = _role_items(study, roles_varied, named, r.model) + [f"{x}={r.model}" for x in idle]
+        v = {**values, "out": str(r.out), "role": list(values.get("role") or []) + extra}
         if "name" in v and v["name"] is None:
             v["name"] = r.label  # the run's name in `compare` and the tables
         common, given = _split(v, to_overrides)
         settings, cases = prepare_run(study, build_settings(study, common, given))
-        if not planned:
-            missing = [x for x in study.fixed_roles(settings) if x not in roles_varied and x not in named and "default" not in named
-                       and study.role_follows.get(x) not in named]
-            if missing:
-                raise ConfigError(f"sweep {study.name}: the {', '.join(missing)} role(s) stay one model for every run, as in the paper; "
-                                  f"name it once with {' '.join(f'--role {x}=ALIAS' for x in missing)}")
+        return common, given, settings, [str(c["id"]) for c in cases]
+
+    needed = study.fixed_roles(plan(runs[0], ())[2])  # the roles besides the swept ones that these settings call
+    missing = [x for x in needed if x not in roles_varied and x not in named and "default" not in named
+               and study.role_follows.get(x) not in named]
+    if missing:
+        raise ConfigError(f"sweep {study.name}: the {', '.join(missing)} role(s) stay one model for every run, as in the paper; "
+                          f"name it once with {' '.join(f'--role {x}=ALIAS' for x in missing)}")
+    # a role these settings never call and nobody named on the command line goes with the swept model: no server for it
+    idle = tuple(x for x in study.roles if x not in roles_varied and x not in needed and x not in on_cli)
+    planned = []
+    for r in runs:  # every input check first, for every model, before any server starts
+        common, given, settings, case_ids = plan(r, idle)
         r.roles = dict(settings.roles)
-        planned.append((r, common, given, settings, [str(c["id"]) for c in cases]))
+        planned.append((r, common, given, settings, case_ids))
     pub_dirs = _published_plan(published or [], sweep_dir)
 
     for r, common, given, settings, case_ids in planned:
@@ -189,7 +198,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
             r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
 
-    out = SweepOutcome(runs, varied=roles_varied)
+    out = SweepOutcome(runs, varied=roles_varied, idle=idle)
     if pub_dirs:
         out.published = _import_published(pub_dirs, planned[0][3].data, log)
     done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published
@@ -237,7 +246,7 @@ def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> l
 def roles_line(outcome: SweepOutcome) -> str:
     """'Roles: clinical: the model of each run; patient: X, grader: Y, summarizer: Y for every run'."""
     first = next((r.roles for r in outcome.runs if r.roles), {})
-    return f"Roles: {fixed_roles_line(first, outcome.varied)}." if first else ""
+    return f"Roles: {fixed_roles_line(first, outcome.varied, outcome.idle)}." if first else ""
 
 
 def write_summary(outcome: SweepOutcome, sweep_dir: Path, study: str) -> Path:

@@ -92,12 +92,10 @@ def models_fetch(alias: str = typer.Argument(..., help="Registry alias, e.g. lla
     (gated models also need `hf auth login` or HF_TOKEN). Exit 2: not allowed / bad alias; 3: the hub refused."""
     from models.fetch import FetchError, fetch
 
-    try:
-        fetch(alias, force=force, log=lambda m: console.print(m, markup=False, highlight=False))
+    try:  # plain lines, never wrapped: the command in the message is copied as it is
+        fetch(alias, force=force, log=lambda m: typer.echo(m, err=True))
     except FetchError as e:
-        if e.exit_code == 2:
-            raise
-        console.print(f"error: {e}", markup=False, highlight=False)
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(e.exit_code)
 
 

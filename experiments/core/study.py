@@ -216,6 +216,16 @@ class Study:
     roles: ClassVar[tuple[str, ...]] = ("default",)
     primary_role: ClassVar[str] = "default"
     prompts: ClassVar[PromptSet | None] = None
+    # `medstack sweep`: the roles the swept model plays (empty: ``primary_role``); every other role stays one
+    # model, named once, for every run of the sweep (the papers' arrangement). A role in ``role_follows`` that
+    # the user does not name takes the model of the role it follows (CRAFT-MD: the summarizer, the grader's).
+    sweep_roles: ClassVar[tuple[str, ...]] = ()
+    role_follows: ClassVar[dict[str, str]] = {}
+
+    def fixed_roles(self, settings: RunSettings) -> tuple[str, ...]:
+        """The roles besides the swept ones that a run with these settings calls: a sweep refuses to start
+        while one of them is not named (it would silently fall back to the config's default model)."""
+        return ()
 
     def default_config(self, overrides: dict) -> Path | None:
         """The YAML file used without --config (the paper setting); ``overrides`` are the study options given."""

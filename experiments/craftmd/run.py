@@ -27,6 +27,12 @@ class CraftmdStudy(Study):
     roles = ("clinical", "patient", "grader", "summarizer")
     primary_role = "clinical"
     prompts = PROMPTS
+    sweep_roles = ("clinical",)  # the doctor-AI varies; patient-AI and grader-AI stay fixed (Johri et al.)
+    role_follows = {"summarizer": "grader"}
+
+    def fixed_roles(self, s: CraftSettings) -> tuple[str, ...]:
+        talks = any(f != "vignette" for f in s.formats)  # every format but the vignette has a patient-AI
+        return (("patient",) if talks else ()) + (("grader",) if s.frq else ()) + (("summarizer",) if "summarized" in s.formats else ())
 
     def default_config(self, overrides: dict) -> Path:
         return CONFIGS / "paper.yaml"

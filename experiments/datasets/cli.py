@@ -9,7 +9,8 @@ import typer
 
 
 def data_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """The registered published data sets: license, size, whether fetched and where (experiments/datasets/datasets.yaml; --json adds what reads them)."""
+    """The registered published data sets: license, size, whether fetched and where (experiments/datasets/datasets.yaml,
+    or the YAML file $MEDSTACK_DATA_REGISTRY names; --json adds what reads them)."""
     from experiments.datasets.registry import list_sets
 
     rows = list_sets()

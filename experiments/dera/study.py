@@ -39,6 +39,10 @@ class DeraDialogueStudy(Study):
     roles = ROLES
     primary_role = "decider"
     prompts = PROMPTS
+    sweep_roles = ("decider", "researcher")  # both agents are the model under test; the GPT-F1 judge stays fixed
+
+    def fixed_roles(self, s: DialogueSettings) -> tuple[str, ...]:
+        return ("judge",)
     task: ClassVar[str] = "summarize"
 
     def default_config(self, overrides: dict) -> Path:
@@ -101,6 +105,10 @@ class QAStudy(Study):
     roles = ROLES
     primary_role = "decider"
     prompts = PROMPTS
+    sweep_roles = ("decider", "researcher")
+
+    def fixed_roles(self, s: QASettings) -> tuple[str, ...]:
+        return () if s.mcq else ("judge",)  # open-ended answers are judged against the gold; MCQ needs no judge
 
     def default_config(self, overrides: dict) -> Path:
         return CONFIGS / ("qa-mcq.yaml" if overrides.get("mcq") else "qa.yaml")

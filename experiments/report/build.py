@@ -234,6 +234,7 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "name": "/".join(Path(run["path"]).parts[-2:]),
         "study": str(study),
         "model": model,
+        "roles": {str(k): str(v) for k, v in cfg["roles"].items()} if isinstance(cfg.get("roles"), dict) else {},
         "n_records": len(run["records"]),
         "n_shown": len(cases),
         "accuracy": f"{sum(o == 'correct' for o in scored) / len(scored):.1%}" if scored else "-",
@@ -343,12 +344,27 @@ def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
             view["figure"] = _png(figure_png(t))
             tables.append(view)
         warnings = [w for pr in (st.runs if st else []) for w in pr.warnings]
-        out.append({"key": decl.study, "title": decl.title, "paper": decl.paper, "tables": tables, "runs": runs, "warnings": warnings})
+        out.append({"key": decl.study, "title": decl.title, "paper": decl.paper, "tables": tables, "runs": runs, "warnings": warnings,
+                    "roles_note": roles_note(runs)})
     for key in ("finetune", "bench", "other"):
         runs = [v for v, k in zip(views, keys) if k == key]
         if runs:
             out.append({"key": key, "title": SECTION_TITLES[key], "paper": None, "tables": [], "runs": runs, "warnings": []})
     return out
+
+
+def roles_note(runs: list[dict]) -> str:
+    """Over a section's runs: which roles had one model in every run ('patient: X, grader: Y for every run')
+    and which varied; empty for fewer than two runs with a role map."""
+    maps = [r["roles"] for r in runs if r.get("roles")]
+    if len(maps) < 2:
+        return ""
+    roles = list(dict.fromkeys(k for m in maps for k in m))
+    fixed = [k for k in roles if len({m.get(k) for m in maps}) == 1]
+    varied = [k for k in roles if k not in fixed]
+    parts = ([f"{', '.join(f'{k}: {maps[0][k]}' for k in fixed)} for every run"] if fixed else []) + \
+            ([f"{', '.join(varied)}: the model of each run"] if varied else [])
+    return "Roles: " + "; ".join(parts) + "."
 
 
 def render(runs: list[dict], sources: list[str], sections: list[dict] | None = None) -> str:

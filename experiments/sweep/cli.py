@@ -38,9 +38,16 @@ def sweep(
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep folder (default runs/sweep-STUDY); one results directory per model inside. The same command again resumes."),
     published: List[str] = typer.Option([], "--published", help="CRAFT-MD: a fetched release to import into the sweep, e.g. craftmd-published-gpt3_1106 (repeatable, or a comma list)."),
     report: bool = typer.Option(True, "--report/--no-report", help="End with `medstack report` over the sweep (SWEEP/report.html)."),
+    vary: Optional[str] = typer.Option(None, "--vary", help="Comma list of the roles each model of --models plays (default: the role under test: "
+                                       "CRAFT-MD clinical, DERA decider,researcher, MediTOD model, autoeval judge)."),
 ) -> None:
     """Run STUDY once per model in turn, each an ordinary results directory under one sweep folder, then
     `compare` (CRAFT-MD) and the report. Every other option is the study's own (see `medstack run STUDY --help`).
+
+    Only the role under test varies; every other role is one model for every run, named once with
+    --role ROLE=ALIAS (CRAFT-MD: --role patient=ALIAS --role grader=ALIAS, the summarizer follows the grader;
+    DERA: --role judge=ALIAS), as in the papers. A sweep whose study needs a fixed role that is not named
+    is refused (exit 2). SWEEP/summary.md and the report name the role -> model map.
 
     A running server for a model is reused, else one is started for its run and stopped before the next.
     Finished runs are skipped, a partial one resumes. A model whose run cannot start (weights missing, ...)
@@ -57,7 +64,7 @@ def sweep(
     values = dict(parsed.params)
     sweep_dir = out or Path("runs") / f"sweep-{study}"
     outcome = run_sweep(fn.study_factory, fn.to_overrides, values, parse_models(models), sweep_dir,
-                        published=published, report=report, log=_log)
+                        published=published, report=report, vary=vary, log=_log)
     typer.echo("\n".join(["", f"# sweep {study}: {sweep_dir}", "", *summary_lines(outcome)]))
     if outcome.exit_code:
         bad = [r for r in outcome.runs if r.status in ("error", "incomplete")]

@@ -6,6 +6,13 @@
     SWEEP/compare/          CRAFT-MD: `medstack compare` over every run of the sweep
     SWEEP/report.html       `medstack report` over the sweep
 
+Only the role under test varies (``Study.sweep_roles``: CRAFT-MD the doctor-AI, DERA both agents,
+MediTOD the model; ``--vary`` names others); every other role is one model for every run, named once
+with ``--role ROLE=REF`` (or the study's own --patient-model, --grader-model, ...), as in the papers.
+A sweep whose study calls a fixed role nobody named (``Study.fixed_roles``) is refused before
+anything starts. The role -> model map is in every run's config, records and summary, in
+SWEEP/summary.md and in the report.
+
 Models run in turn: the runner reuses a running server for the alias, else starts one for the run
 and stops it after (so one GPU holds one model at a time). Every input check happens for every
 model before anything starts (bad input: exit 2). Resumable as a whole: the same command again
@@ -22,11 +29,11 @@ from pathlib import Path
 
 import typer
 
-from experiments.core.commands import COMMON, build_settings, run_command
-from experiments.core.config import ConfigError
-from experiments.core.results import read_jsonl
+from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
+from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
+from experiments.core.results import make_results_dir, read_jsonl
 from experiments.core.runner import prepare_run
-from models.errors import MedstackError
+from models.errors import MedstackError, StorageError
 from serving.refs import ModelRef
 
 
@@ -37,6 +44,7 @@ class ModelRun:
     out: Path
     status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error
     message: str = ""
+    roles: dict[str, str] = field(default_factory=dict)  # role -> model reference of this run
 
 
 @dataclass
@@ -45,6 +53,8 @@ class SweepOutcome:
     published: list[Path] = field(default_factory=list)
     compare: Path | None = None
     report: Path | None = None
+    varied: tuple[str, ...] = ()
+    idle: tuple[str, ...] = ()  # roles the study does not call with these settings (left on each run's model)
 
     @property
     def exit_code(self) -> int:
@@ -89,25 +99,88 @@ def _split(values: dict, to_overrides) -> tuple[dict, dict]:
     return common, given
 
 
+def swept_roles(study, vary: str | None) -> tuple[str, ...]:
+    """The roles the sweep's model plays: ``--vary`` (a comma list) or the study's role under test."""
+    if not vary:
+        return tuple(study.sweep_roles) or (study.primary_role,)
+    roles = tuple(dict.fromkeys(x.strip() for x in vary.split(",") if x.strip()))
+    unknown = [x for x in roles if x not in study.roles]
+    if unknown or not roles:
+        raise ConfigError(f"--vary {vary!r}: roles of {study.name}: {', '.join(study.roles)}")
+    return roles
+
+
+def named_roles(study, values: dict, to_overrides) -> tuple[dict[str, str], dict[str, str]]:
+    """The roles named for the whole sweep: (in a --config file's ``roles:``, on the command line: the study's
+    per-role options, --role ROLE=REF, --set roles.ROLE=REF). A config file's role under test is overridden
+    by each model; one named on the command line is a mistake."""
+    common, given = _split(values, to_overrides)
+    in_config = read_yaml_mapping(common["config"]).get("roles") or {} if common.get("config") else {}
+    named: dict[str, str] = {}
+    named.update(given.get("roles") or {})
+    named.update(parse_role_items(common.get("role") or [], study))
+    named.update(parse_set(common.get("set_") or []).get("roles") or {})
+    as_text = lambda d: {str(k): str(v) for k, v in d.items()}  # noqa: E731
+    return as_text(in_config if isinstance(in_config, dict) else {}), as_text(named)
+
+
+def _role_items(study, vary: tuple[str, ...], named: dict[str, str], model: str) -> list[str]:
+    """--role items of one run: the swept roles on ``model``, a following role on what it follows."""
+    items = [f"{r}={model}" for r in vary]
+    for role, leader in study.role_follows.items():
+        if role not in named and role not in vary and leader in named:
+            items.append(f"{role}={named[leader]}")
+    return items
+
+
+def fixed_roles_line(roles: dict[str, str], vary: tuple[str, ...], idle: tuple[str, ...] = ()) -> str:
+    """'clinical: the model of each run; patient: X, grader: Y for every run' (+ the roles not called)."""
+    fixed = [f"{r}: {m}" for r, m in roles.items() if r not in vary and r not in idle]
+    parts = ([f"{', '.join(vary)}: the model of each run"] if vary else []) + ([f"{', '.join(fixed)} for every run"] if fixed else [])
+    return "; ".join(parts) + (f" ({', '.join(idle)}: not called with these settings)" if idle else "")
+
+
 def run_sweep(study_factory, to_overrides, values: dict, models: list[str], sweep_dir: Path, *,
-              published: list[str] | None = None, report: bool = True, log=print) -> SweepOutcome:
+              published: list[str] | None = None, report: bool = True, vary: str | None = None, log=print) -> SweepOutcome:
     """Run ``study`` (the factory and option mapping of its command) once per model; see the module docstring.
-    ``values`` are the study command's parsed option values (``model`` and ``out`` are set here)."""
+    ``values`` are the study command's parsed option values (``out`` and the swept roles are set here)."""
     study = study_factory()
     if values.get("model") or values.get("out"):
-        raise ConfigError("sweep: give the models with --models and the sweep folder with --out (not --model)")
+        raise ConfigError("sweep: give the models with --models, the fixed roles with --role ROLE=REF and the sweep folder with --out (not --model)")
     if published and study.name != "craftmd":
         raise ConfigError(f"--published imports CRAFT-MD releases; {study.name} has none")
+    roles_varied = swept_roles(study, vary)
+    in_config, named = named_roles(study, values, to_overrides)
+    clash = [r for r in roles_varied if r in named]
+    if clash:
+        raise ConfigError(f"--role {clash[0]}={named[clash[0]]}: {clash[0]} is the role under test in this sweep and takes each model "
+                          f"of --models; name only the fixed roles (or choose the varied ones with --vary)")
+    on_cli, named = named, {**{k: v for k, v in in_config.items() if k not in roles_varied}, **named}
     sweep_dir = Path(sweep_dir)
     runs = [ModelRun(lbl, m, sweep_dir / lbl) for lbl, m in zip(labels_for(models), models)]
-    planned = []
-    for r in runs:  # every input check first, for every model, before any server starts
-        v = {**values, "model": r.model, "out": str(r.out)}
+
+    def plan(r: ModelRun, idle: tuple[str, ...]):
+        extra = _role_items(study, roles_varied, named, r.model) + [f"{x}={r.model}" for x in idle]
+        v = {**values, "out": str(r.out), "role": list(values.get("role") or []) + extra}
         if "name" in v and v["name"] is None:
             v["name"] = r.label  # the run's name in `compare` and the tables
         common, given = _split(v, to_overrides)
         settings, cases = prepare_run(study, build_settings(study, common, given))
-        planned.append((r, common, given, settings, [str(c["id"]) for c in cases]))
+        return common, given, settings, [str(c["id"]) for c in cases]
+
+    needed = study.fixed_roles(plan(runs[0], ())[2])  # the roles besides the swept ones that these settings call
+    missing = [x for x in needed if x not in roles_varied and x not in named and "default" not in named
+               and study.role_follows.get(x) not in named]
+    if missing:
+        raise ConfigError(f"sweep {study.name}: the {', '.join(missing)} role(s) stay one model for every run, as in the paper; "
+                          f"name it once with {' '.join(f'--role {x}=ALIAS' for x in missing)}")
+    # a role these settings never call and nobody named on the command line goes with the swept model: no server for it
+    idle = tuple(x for x in study.roles if x not in roles_varied and x not in needed and x not in on_cli)
+    planned = []
+    for r in runs:  # every input check first, for every model, before any server starts
+        common, given, settings, case_ids = plan(r, idle)
+        r.roles = dict(settings.roles)
+        planned.append((r, common, given, settings, case_ids))
     pub_dirs = _published_plan(published or [], sweep_dir)
 
     for r, common, given, settings, case_ids in planned:
@@ -125,7 +198,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
             r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
 
-    out = SweepOutcome(runs)
+    out = SweepOutcome(runs, varied=roles_varied, idle=idle)
     if pub_dirs:
         out.published = _import_published(pub_dirs, planned[0][3].data, log)
     done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published
@@ -135,6 +208,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         out.compare = sweep_dir / "compare"
         run_compare([str(p) for p in done], out.compare)
         log(f"sweep: compare: {out.compare / 'summary.md'}")
+    write_summary(out, sweep_dir, study.name)
     if report and done:
         from experiments.report.build import build_report
 
@@ -169,8 +243,26 @@ def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> l
     return out
 
 
+def roles_line(outcome: SweepOutcome) -> str:
+    """'Roles: clinical: the model of each run; patient: X, grader: Y, summarizer: Y for every run'."""
+    first = next((r.roles for r in outcome.runs if r.roles), {})
+    return f"Roles: {fixed_roles_line(first, outcome.varied, outcome.idle)}." if first else ""
+
+
+def write_summary(outcome: SweepOutcome, sweep_dir: Path, study: str) -> Path:
+    """SWEEP/summary.md: the roles and the table printed at the end (the file to open first)."""
+    path = make_results_dir(sweep_dir) / "summary.md"
+    text = "\n".join([f"# sweep {study}: {sweep_dir}", "", *summary_lines(outcome)]) + "\n"
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise StorageError.from_os(path, e) from None
+    return path
+
+
 def summary_lines(outcome: SweepOutcome) -> list[str]:
-    lines = ["| model | run | status |", "| --- | --- | --- |"]
+    head = roles_line(outcome)
+    lines = ([head, ""] if head else []) + ["| model | run | status |", "| --- | --- | --- |"]
     def one_line(text: str) -> str:  # a server's log tail is many lines: its first line, in the table
         first = text.strip().splitlines()[0] if text.strip() else ""
         return (first[:200] + " ...") if len(first) > 200 or "\n" in text.strip() else first

@@ -59,26 +59,60 @@ def iter_jsonl(path: str | Path, *, objects: bool = True):
     Raise a DataError naming the file and line for invalid JSON, or (with ``objects``) for a
     line that is not a JSON object. Every data loader reads JSONL through this.
     """
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    for lineno, _, row in iter_jsonl_at(path, objects=objects):
+        yield lineno, row
+
+
+def iter_jsonl_at(path: str | Path, *, objects: bool = True):
+    """:func:`iter_jsonl` with each line's byte offset: (line number, offset, value); :func:`value_at` reads
+    that line again."""
+    with open(path, "rb") as f:
+        for lineno, at, line in _lines(f):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
             if objects and not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object")
-            yield lineno, row
+            yield lineno, at, row
+
+
+def _lines(f, start: int = 0):
+    """(line number, byte offset, line) of a file opened in binary mode, from byte ``start`` on."""
+    f.seek(start)
+    at = start
+    for lineno, line in enumerate(f, 1):
+        yield lineno, at, line
+        at += len(line)
+
+
+def value_at(path: str | Path, offset: int):
+    """The JSON value on the line that starts at byte ``offset`` (an offset :func:`iter_jsonl_at` or
+    :func:`latest_records` gave); None when that line is no longer a JSON value (the file was rewritten since)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        try:
+            return json.loads(f.readline())
+        except (ValueError, UnicodeDecodeError):
+            return None
 
 
 def iter_records(path: Path, id_key: str = "id", start: int = 0):
     """The records of a results directory, from byte ``start`` on; a line that is not a record is an error
     naming the file and line. A torn line (a write stopped mid-line, e.g. by a full disk) is skipped here:
     it is moved aside when the folder is next opened (RunDir._repair)."""
+    for _, row in iter_records_at(path, id_key, start):
+        yield row
+
+
+def iter_records_at(path: Path, id_key: str = "id", start: int = 0):
+    """:func:`iter_records` with each record's byte offset: (offset, record)."""
     with open(path, "rb") as f:
-        f.seek(start)
-        for lineno, line in enumerate(f, 1):
+        for lineno, at, line in _lines(f, start):
             if not line.strip():
                 continue
             try:
@@ -91,12 +125,28 @@ def iter_records(path: Path, id_key: str = "id", start: int = 0):
                                    "fix or delete that line, or use another --out")
             if id_key not in row:
                 raise ResultsError(f"{where}: record without an {id_key!r}; fix or delete that line, or use another --out")
-            yield row
+            yield at, row
 
 
 def read_records(path: Path, id_key: str = "id") -> list[dict]:
     """:func:`iter_records` as a list."""
     return list(iter_records(path, id_key))
+
+
+# a record's call log: most of its bytes, read by the replay and by the report for the cases it renders, never by metrics
+CALL_LOG = ("calls",)
+
+
+def latest_records(path: Path, id_key: str = "id", *, drop: tuple[str, ...] = CALL_LOG) -> tuple[list[dict], list[int]]:
+    """The last record per id (a case run again after a failure has two lines), in the order ids first appear,
+    and the byte offset of each one's line (:func:`value_at` reads it whole). One pass; ``drop``: keys left out
+    of every record as it is read, so that the call logs of a paper-scale run are never in memory together."""
+    latest: dict[str, tuple[int, dict]] = {}
+    for at, r in iter_records_at(path, id_key):
+        for key in drop:
+            r.pop(key, None)
+        latest[str(r.get(id_key))] = (at, r)
+    return [r for _, r in latest.values()], [at for at, _ in latest.values()]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -259,13 +309,13 @@ RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_re
 
 
 def load_run(path: str | Path) -> dict:
-    """Load a finished (or partial) results directory for comparison/reporting."""
+    """Load a finished (or partial) results directory for comparison/reporting: its records without their call
+    logs (metrics and tables never read them), config, metrics and identity."""
     p = Path(path)
     if not (p / "records.jsonl").exists():
         raise ResultsError(f"{p} is not a results directory (no records.jsonl)")
-    # the last line per id wins; failed cases stay visible to reports but carry status: failed
     # the last line per id wins; failed cases are kept apart: they are never scored
-    latest = list({str(r.get("id")): r for r in read_records(p / "records.jsonl")}.values())
+    latest, _ = latest_records(p / "records.jsonl")
     out = {"path": str(p), "records": [r for r in latest if r.get("status") != "failed"],
            "failed": [r for r in latest if r.get("status") == "failed"]}
     for name in ("config.yaml",):

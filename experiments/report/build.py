@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from experiments.report.collect import find_runs, load_run_dir
+from experiments.report.collect import find_runs, full_record, load_run_dir
 
 TEMPLATES = Path(__file__).with_name("templates")
 SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback"}
@@ -205,7 +205,7 @@ def calibration_view(run: dict) -> dict | None:
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
     model = _run_model(run) or str(((run.get("finetune") or {}).get("metrics") or {}).get("base") or "")
-    cases = [case_view(r, model) for r in run["records"][:max_cases]]
+    cases = [case_view(full_record(run, i), model) for i in range(min(max_cases, len(run["records"])))]
     outcomes = [outcome(r) for r in run["records"]]
     scored = [o for o in outcomes if o in ("correct", "incorrect")]
     metrics = run["metrics"] if run["metrics"] is not None else (run["bench"] or {}).get("results") if run["bench"] else None

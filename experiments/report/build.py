@@ -337,12 +337,13 @@ def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
     return out
 
 
-def render(runs: list[dict], sources: list[str], sections: list[dict] | None = None) -> str:
+def render(runs: list[dict], sources: list[str], sections: list[dict] | None = None):
+    """The report's HTML, in chunks (written as they come: a paper-scale report is never one string in memory)."""
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"], default=True))
     models = sorted({c["model"] for r in runs for c in r["cases"]} | {r["model"] for r in runs if r["model"]})
     if sections is None:
         sections = [{"key": "runs", "title": "Runs", "paper": None, "tables": [], "runs": runs, "warnings": []}]
-    return env.get_template("report.html.j2").render(
+    return env.get_template("report.html.j2").generate(
         runs=runs, models=models, sources=sources, sections=sections,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         n_cases=sum(len(r["cases"]) for r in runs),
@@ -359,5 +360,6 @@ def build_report(paths: list[str], out: str | Path, max_cases: int = 500) -> Pat
             print(f"warning: {w}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(runs, paths, sections), encoding="utf-8")
+    with open(out, "w", encoding="utf-8") as f:
+        f.writelines(render(runs, paths, sections))
     return out

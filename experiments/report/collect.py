@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from models.errors import DataError, MedstackError
-from experiments.core.results import CALL_LOG, iter_jsonl_at, value_at
+from experiments.core.results import CALL_LOG, iter_jsonl_at, slim, value_at
 
 MARKERS = ("records.jsonl", "metrics.json", "bench.json", "train_metrics.json")
 
@@ -81,11 +81,10 @@ def _records(path: Path, warnings: list[str]) -> tuple[list[dict], list[int]]:
     if not path.exists():
         return [], []
     latest: dict[str, tuple[int, dict]] = {}
+    memo: dict = {}
     try:
         for i, (_, at, r) in enumerate(iter_jsonl_at(path, objects=False)):
-            r = r if isinstance(r, dict) else {"value": r}
-            for key in CALL_LOG:
-                r.pop(key, None)
+            r = slim(r, CALL_LOG, memo) if isinstance(r, dict) else {"value": r}
             latest[str(r.get("id", i))] = (at, r)
     except DataError as e:
         warnings.append(str(e))

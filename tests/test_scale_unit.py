@@ -202,3 +202,23 @@ def test_run_async_runs_on_uvloop():
         return type(asyncio.get_running_loop()).__module__
 
     assert run_async(loop_module()).startswith("uvloop")
+
+
+def test_opening_a_large_results_dir_is_flat_and_moves_torn_lines_aside(tmp_path):
+    import tracemalloc
+
+    rd = _big_run(tmp_path / "run")
+    tracemalloc.start()
+    try:
+        RunDir(tmp_path / "run", {"x": 1})  # the torn-line check of a resume
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000  # 20 MB of records, read line by line
+    lines = rd.records_path.read_bytes().splitlines(keepends=True)
+    lines.insert(3, b'{"id": "c3", "sta\n')  # a torn line in the middle, and a last line that lost its newline
+    rd.records_path.write_bytes(b"".join(lines)[:-1])
+    again = RunDir(tmp_path / "run", {"x": 1})
+    assert again.notes and "1 torn line(s) (line 4)" in again.notes[0]
+    assert (tmp_path / "run" / "records.jsonl.torn").read_bytes() == b'{"id": "c3", "sta\n'
+    assert rd.records_path.read_bytes() == b"".join(lines[:3] + lines[4:]) and len(again.latest(drop=("calls",))) == 40

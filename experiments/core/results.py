@@ -128,6 +128,14 @@ def iter_records_at(path: Path, id_key: str = "id", start: int = 0):
             yield at, row
 
 
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
 def read_records(path: Path, id_key: str = "id") -> list[dict]:
     """:func:`iter_records` as a list."""
     return list(iter_records(path, id_key))
@@ -229,41 +237,39 @@ class RunDir:
 
     # -- records --------------------------------------------------------------
     def _repair(self) -> None:
-        """Move torn lines (not JSON: a kill or a full disk mid-write) to records.jsonl.torn; their cases run again."""
+        """Move torn lines (not JSON: a kill or a full disk mid-write) to records.jsonl.torn; their cases run again.
+        Line by line: a paper-scale file (~1 GB) is never in memory; the file is rewritten only when a line is torn."""
         if not self.records_path.exists():
             return
         private_file(self.records_path)
-        data = self.records_path.read_bytes()
-        keep, torn, torn_at = [], [], []
-        for lineno, line in enumerate(data.splitlines(keepends=True), 1):
-            if not line.strip():
-                continue
-            try:
-                json.loads(line)
-                keep.append(line if line.endswith(b"\n") else line + b"\n")
-            except (ValueError, UnicodeDecodeError):
-                torn.append(line if line.endswith(b"\n") else line + b"\n")
-                torn_at.append(lineno)
-        if not torn:
-            if data and not data.endswith(b"\n"):  # a complete last record that lost its newline
+        torn_at: list[int] = []
+        last = b""
+        with open(self.records_path, "rb") as f:
+            for lineno, _, line in _lines(f):
+                last = line
+                if line.strip() and not _is_json(line):
+                    torn_at.append(lineno)
+        if not torn_at:
+            if last and not last.endswith(b"\n"):  # a complete last record that lost its newline
                 with open(self.records_path, "ab") as f:
                     f.write(b"\n")
             return
         aside = self.records_path.with_name(self.records_path.name + ".torn")
         tmp = self.records_path.with_name(self.records_path.name + ".tmp")
+        torn = set(torn_at)
         try:
-            with open(aside, "ab") as f:
-                f.writelines(torn)
-            with open(tmp, "wb") as f:
-                f.writelines(keep)
-                f.flush()
-                os.fsync(f.fileno())
+            with open(self.records_path, "rb") as src, open(aside, "ab") as bad, open(tmp, "wb") as good:
+                for lineno, _, line in _lines(src):
+                    if line.strip():
+                        (bad if lineno in torn else good).write(line if line.endswith(b"\n") else line + b"\n")
+                good.flush()
+                os.fsync(good.fileno())
             tmp.replace(self.records_path)
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise StorageError.from_os(aside, e, hint=f"{self.records_path} has torn line(s) {torn_at} that could not be moved aside") from None
         where = ", ".join(map(str, torn_at[:10])) + (" ..." if len(torn_at) > 10 else "")
-        self.notes.append(f"{self.records_path}: {len(torn)} torn line(s) (line {where}) moved aside to {aside}; their cases run again")
+        self.notes.append(f"{self.records_path}: {len(torn_at)} torn line(s) (line {where}) moved aside to {aside}; their cases run again")
 
     def records(self) -> list[dict]:
         return read_records(self.records_path, self.id_key) if self.records_path.exists() else []

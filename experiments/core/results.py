@@ -279,8 +279,8 @@ class RunDir:
 
         ``drop``: keys left out of every record as it is read (e.g. ``calls``, the call log and the bulk of
         a record), so that a paper-scale file is never held in memory whole; the records share keys and short
-        strings (:func:`slim`). ``start``: read only the lines
-        from this byte offset on (a size taken earlier: what was appended since)."""
+        strings (:func:`slim`). ``start``: read only the lines from this byte offset on (a size taken earlier:
+        what was appended since)."""
         out: dict[str, dict] = {}
         memo: dict = {}
         for r in self._scan(start):

@@ -200,17 +200,21 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
     return row
 
 
+# `medstack report`'s own code in a fresh process that says its peak: VmHWM of its own memory. Not the
+# rusage of the child: Linux carries the parent's RSS at fork over the exec into the child's ru_maxrss.
+REPORT_PEAK = ("import sys\nfrom experiments.report.build import build_report\nbuild_report([sys.argv[1]], sys.argv[2])\n"
+               "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')))")
+
+
 def report_rss(rundir: Path, html: Path) -> tuple[float, int]:
-    """`medstack report` over the run in its own process: (seconds, its peak RSS in MB)."""
+    """The report over the run (what `medstack report RUN` does, 500 cases rendered) in its own process:
+    (seconds, its peak RSS in MB)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", "report", str(rundir), "--out", str(html)],
-                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (not the endpoint's)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc = subprocess.run([sys.executable, "-c", REPORT_PEAK, str(rundir), str(html)], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True)
     if proc.returncode:
-        raise MedstackError(f"medstack report over {rundir} failed (exit {proc.returncode}): {err.decode(errors='replace')[-500:]}")
-    return round(time.perf_counter() - t0, 1), round(usage.ru_maxrss / 1024)
+        raise MedstackError(f"the report over {rundir} failed (exit {proc.returncode}): {proc.stderr[-500:]}")
+    return round(time.perf_counter() - t0, 1), round(int(proc.stdout.split()[-1]) / 1024)
 
 
 COLUMNS = [("case_trials", "case-trials"), ("calls", "calls"), ("calls_per_case_trial", "calls/case-trial"), ("wall_s", "wall s"),

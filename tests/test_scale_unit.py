@@ -11,6 +11,7 @@ from experiments.bench import instant_endpoint as ie
 from experiments.bench.paper_estimate import LLAMA2_SHAPE, case_trial_calls, estimate
 from experiments.core.concurrency import AUTO_CPU, AUTO_PER_GPU, resolve_concurrency
 from experiments.core.results import RunDir
+from experiments.report.build import build_report
 from serving.cache import ResponseCache
 
 
@@ -119,7 +120,9 @@ def test_runner_scale_benchmark_small(tmp_path):
     stored = {k for (k,) in db.execute("SELECT key FROM responses")}
     db.close()
     assert keys and keys <= stored  # every answer a record refers to is in the cache
-    assert json.loads((tmp_path / "b" / "runner-scale.json").read_text())["calls_per_s"] > 0
+    row = json.loads((tmp_path / "b" / "runner-scale.json").read_text())
+    assert row["calls_per_s"] > 0 and row["peak_rss_mb_run"] > 0
+    assert row["peak_rss_mb_report"] > 0 and (tmp_path / "b" / "report.html").read_text().count("case_0/t") >= 3  # the report's own process
 
 
 def test_cache_key_unchanged_by_shallow_gen_dict():
@@ -133,3 +136,89 @@ def test_cache_key_unchanged_by_shallow_gen_dict():
     payload = {"kind": "chat", "model": "m", "content": [{"role": "user", "content": "x"}]}
     assert request_key({**payload, "gen": shallow_dict(g)}) == request_key({**payload, "gen": asdict(g)})
     assert g.replace(seed=9) == GenConfig(temperature=0.7, stop=("\nA:", "B"), seed=9)
+
+
+# -- flat memory at the end of a run and in reports: call logs are never held together ---------------------------
+
+def _big_run(path, n: int = 40, call_kb: int = 500):
+    """A results directory whose records carry call logs of ``call_kb`` KB each (a paper-scale record is ~100 KB);
+    case c1 failed first and was run again, so it has two lines."""
+    rd = RunDir(path, {"x": 1})
+    log = lambda i: [{"index": 0, "messages": [{"role": "user", "content": f"CALLLOG-{i}-" + "x" * (call_kb * 1000)}]}]
+    rd.append({"id": "c1", "status": "failed", "error": "gave up", "calls": log("old")})
+    rd.append_many([{"id": f"c{i}", "status": "ok", "correct": i % 2, "transcript": [{"agent": "doctor", "content": f"turn of c{i}"}],
+                     "calls": log(i)} for i in range(1, n + 1)])
+    return rd
+
+
+def test_load_run_keeps_no_call_log_and_stays_flat(tmp_path):
+    import tracemalloc
+
+    from experiments.core.results import load_run, value_at
+
+    _big_run(tmp_path / "run")
+    tracemalloc.start()
+    try:
+        run = load_run(tmp_path / "run")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r["id"] for r in run["records"]] == [f"c{i}" for i in range(1, 41)] and run["failed"] == []  # the last line per id wins
+    assert not any("calls" in r for r in run["records"])
+    assert peak < 5_000_000  # the file holds 20 MB of call logs; a few lines' worth is held at a time, never all
+    from experiments.core.results import latest_records
+
+    records, offsets = latest_records(tmp_path / "run" / "records.jsonl")
+    whole = value_at(tmp_path / "run" / "records.jsonl", offsets[5])
+    assert whole["id"] == records[5]["id"] == "c6" and whole["calls"][0]["messages"][0]["content"].startswith("CALLLOG-6-")
+
+
+def test_report_reads_call_logs_of_rendered_cases_only(tmp_path):
+    import tracemalloc
+
+    from experiments.report.collect import load_run_dir
+
+    _big_run(tmp_path / "runs" / "big")
+    tracemalloc.start()
+    try:
+        run = load_run_dir(tmp_path / "runs" / "big")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(run["records"]) == 40 and not any("calls" in r for r in run["records"]) and peak < 5_000_000
+    html = build_report([str(tmp_path / "runs")], tmp_path / "r.html", max_cases=3).read_text()
+    assert all(f"CALLLOG-{i}-" in html for i in (1, 2, 3))  # a rendered case shows its call log
+    assert "CALLLOG-4-" not in html and "CALLLOG-old-" not in html  # the others are counted, not read
+    assert "turn of c3" in html and "40" in html
+
+
+def test_run_async_runs_on_uvloop():
+    import asyncio
+
+    from experiments.core.concurrency import run_async
+
+    async def loop_module():
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run_async(loop_module()).startswith("uvloop")
+
+
+def test_opening_a_large_results_dir_is_flat_and_moves_torn_lines_aside(tmp_path):
+    import tracemalloc
+
+    rd = _big_run(tmp_path / "run")
+    tracemalloc.start()
+    try:
+        RunDir(tmp_path / "run", {"x": 1})  # the torn-line check of a resume
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000  # 20 MB of records, read line by line
+    lines = rd.records_path.read_bytes().splitlines(keepends=True)
+    lines.insert(3, b'{"id": "c3", "sta\n')  # a torn line in the middle, and a last line that lost its newline
+    rd.records_path.write_bytes(b"".join(lines)[:-1])
+    again = RunDir(tmp_path / "run", {"x": 1})
+    assert again.notes and "1 torn line(s) (line 4)" in again.notes[0]
+    assert (tmp_path / "run" / "records.jsonl.torn").read_bytes() == b'{"id": "c3", "sta\n'
+    assert rd.records_path.read_bytes() == b"".join(lines[:3] + lines[4:]) and len(again.latest(drop=("calls",))) == 40

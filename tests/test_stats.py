@@ -49,3 +49,19 @@ def test_mean_ci_brackets_mean_and_is_deterministic():
     c1, c2 = mean_ci(x, seed=3), mean_ci(x, seed=3)
     assert c1 == c2 and c1.low <= 0.7 <= c1.high and c1.n == 10
     assert math.isnan(mean_ci([]).mean)
+
+
+def test_bootstrap_in_blocks_draws_the_same_resamples(monkeypatch):
+    """Blocks of resamples (bounded memory) give exactly the numbers of the one-matrix draw they replaced."""
+    import numpy as np
+
+    from experiments.common import stats
+
+    for n in (1, 7, 2001):
+        x = np.random.default_rng(n).random(n)
+        whole = x[np.random.default_rng(0).integers(0, n, size=(999, n))].mean(axis=1)
+        monkeypatch.setattr(stats, "BLOCK_CELLS", 3000)  # many blocks, an odd-sized last one
+        assert np.array_equal(stats._boot_means(x, 999, np.random.default_rng(0)), whole)
+        ci = stats.mean_ci(x, n_boot=999)
+        a = (1 - 0.95) / 2
+        assert (ci.low, ci.high) == (float(np.quantile(whole, a)), float(np.quantile(whole, 1 - a)))

@@ -9,10 +9,11 @@ SQLite response cache, and a real results directory, against the stand-in endpoi
 
 - calls/s sustained (requests the client sent / wall seconds of the run);
 - CPU ms per call (this process's user + system CPU time / calls);
-- peak RSS (``ru_maxrss``) after the run, and after the resume;
+- peak RSS (``ru_maxrss``) of the run (end-of-run metrics and summary included), of this process after the
+  resume and the metrics computed again, and of ``medstack report`` over the finished run (its own process);
 - size of ``records.jsonl`` and of the cache file (+ its WAL);
 - seconds to resume the finished directory (the same ``run_study`` again: every case-trial done);
-- seconds to compute the metrics (``study.metrics`` + ``summary`` over the finished records).
+- seconds to compute the metrics (``study.metrics`` + ``summary`` over the finished records), and to write the report.
 
 The synthetic cases are CRAFT-MD-shaped (a ~650-character vignette like the published case set's,
 four choices, a question, a specialty); nothing is read from a data set.
@@ -20,7 +21,6 @@ four choices, a question, a specialty); nothing is read from a data set.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import resource
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from experiments.craftmd.run import CONFIGS, CraftmdStudy, units_for
 from experiments.craftmd.settings import CraftSettings
+from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings
 from models.errors import MedstackError
 
@@ -173,7 +174,7 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
             prof = cProfile.Profile()
             prof.enable()
         cpu0, t0 = _cpu(), time.perf_counter()
-        outcome, usage = asyncio.run(_run(study, settings, cache_path, ep.base_url, log))
+        outcome, usage = run_async(_run(study, settings, cache_path, ep.base_url, log))
         wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
         if prof:
             prof.disable()
@@ -184,25 +185,43 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
                     "peak_rss_mb_run": round(_rss_mb()), "records_mb": _size_mb(rundir / "records.jsonl"),
                     "cache_mb": _size_mb(cache_path, cache_path.with_name(cache_path.name + "-wal"))})
         t0 = time.perf_counter()
-        again, _ = asyncio.run(_run(study, settings, cache_path, ep.base_url, log))
+        again, _ = run_async(_run(study, settings, cache_path, ep.base_url, log))
         row["resume_s"] = round(time.perf_counter() - t0, 2)
         row["resume_ran_cases"] = again.metrics["run"]["cases_run"]
     from experiments.core.results import load_run
 
-    records = load_run(rundir)["records"]
     t0 = time.perf_counter()
-    metrics = study.metrics(records, settings)
+    metrics = study.metrics(load_run(rundir)["records"], settings)
     study.summary(metrics, settings)
     row["metrics_s"] = round(time.perf_counter() - t0, 2)
     row["peak_rss_mb"] = round(_rss_mb())
+    row["report_s"], row["peak_rss_mb_report"] = report_rss(rundir, out / "report.html")
     row["load_end"] = _load()
     return row
 
 
+# `medstack report`'s own code in a fresh process that says its peak: VmHWM of its own memory. Not the
+# rusage of the child: Linux carries the parent's RSS at fork over the exec into the child's ru_maxrss.
+REPORT_PEAK = ("import sys\nfrom experiments.report.build import build_report\nbuild_report([sys.argv[1]], sys.argv[2])\n"
+               "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')))")
+
+
+def report_rss(rundir: Path, html: Path) -> tuple[float, int]:
+    """The report over the run (what `medstack report RUN` does, 500 cases rendered) in its own process:
+    (seconds, its peak RSS in MB)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", REPORT_PEAK, str(rundir), str(html)], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise MedstackError(f"the report over {rundir} failed (exit {proc.returncode}): {proc.stderr[-500:]}")
+    return round(time.perf_counter() - t0, 1), round(int(proc.stdout.split()[-1]) / 1024)
+
+
 COLUMNS = [("case_trials", "case-trials"), ("calls", "calls"), ("calls_per_case_trial", "calls/case-trial"), ("wall_s", "wall s"),
            ("calls_per_s", "calls/s"), ("cpu_ms_per_call", "CPU ms/call"), ("peak_rss_mb_run", "peak RSS MB (run)"),
-           ("peak_rss_mb", "peak RSS MB (all)"), ("records_mb", "records.jsonl MB"), ("cache_mb", "cache MB"),
-           ("resume_s", "resume s"), ("metrics_s", "metrics s"), ("load_before", "load (1/5/15 min) before"), ("load_after_run", "load after run")]
+           ("peak_rss_mb", "peak RSS MB (all)"), ("peak_rss_mb_report", "peak RSS MB (`medstack report`)"),
+           ("records_mb", "records.jsonl MB"), ("cache_mb", "cache MB"), ("resume_s", "resume s"), ("metrics_s", "metrics s"),
+           ("report_s", "report s"), ("load_before", "load (1/5/15 min) before"), ("load_after_run", "load after run")]
 
 
 def table(row: dict) -> str:

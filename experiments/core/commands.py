@@ -22,6 +22,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
+from experiments.core.concurrency import run_async
 from experiments.core.config import ConfigError, load_settings, parse_set, read_yaml_mapping
 from experiments.core.deviations import protocol_lines
 from experiments.core.study import Study
@@ -144,7 +145,7 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
         asyncio.run(dry_run(study, settings, cases, log=_log))
         return
     resume = resume_command(sys.argv[1:])
-    outcome = asyncio.run(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
+    outcome = run_async(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
     typer.echo(outcome.summary.rstrip("\n"))
     for line in protocol_lines(outcome.metrics.get("protocol")):  # the run's last words: what it sent less of than the protocol
         _log(f"[yellow]{escape(line)}[/yellow]")

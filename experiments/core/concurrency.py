@@ -8,16 +8,32 @@
 - CPU: 16, what the 2-vCPU machine this was measured on sustains without queueing longer than a call.
 
 ``auto`` looks at THIS machine. Against a server elsewhere (``ALIAS@URL``), give a number.
+
+:func:`run_async` is how a command runs its event loop: on uvloop where it is installed (libuv's loop and
+transports in C, in place of asyncio's pure-Python ones), else asyncio's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 
 AUTO_PER_GPU = 256
 AUTO_CPU = 16
+
+
+def run_async(coro):
+    """``asyncio.run(coro)`` on a uvloop event loop when uvloop is installed. At 256 calls in flight the loop's
+    own bookkeeping and socket transports were a large share of the runner's CPU per call (profile:
+    experiments/bench/README.md, "Runner at paper scale")."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def gpu_count() -> int:

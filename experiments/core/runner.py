@@ -37,7 +37,7 @@ from experiments.core.concurrency import resolve_concurrency
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, protocol_lines, protocol_stats
 from experiments.core.recordwriter import RecordWriter
-from experiments.core.results import RunDir
+from experiments.core.results import CALL_LOG, RunDir
 from experiments.core.runlock import RunLock
 from experiments.core.study import CaseContext, RequestFailed, Study, call_formats, format_stats
 from models.errors import DataError, MedstackError, StorageError
@@ -130,7 +130,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         log(note)
     case_ids = [str(c["id"]) for c in cases]
     # one pass over the file, without the call logs (the bulk of every record); the end of the run reads only what it appended
-    known, offset = rundir.latest(drop=("calls",)), rundir.size()
+    known, offset = rundir.latest(drop=CALL_LOG), rundir.size()
     done = {i for i in case_ids if i in known and known[i].get("status") != "failed"}
     retry = [i for i in case_ids if i in known and known[i].get("status") == "failed"]
     todo = [c for c in cases if str(c["id"]) not in done]
@@ -160,17 +160,9 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
         stats["server"] = server_metrics.endpoint_figures(targets, before, {u: server_metrics.scrape(u) for u in before})
 
-    latest = {**known, **rundir.latest(drop=("calls",), start=offset)}  # metrics never read the call log
-    records = [latest[i] for i in case_ids if i in latest]
-    finished = [r for r in records if r.get("status") != "failed"]
-    failed = [r for r in records if r.get("status") == "failed"]
-    not_started = len(case_ids) - len(records)
-    metrics = study.metrics(finished, settings)
-    metrics["case_status"] = {"total": len(case_ids), "finished": len(finished), "failed": len(failed), "not_started": not_started}
-    metrics["answers"] = settings.answers
-    metrics["answer_formats"] = format_stats(finished)
-    metrics["protocol"] = protocol_stats(finished)
+    metrics, failed = _score(study, settings, rundir, known, offset, case_ids)  # empties `known`
     metrics["run"] = stats
+    n_finished, not_started = metrics["case_status"]["finished"], metrics["case_status"]["not_started"]
     storage = state.get("storage")
     unwritten = None
     try:
@@ -181,7 +173,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         unwritten = e
     summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command, settings.roles)
     if storage:
-        log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {len(finished)} finished record(s) are kept in {rundir.records_path}")
+        log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {n_finished} finished record(s) are kept in {rundir.records_path}")
         summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
     if unwritten is None:
         try:
@@ -192,7 +184,26 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
             unwritten = e
     if unwritten is not None:
         log(f"metrics and summary were not written either ({escape(str(unwritten))})")
-    return RunOutcome(rundir.path, metrics, summary, len(finished), len(failed), not_started, storage)
+    return RunOutcome(rundir.path, metrics, summary, n_finished, len(failed), not_started, storage)
+
+
+def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str, dict], offset: int, case_ids: list[str]) -> tuple[dict, list[dict]]:
+    """Metrics over the finished records: ``known`` (read at the start, without call logs) and what this run
+    appended after byte ``offset``. Returns the metrics and the failed records. ``known`` is emptied and the
+    other records are let go on return, so the run never holds its records twice (the summary reads them again)."""
+    latest = known
+    latest.update(rundir.latest(drop=CALL_LOG, start=offset))  # metrics never read the call log
+    records = [latest.pop(i) for i in case_ids if i in latest]
+    latest.clear()
+    finished = [r for r in records if r.get("status") != "failed"]
+    failed = [r for r in records if r.get("status") == "failed"]
+    metrics = study.metrics(finished, settings)
+    metrics["case_status"] = {"total": len(case_ids), "finished": len(finished), "failed": len(failed),
+                              "not_started": len(case_ids) - len(records)}
+    metrics["answers"] = settings.answers
+    metrics["answer_formats"] = format_stats(finished)
+    metrics["protocol"] = protocol_stats(finished)
+    return metrics, failed
 
 
 async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> dict:

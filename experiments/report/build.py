@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from experiments.report.collect import find_runs, load_run_dir
+from experiments.report.collect import find_runs, full_record, load_run_dir
 
 TEMPLATES = Path(__file__).with_name("templates")
 SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback"}
@@ -218,7 +218,7 @@ def review_calibration_view(c: dict) -> dict:
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
     model = _run_model(run) or str(((run.get("finetune") or {}).get("metrics") or {}).get("base") or "")
-    cases = [case_view(r, model) for r in run["records"][:max_cases]]
+    cases = [case_view(full_record(run, i), model) for i in range(min(max_cases, len(run["records"])))]
     outcomes = [outcome(r) for r in run["records"]]
     scored = [o for o in outcomes if o in ("correct", "incorrect")]
     metrics = run["metrics"] if run["metrics"] is not None else (run["bench"] or {}).get("results") if run["bench"] else None
@@ -367,12 +367,13 @@ def roles_note(runs: list[dict]) -> str:
     return "Roles: " + "; ".join(parts) + "."
 
 
-def render(runs: list[dict], sources: list[str], sections: list[dict] | None = None) -> str:
+def render(runs: list[dict], sources: list[str], sections: list[dict] | None = None):
+    """The report's HTML, in chunks (written as they come: a paper-scale report is never one string in memory)."""
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"], default=True))
     models = sorted({c["model"] for r in runs for c in r["cases"]} | {r["model"] for r in runs if r["model"]})
     if sections is None:
         sections = [{"key": "runs", "title": "Runs", "paper": None, "tables": [], "runs": runs, "warnings": []}]
-    return env.get_template("report.html.j2").render(
+    return env.get_template("report.html.j2").generate(
         runs=runs, models=models, sources=sources, sections=sections,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         n_cases=sum(len(r["cases"]) for r in runs),
@@ -389,5 +390,6 @@ def build_report(paths: list[str], out: str | Path, max_cases: int = 500) -> Pat
             print(f"warning: {w}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(runs, paths, sections), encoding="utf-8")
+    with open(out, "w", encoding="utf-8") as f:
+        f.writelines(render(runs, paths, sections))
     return out

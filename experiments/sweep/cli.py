@@ -46,7 +46,6 @@ def sweep(
     Finished runs are skipped, a partial one resumes. A model whose run cannot start (weights missing, ...)
     is reported and the sweep goes on; exit 3 then, or when cases failed. Bad input: exit 2 before anything runs.
     """
-    from experiments.core.runlock import RunLock
     from experiments.sweep.run import parse_models, run_sweep, summary_lines
 
     cmd, fn = _study_command(study)
@@ -56,10 +55,9 @@ def sweep(
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         raise ConfigError(f"sweep {study}: {msg}") from None
     values = dict(parsed.params)
-    sweep_dir, refs = out or Path("runs") / f"sweep-{study}", parse_models(models)
-    with RunLock(sweep_dir):  # one process per sweep folder, as per results directory (a second one: exit 2, naming the holder)
-        outcome = run_sweep(fn.study_factory, fn.to_overrides, values, refs, sweep_dir,
-                            published=published, report=report, log=_log)
+    sweep_dir = out or Path("runs") / f"sweep-{study}"
+    outcome = run_sweep(fn.study_factory, fn.to_overrides, values, parse_models(models), sweep_dir,
+                        published=published, report=report, log=_log)
     typer.echo("\n".join(["", f"# sweep {study}: {sweep_dir}", "", *summary_lines(outcome)]))
     if outcome.exit_code:
         bad = [r for r in outcome.runs if r.status in ("error", "incomplete")]

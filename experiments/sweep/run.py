@@ -25,6 +25,7 @@ import typer
 from experiments.core.commands import COMMON, build_settings, run_command
 from experiments.core.config import ConfigError
 from experiments.core.results import read_jsonl
+from experiments.core.runlock import RunLock
 from experiments.core.runner import prepare_run
 from models.errors import MedstackError
 from serving.refs import ModelRef
@@ -109,7 +110,11 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         settings, cases = prepare_run(study, build_settings(study, common, given))
         planned.append((r, common, given, settings, [str(c["id"]) for c in cases]))
     pub_dirs = _published_plan(published or [], sweep_dir)
+    with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
+        return _run_planned(study, study_factory, runs, planned, pub_dirs, sweep_dir, report, log)
 
+
+def _run_planned(study, study_factory, runs, planned, pub_dirs, sweep_dir: Path, report: bool, log) -> SweepOutcome:
     for r, common, given, settings, case_ids in planned:
         if is_finished(r.out, case_ids):
             r.status, r.message = "skipped", "finished earlier"

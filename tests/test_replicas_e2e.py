@@ -4,7 +4,7 @@ One group serves the whole module (module-scoped fixture: starting it is the exp
 
 - with the key a request through the router gets 200, without it 401; the key is on no process's
   command line (``/proc/PID/cmdline`` of the router, the replicas and their children) nor in any file
-  we wrote; ``serve status`` reads each replica's own /metrics;
+  we wrote; ``bench --replay`` and ``serve status`` read each replica's own /metrics;
 - ``serve router`` over the group's two replicas, given by URL as already-running workers (keyed):
   it answers, routes to both (each worker's request count grows over 20 requests), and refuses at
   start a worker serving other names (the session's server, which also serves an adapter);
@@ -113,7 +113,7 @@ def worker_router(cli, group):
     cli("serve", "stop", "--port", str(port))
 
 
-def test_keyed_group_answers_with_the_key_only_and_the_key_stays_out_of_argv_and_files(group, cli, medstack_home):
+def test_keyed_group_answers_with_the_key_only_and_the_key_stays_out_of_argv_and_files(group, cli, medstack_home, fixtures_dir, tmp_path):
     rec = group
     assert rec["router"]["policy"] == "cache_aware" and len(rec["replicas"]) == 2 and rec["api_key_sha256"]
     cores = [m["cpus"] for m in rec["replicas"]]
@@ -151,6 +151,17 @@ def test_keyed_group_answers_with_the_key_only_and_the_key_stays_out_of_argv_and
     assert all(r.ok and r.text.strip() for r in results), [r.error for r in results]
     after = server_metrics.combine([server_metrics.scrape(u) for u in targets])
     assert server_metrics.delta(before, after, SERVED) == len(PROMPTS)
+
+    # a replay through the group reads each replica's /metrics too (the router has none of its own)
+    out = tmp_path / "replay"
+    cli("bench", "--model", f"embedded@{rec['base_url']}", "--replay", str(fixtures_dir / "bench" / "run"), "--out", str(out),
+        check=True, env={"MEDSTACK_API_KEY": KEY})
+    vllm = json.loads((out / "bench.json").read_text())["replay"]["vllm"]
+    assert (vllm["completed"], vllm["failed"]) == (9, 0), vllm.get("first_error")
+    assert vllm["server"]["replicas"] == 2 and vllm["server"]["replicas_scraped"] == 2, vllm["server"]
+    assert sorted(vllm["server_replicas"]) == sorted(targets)
+    queried = [vllm["server_replicas"][u]["prefix_cache_queried_tokens"] for u in targets]
+    assert vllm["server"]["prefix_cache_queried_tokens"] == sum(queried) > 0  # the group's figure is its replicas' sum
 
     status = json.loads(cli("serve", "status", "--json", check=True, env={"MEDSTACK_API_KEY": KEY}).stdout)
     mine = next(r for r in status if r["port"] == rec["port"])

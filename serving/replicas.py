@@ -15,8 +15,17 @@
    ``serve stop`` (router and every replica's process group), ``find_server``/``ensure_server``,
    the runner and ``identity.json`` all read that one record.
 
-The runner scrapes every replica's ``/metrics`` behind a group (``metrics_targets``), not only
-the router's, so a run's prefix-cache hit rate is the replicas' own.
+A key (``$MEDSTACK_API_KEY``) reaches every replica and the router through their environments, never
+a command line; the replicas enforce it (401 without), the router passes each client's
+``Authorization`` header on, and every readiness probe sends it.
+
+``medstack serve router --worker URL ...`` (``start_remote_router``) puts the same router in front of
+servers that already run, here or on other nodes: it first checks that every worker answers with the
+key and serves the same model and adapter names, then records itself like a group whose members have
+no pid (``serve stop`` stops the router only). Two-node recipe: docs/serving.md.
+
+The runner, ``bench --replay`` and ``serve status`` read every replica's ``/metrics`` behind a group
+(``metrics_targets``, ``scrape_targets``), not the router's, so a prefix-cache hit rate is the replicas' own.
 """
 
 from __future__ import annotations

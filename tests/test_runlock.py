@@ -281,3 +281,26 @@ def test_finetune_and_sweep_refuse_a_folder_in_use(tmp_path):
 
     with out_lock(load_recipe(cpu, {"out": str(out), "model": {"base": "embedded"}, "data": {"dialogs": data}})):
         pass
+
+
+def test_finetune_lock_is_taken_once_per_training(tmp_path, monkeypatch):
+    """Rank 0 takes it; other ranks do not; nor do the processes `launch` started while it holds the lock for them."""
+    from finetune.recipe import OUT_LOCK_HELD_ENV, load_recipe, out_lock
+
+    data = str(FIXTURES / "finetune" / "dialogs.json")
+    out = tmp_path / "ft"
+    recipe = load_recipe(str(FIXTURES / "finetune" / "test-cpu.yaml"), {"out": str(out), "model": {"base": "embedded"}, "data": {"dialogs": data}})
+    with out_lock(recipe):  # as `launch` holds it while accelerate runs its processes
+        with pytest.raises(RunDirInUse):
+            out_lock(recipe).__enter__()  # a second training on the folder
+        monkeypatch.setenv(OUT_LOCK_HELD_ENV, str(out.resolve()))
+        with out_lock(recipe):  # rank 0 started by that launch
+            pass
+        monkeypatch.delenv(OUT_LOCK_HELD_ENV)
+        monkeypatch.setenv("RANK", "1")
+        with out_lock(recipe):  # any other rank
+            pass
+        monkeypatch.delenv("RANK")
+        monkeypatch.setenv(OUT_LOCK_HELD_ENV, str(tmp_path / "elsewhere"))
+        with pytest.raises(RunDirInUse):  # held for another folder: no pass for this one
+            out_lock(recipe).__enter__()

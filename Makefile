@@ -7,7 +7,7 @@ setup:
 test: setup
 	.venv/bin/python -m pytest -v --durations=15 -m "not distributed"
 
-# several vLLM processes at once (up to three servers' memory): replica group + router, TP=2, Ray
+# past one vLLM process on one node: tensor parallel 2 and a Ray head (replica groups and the router run in `make test`)
 test-distributed: setup
 	.venv/bin/python -m pytest -v --durations=15 -m distributed
 

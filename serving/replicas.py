@@ -15,26 +15,40 @@
    ``serve stop`` (router and every replica's process group), ``find_server``/``ensure_server``,
    the runner and ``identity.json`` all read that one record.
 
-The runner scrapes every replica's ``/metrics`` behind a group (``metrics_targets``), not only
-the router's, so a run's prefix-cache hit rate is the replicas' own.
+A key (``$MEDSTACK_API_KEY``) reaches every replica and the router through their environments, never
+a command line; the replicas enforce it (401 without), the router passes each client's
+``Authorization`` header on, and every readiness probe sends it.
+
+``medstack serve router --worker URL ...`` (``start_remote_router``) puts the same router in front of
+servers that already run, here or on other nodes: it first checks that every worker answers with the
+key and serves the same model and adapter names, then records itself like a group whose members have
+no pid (``serve stop`` stops the router only). Two-node recipe: docs/serving.md.
+
+The runner, ``bench --replay`` and ``serve status`` read every replica's ``/metrics`` behind a group
+(``metrics_targets``, ``scrape_targets``), not the router's, so a prefix-cache hit rate is the replicas' own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import replace
 
 from models.registry import resolve_weights
+from models.paths import private_file
+from serving import server_metrics
 from serving.launcher import (
     CPU_DEFAULTS, ServeError, ServerSettings, _kill_group, _usable_cpus, build_command, default_startup_timeout, effective_serve_settings,
-    free_port, has_nvidia_gpu, logs_dir, machine_facts, port_free, running_servers, wait_healthy, write_record,
+    free_port, has_nvidia_gpu, healthy, logs_dir, machine_facts, port_free, running_servers, wait_healthy, write_record,
 )
 from serving.parallel import local_ranks, rank_binding, split_cpus
-from serving.secrets import check_exposure, public_env
+from serving.secrets import SERVER_KEY_ENV, check_exposure, public_env, redact_argv
 
 # vllm-router's policies (vllm-router 0.1.17 --help); kv_aware and sticky_least_loaded need KV events / sessions we do not send.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")
@@ -80,10 +94,15 @@ def plan_replicas(base: ServerSettings, n: int, on_gpu: bool, *, cpus: list[int]
 
 
 def router_argv(host: str, port: int, worker_urls: list[str], policy: str, prometheus_port: int, extra: list[str] = ()) -> list[str]:
-    """vllm-router's command line (its Python launcher, run with this interpreter); ``extra`` goes last, as given."""
+    """vllm-router's command line (through :mod:`serving.router_main`, run with this interpreter); ``extra`` goes last, as given.
+
+    It never holds a key: the router gets the workers' key through its environment (``VLLM_API_KEY``)."""
     if policy not in ROUTER_POLICIES:
         raise ServeError(f"--router-policy {policy!r}: expected one of {', '.join(ROUTER_POLICIES)}")
-    argv = [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in extra):
+        raise ServeError("--router-arg --api-key: the key would be on the router's command line (visible in ps); "
+                         "give it in $MEDSTACK_API_KEY instead")
+    argv = [sys.executable, "-m", "serving.router_main", "--host", host, "--port", str(port),
             "--worker-urls", *worker_urls, "--policy", policy,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
     for flag, value in ROUTER_HEALTH.items():
@@ -91,21 +110,44 @@ def router_argv(host: str, port: int, worker_urls: list[str], policy: str, prome
     return argv + list(extra)
 
 
-def _router_ready(base_url: str, timeout: float = 3.0) -> bool:
-    """The router answers /v1/models (forwarded to a replica) once it has registered its workers."""
+def _require_router() -> None:
     try:
-        with urllib.request.urlopen(base_url.rsplit("/v1", 1)[0] + "/v1/models", timeout=timeout) as r:
-            return r.status == 200
-    except Exception:  # noqa: BLE001 - polled until the deadline
-        return False
+        import vllm_router  # noqa: F401
+    except ImportError:
+        raise ServeError("a replica group or router needs the vLLM project's router: pip install vllm-router (requirements.txt)") from None
+
+
+def start_router(host: str, port: int, alias: str, worker_urls: list[str], policy: str, router_args: list[str], api_key: str | None,
+                 timeout: float) -> dict:
+    """Start vllm-router in front of ``worker_urls`` (``http://host:port``) and wait until it answers /v1/models (with the key).
+
+    Returns the router's part of a server record: pid, argv, log, policy, Prometheus port. Killed again if it does not come up."""
+    rargv = router_argv(host, port, worker_urls, policy, free_port(), router_args)
+    router_log = logs_dir() / f"serve-{alias}-{port}-router.log"
+    private_file(router_log)
+    env = {**os.environ, SERVER_KEY_ENV: api_key} if api_key else {k: v for k, v in os.environ.items() if k != SERVER_KEY_ENV}
+    with open(router_log, "w") as logf:
+        logf.write("$ " + " ".join(redact_argv(rargv)) + "\n")
+        logf.flush()
+        router = subprocess.Popen(rargv, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base_url = ServerSettings(alias=alias, host=host, port=port).base_url
+    deadline = time.time() + timeout  # its Python launcher alone took ~110 s to import on a loaded 2-core box
+    try:
+        while not healthy(base_url, api_key):  # /v1/models, forwarded to a worker: answers once the router has registered them
+            if router.poll() is not None or time.time() > deadline:
+                tail = "\n".join(router_log.read_text(errors="replace").splitlines()[-15:])
+                raise ServeError(f"vllm-router did not come up on {base_url}; last log lines ({router_log}):\n{tail}")
+            time.sleep(0.5)
+    except BaseException:
+        _kill_group(router.pid)
+        raise
+    return {"pid": router.pid, "argv": rargv, "log": str(router_log),
+            "router": {"policy": policy, "log": str(router_log), "prometheus_port": int(rargv[rargv.index("--prometheus-port") + 1])}}
 
 
 def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, router_args: list[str] = (), log=print) -> dict:
     """Start N replicas and the router in front of them; record and return the group's one server record."""
-    try:
-        import vllm_router  # noqa: F401
-    except ImportError:
-        raise ServeError("--replicas needs the vLLM project's router: pip install vllm-router (requirements.txt)") from None
+    _require_router()
     check_exposure(base.host, base.api_key, base.no_auth)  # the router is what faces the network
     on_gpu = base.device == "gpu" or (base.device == "auto" and has_nvidia_gpu())
     plans = plan_replicas(base, n, on_gpu)
@@ -113,56 +155,120 @@ def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, rout
     if not port_free(base.host, base.port):
         raise ServeError(f"port {base.port} on {base.host} is already in use; pick another with --port")
     started: list[dict] = []
-    router_pid = None
     try:
         for i, (s, placement) in enumerate(plans):
             s.port = free_port()
-            argv, env = build_command(s, on_gpu)
+            argv, env = build_command(s, on_gpu)  # the key, if any, in env (VLLM_API_KEY): every replica requires it
             env.update(placement["env"])
             log_path = logs_dir() / f"serve-{base.alias}-{base.port}-replica{i}.log"
+            private_file(log_path)
             where = f"cores {placement['cpus']}" if "cpus" in placement else f"GPUs {placement['gpus']}"
             log(f"starting replica {i} of {base.alias} on {s.base_url} ({where}); log: {log_path}")
             with open(log_path, "w") as logf:
-                logf.write("$ " + " ".join(argv) + "\n")
+                logf.write("$ " + " ".join(redact_argv(argv)) + "\n")
                 logf.flush()
                 proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
-            started.append({"index": i, "pid": proc.pid, "port": s.port, "base_url": s.base_url, "log": str(log_path), "argv": argv,
+            started.append({"index": i, "pid": proc.pid, "port": s.port, "base_url": s.base_url, "log": str(log_path), "argv": redact_argv(argv),
                             "env": public_env(env), **{k: v for k, v in placement.items() if k != "env"},
                             "serve_settings": effective_serve_settings(s, on_gpu)["settings"], "_proc": proc, "_settings": s})
         t0 = time.time()
         for m in started:
             wait_healthy(m["base_url"], m["_proc"], m["log"], timeout, base.api_key)
         log(f"{n} replicas ready in {time.time() - t0:.1f} s; starting vllm-router ({policy}) on {base.base_url}")
-        rargv = router_argv(base.host, base.port, [m["base_url"].rsplit("/v1", 1)[0] for m in started], policy, free_port(), router_args)
-        router_log = logs_dir() / f"serve-{base.alias}-{base.port}-router.log"
-        with open(router_log, "w") as logf:
-            logf.write("$ " + " ".join(rargv) + "\n")
-            logf.flush()
-            router = subprocess.Popen(rargv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        router_pid = router.pid
-        deadline = time.time() + timeout  # its Python launcher alone took ~110 s to import on a loaded 2-core box
-        while not _router_ready(base.base_url):
-            if router.poll() is not None or time.time() > deadline:
-                tail = "\n".join(router_log.read_text(errors="replace").splitlines()[-15:])
-                raise ServeError(f"vllm-router did not come up on {base.base_url}; last log lines ({router_log}):\n{tail}")
-            time.sleep(0.5)
+        router = start_router(base.host, base.port, base.alias, [m["base_url"].rsplit("/v1", 1)[0] for m in started], policy,
+                              list(router_args), base.api_key, timeout)
     except BaseException:
-        if router_pid:
-            _kill_group(router_pid)
         for m in started:
             _kill_group(m["pid"])
         raise
     replicas = [{k: v for k, v in m.items() if not k.startswith("_")} for m in started]
     rec = {
-        "alias": base.alias, "base_url": base.base_url, "pid": router_pid, "port": base.port, "host": base.host,
-        "adapters": base.lora, "log": str(router_log), "api_key": base.api_key, "argv": rargv, "env": {},
+        "alias": base.alias, "base_url": base.base_url, "port": base.port, "host": base.host,
+        "adapters": base.lora, "api_key": base.api_key, "env": {},
         "device": "gpu" if on_gpu else "cpu", "started": time.time(), "runtime_lora": base.allow_runtime_lora,
         "serve_settings": replicas[0]["serve_settings"], "machine": machine_facts(),
-        "router": {"policy": policy, "log": str(router_log), "prometheus_port": int(rargv[rargv.index("--prometheus-port") + 1])},
-        "replicas": replicas, "startup_seconds": round(time.time() - t0, 1),
+        **router, "replicas": replicas, "startup_seconds": round(time.time() - t0, 1),
     }
     write_record(rec)
     log(f"replica group ready: {base.base_url} -> {', '.join(r['base_url'] for r in replicas)}")
+    return rec
+
+
+# ---------------------------------------------------------------- a router over servers that run elsewhere
+
+def worker_base(url: str) -> str:
+    """``http://nodeA:8000/v1`` or ``http://nodeA:8000`` -> ``http://nodeA:8000``; anything else is refused."""
+    u = url.strip().rstrip("/")
+    u = u[:-3] if u.endswith("/v1") else u
+    parts = urllib.parse.urlsplit(u)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query:
+        raise ServeError(f"--worker {url!r}: expected a server's URL, e.g. http://nodeA:8000/v1")
+    return u
+
+
+def served_models(base: str, api_key: str | None, timeout: float = 10.0) -> list[dict]:
+    """A worker's ``/v1/models`` entries (base model and adapters), asked with the key; a refusal or no answer is one line."""
+    req = urllib.request.Request(base + "/v1/models")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return list(json.loads(r.read().decode("utf-8", errors="replace")).get("data") or [])
+    except urllib.error.HTTPError as e:
+        why = ("it wants an API key: set $MEDSTACK_API_KEY to the workers' key" if e.code == 401 and not api_key
+               else "it refused the key in $MEDSTACK_API_KEY" if e.code in (401, 403) else f"HTTP {e.code}")
+        raise ServeError(f"--worker {base}/v1 refused /v1/models: {why}") from None
+    except (OSError, ValueError, AttributeError) as e:
+        raise ServeError(f"--worker {base}/v1 does not answer /v1/models ({getattr(e, 'reason', e)}); start it first "
+                         f"(on its machine: medstack serve --model ALIAS --host 0.0.0.0 --port PORT, with $MEDSTACK_API_KEY)") from None
+
+
+def model_names(entries: list[dict]) -> tuple[str, list[str]]:
+    """(base model name, sorted adapter names) from /v1/models entries: an adapter has a ``parent``."""
+    bases = sorted(e["id"] for e in entries if not e.get("parent"))
+    adapters = sorted(e["id"] for e in entries if e.get("parent"))
+    return (bases[0] if len(bases) == 1 else ",".join(bases)), adapters
+
+
+def check_same_models(workers: dict[str, list[dict]]) -> tuple[str, list[str]]:
+    """Every worker serves the same model and adapter names (a router sends any request to any worker); else one line naming the odd one."""
+    named = {w: model_names(entries) for w, entries in workers.items()}
+    first, want = next(iter(named.items()))
+    for w, got in named.items():
+        if got != want:
+            show = lambda n: f"model {n[0]!r}" + (f" with adapters {', '.join(n[1])}" if n[1] else " (no adapters)")  # noqa: E731
+            raise ServeError(f"--worker {w}/v1 serves {show(got)}, but {first}/v1 serves {show(want)}: every worker behind one "
+                             f"router must serve the same model and adapter names (start them with the same --model, --lora)")
+    return want
+
+
+def start_remote_router(workers: list[str], host: str, port: int, api_key: str | None, policy: str = DEFAULT_POLICY,
+                        router_args: list[str] = (), no_auth: bool = False, timeout: float = 600.0, log=print) -> dict:
+    """vllm-router on this machine in front of servers already running (here or on other nodes), recorded like a replica group.
+
+    Before it starts: every worker answers /v1/models with the key and serves the same model and adapter names.
+    ``serve stop`` stops the router only (the workers are not ours to stop)."""
+    _require_router()
+    check_exposure(host, api_key, no_auth)
+    bases = [worker_base(w) for w in workers]
+    if len(set(bases)) != len(bases) or not bases:
+        raise ServeError("serve router: give each worker once (--worker URL, repeatable)")
+    if not port_free(host, port):
+        raise ServeError(f"port {port} on {host} is already in use; pick another with --port")
+    alias, adapters = check_same_models({b: served_models(b, api_key) for b in bases})
+    log(f"{len(bases)} workers serve {alias!r}" + (f" with adapters {', '.join(adapters)}" if adapters else "")
+        + f"; starting vllm-router ({policy}) on port {port}")
+    t0 = time.time()
+    router = start_router(host, port, alias, bases, policy, list(router_args), api_key, timeout)
+    rec = {
+        "alias": alias, "base_url": ServerSettings(alias=alias, host=host, port=port).base_url, "port": port, "host": host,
+        "adapters": {a: None for a in adapters}, "api_key": api_key, "env": {}, "device": "remote", "started": time.time(),
+        "runtime_lora": False, "machine": machine_facts(), "remote_workers": True, **router,
+        "replicas": [{"index": i, "pid": None, "base_url": b + "/v1", "remote": True} for i, b in enumerate(bases)],
+        "startup_seconds": round(time.time() - t0, 1),
+    }
+    write_record(rec)
+    log(f"router ready: {rec['base_url']} -> {', '.join(bases)}")
     return rec
 
 
@@ -170,3 +276,22 @@ def metrics_targets(urls: list[str]) -> dict[str, list[str]]:
     """Each endpoint URL -> the URLs whose /metrics describe it: a replica group's replicas, otherwise itself."""
     groups = {r["base_url"].rstrip("/"): [m["base_url"] for m in r["replicas"]] for r in running_servers() if r.get("replicas")}
     return {u: groups.get(u.rstrip("/"), [u]) for u in urls}
+
+
+def scrape_targets(targets: dict[str, list[str]]) -> dict[str, dict]:
+    """One ``/metrics`` snapshot of every server behind ``targets`` (``metrics_targets``): {server URL: snapshot}."""
+    return {u: server_metrics.scrape(u) for members in targets.values() for u in members}
+
+
+def member_status(rec: dict, api_key: str | None = None) -> list[dict]:
+    """Each replica (or remote worker) of a group: URL, answers /v1/models, and from its own /metrics the requests it
+    finished, is running and has waiting (None where its /metrics cannot be read)."""
+    out = []
+    for m in rec.get("replicas", []):
+        snap = server_metrics.scrape(m["base_url"])
+        out.append({"base_url": m["base_url"], "healthy": healthy(m["base_url"], api_key),
+                    **{k: (round(snap[n]) if n in snap else None) for k, n in MEMBER_FIGURES.items()}})
+    return out
+
+
+MEMBER_FIGURES = {"requests_finished": "vllm:request_success_total", "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}

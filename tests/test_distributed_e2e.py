@@ -1,15 +1,14 @@
 """End-to-end: past one vLLM process, really started (marker ``distributed``; `make test-distributed`).
 
-- a replica group (2 vLLM servers + vllm-router) answers through the router, is one record in
-  ``serve status``, and ``serve stop`` leaves none of its processes;
 - tensor parallel 2 on the CPU build (one core per worker) answers a fixed prompt set greedily,
   compared with the single-process server;
 - Ray: against a local Ray head this test starts (own temp dir and port; its process group is
   always killed after): the CPU build is refused with vLLM's reason; a build that supports Ray
   serves the prompt set and is compared like tensor parallel.
 
-These start up to three servers at once (the session's single-process reference, a group of two
-replicas or a TP=2 server), which is why they run in their own make target.
+These start two servers at once (the session's single-process reference and a TP=2 server), which is
+why they run in their own make target. Replica groups and a router over running workers are tested
+in `make test` (tests/test_replicas_e2e.py).
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ import time
 
 import pytest
 
-from serving import server_metrics
 from serving.client import Endpoint, GenConfig, LLMClient
 from serving.launcher import free_port, running_servers
-from serving.replicas import metrics_targets
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 
@@ -69,14 +66,6 @@ def compare(reference: list[str], other: list[str]) -> dict:
     return {"equal": len(reference) - len(diffs), "of": len(reference), "differences": diffs}
 
 
-def _group_alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
 def _stop(cli, port: int) -> None:
     cli("serve", "stop", "--port", str(port))
 
@@ -85,38 +74,6 @@ def _stop(cli, port: int) -> None:
 def reference(embedded_server) -> list[str]:
     """Greedy outputs of the single-process server (the session's embedded server)."""
     return greedy_outputs(embedded_server["base_url"])
-
-
-def test_replica_group_is_one_endpoint_and_stops_completely(cli):
-    port = free_port()
-    try:
-        proc = cli("serve", "--model", "embedded", "--replicas", "2", "--port", str(port), "--max-num-seqs", "16", "--detach")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        recs = [r for r in json.loads(cli("serve", "status", "--json", check=True).stdout) if r["port"] == port]
-        assert len(recs) == 1, recs  # the group is one record
-        rec = recs[0]
-        assert rec["router"]["policy"] == "cache_aware" and len(rec["replicas"]) == 2
-        cores = [m["cpus"] for m in rec["replicas"]]
-        assert not set(cores[0]) & set(cores[1])  # each replica on its own cores
-        for m in rec["replicas"]:
-            assert f"core ids={m['cpus']}" in open(m["log"]).read()  # vLLM's own log says where its worker runs
-        targets = metrics_targets([rec["base_url"]])[rec["base_url"]]
-        assert targets == [m["base_url"] for m in rec["replicas"]]
-        before = server_metrics.combine([server_metrics.scrape(u) for u in targets])
-        outputs = greedy_outputs(rec["base_url"])  # through the router
-        after = server_metrics.combine([server_metrics.scrape(u) for u in targets])
-        assert all(o.strip() for o in outputs)
-        served = server_metrics.delta(before, after, "vllm:request_success_total")
-        assert served == len(PROMPTS), (before.get("vllm:request_success_total"), after.get("vllm:request_success_total"))
-        pids = [rec["pid"]] + [m["pid"] for m in rec["replicas"]]
-    finally:
-        stop = cli("serve", "stop", "--port", str(port))
-    assert "stopped embedded" in stop.stderr
-    deadline = time.time() + 30
-    while time.time() < deadline and any(_group_alive(p) for p in pids):
-        time.sleep(0.5)
-    assert not any(_group_alive(p) for p in pids), "a router or replica process group survived `serve stop`"
-    assert not [r for r in running_servers() if r["port"] == port]
 
 
 def test_tensor_parallel_2_on_cpu_matches_single_process(reference, cli):

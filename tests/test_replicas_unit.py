@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 from models.errors import MedstackError
 from serving import server_metrics
 from serving.launcher import ServerSettings, build_command, kill_record, write_record
 from serving.parallel import check_ray_cluster, parallel_args, rank_binding, split_cpus
-from serving.replicas import ROUTER_POLICIES, metrics_targets, plan_replicas, router_argv
+from serving.replicas import (
+    ROUTER_POLICIES, check_same_models, member_status, metrics_targets, plan_replicas, router_argv, served_models, worker_base,
+)
 
 
 def test_split_cpus_is_disjoint_contiguous_and_even():
@@ -77,12 +83,14 @@ def test_gpu_replicas_get_their_own_devices():
 def test_router_argv():
     argv = router_argv("127.0.0.1", 8110, ["http://127.0.0.1:1", "http://127.0.0.1:2"], "round_robin", 29555)
     joined = " ".join(argv)
-    assert "-m vllm_router.launch_router" in joined and "--worker-urls http://127.0.0.1:1 http://127.0.0.1:2" in joined
+    assert "-m serving.router_main" in joined and "--worker-urls http://127.0.0.1:1 http://127.0.0.1:2" in joined
     assert "--policy round_robin" in joined and "--port 8110" in joined and "--prometheus-port 29555" in joined
     assert "--health-check-interval-secs" in joined
     assert "cache_aware" in ROUTER_POLICIES
     with pytest.raises(MedstackError, match="expected one of"):
         router_argv("127.0.0.1", 1, ["http://x:1"], "fastest", 2)
+    with pytest.raises(MedstackError, match=r"\$MEDSTACK_API_KEY"):  # a key never reaches the router's command line
+        router_argv("127.0.0.1", 1, ["http://x:1"], "round_robin", 2, ["--api-key=k"])
 
 
 def test_router_cli_knows_the_flags_we_pass():
@@ -149,3 +157,127 @@ def test_ray_on_the_cpu_build_is_refused_with_the_reason():
         check_backend_supported(ServerSettings(alias="embedded", distributed_backend="ray"), on_gpu=False)
     check_backend_supported(ServerSettings(alias="embedded", distributed_backend="ray"), on_gpu=True)  # GPU: allowed
     check_backend_supported(ServerSettings(alias="embedded", tensor_parallel_size=2), on_gpu=False)
+
+
+# ---------------------------------------------------------------- a router over running workers (`serve router`), refusals
+
+class _Worker(BaseHTTPRequestHandler):
+    """A stand-in for a vLLM server's /v1/models (keyed like vLLM: 401 without the key) and /metrics."""
+    models: list[dict] = []
+    key: str | None = None
+    served = 0
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path.startswith("/v1") and self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
+            return self._send(401, b'{"error": "Unauthorized"}')
+        if self.path == "/v1/models":
+            return self._send(200, json.dumps({"object": "list", "data": self.models}).encode())
+        if self.path == "/metrics":
+            return self._send(200, f"vllm:request_success_total{{model_name=\"m\",finished_reason=\"stop\"}} {self.served}\n"
+                                   f"vllm:num_requests_running{{model_name=\"m\"}} 1\n".encode())
+        self._send(404, b"{}")
+
+    def _send(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def workers():
+    """start(models, key=None, served=0) -> a stand-in worker's base URL (http://127.0.0.1:PORT); all shut down after."""
+    servers = []
+
+    def start(models, key=None, served=0):
+        handler = type("W", (_Worker,), {"models": models, "key": key, "served": served})
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}"
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+BASE = {"id": "embedded", "object": "model", "parent": None}
+ADAPTER = {"id": "nlu", "object": "model", "parent": "embedded"}
+
+
+def test_worker_urls_are_normalised_or_refused():
+    assert worker_base("http://nodeA:8000/v1") == "http://nodeA:8000"
+    assert worker_base("http://nodeA:8000/v1/") == "http://nodeA:8000"
+    assert worker_base("https://10.0.0.2:8000") == "https://10.0.0.2:8000"
+    for bad in ("nodeA:8000", "ftp://nodeA:8000", "http://nodeA:8000/v2", "http://:8000"):
+        with pytest.raises(MedstackError, match="--worker"):
+            worker_base(bad)
+
+
+def test_workers_must_serve_the_same_model_and_adapter_names():
+    assert check_same_models({"http://a:1": [BASE, ADAPTER], "http://b:1": [ADAPTER, BASE]}) == ("embedded", ["nlu"])
+    with pytest.raises(MedstackError, match=r"http://b:1/v1 serves model 'embedded' \(no adapters\), but http://a:1/v1 serves model 'embedded' with adapters nlu"):
+        check_same_models({"http://a:1": [BASE, ADAPTER], "http://b:1": [BASE]})
+    with pytest.raises(MedstackError, match="serves model 'other'"):
+        check_same_models({"http://a:1": [BASE], "http://b:1": [{"id": "other", "parent": None}]})
+
+
+def test_worker_models_are_asked_with_the_key(workers):
+    url = workers([BASE, ADAPTER], key="k1")
+    assert served_models(url, "k1") == [BASE, ADAPTER]
+    with pytest.raises(MedstackError, match="wants an API key: set \\$MEDSTACK_API_KEY"):
+        served_models(url, None)
+    with pytest.raises(MedstackError, match="refused the key"):
+        served_models(url, "wrong")
+    from serving.launcher import free_port
+
+    with pytest.raises(MedstackError, match="does not answer /v1/models .*start it first"):
+        served_models(f"http://127.0.0.1:{free_port()}", "k1", timeout=2)
+
+
+def test_serve_router_refuses_a_worker_serving_other_names_before_starting(workers, cli, tmp_path):
+    a, b = workers([BASE], key="k1"), workers([BASE, ADAPTER], key="k1")
+    proc = cli("serve", "router", "--worker", a + "/v1", "--worker", b + "/v1", "--port", "8299", env={"MEDSTACK_API_KEY": "k1"})
+    assert proc.returncode == 2, proc.stderr
+    said = " ".join(proc.stderr.split())  # one message (the console wraps it at the terminal's width)
+    assert said.count("error:") == 1 and "must serve the same model and adapter names" in said and f"--worker {b}/v1 serves" in said, said
+    assert "Traceback" not in proc.stderr and "starting vllm-router" not in said
+    proc = cli("serve", "router", "--worker", a, "--port", "8299", env={"MEDSTACK_API_KEY": ""})  # the workers' key is missing
+    assert proc.returncode == 2 and "wants an API key" in proc.stderr, proc.stderr
+
+
+def test_exposed_group_or_router_without_a_key_is_refused(cli):
+    env = {"MEDSTACK_API_KEY": ""}
+    for args in (["serve", "--model", "embedded", "--replicas", "2", "--host", "0.0.0.0", "--port", "8298"],
+                 ["serve", "router", "--worker", "http://127.0.0.1:1/v1", "--host", "0.0.0.0", "--port", "8298"]):
+        proc = cli(*args, env=env)
+        assert proc.returncode == 2 and "--host 0.0.0.0 makes the server reachable from other machines" in proc.stderr, proc.stderr
+
+
+def test_member_status_reads_each_replicas_own_metrics(workers):
+    a, b = workers([BASE], served=7), workers([BASE], served=3)
+    from serving.launcher import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    rec = {"replicas": [{"base_url": a + "/v1"}, {"base_url": b + "/v1"}, {"base_url": dead}]}
+    st = member_status(rec)
+    assert [m["requests_finished"] for m in st] == [7, 3, None] and [m["healthy"] for m in st] == [True, True, False]
+    assert st[0]["running"] == 1
+
+
+def test_a_router_over_remote_workers_stops_alone(tmp_path, monkeypatch):
+    """`serve stop` on a `serve router` record kills the router's process group; the workers were started elsewhere."""
+    monkeypatch.setenv("MEDSTACK_HOME", str(tmp_path))
+    import subprocess
+
+    router, worker = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+    kill_record({"pid": router.pid, "replicas": [{"pid": None, "base_url": "http://nodeA:8000/v1", "remote": True}]})
+    router.wait(timeout=30)
+    assert worker.poll() is None
+    worker.kill()
+    worker.wait()

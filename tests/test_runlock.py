@@ -237,3 +237,70 @@ def test_second_process_refused_real_server(tmp_path, embedded_server, medstack_
     args = ["run", "craftmd", "--data", str(CASES), "--model", f"embedded@{embedded_server['base_url']}", "--trials", "1",
             "--max-turns", "2", "--config", "experiments/craftmd/configs/embedded-small.yaml", "--out", str(out)]
     _second_process_refused(args, out, str(medstack_home))
+
+
+# ---------------------------------------------------------------- fine-tuning and sweep folders: the same lock
+
+def _hold(out: Path) -> subprocess.Popen:
+    """Another process holding the run lock on ``out`` (as a run, a sweep or a fine-tune on it does)."""
+    code = ("import sys, time; from experiments.core.runlock import RunLock; RunLock(sys.argv[1]).acquire(); "
+            "print('locked', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_finetune_and_sweep_refuse_a_folder_in_use(tmp_path):
+    data = str(FIXTURES / "finetune" / "dialogs.json")
+    cpu = str(FIXTURES / "finetune" / "test-cpu.yaml")
+    out = tmp_path / "ft"
+    holder = _hold(out)
+    try:
+        for extra in ([], ["--processes", "2"]):  # one process, and `accelerate launch` of two (refused before it starts them)
+            p = run_cli("finetune", "meditod-nlu", "--data", data, "--base", "embedded", "--config", cpu, "--max-steps", "1",
+                        "--out", str(out), *extra, timeout=600)
+            said = " ".join(p.stderr.split())
+            assert p.returncode == 2 and f"{out} is in use by another medstack process: pid {holder.pid}" in said, said
+            assert "Traceback" not in p.stderr
+        assert sorted(x.name for x in out.iterdir()) == [LOCK_NAME]  # nothing trained, written or interleaved
+        sweep = tmp_path / "sweep"
+        holder2 = _hold(sweep)
+        try:
+            p = run_cli("sweep", "craftmd", "--models", "embedded", "--data", str(CASES), "--limit", "1", "--out", str(sweep))
+            said = " ".join(p.stderr.split())
+            assert p.returncode == 2 and f"{sweep} is in use by another medstack process: pid {holder2.pid}" in said, said
+            assert sorted(x.name for x in sweep.iterdir()) == [LOCK_NAME]
+        finally:
+            holder2.kill()
+            holder2.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder gone (the kernel dropped its lock), the same fine-tune folder is free again
+    from finetune.recipe import load_recipe, out_lock
+
+    with out_lock(load_recipe(cpu, {"out": str(out), "model": {"base": "embedded"}, "data": {"dialogs": data}})):
+        pass
+
+
+def test_finetune_lock_is_taken_once_per_training(tmp_path, monkeypatch):
+    """Rank 0 takes it; other ranks do not; nor do the processes `launch` started while it holds the lock for them."""
+    from finetune.recipe import OUT_LOCK_HELD_ENV, load_recipe, out_lock
+
+    data = str(FIXTURES / "finetune" / "dialogs.json")
+    out = tmp_path / "ft"
+    recipe = load_recipe(str(FIXTURES / "finetune" / "test-cpu.yaml"), {"out": str(out), "model": {"base": "embedded"}, "data": {"dialogs": data}})
+    with out_lock(recipe):  # as `launch` holds it while accelerate runs its processes
+        with pytest.raises(RunDirInUse):
+            out_lock(recipe).__enter__()  # a second training on the folder
+        monkeypatch.setenv(OUT_LOCK_HELD_ENV, str(out.resolve()))
+        with out_lock(recipe):  # rank 0 started by that launch
+            pass
+        monkeypatch.delenv(OUT_LOCK_HELD_ENV)
+        monkeypatch.setenv("RANK", "1")
+        with out_lock(recipe):  # any other rank
+            pass
+        monkeypatch.delenv("RANK")
+        monkeypatch.setenv(OUT_LOCK_HELD_ENV, str(tmp_path / "elsewhere"))
+        with pytest.raises(RunDirInUse):  # held for another folder: no pass for this one
+            out_lock(recipe).__enter__()

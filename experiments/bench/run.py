@@ -309,6 +309,7 @@ def run_replay(s: ReplaySettings) -> Path:
         import openai
 
         from serving import server_metrics
+        from serving.replicas import metrics_targets, scrape_targets
         from serving.session import open_client
 
         async with open_client({"default": s.model}, use_cache=False, allow_remote=s.allow_remote, log=_log) as (client, identities):
@@ -320,9 +321,13 @@ def run_replay(s: ReplaySettings) -> Path:
                 test = await R.send_call(sdk, ep.model, first, send_seed=s.send_seed)
                 if not test["success"]:
                     raise MedstackError(f"the first recorded call failed against {ep.base_url}: {test['error']}")
-                before = await asyncio.to_thread(server_metrics.scrape, ep.base_url)
+                targets = metrics_targets([ep.base_url])  # a replica group or router: every replica's /metrics, not the router's
+                before = await asyncio.to_thread(scrape_targets, targets)
                 figures, records = await R.replay_endpoint(wl, sdk, ep.model, send_seed=s.send_seed, concurrency=s.concurrency)
-                figures["server"] = server_metrics.summary(before, await asyncio.to_thread(server_metrics.scrape, ep.base_url))
+                per_server = server_metrics.endpoint_figures(targets, before, await asyncio.to_thread(scrape_targets, targets))
+                figures["server"] = per_server.get(ep.base_url) or server_metrics.summary({}, {})
+                if targets[ep.base_url] != [ep.base_url]:
+                    figures["server_replicas"] = {u: per_server[u] for u in targets[ep.base_url] if u in per_server}
             finally:
                 await sdk.close()
             rec = server_record(ep.base_url)

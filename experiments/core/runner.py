@@ -43,7 +43,7 @@ from experiments.core.study import CaseContext, RequestFailed, Study, call_forma
 from models.errors import DataError, MedstackError, StorageError
 from serving import server_metrics
 from serving.refs import ModelRef
-from serving.replicas import metrics_targets
+from serving.replicas import metrics_targets, scrape_targets
 from serving.session import open_client
 
 
@@ -142,7 +142,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
             await client.check_structured_outputs(list(settings.roles) or None)
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
         targets = metrics_targets(urls)  # a replica group's URL -> its replicas' URLs (the router has no engine metrics)
-        before = {u: server_metrics.scrape(u) for members in targets.values() for u in members}
+        before = scrape_targets(targets)
         t0 = time.perf_counter()
         try:
             rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
@@ -158,7 +158,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         wall = time.perf_counter() - t0
         stats = _run_stats(client, wall, settings, len(done), state)
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
-        stats["server"] = server_metrics.endpoint_figures(targets, before, {u: server_metrics.scrape(u) for u in before})
+        stats["server"] = server_metrics.endpoint_figures(targets, before, scrape_targets(targets))
 
     metrics, failed = _score(study, settings, rundir, known, offset, case_ids)  # empties `known`
     metrics["run"] = stats

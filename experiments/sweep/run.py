@@ -32,6 +32,7 @@ import typer
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
 from experiments.core.results import make_results_dir, read_jsonl
+from experiments.core.runlock import RunLock
 from experiments.core.runner import prepare_run
 from models.errors import MedstackError, StorageError
 from serving.refs import ModelRef
@@ -182,7 +183,11 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         r.roles = dict(settings.roles)
         planned.append((r, common, given, settings, case_ids))
     pub_dirs = _published_plan(published or [], sweep_dir)
+    with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
+        return _run_planned(study, study_factory, runs, planned, pub_dirs, sweep_dir, report, log)
 
+
+def _run_planned(study, study_factory, runs, planned, pub_dirs, sweep_dir: Path, report: bool, log) -> SweepOutcome:
     for r, common, given, settings, case_ids in planned:
         if is_finished(r.out, case_ids):
             r.status, r.message = "skipped", "finished earlier"

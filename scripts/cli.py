@@ -124,6 +124,7 @@ def serve(
     router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (the router's default: a request goes to the replica caching its longest prefix), round_robin, power_of_two, consistent_hash, random."),
     router_arg: List[str] = typer.Option([], "--router-arg", help="With --replicas: one more argument to vllm-router as is (repeatable), e.g. --router-arg=--balance-abs-threshold=4."),
     device: str = typer.Option("auto", help="auto (the GPU build when `nvidia-smi -L` sees a GPU, unless MEDSTACK_FORCE_CPU=1), cpu or gpu."),
+    dtype: Optional[str] = typer.Option(None, help="Number format vLLM computes in: auto | float32 | bfloat16 | float16 (default auto: bfloat16 on a CPU with native bf16 (avx512_bf16/amx_bf16), float32 on other CPUs; the registry's on GPU)."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
     cpu_threads_bind: Optional[str] = typer.Option(None, help="CPU: VLLM_CPU_OMP_THREADS_BIND; 'all' (default: every usable core), 'auto' (vLLM's: reserves a core), or e.g. 0-1."),
@@ -141,7 +142,7 @@ def serve(
     if model is None:
         console.print(ctx.get_help())
         raise typer.Exit(2)
-    from serving.launcher import ServerSettings, parse_lora, start_server, stop_servers
+    from serving.launcher import ServerSettings, check_dtype, parse_lora, start_server, stop_servers
     from serving.replicas import start_group
 
     settings = ServerSettings(
@@ -150,7 +151,7 @@ def serve(
         gpu_memory_utilization=gpu_memory_utilization, distributed_backend=distributed_backend, device=device, data_parallel_size=data_parallel_size,
         allow_runtime_lora=runtime_lora, extra_args=list(vllm_arg), cpu_threads_bind=cpu_threads_bind, cpu_reserved=cpu_reserved, cpu_kvcache_gb=cpu_kvcache_gb,
         omp_threads=omp_threads, preload_iomp=preload_iomp, max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill,
-        prefix_caching=prefix_caching, no_auth=no_auth, startup_timeout=startup_timeout,
+        prefix_caching=prefix_caching, no_auth=no_auth, startup_timeout=startup_timeout, dtype=check_dtype(dtype),
     )
     if replicas > 1:
         rec = start_group(settings, replicas, router_policy, list(router_arg), log=lambda m: console.print(m))
@@ -187,7 +188,7 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
     if not recs:
         console.print("no medstack servers running")
         return
-    table = Table("alias", "url", "pid", "adapters", "healthy", "replicas", "log")
+    table = Table("alias", "url", "pid", "device", "dtype", "adapters", "healthy", "replicas", "log")
     for r in recs:
         members = "-"
         if r.get("replica_status"):
@@ -196,7 +197,7 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
                              + (f", {m['requests_finished']} done, {m['running']} running, {m['waiting']} waiting" if m["requests_finished"] is not None else "")
                              for m in ms)
             members = f"{sum(m['healthy'] for m in ms)}/{len(ms)} healthy, {r['router']['policy']} ({each})"
-        table.add_row(r["alias"], r["base_url"], str(r["pid"]), ",".join(r.get("adapters", {})) or "-",
+        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype", "-"), ",".join(r.get("adapters", {})) or "-",
                       str(healthy(r["base_url"], key)) + (" (keyed)" if r.get("api_key_sha256") else ""), members, r["log"])
     out.print(table)
 

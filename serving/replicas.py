@@ -40,12 +40,12 @@ import urllib.parse
 import urllib.request
 from dataclasses import replace
 
-from models.registry import resolve_weights
+from models.registry import get_spec, resolve_weights
 from models.paths import private_file
 from serving import server_metrics
 from serving.launcher import (
     CPU_DEFAULTS, ServeError, ServerSettings, _kill_group, _usable_cpus, build_command, default_startup_timeout, effective_serve_settings,
-    free_port, has_nvidia_gpu, healthy, logs_dir, machine_facts, port_free, running_servers, wait_healthy, write_record,
+    free_port, has_nvidia_gpu, healthy, logs_dir, machine_facts, port_free, running_servers, serving_dtype, wait_healthy, write_record,
 )
 from serving.parallel import local_ranks, rank_binding, split_cpus
 from serving.secrets import SERVER_KEY_ENV, check_exposure, public_env, redact_argv
@@ -151,6 +151,8 @@ def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, rout
     check_exposure(base.host, base.api_key, base.no_auth)  # the router is what faces the network
     on_gpu = base.device == "gpu" or (base.device == "auto" and has_nvidia_gpu())
     plans = plan_replicas(base, n, on_gpu)
+    dtype, why = serving_dtype(base, on_gpu, get_spec(base.alias).dtype)
+    log(f"dtype {dtype}: {why}")
     timeout = base.startup_timeout or default_startup_timeout(resolve_weights(base.alias)[1], on_gpu)
     if not port_free(base.host, base.port):
         raise ServeError(f"port {base.port} on {base.host} is already in use; pick another with --port")
@@ -186,7 +188,7 @@ def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, rout
         "alias": base.alias, "base_url": base.base_url, "port": base.port, "host": base.host,
         "adapters": base.lora, "api_key": base.api_key, "env": {},
         "device": "gpu" if on_gpu else "cpu", "started": time.time(), "runtime_lora": base.allow_runtime_lora,
-        "serve_settings": replicas[0]["serve_settings"], "machine": machine_facts(),
+        "serve_settings": replicas[0]["serve_settings"], "machine": machine_facts(), "dtype": dtype, "dtype_reason": why,
         **router, "replicas": replicas, "startup_seconds": round(time.time() - t0, 1),
     }
     write_record(rec)

@@ -38,6 +38,14 @@ async def _ensure_url_adapters(alias: str, url: str, adapters: dict[str, str], a
             load_adapter({"alias": alias, "base_url": url, "port": 0, "api_key": api_key}, name, path)
 
 
+def endpoint_identity(alias: str, ident: dict, suffix: str = "") -> str:
+    """The model identity in every response cache key: alias, weights hash, the dtype it is served in, adapters.
+
+    The dtype is part of it because a bfloat16 server answers differently from a float32 one: a run resumed
+    against a server of the other dtype asks again instead of reusing the other one's answers."""
+    return f"{alias}:{ident.get('weights_sha256') or ident['weights']}:{ident.get('dtype') or 'dtype-unknown'}{suffix}"
+
+
 def _adapter_hash(path: str) -> str:
     h = hashlib.sha256()
     for f in sorted(Path(path).glob("adapter_model.*")):
@@ -59,6 +67,7 @@ async def open_client(
     api_key: str | None = None,
     send_seed: bool = False,
     startup_timeout: float | None = None,
+    dtype: str | None = None,
     log=print,
 ):
     """Yield ``(client, identities)``: identities maps role -> model identity for the results directory."""
@@ -77,7 +86,8 @@ async def open_client(
             needed.setdefault(ref.alias, {}).update(lora.get(role, {}))
     with ExitStack() as stack:
         own_key = None if url_key == "EMPTY" else url_key  # reuses a running keyed server with the same key
-        servers = {alias: stack.enter_context(ensure_server(alias, lora=ad, log=log, api_key=own_key, startup_timeout=startup_timeout)) for alias, ad in needed.items()}
+        servers = {alias: stack.enter_context(ensure_server(alias, lora=ad, log=log, api_key=own_key, startup_timeout=startup_timeout,
+                                                                    dtype=dtype)) for alias, ad in needed.items()}
         for role, ref in refs.items():
             alias, url = ref.alias, ref.url
             adapters = lora.get(role, {})
@@ -85,17 +95,17 @@ async def open_client(
             ident_suffix = "".join(f"+lora:{n}:{_adapter_hash(p)}" for n, p in adapters.items())
             if url:
                 await _ensure_url_adapters(alias, url, adapters, url_key)
-                endpoints[role] = Endpoint(url, served, f"{alias}@{url}{ident_suffix}", url_key)
-                # a medstack server behind the URL: record its command line and environment too
+                # a medstack server behind the URL: record its command line and environment too, and key on its dtype
                 known = next((r for r in running_servers() if r["base_url"].rstrip("/") == url.rstrip("/")), None)
+                dtype_part = f":{known['dtype']}" if known and known.get("dtype") else ""
+                endpoints[role] = Endpoint(url, served, f"{alias}@{url}{dtype_part}{ident_suffix}", url_key)
                 identities[role] = {**(server_identity(known) if known else {}), "alias": alias, "base_url": url, "adapters": adapters,
                                     "keyed": url_key != "EMPTY"}  # whether a key was sent (never the key)
                 continue
             rec = servers[alias]
             ident = server_identity(rec)
             identities[role] = {**ident, "adapters": adapters}
-            weights_id = ident.get("weights_sha256") or ident["weights"]
-            endpoints[role] = Endpoint(rec["base_url"], served, f"{alias}:{weights_id}{ident_suffix}", rec.get("api_key") or "EMPTY")
+            endpoints[role] = Endpoint(rec["base_url"], served, endpoint_identity(alias, ident, ident_suffix), rec.get("api_key") or "EMPTY")
         cache = ResponseCache(cache_path, log=log) if use_cache else None
         client = LLMClient(endpoints, concurrency=concurrency, timeout=timeout, retries=retries, cache=cache, allow_remote=allow_remote,
                            send_seed=send_seed)

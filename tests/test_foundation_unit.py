@@ -13,7 +13,7 @@ from models.errors import DataError
 from models.registry import RegistryError, get_spec, load_registry, resolve_weights
 from serving.cache import ResponseCache
 from serving.client import Endpoint, GenConfig, LLMClient, RemoteEndpointError, is_local_url
-from serving.launcher import ServeError, ServerSettings, build_command, parse_lora
+from serving.launcher import ServeError, ServerSettings, build_command, choose_cpu_dtype, cpu_flags, parse_lora
 
 
 def test_registry_has_required_aliases():
@@ -53,7 +53,7 @@ def test_cpu_and_gpu_command_lines(monkeypatch, tmp_path):
     assert "--tensor-parallel-size 2" in joined and "--pipeline-parallel-size 2" in joined and "--gpu-memory-utilization 0.8" in joined
     assert "--host 127.0.0.1" in joined
     cpu_argv, env = build_command(s, on_gpu=False)
-    assert "--enforce-eager" in cpu_argv and "float32" in cpu_argv
+    assert "--enforce-eager" in cpu_argv and cpu_argv[cpu_argv.index("--dtype") + 1] == choose_cpu_dtype(cpu_flags())[0]
     assert env["VLLM_CPU_KVCACHE_SPACE"] and env["HF_HUB_OFFLINE"] == "1"
 
 

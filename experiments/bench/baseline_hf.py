@@ -1,7 +1,8 @@
 """The baseline a user would write without a server: a plain ``transformers`` ``generate`` loop.
 
 Same weights (``models.registry.resolve_weights``), same token ids, same output length
-(``min_new_tokens = max_new_tokens``, greedy), float32. Batch size 1 is a loop over the
+(``min_new_tokens = max_new_tokens``, greedy), in the dtype of the vLLM server it is compared with
+(float32 unless that server computes in bfloat16: ``experiments.bench.run.baseline_dtype``). Batch size 1 is a loop over the
 prompts; batched runs ``generate`` on groups of ``batch_size`` prompts one after another
 (all prompts have the same length, so no padding). A streamer records when each decoding
 step hands out its tokens, giving TTFT / inter-token gaps per request; a request's clock
@@ -33,13 +34,13 @@ class _StepTimes:
         pass
 
 
-def load_model(weights_dir: str, threads: int | None = None):
+def load_model(weights_dir: str, threads: int | None = None, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
     if threads:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(weights_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(weights_dir), dtype=getattr(torch, dtype))
     model.eval()
     return model
 

@@ -30,7 +30,7 @@ def bench(
     num_prompts: Optional[int] = typer.Option(None, help="Requests per level (default: max(4, 2 x level))."),
     prompts: Optional[Path] = typer.Option(None, help="Prompt texts: JSONL (prompt/text/turns field) or text, one per line. Default: our dialogue snippets."),
     random_prompts: bool = typer.Option(False, "--random-prompts", help="Random token ids instead of dialogue text."),
-    baseline: Optional[str] = typer.Option(None, help="'hf': also run the same prompts through transformers generate (same weights, float32)."),
+    baseline: Optional[str] = typer.Option(None, help="'hf': also run the same prompts through transformers generate (same weights, in the served dtype)."),
     baseline_batch: str = typer.Option("1,8,32", help="Baseline batch sizes, comma-separated (1 = plain loop)."),
     baseline_threads: Optional[int] = typer.Option(None, help="torch threads for the baseline (default: one per core)."),
     warmups: int = typer.Option(2, help="Warm-up requests before measuring (not counted)."),

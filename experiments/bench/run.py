@@ -114,9 +114,25 @@ def count_params(weights: Path) -> int | None:
     return total or None
 
 
-def roofline(weights: Path, host: dict, override: float | None = None) -> dict | None:
-    """Compute-bound ceiling on output tok/s for a dense decoder on this CPU: usable CPUs x FP32
-    FLOP/cycle (FMA: 32 with AVX2, 64 with AVX-512) x clock / (2 x parameters) FLOP per token."""
+def peak_flop_per_cycle(isa: list[str], dtype: str) -> tuple[int, str]:
+    """(FLOP per cycle per CPU, what computes them) for matrix products in ``dtype`` on a CPU with this ISA.
+
+    FP32 FMA: 32 with AVX2, 64 with AVX-512 (two FMA units). bfloat16: AVX512_BF16's dot product does twice
+    the FP32 FMA's work per instruction (128), AMX's tile multiply 1,024 per core; without either, bf16 is
+    converted and computed in FP32, so the FP32 peak is its ceiling (and a generous one)."""
+    fp32 = 64 if "avx512f" in isa else 32 if "avx2" in isa else 16
+    if dtype == "bfloat16":
+        if "amx_bf16" in isa:
+            return 1024, "BF16 (AMX)"
+        if "avx512_bf16" in isa:
+            return 2 * fp32, "BF16 (AVX512_BF16)"
+        return fp32, "FP32 (bf16 emulated: no native bf16)"
+    return fp32, "FP32"
+
+
+def roofline(weights: Path, host: dict, override: float | None = None, dtype: str | None = None) -> dict | None:
+    """Compute-bound ceiling on output tok/s for a dense decoder on this CPU, in the served ``dtype``:
+    usable CPUs x FLOP/cycle of that dtype (``peak_flop_per_cycle``) x clock / (2 x parameters) FLOP per token."""
     if override:
         return {"tok_s": round(override, 1), "basis": "given with --roofline-tok-s"}
     params = count_params(weights)
@@ -124,10 +140,22 @@ def roofline(weights: Path, host: dict, override: float | None = None) -> dict |
     ncpu = len(_expand(host.get("usable_cpus") or "")) or host.get("cpus")
     if not params or not mhz or not ncpu:
         return None
-    per_cycle = 64 if "avx512f" in isa else 32 if "avx2" in isa else 16
+    served = dtype if dtype in ("float32", "bfloat16") else "float32"
+    per_cycle, unit = peak_flop_per_cycle(isa, served)
     flops = ncpu * per_cycle * mhz * 1e6
-    return {"tok_s": round(flops / (2 * params), 1), "params": params,
-            "basis": f"{ncpu} CPUs x {per_cycle} FP32 FLOP/cycle x {mhz / 1000:.2f} GHz / (2 x {params / 1e6:.0f}M params)"}
+    assumed = "" if dtype == served else f" (served dtype {dtype or 'unknown'}: float32 assumed)"
+    return {"tok_s": round(flops / (2 * params), 1), "params": params, "dtype": served,
+            "basis": f"{ncpu} CPUs x {per_cycle} {unit} FLOP/cycle x {mhz / 1000:.2f} GHz / (2 x {params / 1e6:.0f}M params){assumed}"}
+
+
+def served_dtype(identity: dict | None) -> str | None:
+    """The dtype the benchmarked server computes in, from its identity (None for a server medstack did not start)."""
+    return (identity or {}).get("dtype")
+
+
+def baseline_dtype(served: str | None) -> str:
+    """The transformers baseline runs in the served dtype, so the ratio compares like with like (float32 when unknown)."""
+    return served if served in ("float32", "bfloat16", "float16") else "float32"
 
 
 def _expand(cpus: str) -> list[int]:
@@ -179,14 +207,15 @@ async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log
     return results, identities
 
 
-def _run_hf(s: BenchSettings, weights: Path, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None) -> tuple[list[dict], dict]:
+def _run_hf(s: BenchSettings, weights: Path, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None,
+            dtype: str = "float32") -> tuple[list[dict], dict]:
     import torch
     import transformers
 
     from experiments.bench import baseline_hf
 
-    _log(f"transformers baseline: loading {weights} (float32)")
-    model = baseline_hf.load_model(str(weights), s.baseline_threads)
+    _log(f"transformers baseline: loading {weights} ({dtype}, the served dtype)")
+    model = baseline_hf.load_model(str(weights), s.baseline_threads, dtype)
     baseline_hf.warm_up(model, prompt_pool[0])
     results = []
     for bs in s.baseline_batch:
@@ -199,7 +228,7 @@ def _run_hf(s: BenchSettings, weights: Path, prompt_pool: list[list[int]], reque
         for o in outputs:
             requests_log.write(json.dumps({"engine": "hf", "concurrency": bs, **o.to_dict()}) + "\n")
     ident = {"engine": f"transformers {transformers.__version__}", "torch": torch.__version__,
-             "threads": torch.get_num_threads(), "dtype": "float32", "weights": str(weights)}
+             "threads": torch.get_num_threads(), "dtype": dtype, "weights": str(weights)}
     del model
     return results, ident
 
@@ -243,7 +272,8 @@ def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
             (out / "bench.partial.json").write_text(json.dumps({"config": asdict(s), "levels": done}, indent=2, default=str))
 
         vllm_results, identities = asyncio.run(_run_vllm(s, pool, requests_log, on_level))
-        hf_results, hf_ident = _run_hf(s, weights, pool, requests_log, on_level) if s.baseline else ([], None)
+        dtype = served_dtype(identities.get("default"))
+        hf_results, hf_ident = _run_hf(s, weights, pool, requests_log, on_level, baseline_dtype(dtype)) if s.baseline else ([], None)
     (out / "bench.partial.json").unlink(missing_ok=True)
 
     bench = {
@@ -257,7 +287,8 @@ def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
         "results": {"vllm": vllm_results, "hf": hf_results},
     }
     on_gpu = ((identities.get("default") or {}).get("device") == "gpu") or bool((identities.get("server_settings") or {}).get("on_gpu"))
-    bench["roofline"] = None if on_gpu and not s.roofline_tok_s else roofline(weights, bench["host"], s.roofline_tok_s)
+    bench["served_dtype"] = dtype
+    bench["roofline"] = None if on_gpu and not s.roofline_tok_s else roofline(weights, bench["host"], s.roofline_tok_s, dtype)
     bench.update(summarize(vllm_results, hf_results, compare_inputs))
     (out / "bench.json").write_text(json.dumps(bench, indent=2, default=str))
     plot_bench(vllm_results, hf_results, out / "bench.png", title=f"{alias}: {s.input_len} in / {s.output_len} out tokens")
@@ -345,14 +376,15 @@ def run_replay(s: ReplaySettings) -> Path:
 
         from experiments.bench import baseline_hf
 
-        _log(f"transformers: replaying {desc['calls']} calls one at a time (batch 1) ...")
-        model = baseline_hf.load_model(str(weights), s.baseline_threads)
+        hf_dtype = baseline_dtype(served_dtype(ident))
+        _log(f"transformers: replaying {desc['calls']} calls one at a time (batch 1, {hf_dtype}, the served dtype) ...")
+        model = baseline_hf.load_model(str(weights), s.baseline_threads, hf_dtype)
         tok = AutoTokenizer.from_pretrained(str(weights))
         baseline_hf.warm_up(model, tok("Hello", return_tensors=None)["input_ids"])
         hf, hf_records = R.replay_hf(wl, model, tok, R._chat_template(alias), log=_log)
         R.write_requests(out / "requests.jsonl", hf_records, "hf")
         hf_ident = {"engine": f"transformers {transformers.__version__}", "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "dtype": "float32", "weights": str(weights)}
+                    "threads": torch.get_num_threads(), "dtype": hf_dtype, "weights": str(weights)}
         _log(f"  {hf['wall_s']:.1f} s wall, {hf['output_tokens_per_s']} output tok/s, {hf['failed']} failed")
         del model
     bench = {
@@ -361,6 +393,7 @@ def run_replay(s: ReplaySettings) -> Path:
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "identity": {"vllm": ident, "hf": hf_ident},
         "serve_settings": serve_settings,
+        "served_dtype": served_dtype(ident),
         "host": {**host_facts(), "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)},
         "replay": {"workload": desc, "vllm": vllm, "hf": hf, "speedup": R.speedup(vllm, hf)},
     }

@@ -98,6 +98,7 @@ def render_markdown(bench: dict) -> str:
         lines += ["", "## Server settings and machine", ""]
         if bench.get("serve_settings"):
             lines.append("Server: " + ", ".join(f"{k}={v}" for k, v in bench["serve_settings"].items()))
+        lines.append(dtype_line(bench))
         hst = bench.get("host") or {}
         if hst.get("cpu_model"):
             lines.append(f"Machine: {hst.get('cpu_model')}, {hst.get('logical_cpus')} logical CPUs ({hst.get('physical_cores')} cores reported), "
@@ -150,4 +151,15 @@ def render_replay_markdown(bench: dict) -> str:
                   f"{_fmt('{:.2f}x', r['speedup']['output_tokens_per_s'])}."]
     if bench.get("serve_settings"):
         lines += ["", "Server: " + ", ".join(f"{k}={v}" for k, v in bench["serve_settings"].items())]
+    lines += ["", dtype_line(bench)]
     return "\n".join(lines) + "\n"
+
+
+def dtype_line(bench: dict) -> str:
+    """The number formats compared: the server's (and why) and the transformers baseline's."""
+    ident = bench.get("identity") or {}
+    why = (ident.get("vllm") or {}).get("dtype_reason")
+    text = f"dtype: vLLM {bench.get('served_dtype') or 'unknown (not a server medstack started)'}" + (f" ({why})" if why else "")
+    if ident.get("hf"):
+        text += f"; transformers baseline {ident['hf'].get('dtype')}"
+    return text + "."

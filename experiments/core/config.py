@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.errors import MedstackError
 from serving.client import GenConfig
+from serving.launcher import DTYPES
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -66,6 +67,9 @@ class RunSettings(BaseModel):
     # format (prompts/constraints.yaml) is sent with vLLM structured outputs. Named in every results file and table.
     answers: Literal["free", "constrained"] = "free"
     startup_timeout: float | None = Field(None, gt=0)  # seconds a server started for the run may take (None: scales with model and device)
+    # number format of a server started for the run (None: bfloat16 on a CPU with native bf16, float32 on other CPUs;
+    # the registry's on GPU). A running server is reused only when it serves this dtype. Part of every cache key.
+    dtype: Literal[DTYPES] | None = None
 
 
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:

@@ -110,7 +110,8 @@ def _open(settings: RunSettings, study: Study, api_key: str | None, client, log)
     lora = {study.primary_role: settings.lora} if settings.lora else None
     return open_client(settings.roles, lora=lora, concurrency=settings.concurrency, timeout=settings.timeout, retries=settings.retries,
                        use_cache=settings.use_cache, allow_remote=settings.allow_remote, api_key=api_key,
-                       send_seed=settings.send_seed, startup_timeout=settings.startup_timeout, log=log)
+                       send_seed=settings.send_seed, startup_timeout=settings.startup_timeout, dtype=settings.dtype,
+                       log=log)
 
 
 async def run_study(study: Study, settings: RunSettings, cases: list[dict] | None = None, *, api_key: str | None = None,
@@ -157,6 +158,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
             state = {"not_started": len(todo), "stopped": True, "storage": str(e)}
         wall = time.perf_counter() - t0
         stats = _run_stats(client, wall, settings, len(done), state)
+        stats["served"] = served_by(identities)
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
         stats["server"] = server_metrics.endpoint_figures(targets, before, scrape_targets(targets))
 
@@ -331,12 +333,21 @@ def _run_stats(client, wall: float, settings: RunSettings, resumed: int, state: 
     }
 
 
+def served_by(identities: dict) -> dict:
+    """role -> what served it: alias, device and dtype (None where the endpoint is not a server medstack started)."""
+    return {role: {"alias": i.get("alias"), "device": i.get("device"), "dtype": i.get("dtype"), "dtype_reason": i.get("dtype_reason")}
+            for role, i in identities.items()}
+
+
 def _footer(metrics: dict, failed: list[dict], not_started: int, resume_command: str | None, roles: dict | None = None) -> str:
     c, r = metrics["case_status"], metrics["run"]
     text = f"Roles: {', '.join(f'{k}: {v}' for k, v in roles.items())}.\n" if roles else ""
     text += (f"Run: {c['finished']} of {c['total']} cases finished ({r['cases_resumed']} from earlier runs), "
             f"{r['wall_seconds']} s wall, {r['completion_tokens']} output tokens, {r['output_tokens_per_s']} output tokens/s, "
             f"{r['requests']} requests, {r['cache_hits']} cache hits.\n")
+    if r.get("served"):
+        text += "Served by: " + "; ".join(f"{role} = {s['alias']} ({s['device'] or 'device unknown'}, dtype {s['dtype'] or 'unknown'})"
+                                          for role, s in r["served"].items()) + ".\n"
     for url, srv in (r.get("server") or {}).items():
         rate = srv.get("prefix_cache_hit_rate")
         text += f"Server {url}: prefix-cache hit rate {'-' if rate is None else f'{rate:.3f}'}, mean queueing {srv.get('queue_ms_mean')} ms, mean prefill {srv.get('prefill_ms_mean')} ms.\n"

@@ -1,0 +1,45 @@
+"""End-to-end (issue 35): the real server's dtype follows the CPU, is shown and recorded, and keys the response cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from serving.client import GenConfig
+from serving.launcher import choose_cpu_dtype, cpu_flags, running_servers
+from serving.session import open_client
+
+pytestmark = pytest.mark.e2e
+MSG = [{"role": "user", "content": "Name one cause of chest pain."}]
+
+
+def test_default_server_dtype_is_the_cpus_and_is_shown(embedded_server, cli):
+    expected, why = choose_cpu_dtype(cpu_flags())  # float32 on this project's AVX2 machines, bfloat16 with avx512_bf16/amx_bf16
+    assert f"dtype {expected}: {why}" in embedded_server["cli_stderr"]
+    mine = [r for r in json.loads(cli("serve", "status", "--json", check=True).stdout) if r["port"] == embedded_server["port"]]
+    assert mine[0]["dtype"] == expected and mine[0]["dtype_reason"] == why
+    assert f"--dtype {expected}" in " ".join(mine[0]["argv"])
+    assert expected in cli("serve", "status", check=True).stdout
+
+
+def test_other_dtype_server_does_not_reuse_cached_answers(embedded_server, tmp_path):
+    """A run asking for the other dtype starts its own server of that dtype (the running one is not reused),
+    and its calls miss the cache the default server's answers were stored in."""
+    default = embedded_server.get("dtype") or choose_cpu_dtype(cpu_flags())[0]
+    other = "bfloat16" if default == "float32" else "float32"
+    cache = str(tmp_path / "responses.sqlite")
+    gen = GenConfig(temperature=0.0, max_tokens=8)
+
+    async def ask(dtype):
+        async with open_client({"default": "embedded"}, cache_path=cache, dtype=dtype, log=lambda m: None) as (client, ids):
+            return await client.chat(MSG, gen=gen), ids["default"]
+
+    first, ident = asyncio.run(ask(None))
+    again, _ = asyncio.run(ask(default))
+    assert first.ok and not first.cached and again.cached and ident["dtype"] == default and not ident["started_by_run"]
+    switched, ident = asyncio.run(ask(other))
+    assert switched.ok, switched.error
+    assert not switched.cached and ident["dtype"] == other and ident["started_by_run"] and f"--dtype {other}" in " ".join(ident["argv"])
+    assert [r["dtype"] for r in running_servers() if r["alias"] == "embedded"] == [default]  # the run's own server was stopped

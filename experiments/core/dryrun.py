@@ -81,5 +81,7 @@ async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    for line in study.describe(settings):
+        log(line)
     log(f"dry run: {len(rows)} request(s) of {len(cases)} case(s) written to {path}; nothing was sent")
     return path

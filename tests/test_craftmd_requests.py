@@ -212,3 +212,25 @@ def test_summary_md_names_the_loop_and_every_deviation(tmp_path):
     assert "open-model loop (craftmd_opensource)" in md
     for d in deviations(emb):
         assert d in md
+
+
+def test_paper_table_footnotes_name_the_deviations_and_the_loop():
+    from experiments.tables.render import paper_tables_markdown
+
+    def run(path, cfg):
+        records = [{"id": "c0/t0", "case_id": "c0", "trial": 0, "status": "ok", "answers": {"vignette": {"mcq": {"correct": 1}}}}]
+        return {"path": path, "config": {"experiment": "craftmd", "name": path[3:], **cfg}, "metrics": {}, "identity": {"experiment": "craftmd"},
+                "records": records}
+
+    emb = load_settings(CraftSettings, CONFIGS / "embedded-small.yaml", {}).model_dump()
+    old = {k: v for k, v in emb.items() if k not in ("loop", "turn_stops", "summary_stops", "grader_reasks")}  # a run before issue 29
+    md = paper_tables_markdown([run("/x/paper", paper().model_dump()), run("/x/emb", emb), run("/x/gpt", paper(loop="gpt").model_dump()),
+                                run("/x/old", old)])
+    mcq = md.split("### ")[1]  # the MCQ table: its rows, then its footnotes
+    notes = {int(ln.split()[0][1:]): ln for ln in mcq.splitlines() if ln.startswith("^")}
+    marks = {ln.split("**")[1]: set(ln.split("**")[2].split("|")[0].split("^")[1:]) for ln in mcq.splitlines() if ln.startswith("| **")}
+    of = lambda label: " ".join(notes[int(n)] for n in marks[f"embedded ({label})"])
+    assert "Sent unlike the authors' requests" not in of("paper") and "GPT loop" not in of("paper")
+    assert "Sent unlike the authors' requests (named settings): turn_stops" in of("emb") and "grader re-asked at most 0" in of("emb")
+    assert "GPT loop (craftmd_gpt" in of("gpt") and "doctor max_tokens 250 (authors: 150)" in of("gpt")  # their GPT calls: 150
+    assert "Sent unlike" not in of("old")  # its config does not say how its requests were built: no claim either way

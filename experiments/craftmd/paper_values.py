@@ -19,9 +19,10 @@ class CraftmdPaper(PaperAdapter):
 
     @staticmethod
     def requests(run: dict) -> dict:
-        """loop and deviations (joined; absent when none) of a local run; nothing for an imported one."""
+        """loop and deviations (joined; absent when none) of a local run that records its loop; nothing for an
+        imported run or one made before requests followed the authors' code (no ``loop`` in its config)."""
         cfg = run.get("config") or {}
-        if cfg.get("experiment") != "craftmd" or cfg.get("imported_from"):
+        if cfg.get("experiment") != "craftmd" or cfg.get("imported_from") or "loop" not in cfg:
             return {}
         try:
             s = CraftSettings.model_validate({k: v for k, v in cfg.items() if k in CraftSettings.model_fields})

@@ -42,7 +42,7 @@ class Stand:
         if role == "patient":
             self.n_patient += 1
             text = f"patient reply {self.n_patient}"
-        elif role == "clinical" and len(messages) > 1 and "No more questions now." not in "".join(m["content"] for m in messages[-1:]):
+        elif role == "clinical" and len(messages) > 1 and "No more questions now." not in last:  # a doctor turn
             text = self.doctor.pop(0) if self.doctor else "Anything else?"
         elif role == "clinical":
             text = "Gout"

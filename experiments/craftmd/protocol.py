@@ -4,6 +4,12 @@ One unit of work is a (case, trial): simulate the doctor–patient conversation,
 patient's statements, ask the clinical model for the diagnosis in every format as MCQ and FRQ,
 and grade the FRQ answers with the grader-AI. Roles: ``clinical`` (model under test),
 ``patient``, ``summarizer``, ``grader``.
+
+Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py
+``craftmd_opensource`` — or ``craftmd_gpt`` under ``loop: gpt`` — and src/utils.py
+``diagnosis_evaluation``): the same roles, message order and placement of the specialty, case text,
+question and choices; the prompt texts are our own (prompts/). What a run sends differently is a named
+setting listed by :func:`experiments.craftmd.settings.deviations`.
 """
 
 from __future__ import annotations

@@ -106,6 +106,10 @@ def test_doctors_history_holds_its_greeting():
     first = steps["doctor_turn_1"][0]["messages"]
     assert roles(steps["doctor_turn_1"][0]) == ["user", "assistant", "user"]
     assert first[1] == {"role": "assistant", "content": GREETING} and first[2]["content"] == "patient reply 1"
+    # the grader's and summarizer's one-message prompts: a system message, as the authors' GPT-4/GPT-3.5 calls
+    assert roles(steps["summary"][0]) == ["system"]
+    _, named = calls_of(DERM, paper(lone_system_as_user=True))
+    assert roles(named["summary"][0]) == ["user"] and "lone_system_as_user" in requests_line(paper(lone_system_as_user=True))
     opening = steps["patient_opening"][0]["messages"]
     assert [m["role"] for m in opening] == ["system", "user"] and opening[1]["content"] == GREETING
     assert DERM["vignette"] in opening[0]["content"]
@@ -156,6 +160,7 @@ def test_grader_sampling_and_bounded_reask_loop():
     rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=("I am not sure", "Possibly", "Verdict: Yes")))
     frq = rec["answers"]["vignette"]["frq"]
     assert [c["gen"]["temperature"] for c in steps["vignette_extract"] + steps["vignette_match"]] == [1.0] * 6
+    assert all(roles(c) == ["system"] for c in steps["vignette_extract"] + steps["vignette_match"])
     assert {c["gen"]["max_tokens"] for c in steps["vignette_extract"] + steps["vignette_match"]} == {150}
     assert len({c["gen"]["seed"] for c in steps["vignette_match"]}) == 3  # each re-ask a fresh sample
     assert len(steps["vignette_extract"]) == 3 and len(steps["vignette_match"]) == 3  # as diagnosis_evaluation: both again

@@ -62,9 +62,9 @@ async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, st
 
 
 def single(prompt: str, settings: CraftSettings) -> list[dict]:
-    """A one-message request of the grader or summarizer: a system message in the authors' GPT loop (as their
-    GPT-4/GPT-3.5 calls), a user message in the open-model loop (chat templates that need a user turn)."""
-    return [{"role": "system" if settings.loop == "gpt" else "user", "content": prompt}]
+    """A one-message request of the grader or summarizer: a system message, as the authors' GPT-4 / GPT-3.5
+    calls in both loops (a user message with the named deviation ``lone_system_as_user``)."""
+    return [{"role": "user" if settings.lone_system_as_user else "system", "content": prompt}]
 
 
 def clean_turn(text: str) -> str:

@@ -46,7 +46,10 @@ class CraftSettings(RunSettings):
     # paper table's footnote, see deviations()):
     turn_stops: bool = False     # doctor and patient turns stop at the next speaker label (a base model writes both sides)
     summary_stops: bool = False  # the summary stops at a blank line or a new example label (a base model runs on)
-    grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0)  # re-asks of the grader while its verdict is neither yes nor no
+    grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0)
+    # the grader's and summarizer's one-message prompts as a user message instead of the authors' system message
+    # (chat templates such as Gemma 3's drop a conversation that is only a system message)
+    lone_system_as_user: bool = False  # re-asks of the grader while its verdict is neither yes nor no
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[str, Sampling] = {
         "doctor": Sampling(temperature=1.0, max_tokens=250),
@@ -113,6 +116,8 @@ def deviations(s: CraftSettings) -> list[str]:
             out.append(f"{role} temperature {sampling.temperature:g} (authors: {temp:g})")
     if s.grader_reasks != AUTHORS_GRADER_REASKS:
         out.append(f"grader re-asked at most {s.grader_reasks} time(s) (authors: {AUTHORS_GRADER_REASKS})")
+    if s.lone_system_as_user:
+        out.append("lone_system_as_user: grader and summarizer prompts sent as user messages (authors: system)")
     if s.completion_steps:
         out.append(f"{', '.join(s.completion_steps)} sent as text completions (authors: chat)")
     return out

@@ -55,8 +55,9 @@ def _ask(server, kind, content, constraint, gen):
 
 def test_choice_constraint_mcq_answer_is_one_of_the_choices(server):
     choices = ["Plaque psoriasis", "Atopic dermatitis", "Tinea corporis", "Lichen planus"]
-    prompt = render("ask_mcq", context="A 30-year-old woman has silvery scaly plaques on both elbows and pitted nails.",
-                    question="What is the most likely diagnosis?", choice_a=choices[0], choice_b=choices[1], choice_c=choices[2], choice_d=choices[3])
+    prompt = render("ask_mcq", identity=render("identity_specialist", specialty="Dermatology"),
+                    case="A 30-year-old woman has silvery scaly plaques on both elbows and pitted nails.",
+                    question="What is the most likely diagnosis?", choices=", ".join(choices)) + "\nAnswer:"
     c = CRAFT.constraint("ask_mcq", choices=choices)
     r, entry = _ask(server, "completion", prompt, c, GenConfig(temperature=0.7, max_tokens=24, seed=1))
     assert entry["gen"]["structured"] == {"choice": choices} and entry["format_ok"] == [True]

@@ -149,20 +149,29 @@ def _ok_csv(tmp_path):
 from experiments.craftmd.data import split_question
 
 
-@pytest.mark.parametrize("text, vignette_end, question, source", [
-    ("A 40-year-old man has a rash. Which of the following is the most likely diagnosis?", "has a rash.", "Which is the most likely diagnosis?", "vignette"),
-    ("He says “why are you asking me that?” He is adopted. Which of the following is the most likely diagnosis in this patient?",
-     "He is adopted.", "Which is the most likely diagnosis in this patient?", "vignette"),  # a quoted "?" is not the question
-    ("A smear is shown in Figure A. Which of the following is the most appropriate next step in diagnosis?\n ",
-     "shown in Figure A.", "Which is the most appropriate next step in diagnosis?", "vignette"),  # other question, trailing space
-    ("Biopsy shows spike and dome deposits. Which of the following is the most likely diagnosis:", "dome deposits.", "Which is the most likely diagnosis?", "vignette"),
-    ("Labs: Dr. Smith notes CK 3,120 U/L. Of the following options, which laboratory test can help to make the diagnosis?",
-     "CK 3,120 U/L.", "Which laboratory test can help to make the diagnosis?", "vignette"),
-    ("Red-brown papules with a mica-like scale on the arms.", "on the arms.", "What is the final diagnosis?", "default"),  # dermatology: no question
+# The authors' rule (src/utils.py get_case_without_question), quirks included: the first "?" sentence of the last
+# line, a sentence being a letter up to . ! ? (and an ASCII closing quote), every copy of it removed from the text,
+# "of the following" (lower case) removed from it; no "?" sentence there: the default question.
+@pytest.mark.parametrize("text, vignette, question, source", [
+    ("A 40-year-old man has a rash. Which of the following is the most likely diagnosis?",
+     "A 40-year-old man has a rash.", "Which is the most likely diagnosis?", "vignette"),  # their double space collapsed
+    # a curly-quoted remark with "?" comes first: it is taken as the question (as theirs), the real one stays in the text
+    ("He says “why are you asking me that?” He is adopted. Which of the following is the most likely diagnosis?",
+     "” He is adopted. Which of the following is the most likely diagnosis?", "He says “why are you asking me that?", "vignette"),
+    # a trailing line break leaves the last line blank: no question found there (theirs), the default asked
+    ("A smear is shown in Figure A. Which of the following is the most appropriate next step?\n ",
+     "A smear is shown in Figure A. Which of the following is the most appropriate next step?", "What is the final diagnosis?", "default"),
+    ("Biopsy shows spike and dome deposits. Which of the following is the most likely diagnosis:",
+     "Biopsy shows spike and dome deposits. Which of the following is the most likely diagnosis:", "What is the final diagnosis?", "default"),
+    ("Labs: CK 3,120 U/L. Of the following options, which test helps make the diagnosis?",  # capital "Of": not removed
+     "Labs: CK 3,120 U/L.", "Of the following options, which test helps make the diagnosis?", "vignette"),
+    ("Is this new? she asked.\nA man has a rash. Which of the following is the cause?",  # only the last line is searched
+     "Is this new? she asked.\nA man has a rash.", "Which is the cause?", "vignette"),
+    ("Red-brown papules with a mica-like scale on the arms.", "Red-brown papules with a mica-like scale on the arms.",
+     "What is the final diagnosis?", "default"),  # dermatology: no question
 ])
-def test_split_question(text, vignette_end, question, source):
-    v, q, s = split_question(text)
-    assert v.endswith(vignette_end) and q == question and s == source and "?" not in v[-5:]
+def test_split_question_is_the_authors(text, vignette, question, source):
+    assert split_question(text) == (vignette, question, source)
 
 
 def test_loaded_cases_carry_question_and_vignette_without_it(tmp_path):

@@ -25,10 +25,10 @@ class Scripted:
     async def chat(self, messages, role="default", gen=None):
         self.calls.append((role, messages))
         last = messages[-1]["content"]
-        if role == "clinical" and messages[0]["role"] == "system":
+        if role == "clinical" and not is_answer(messages):
             text = self.doctor_turns.pop(0) if self.doctor_turns else "Anything else?"
         elif role == "clinical":
-            text = self.mcq if "\nA. " in last else self.frq
+            text = self.mcq if is_mcq(last) else self.frq
         elif role == "patient":
             text = f"patient reply {sum(r == 'patient' for r, _ in self.calls)}"
         elif role == "summarizer":
@@ -40,7 +40,22 @@ class Scripted:
         return ChatResult(texts=[text], prompt_tokens=10, completion_tokens=3)
 
     def asks(self, kind):
-        return [m[-1]["content"] for r, m in self.calls if r == "clinical" and m[0]["role"] != "system" and kind in m[-1]["content"]]
+        """The clinical model's answer requests (each as one text) that contain ``kind``."""
+        texts = ["\n".join(x["content"] for x in m) for r, m in self.calls if r == "clinical" and is_answer(m)]
+        return [t for t in texts if kind in t]
+
+    def multiturn_asks(self):
+        """Answer requests that continue the doctor's chat past the patient's first reply (multi-turn form)."""
+        return ["\n".join(x["content"] for x in m) for r, m in self.calls if r == "clinical" and is_answer(m) and len(m) > 3]
+
+
+def is_answer(messages) -> bool:
+    """An answer request: one message (vignette / summarized) or the doctor's chat ending in the question."""
+    return len(messages) == 1 or "No more questions now." in messages[-1]["content"]
+
+
+def is_mcq(text: str) -> bool:
+    return "Possible answers:" in text or "\nOptions:" in text
 
 
 def settings(**kw):
@@ -91,7 +106,7 @@ def test_turn_cap_closing_question_is_removed_before_asking():
     c = Scripted(["Q1?", "Q2?", "Q3?"])
     rec = run(c, settings(max_turns=3))
     assert rec["stop_reason"] == "turn_cap" and rec["n_doctor_turns"] == 3  # the record keeps all three
-    multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
+    multiturn_asks = c.multiturn_asks()
     assert len(multiturn_asks) == 2  # MCQ and FRQ
     for a in multiturn_asks:
         assert "Q2?" in a and "patient reply 3" in a and "Q3?" not in a
@@ -101,7 +116,8 @@ def test_doctor_sees_patient_as_user_and_patient_sees_doctor_as_user():
     c = Scripted(["How old are you?", "**Final Diagnosis:** X"])
     asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings()))
     doctor_calls = [m for r, m in c.calls if r == "clinical"]
-    assert [m["role"] for m in doctor_calls[1]] == ["system", "user", "assistant", "user"]
+    # the authors' open-model loop: instructions as the first user message, then the doctor's own greeting
+    assert [m["role"] for m in doctor_calls[1]] == ["user", "assistant", "user", "assistant", "user"]
     patient_calls = [m for r, m in c.calls if r == "patient"]
     assert CASE["vignette"] in patient_calls[0][0]["content"] and "Dermatology" in doctor_calls[0][0]["content"]
     assert patient_calls[1][-1] == {"role": "user", "content": "How old are you?"}
@@ -114,7 +130,7 @@ def test_final_diagnosis_turn_is_removed_before_asking():
     assert context_turns(transcript[:3]) == transcript[:3]  # ends on a patient turn: nothing to remove
     c = Scripted(["Do you have nail pits?", "**Final Diagnosis:** Secretpsoriasis"])
     rec = run(c)
-    multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
+    multiturn_asks = c.multiturn_asks()
     assert len(multiturn_asks) == 2  # MCQ and FRQ
     for a in multiturn_asks:
         assert "Do you have nail pits?" in a and "Secretpsoriasis" not in a
@@ -122,15 +138,16 @@ def test_final_diagnosis_turn_is_removed_before_asking():
 
 
 def test_record_shape_and_scores():
-    c = Scripted(["How long?", "**Final Diagnosis:** Psoriasis"], mcq="Answer: A", frq="Psoriasis", extract="Diagnosis: Psoriasis", verdict="Verdict: Yes")
+    c = Scripted(["How long?", "**Final Diagnosis:** Psoriasis"], mcq="Plaque psoriasis", frq="Psoriasis", extract="Diagnosis: Psoriasis", verdict="Verdict: Yes")
     rec = run(c)
     assert rec["id"] == "case_x/t0" and rec["case_id"] == "case_x" and rec["trial"] == 0 and rec["specialty"] == "Dermatology"
     assert rec["stop_reason"] == "final_diagnosis" and rec["n_doctor_turns"] == 2
     assert {t["agent"] for t in rec["transcript"]} == {"doctor", "patient"}
-    assert rec["summary"] == "A woman reports scaly elbow patches."
+    # kept whole, as the authors keep it (no blank-line cut without the named deviation summary_stops)
+    assert rec["summary"] == "A woman reports scaly elbow patches.\n\nPatient statements:\n- more"
     assert set(rec["answers"]) == {"vignette", "multiturn", "singleturn", "summarized"}
     for fmt, a in rec["answers"].items():
-        assert a["mcq"]["choice"] == 0 and a["mcq"]["correct"] == 1 and a["mcq"]["answer"] == "Answer: A"
+        assert a["mcq"]["choice"] == 0 and a["mcq"]["correct"] == 1 and a["mcq"]["answer"] == "Plaque psoriasis"
         # 'Psoriasis' vs 'Plaque psoriasis': lexically broader, but the grader was asked and said yes
         assert a["frq"]["extracted"] == "Psoriasis" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "grader"
     assert rec["correct"] == 1 and rec["correct_metric"] == "multiturn.mcq"
@@ -183,7 +200,7 @@ class ScriptedCompletion(Scripted):
     async def complete(self, prompt, role="default", gen=None):
         self.calls.append((role, [{"role": "completion", "content": prompt}]))
         if role == "clinical":
-            text = "\n\nB\nWhich of these" if "\nA. " in prompt else "\nScarlet fever\nDiagnosis: x"
+            text = "\n\nScarlet fever\nWhich of these" if is_mcq(prompt) else "\nScarlet fever\nDiagnosis: x"
         elif role == "grader":
             text = " Scarlet fever\n\nDoctor's answer:" if "copy out the diagnosis" in prompt else " Yes\nCorrect:"
         else:
@@ -197,19 +214,19 @@ def test_completion_steps_use_text_completion_and_first_line():
     s = settings(completion_steps=["answer", "grader", "summarizer"])
     rec = run(c, s, case=case, unit_id="x/t0")
     kinds = {(r, m[0]["role"]) for r, m in c.calls}
-    assert ("clinical", "system") in kinds and ("patient", "system") in kinds  # the dialogue stays chat
+    assert ("clinical", "user") in kinds and ("patient", "system") in kinds  # the dialogue stays chat
     assert ("grader", "completion") in kinds and ("summarizer", "completion") in kinds and ("grader", "user") not in kinds
     for a in rec["answers"].values():
-        assert a["mcq"]["answer"] == "B" and a["mcq"]["correct"] == 1
+        assert a["mcq"]["answer"] == "Scarlet fever" and a["mcq"]["correct"] == 1
         assert a["frq"]["answer"] == "Scarlet fever" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "exact"
-    assert rec["summary"] == "A boy has a rash."
+    assert rec["summary"] == "A boy has a rash.\n\nPatient statements:"  # cut only by the server's stops (summary_stops)
 
 
 def test_closing_turn_without_question_mark_is_removed_too():
     c = Scripted(["Do you have nail pits?", "You have psoriasis, friend."])
     rec = run(c)
     assert rec["stop_reason"] == "no_question"
-    multiturn_asks = [a for a in c.asks("") if "conversation with a patient" in a]
+    multiturn_asks = c.multiturn_asks()
     assert len(multiturn_asks) == 2  # MCQ and FRQ
     for a in multiturn_asks:
         assert "Do you have nail pits?" in a and "psoriasis, friend" not in a

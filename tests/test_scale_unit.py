@@ -74,12 +74,14 @@ def test_concurrency_auto_by_device():
 
 def test_instant_endpoint_conversation_shape():
     """A doctor's view gets questions until turn T (5..13), then a final diagnosis; single prompts a short line."""
-    patient_view = [{"role": "system", "content": "You are a patient. Case: rash."}, {"role": "user", "content": "Begin."}]
+    patient_view = [{"role": "system", "content": "You are a patient. Case: rash."}, {"role": "user", "content": "Hello! What brings you here?"}]
     opening = ie.answer_chat(patient_view)
     assert opening.startswith(ie.OPENING)
     t = ie.turns_for(opening)
     assert 5 <= t <= 13
-    doctor = [{"role": "system", "content": "You are a doctor."}, {"role": "user", "content": opening}]
+    # the doctor's chat as CRAFT-MD builds it: instructions, its own greeting, the patient's opening
+    doctor = [{"role": "user", "content": "You are a doctor."}, {"role": "assistant", "content": "Hello! What brings you here?"},
+              {"role": "user", "content": opening}]
     for turn in range(1, t + 1):
         reply = ie.answer_chat(doctor)
         if turn < t:
@@ -90,6 +92,7 @@ def test_instant_endpoint_conversation_shape():
     patient = patient_view + [{"role": "assistant", "content": opening}, {"role": "user", "content": "Where?"}]
     assert "Final Diagnosis" not in ie.answer_chat(patient)
     assert ie.answer_chat([{"role": "user", "content": "Which one?"}]).startswith("Diagnosis:")
+    assert ie.answer_chat([{"role": "user", "content": "Same disease?\nVerdict:"}]) == "Verdict: No"  # the grader is not re-asked
     spread = {ie.turns_for(f"{ie.OPENING} case {i}") for i in range(200)}
     assert spread == set(range(5, 14))
 

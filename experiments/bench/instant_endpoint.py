@@ -5,16 +5,17 @@ This is not a model and never stands in for one in a study's tests: it exists so
 the model's time taken out. Answers are deterministic, short, and shaped so that a CRAFT-MD
 conversation runs a realistic number of turns:
 
-- a chat request of two messages is the patient's opening; a longer one is a conversation turn, the
-  doctor's when its second message is that opening, else the patient's. The conversation's number of
-  doctor turns T is drawn from a hash of its second message (the patient's opening, itself
+- a chat request of two messages is the patient's opening (its instructions and the doctor's greeting);
+  a longer one is a conversation turn, the doctor's when its third message (after instructions and
+  greeting) is that opening sent as a user message, else the patient's. The conversation's number of
+  doctor turns T is drawn from a hash of that message (the patient's opening, itself
   derived from the case text): T = 5 + hash % 9, i.e. 5..13, mean 9, which with CRAFT-MD's 17
   answer/summary/grader calls gives ~35 calls per case-trial (the LLaMA-2-7b runs the CRAFT-MD
   authors released average 9.4 assistant messages per conversation). Until the turn-T reply, a
   turn ends with a question mark; the turn-T reply names a "Final Diagnosis". Lengths follow the
   same release: ~350 characters per doctor turn, ~110 per patient turn;
 - a single-message chat request or a text completion (answers, summary, grader) gets a short
-  "Diagnosis: ..." line;
+  "Diagnosis: ..." line, or "Verdict: No" when it asks for a verdict (so the grader is not re-asked);
 - ``usage`` counts tokens as characters / 4 (prompt: every message's content), like a real
   tokenizer's order of magnitude, so token accounting runs on realistic numbers.
 
@@ -52,17 +53,21 @@ def _content(m: dict) -> str:
     return c if isinstance(c, str) else json.dumps(c)
 
 
+def _single(text: str) -> str:
+    return "Verdict: No" if "Verdict:" in text else f"Diagnosis: condition {_h(text) % 40}"
+
+
 def answer_chat(messages: list[dict]) -> str:
     if len(messages) < 2:
-        return f"Diagnosis: condition {_h(_content(messages[0]) if messages else '') % 40}"
-    opening = _content(messages[1])
-    if len(messages) == 2 and not opening.startswith(OPENING):  # the patient's opening (system prompt with the case, instruction)
+        return _single(_content(messages[0]) if messages else "")
+    if len(messages) == 2:  # the patient's opening (system prompt with the case, the doctor's greeting)
         h = _h(_content(messages[0]))
         return f"{OPENING} For about {3 + h % 20} days I have had trouble number {h % 997}, and it is getting worse."
-    if not opening.startswith(OPENING):  # the patient's view of the conversation: answer the doctor's question
+    opening = _content(messages[2])
+    if messages[2].get("role") != "user" or not opening.startswith(OPENING):  # the patient's view: answer the doctor's question
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         return PATIENT_TEXT.format(d=turn + 2)
-    turn = sum(1 for m in messages if m.get("role") == "assistant") + 1  # the doctor's view: its own earlier turns + 1
+    turn = sum(1 for m in messages if m.get("role") == "assistant")  # the doctor's view: greeting + earlier turns = this turn's number
     if turn >= turns_for(opening):
         return f"Thank you, that is clear. Final Diagnosis: condition {_h(opening) % 40}."
     return f"Thank you. About turn {turn}: {DOCTOR_TAIL}"
@@ -83,7 +88,7 @@ def _response(kind: str, body: dict) -> dict:
     else:
         prompt = body.get("prompt") or ""
         prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
-        text = f"Diagnosis: condition {_h(prompt) % 40}\n"
+        text = _single(prompt) + "\n"
         prompt_tokens = tokens(prompt)
         choices = [{"index": i, "text": text, "finish_reason": "stop", "logprobs": None} for i in range(n)]
         obj = "text_completion"

@@ -116,6 +116,8 @@ async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    for line in study.describe(settings):
+        log(line)
     constrained = sum(1 for r in rows if (r.get("constraint") or {}).get("applied"))
     log(f"dry run: {len(rows)} request(s) of {len(cases)} case(s) written to {path}"
         + (f" ({constrained} with their reply format as structured outputs)" if settings.answers == "constrained" else "")

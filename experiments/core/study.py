@@ -247,5 +247,9 @@ class Study:
     def metrics(self, records: list[dict], settings: RunSettings) -> dict:
         raise NotImplementedError
 
+    def describe(self, settings: RunSettings) -> list[str]:
+        """Lines saying how the study builds its requests under these settings (printed by --dry-run)."""
+        return []
+
     def summary(self, metrics: dict, settings: RunSettings) -> str:
         raise NotImplementedError

@@ -26,62 +26,33 @@ CSV_COLUMNS = ("case_vignette", "choice_1", "choice_2", "choice_3", "choice_4", 
 # per-case files carry exactly this string for those cases).
 DEFAULT_QUESTION = "What is the final diagnosis?"
 
-# words after which a full stop does not end a sentence
-_ABBREV = {"dr", "mr", "mrs", "ms", "st", "vs", "no", "approx", "fig", "e.g", "i.e", "etc", "dept", "prof", "sr", "jr", "mt"}
-_CLOSERS = "\"'”’)]"
+# One sentence as the authors' splitter sees it (src/utils.py get_case_without_question): from a letter
+# (their class [A-z], which also takes [ \\ ] ^ _ `) up to the first run of . ! ? and an optional closing quote.
+_SENTENCE = re.compile(r'([A-z][^.!?]*[.!?]*"?)')
 
 
-def _sentence_start(text: str, end: int) -> int:
-    """Index where the sentence ending at ``end`` starts: after the previous sentence end (., !, ?, :
-    or ; followed by space and a capital, digit or quote; or a line break), a few abbreviations (Dr., vs., e.g.) excepted; decimals need no exception since
-    the next character must be a space."""
-    start = 0
-    for m in re.finditer(r"([.!?;:])[" + re.escape(_CLOSERS) + r"]*(\s+)(?=[\"“‘'(A-Z0-9])|\n+", text[:end]):
-        if m.group(0).startswith("\n") or "\n" in (m.group(2) or ""):
-            start = m.end()
-            continue
-        before = text[: m.start(1)]
-        word = re.search(r"([A-Za-z.]+)$", before)
-        if m.group(1) == "." and word and (word.group(1).lower().rstrip(".") in _ABBREV):
-            continue
-        start = m.end()
-    return start
-
-
-def clean_question(q: str) -> str:
-    """'Which of the following is ...?' -> 'Which is ...?' (the authors drop "of the following");
-    'Of the following, which ...' -> 'Which ...'; whitespace collapsed, stray closing quotes removed."""
-    q = re.sub(r"\s+", " ", q).strip()
-    q = re.sub(r"^[\"“”'‘’]+|(?<=[?:])[\"“”'’]+$", "", q).strip()
-    q = re.sub(r"\b(which|what)\s+of\s+the\s+following\b", r"\1", q, flags=re.I)
-    q = re.sub(r"^of\s+the\s+following(?:\s+(?:options|choices|answers))?\s*,\s*", "", q, flags=re.I)
-    q = re.sub(r",?\s+of\s+the\s+following\b(?:\s+(?:options|choices))?", "", q, flags=re.I)
-    q = re.sub(r"\s+([?:,])", r"\1", q)
-    if q.endswith(":") and re.match(r"^(which|what|who|how)\b", q, re.I):
-        q = q[:-1].rstrip() + "?"  # 'Which is the most likely diagnosis:' is a question
-    return q[:1].upper() + q[1:]
+def _ws(text: str) -> str:
+    """Runs of spaces collapsed, lines stripped (line breaks kept)."""
+    return "\n".join(re.sub(r"[ \t]+", " ", line).strip() for line in text.strip().split("\n"))
 
 
 def split_question(text: str, default: str = DEFAULT_QUESTION) -> tuple[str, str, str]:
-    """(vignette without its question, question, source) for one case text (SPEC section 3).
+    """(vignette without its question, question, source) for one case text, as the authors split it.
 
-    The question is the text's last sentence when it ends in "?" (closing quotes and trailing
-    whitespace tolerated) or in ":" (MedQA's "Which of the following is the most likely
-    diagnosis:" / "... findings would most likely include:"); it is cleaned by
-    :func:`clean_question`. A "?" inside an earlier quoted remark is not the question. Without such a
-    closing sentence the whole text is the vignette and ``default`` the question (source ``default``).
+    The authors' rule (``get_case_without_question``): look at the text's last line when it has
+    several lines, else at the whole text; the question is the FIRST sentence there containing "?";
+    every occurrence of that sentence is removed from the text, and "of the following" is removed
+    from the question. Without such a sentence the whole text is the vignette and ``default`` (their
+    "What is the final diagnosis?") the question (source ``default``). Our only change is whitespace:
+    both parts are collapsed to single spaces (their removal leaves doubled spaces), which is how
+    the check against their 2,004 released case files compares them (scripts/check_craftmd_split.py).
     """
-    body = (text or "").strip()
-    tail = re.search(r"([?:])[" + re.escape(_CLOSERS) + r"\s]*$", body)
-    if not tail:
-        return body, default, "default"
-    end = tail.start(1) + 1
-    start = _sentence_start(body, end - 1)
-    question = clean_question(body[start:end])
-    vignette = body[:start].strip()
-    if not vignette or len(question.split()) < 2:
-        return body, default, "default"
-    return vignette, question, "vignette"
+    body = text or ""  # as published: a trailing line break makes the last line empty, as in theirs
+    scope = body.split("\n")[-1] if "\n" in body else body
+    question = next((s for s in _SENTENCE.findall(scope) if "?" in s), None)
+    if question is None:
+        return _ws(body), default, "default"
+    return _ws(body.replace(question, "")), _ws(question.replace("of the following", "")), "vignette"
 
 
 def answer_index(answer: str, choices: list[str]) -> int | None:
@@ -115,14 +86,15 @@ def load_csv(path: Path) -> list[dict]:
             if cid in seen:
                 raise DataError(f"{path}:{line}: duplicate case_id {cid!r}")
             seen.add(cid)
-            vignette = (row.get("case_vignette") or "").strip()
+            raw = row.get("case_vignette") or ""
+            vignette = raw.strip()
             answer = (row.get("answer") or "").strip()
             if not vignette or not answer:
                 raise DataError(f"{path}:{line}: case {cid}: empty case_vignette or answer")
             choices = [(row.get(f"choice_{i}") or "").strip() for i in range(1, 5)]
             if any(not c for c in choices):
                 raise DataError(f"{path}:{line}: case {cid}: empty choice")
-            body, question, qsource = split_question(vignette)
+            body, question, qsource = split_question(raw)
             cases.append({
                 "case_id": cid, "vignette": body, "vignette_full": vignette, "question": question, "question_source": qsource, "choices": choices, "answer": answer,
                 "answer_index": answer_index(answer, choices), "specialty": (row.get("category") or "").strip() or "unknown",

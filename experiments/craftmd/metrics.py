@@ -57,6 +57,8 @@ def run_metrics(records: list[dict]) -> dict:
     frq = [a for r in good for d in (r.get("answers") or {}).values() for m, a in d.items() if m == "frq"]
     out["frq_extraction_status"] = dict(Counter(a.get("extraction_status") for a in frq))
     out["frq_grade_source"] = dict(Counter(a.get("grade_source") for a in frq))
+    reasks = [int(a.get("grader_reasks") or 0) for a in frq]
+    out["grader_reasks"] = {"total": sum(reasks), "answers_reasked": sum(k > 0 for k in reasks), "max": max(reasks, default=0)}
     out["request_errors"] = sum(len(r.get("errors") or []) for r in good)
     return out
 
@@ -84,7 +86,7 @@ def grading_label(metrics_or_config: dict) -> str:
 
 def summary_markdown(name: str, metrics: dict) -> str:
     lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}, case errors: {metrics['case_errors']}",
-             grading_label(metrics), "",
+             grading_label(metrics), *([metrics["requests"]] if metrics.get("requests") else []), "",
              "| format | MCQ accuracy [95% CI] | FRQ accuracy [95% CI] |", "| --- | --- | --- |"]
     acc = metrics["accuracy"]
     for f in FORMATS:
@@ -94,6 +96,9 @@ def summary_markdown(name: str, metrics: dict) -> str:
     lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}{cap}",
               f"parse errors: {metrics['parse_errors']} (rate {metrics['parse_error_rate']}); FRQ extraction: {metrics['frq_extraction_status']}; "
               f"FRQ grade source: {metrics['frq_grade_source']}; failed requests: {metrics['request_errors']}"]
+    if metrics.get("grader_reasks", {}).get("total"):
+        r = metrics["grader_reasks"]
+        lines.append(f"grader re-asks (verdict neither yes nor no): {r['total']} over {r['answers_reasked']} FRQ answer(s), at most {r['max']} for one")
     mapping = metrics.get("mcq_mapping")
     if isinstance(mapping, dict) and "counts" in mapping:
         lines += ["", f"## MCQ mapping (rule: {mapping['rule']})", "", "| format | " + " | ".join(mapping["counts"]) + " |", "| --- |" + " --- |" * len(mapping["counts"])]

@@ -4,6 +4,12 @@ One unit of work is a (case, trial): simulate the doctor–patient conversation,
 patient's statements, ask the clinical model for the diagnosis in every format as MCQ and FRQ,
 and grade the FRQ answers with the grader-AI. Roles: ``clinical`` (model under test),
 ``patient``, ``summarizer``, ``grader``.
+
+Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py
+``craftmd_opensource`` — or ``craftmd_gpt`` under ``loop: gpt`` — and src/utils.py
+``diagnosis_evaluation``): the same roles, message order and placement of the specialty, case text,
+question and choices; the prompt texts are our own (prompts/). What a run sends differently is a named
+setting listed by :func:`experiments.craftmd.settings.deviations`.
 """
 
 from __future__ import annotations
@@ -11,31 +17,54 @@ from __future__ import annotations
 import asyncio
 import time
 
+from experiments.common.parsing import extract_verdict
 from experiments.craftmd import grading
+from experiments.craftmd.data import DEFAULT_QUESTION
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.settings import CraftSettings
 from experiments.core.study import CaseContext
 from serving.client import GenConfig
 from serving.refs import model_name
 
-TURN_STOPS = ("\nPatient:", "\nDoctor:", "\nPATIENT:", "\nDOCTOR:")
+TURN_STOPS = ("\nPatient:", "\nDoctor:", "\nPATIENT:", "\nDOCTOR:")  # only with the named deviation turn_stops
+SUMMARY_STOPS = ("\n\n", "\nPatient statements", "\nExample", "\nNow this patient")  # only with summary_stops
+ANSWER_CUE = "\nAnswer:"  # ends an answer request sent as a text completion (completion_steps), where a base model replies
+# Cases whose doctor has no specialty: the authors' "Other" (201 cases), and our loaders' cases without one.
+NO_SPECIALTY = {"Other", "unknown", "OSCE"}
 
 
 def _gen(settings: CraftSettings, key: str, stop=None) -> GenConfig:
     """Sampling for one step; sampled steps get a per-call seed from the case context (so trials differ)."""
-    return settings.sampling[key].gen(stop=stop)
+    return settings.sampling[key].gen(stop=stop) if stop else settings.sampling[key].gen()
 
 
-async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, step: str, prompt: str, stop=None, constraint=None) -> str:
-    """One single-prompt step (answer / grader / summarizer): chat, or a text completion when the
-    step is listed in ``completion_steps`` (then the first non-empty line of the reply is used).
-    ``constraint``: the template's declared reply format (prompts/constraints.yaml), applied by the
-    context only with ``answers: constrained``."""
+def as_text(messages: list[dict]) -> str:
+    """A request as one text prompt (completion_steps): the first message and system messages bare, the
+    doctor's turns labelled "Doctor:", the patient's "Patient:"."""
+    lines = []
+    for i, m in enumerate(messages):
+        bare = i == 0 or m["role"] == "system"
+        lines.append(m["content"] if bare else f"{'Doctor' if m['role'] == 'assistant' else 'Patient'}: {m['content']}")
+    return "\n".join(lines)
+
+
+async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, step: str, messages: list[dict], stop=None, constraint=None) -> str:
+    """One answer / grader / summarizer request: chat, or a text completion of :func:`as_text` when the
+    step is listed in ``completion_steps`` (answers then end in :data:`ANSWER_CUE`, and the first
+    non-empty line of the reply is used). ``constraint``: the template's declared reply format
+    (prompts/constraints.yaml), applied by the context only with ``answers: constrained``."""
     if key in settings.completion_steps:
+        prompt = as_text(messages) + (ANSWER_CUE if key == "answer" else "")
         r = await ctx.complete(prompt, role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
         return r.text if key == "summarizer" else next((ln.strip() for ln in r.text.splitlines() if ln.strip()), "")
-    r = await ctx.chat([{"role": "user", "content": prompt}], role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
+    r = await ctx.chat(messages, role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
     return r.text
+
+
+def single(prompt: str, settings: CraftSettings) -> list[dict]:
+    """A one-message request of the grader or summarizer: a system message, as the authors' GPT-4 / GPT-3.5
+    calls in both loops (a user message with the named deviation ``lone_system_as_user``)."""
+    return [{"role": "user" if settings.lone_system_as_user else "system", "content": prompt}]
 
 
 def clean_turn(text: str) -> str:
@@ -44,16 +73,27 @@ def clean_turn(text: str) -> str:
 
 # ------------------------------------------------------------------ conversation
 
-def doctor_view(transcript: list[dict], case: dict) -> list[dict]:
-    msgs = [{"role": "system", "content": render("doctor_system", specialty=case["specialty"])}]
+def identity(specialty: str) -> str:
+    """The doctor's first sentence: with the case's specialty, or none for category Other (the authors' rule)."""
+    if specialty in NO_SPECIALTY:
+        return render("identity_general")
+    return render("identity_specialist", specialty=specialty)
+
+
+def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource") -> list[dict]:
+    """The doctor's chat as the authors keep it: instructions (a user message in the open-model loop, a
+    system message in the GPT loop), the doctor's own greeting, then the patient's and doctor's turns."""
+    msgs = [{"role": "system" if loop == "gpt" else "user", "content": render("doctor_system", identity=identity(case["specialty"]))},
+            {"role": "assistant", "content": render("greeting")}]
     for t in transcript:
         msgs.append({"role": "user" if t["agent"] == "patient" else "assistant", "content": t["content"] or "..."})
     return msgs
 
 
 def patient_view(transcript: list[dict], case: dict) -> list[dict]:
+    """The patient's chat: instructions with the vignette (system), the doctor's greeting, then the turns."""
     msgs = [{"role": "system", "content": render("patient_system", vignette=case["vignette"])},
-            {"role": "user", "content": render("patient_opening")}]
+            {"role": "user", "content": render("greeting")}]
     for t in transcript:
         msgs.append({"role": "assistant" if t["agent"] == "patient" else "user", "content": t["content"] or "..."})
     return msgs
@@ -69,25 +109,27 @@ def stop_reason_for(doctor_turn: str, marker: str) -> str | None:
 
 
 async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tuple[list[dict], str]:
-    """Patient opens; then doctor turn, termination check, patient answer — until a rule stops it.
+    """The patient answers the greeting; then doctor turn, termination check, patient answer — until a rule stops it.
 
     The turn cap is checked right after the doctor's turn, as the authors do: the doctor's
     ``max_turns``-th turn ends the conversation (``turn_cap``) unanswered, so the transcript always
-    ends on a doctor turn, which :func:`context_turns` removes before asking.
+    ends on a doctor turn, which :func:`context_turns` removes before asking. The transcript holds the
+    models' turns only; the greeting is the fixed second message of the doctor's chat.
     """
+    stops = TURN_STOPS if settings.turn_stops else None
     transcript: list[dict] = []
-    r = await ctx.chat(patient_view([], case), role="patient", gen=_gen(settings, "patient", TURN_STOPS), step="patient_opening")
+    r = await ctx.chat(patient_view([], case), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
     transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": 0})
     turn = 0
     while True:
         turn += 1
-        r = await ctx.chat(doctor_view(transcript, case), role="clinical", gen=_gen(settings, "doctor", TURN_STOPS), step=f"doctor_turn_{turn}")
+        r = await ctx.chat(doctor_view(transcript, case, settings.loop), role="clinical", gen=_gen(settings, "doctor", stops), step=f"doctor_turn_{turn}")
         doctor = clean_turn(r.text)
         transcript.append({"agent": "doctor", "content": doctor, "turn": turn})
         reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
         if reason:
             return transcript, reason
-        r = await ctx.chat(patient_view(transcript, case), role="patient", gen=_gen(settings, "patient", TURN_STOPS), step=f"patient_turn_{turn}")
+        r = await ctx.chat(patient_view(transcript, case), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
         transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": turn})
 
 
@@ -100,84 +142,104 @@ def context_turns(transcript: list[dict]) -> list[dict]:
     return transcript
 
 
-def render_conversation(turns: list[dict]) -> str:
-    return "\n".join(f"{t['agent'].capitalize()}: {t['content']}" for t in turns)
-
-
 async def summarize(ctx: CaseContext, transcript: list[dict], settings: CraftSettings) -> str:
     statements = "\n".join(f"- {t['content']}" for t in transcript if t["agent"] == "patient" and t["content"])
-    text = await ask(ctx, settings, "summarizer", "summarizer", "summary", render("summarize", statements=statements or "- (nothing)"), SUMMARY_STOPS)
+    prompt = render("summarize", statements=statements or "- (nothing)")
+    text = await ask(ctx, settings, "summarizer", "summarizer", "summary", single(prompt, settings), SUMMARY_STOPS if settings.summary_stops else None)
     return clean_summary(text)
 
 
-SUMMARY_STOPS = ("\n\n", "\nPatient statements", "\nExample", "\nNow this patient")
-
-
 def clean_summary(text: str) -> str:
-    """The summary paragraph only: text after a repeated 'Case description:' label, up to a blank line."""
+    """The summary as returned (the authors keep it whole), after a repeated 'Case description:' label if any."""
     text = (text or "").strip()
     if "Case description:" in text:
         text = text.rsplit("Case description:", 1)[1]
-    return text.strip().split("\n\n")[0].strip()
+    return text.strip()
 
 
 # ------------------------------------------------------------------ asking and grading
 
 def case_question(case: dict) -> str:
-    """The case's own question (split off the vignette by the loader), asked in every format."""
-    return case.get("question") or "What is the most likely diagnosis?"
+    """The case's own question (split off the vignette by the loader as the authors split it), asked in every format."""
+    return case.get("question") or DEFAULT_QUESTION
 
 
-def format_context(fmt: str, case: dict, transcript: list[dict], stop_reason: str, summary: str) -> str:
-    if fmt == "vignette":
-        return render("ask_context_vignette", vignette=case["vignette"])
-    if fmt == "multiturn":
-        return render("ask_context_multiturn", conversation=render_conversation(context_turns(transcript)))
-    if fmt == "singleturn":
-        first = next((t["content"] for t in transcript if t["agent"] == "patient"), "")
-        return render("ask_context_singleturn", first_message=first)
-    return render("ask_context_summarized", summary=summary)
+def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summary: str, loop: str = "opensource") -> list[dict]:
+    """The clinical model's request for one format and mode, built as the authors' code builds it.
+
+    vignette / summarized: one message holding the doctor's identity (specialty), the case text (the
+    vignette or the summary) followed by the question, and for MCQ the choices (a user message; the
+    vignette one a system message in the GPT loop). multiturn / singleturn: the doctor's own chat —
+    instructions, greeting and the conversation without the doctor's closing turn (multiturn), or up
+    to the patient's first reply (singleturn) — with the question (and choices) appended to the last
+    patient message after a blank line (open-model loop) or as a system message after it (GPT loop).
+    """
+    choices = ", ".join(case["choices"])
+    if fmt in ("vignette", "summarized"):
+        values = {"identity": identity(case["specialty"]), "case": case["vignette"] if fmt == "vignette" else summary,
+                  "question": case_question(case), **({"choices": choices} if mode == "mcq" else {})}
+        role = "system" if loop == "gpt" and fmt == "vignette" else "user"
+        return [{"role": role, "content": render(f"ask_{mode}", **values)}]
+    turns = context_turns(transcript) if fmt == "multiturn" else transcript[:1]
+    chat = doctor_view(turns, case, loop)
+    prompt = render(f"ask_{mode}_after", question=case_question(case), **({"choices": choices} if mode == "mcq" else {}))
+    if loop == "gpt":
+        return chat + [{"role": "system", "content": prompt}]
+    chat[-1] = {**chat[-1], "content": f"{chat[-1]['content']}\n\n{prompt}"}
+    return chat
 
 
-async def ask_mcq(ctx: CaseContext, case, context: str, settings, fmt: str) -> dict:
+async def ask_mcq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
     c = case["choices"]
-    prompt = render("ask_mcq", context=context, question=case_question(case), choice_a=c[0], choice_b=c[1], choice_c=c[2], choice_d=c[3])
-    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", prompt, constraint=PROMPTS.constraint("ask_mcq", choices=list(c)))
+    name = "ask_mcq" if fmt in ("vignette", "summarized") else "ask_mcq_after"
+    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", answer_request(fmt, "mcq", case, transcript, summary, settings.loop),
+                     constraint=PROMPTS.constraint(name, choices=list(c)))
     return grading.parse_mcq(text.strip(), c, case["answer_index"])
+
+
+def settled(status: str, replies: dict) -> bool:
+    """The grader's replies hold a verdict: the extraction parsed and every verdict reply says yes or no."""
+    return status != "unparsed" and all(extract_verdict(r) is not None for r in replies.values())
 
 
 async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str) -> dict:
     """Grader-AI: extract the diagnosis (Multiple/None score 0), then judge equivalence (subtype rule).
 
-    Under ``concurrent_rule: any`` an answer naming several concurrent diagnoses is graded per
-    diagnosis (one verdict request each) and is correct when any matches; under ``zero`` it scores 0.
+    As the authors' ``diagnosis_evaluation``, both steps are asked again while the verdict holds neither
+    yes nor no (here also while the extraction cannot be parsed), at most ``grader_reasks`` times; the
+    number of re-asks is recorded (``grader_reasks``). Under ``concurrent_rule: any`` an answer naming
+    several concurrent diagnoses is graded per diagnosis (one verdict request each) and is correct when
+    any matches; under ``zero`` it scores 0.
     """
-    if not answer.strip():
-        extracted, status, raw1 = None, "none", None
-    else:
-        raw1 = await ask(ctx, settings, "grader", "grader", f"{fmt}_extract", render("grader_extract", answer=answer),
-                         constraint=PROMPTS.constraint("grader_extract"))
-        extracted, status = grading.parse_extraction(raw1)
     rule = settings.concurrent_rule
-    replies = {}
-    for i, given in enumerate(grading.match_targets(extracted, status, correct, rule)):
-        step = f"{fmt}_match" + (f"_{i}" if i else "")
-        replies[given] = await ask(ctx, settings, "grader", "grader", step, render("grader_match", correct=correct, given=given),
-                                   constraint=PROMPTS.constraint("grader_match"))
+    if not answer.strip():
+        extracted, status, raw1, replies, reasks = None, "none", None, {}, 0
+    else:
+        for reasks in range(settings.grader_reasks + 1):
+            raw1 = await ask(ctx, settings, "grader", "grader", f"{fmt}_extract", single(render("grader_extract", answer=answer), settings),
+                             constraint=PROMPTS.constraint("grader_extract"))
+            extracted, status = grading.parse_extraction(raw1)
+            replies = {}
+            for i, given in enumerate(grading.match_targets(extracted, status, correct, rule)):
+                step = f"{fmt}_match" + (f"_{i}" if i else "")
+                replies[given] = await ask(ctx, settings, "grader", "grader", step, single(render("grader_match", correct=correct, given=given), settings),
+                                           constraint=PROMPTS.constraint("grader_match"))
+            if settled(status, replies):
+                break
     grade = grading.grade_frq(extracted, status, correct, replies or None, rule)
     raw2 = next(iter(replies.values())) if len(replies) == 1 else (replies or None)
     return {"extracted": extracted, "extraction_status": status, "grader_extract_reply": raw1, "grader_match_reply": raw2,
-            "concurrent_rule": rule, **grade}
+            "concurrent_rule": rule, "grader_reasks": reasks, **grade}
 
 
-async def ask_frq(ctx: CaseContext, case, context: str, settings, fmt: str) -> dict:
-    prompt = render("ask_frq", context=context, question=case_question(case))
-    answer = (await ask(ctx, settings, "clinical", "answer", f"{fmt}_frq", prompt)).strip()
+async def ask_frq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
+    request = answer_request(fmt, "frq", case, transcript, summary, settings.loop)
+    answer = (await ask(ctx, settings, "clinical", "answer", f"{fmt}_frq", request)).strip()
     return {"answer": answer, **await grade_answer(ctx, answer, case["answer"], settings, fmt)}
 
 
-PROMPTS_USED = ["doctor_system", "patient_system", "patient_opening", "summarize", "ask_context_vignette", "ask_context_multiturn",
-                "ask_context_singleturn", "ask_context_summarized", "ask_mcq", "ask_frq", "grader_extract", "grader_match"]
+PROMPTS_USED = ["identity_specialist", "identity_general", "greeting", "doctor_system", "patient_system", "summarize", "ask_mcq", "ask_frq",
+                "ask_mcq_after", "ask_frq_after", "grader_extract", "grader_match"]
 
 
 async def solve(ctx: CaseContext, unit: dict, settings: CraftSettings) -> dict:
@@ -192,12 +254,11 @@ async def solve(ctx: CaseContext, unit: dict, settings: CraftSettings) -> dict:
     do_mcq = settings.mcq and len(case["choices"]) == 4
     jobs, keys = [], []
     for fmt in settings.formats:
-        context = format_context(fmt, case, transcript, stop or "", summary or "")
         if do_mcq:
-            jobs.append(ask_mcq(ctx, case, context, settings, fmt))
+            jobs.append(ask_mcq(ctx, case, transcript, summary or "", settings, fmt))
             keys.append((fmt, "mcq"))
         if settings.frq:
-            jobs.append(ask_frq(ctx, case, context, settings, fmt))
+            jobs.append(ask_frq(ctx, case, transcript, summary or "", settings, fmt))
             keys.append((fmt, "frq"))
     results = await asyncio.gather(*jobs)
     answers: dict[str, dict] = {fmt: {} for fmt in settings.formats}

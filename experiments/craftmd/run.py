@@ -9,7 +9,7 @@ from experiments.craftmd.data import load_cases
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.protocol import solve
-from experiments.craftmd.settings import CraftSettings
+from experiments.craftmd.settings import CraftSettings, deviations, requests_line
 from experiments.core.study import CaseContext, Study
 from serving.refs import model_name
 
@@ -55,7 +55,12 @@ class CraftmdStudy(Study):
         metrics["per_specialty"] = per_specialty(records)
         metrics["grades"] = "local grader"
         metrics["concurrent_rule"] = s.concurrent_rule
+        metrics["requests"] = requests_line(s)
+        metrics["deviations"] = deviations(s)
         return metrics
+
+    def describe(self, s: CraftSettings) -> list[str]:
+        return [requests_line(s)]
 
     def summary(self, metrics: dict, s: CraftSettings) -> str:
         from experiments.tables.render import run_paper_tables

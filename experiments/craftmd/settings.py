@@ -11,6 +11,17 @@ from experiments.core.config import RunSettings, Sampling
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
 STOP_REASONS = ("final_diagnosis", "no_question", "turn_cap")
+LOOPS = ("opensource", "gpt")
+
+# The authors' request settings (github.com/rajpurkarlab/craft-md, src/models.py, src/utils.py): max_tokens per
+# step (open models: generate(max_new_tokens=250); GPT calls: 150; the summary: 500) and, for GPT calls, the API's
+# default temperature 1.0 (open models: the model's own generation_config, so no fixed value). No stop sequences
+# anywhere; the grader's verdict re-asked while it holds neither yes nor no, at most 11 times (depth 0..10).
+AUTHORS_MAX_TOKENS = {"opensource": {"doctor": 250, "answer": 250, "patient": 150, "summarizer": 500, "grader": 150},
+                      "gpt": {"doctor": 150, "answer": 150, "patient": 150, "summarizer": 500, "grader": 150}}
+AUTHORS_TEMPERATURE = {"opensource": {"patient": 1.0, "summarizer": 1.0, "grader": 1.0},
+                       "gpt": {"doctor": 1.0, "answer": 1.0, "patient": 1.0, "summarizer": 1.0, "grader": 1.0}}
+AUTHORS_GRADER_REASKS = 11
 
 
 class CraftSettings(RunSettings):
@@ -26,13 +37,26 @@ class CraftSettings(RunSettings):
     # concurrent-diagnosis rule of the FRQ grade (SPEC section 3): "zero" = an answer naming several
     # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
     concurrent_rule: str = "zero"
+    # How the clinical model's requests are built: "opensource" = the authors' open-model loop (craftmd_opensource:
+    # doctor instructions as the first user message, every answer prompt a user message, the multi-/single-turn
+    # question appended to the last patient message); "gpt" = their GPT loop (craftmd_gpt: instructions and the
+    # vignette prompts as system messages, the multi-/single-turn question as a system message after the chat).
+    loop: Literal["opensource", "gpt"] = "opensource"
+    # Named deviations from the authors' requests (all off in paper.yaml; each one is listed in summary.md and the
+    # paper table's footnote, see deviations()):
+    turn_stops: bool = False     # doctor and patient turns stop at the next speaker label (a base model writes both sides)
+    summary_stops: bool = False  # the summary stops at a blank line or a new example label (a base model runs on)
+    grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0)
+    # the grader's and summarizer's one-message prompts as a user message instead of the authors' system message
+    # (chat templates such as Gemma 3's drop a conversation that is only a system message)
+    lone_system_as_user: bool = False  # re-asks of the grader while its verdict is neither yes nor no
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[str, Sampling] = {
-        "doctor": Sampling(temperature=0.7, max_tokens=96),
-        "patient": Sampling(temperature=0.7, max_tokens=64),
-        "answer": Sampling(temperature=0.7, max_tokens=48),
-        "summarizer": Sampling(temperature=0.0, max_tokens=200),
-        "grader": Sampling(temperature=0.0, max_tokens=32),
+        "doctor": Sampling(temperature=1.0, max_tokens=250),
+        "patient": Sampling(temperature=1.0, max_tokens=150),
+        "answer": Sampling(temperature=1.0, max_tokens=250),
+        "summarizer": Sampling(temperature=1.0, max_tokens=500),
+        "grader": Sampling(temperature=1.0, max_tokens=150),
     }
     # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
@@ -72,3 +96,36 @@ class CraftSettings(RunSettings):
             raise ValueError(f"sampling needs entries for: {', '.join(sorted(missing))}")
         return v
 
+
+
+def deviations(s: CraftSettings) -> list[str]:
+    """Every way this run's requests differ from the authors' (empty for paper.yaml), one phrase each."""
+    out = []
+    if s.turn_stops:
+        out.append("turn_stops: doctor and patient turns cut at the next speaker label")
+    if s.summary_stops:
+        out.append("summary_stops: the summary cut at a blank line")
+    for role, sampling in s.sampling.items():
+        if sampling.stop:
+            out.append(f"sampling.{role}.stop: {sampling.stop}")
+        want = AUTHORS_MAX_TOKENS[s.loop].get(role)
+        if want is not None and sampling.max_tokens != want:
+            out.append(f"{role} max_tokens {sampling.max_tokens} (authors: {want})")
+        temp = AUTHORS_TEMPERATURE[s.loop].get(role)
+        if temp is not None and sampling.temperature != temp:
+            out.append(f"{role} temperature {sampling.temperature:g} (authors: {temp:g})")
+    if s.grader_reasks != AUTHORS_GRADER_REASKS:
+        out.append(f"grader re-asked at most {s.grader_reasks} time(s) (authors: {AUTHORS_GRADER_REASKS})")
+    if s.lone_system_as_user:
+        out.append("lone_system_as_user: grader and summarizer prompts sent as user messages (authors: system)")
+    if s.completion_steps:
+        out.append(f"{', '.join(s.completion_steps)} sent as text completions (authors: chat)")
+    return out
+
+
+def requests_line(s: CraftSettings) -> str:
+    """How the requests were built, for summary.md and --dry-run."""
+    loop = "open-model loop (craftmd_opensource)" if s.loop == "opensource" else "GPT loop (craftmd_gpt)"
+    devs = deviations(s)
+    return (f"requests: built as the authors' {loop}; deviations from the authors' requests: "
+            + ("; ".join(devs) if devs else "none"))

@@ -2,6 +2,8 @@
 # Demo step: CRAFT-MD on 3 published cases, 1 trial, MCQ and FRQ in all four formats, with the embedded
 # model as clinical LLM, patient-AI, summarizer and grader; then the authors' GPT-3.5 release (once fetched) or a
 # hand-made published-format folder is imported and `compare` puts both side by side (summary.md, compare.json, accuracy.png).
+# The embedded config keeps what the base model needs (turn/summary stops, a deterministic grader, text
+# completions) as named deviations, listed in the run's summary.md and the paper table's footnote.
 # Writes "$OUT/craftmd" (read by 40-autoeval.sh). Env: MS (medstack binary), OUT (demo out dir).
 set -euo pipefail
 MS=${MS:-.venv/bin/medstack}

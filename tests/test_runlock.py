@@ -266,7 +266,8 @@ def test_finetune_and_sweep_refuse_a_folder_in_use(tmp_path):
         sweep = tmp_path / "sweep"
         holder2 = _hold(sweep)
         try:
-            p = run_cli("sweep", "craftmd", "--models", "embedded", "--data", str(CASES), "--limit", "1", "--out", str(sweep))
+            p = run_cli("sweep", "craftmd", "--models", "embedded", "--role", "patient=embedded", "--role", "grader=embedded",
+                        "--data", str(CASES), "--limit", "1", "--out", str(sweep))
             said = " ".join(p.stderr.split())
             assert p.returncode == 2 and f"{sweep} is in use by another medstack process: pid {holder2.pid}" in said, said
             assert sorted(x.name for x in sweep.iterdir()) == [LOCK_NAME]

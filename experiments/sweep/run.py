@@ -184,10 +184,12 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         planned.append((r, common, given, settings, case_ids))
     pub_dirs = _published_plan(published or [], sweep_dir)
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
-        return _run_planned(study, study_factory, runs, planned, pub_dirs, sweep_dir, report, log)
+        return _run_planned(study, study_factory, planned, pub_dirs, sweep_dir, report, log,
+                            SweepOutcome(runs, varied=roles_varied, idle=idle))
 
 
-def _run_planned(study, study_factory, runs, planned, pub_dirs, sweep_dir: Path, report: bool, log) -> SweepOutcome:
+def _run_planned(study, study_factory, planned, pub_dirs, sweep_dir: Path, report: bool, log, out: SweepOutcome) -> SweepOutcome:
+    runs = out.runs
     for r, common, given, settings, case_ids in planned:
         if is_finished(r.out, case_ids):
             r.status, r.message = "skipped", "finished earlier"
@@ -203,7 +205,6 @@ def _run_planned(study, study_factory, runs, planned, pub_dirs, sweep_dir: Path,
         except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
             r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
 
-    out = SweepOutcome(runs, varied=roles_varied, idle=idle)
     if pub_dirs:
         out.published = _import_published(pub_dirs, planned[0][3].data, log)
     done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published

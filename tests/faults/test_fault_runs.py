@@ -254,9 +254,13 @@ def test_disk_full_mid_run_stops_starting_cases_keeps_records_exit_3(keyed_serve
 
 def test_file_size_limit_mid_run_stops_with_exit_3_and_still_writes_metrics_and_summary(keyed_server, tmp_path):
     out = tmp_path / "run"
-    assert run_cli(*craftmd_run(keyed_server["url"], out, "--no-cache", limit=2), env=WITH_KEY).returncode == 0
+    # 4 finished cases first: the cap below (their records + 200 bytes) must leave room for the whole summary.md,
+    # which names every deviation of the demo config (~6 kB, more than 2 records)
+    assert run_cli(*craftmd_run(keyed_server["url"], out, "--no-cache", limit=4), env=WITH_KEY).returncode == 0
     before = records(out)
     limit = (out / "records.jsonl").stat().st_size + 200  # room for part of one more line: a torn line
+    room = (out / "summary.md").stat().st_size + 1000  # the stopped run's summary adds a line or two
+    assert room < limit, f"summary.md ({room - 1000} bytes) would not fit under the {limit}-byte cap: start with more cases"
 
     def cap():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
@@ -270,11 +274,11 @@ def test_file_size_limit_mid_run_stops_with_exit_3_and_still_writes_metrics_and_
     assert f"cannot write {out / 'records.jsonl'}: the file size limit was reached" in text and "Resume with:" in text
     finished_intact(before, out)
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["run"]["stopped_early"] is True and metrics["case_status"]["finished"] == 2
+    assert metrics["run"]["stopped_early"] is True and metrics["case_status"]["finished"] == 4
     assert "The run stopped: cannot write" in (out / "summary.md").read_text()
     again = run_cli(*craftmd_run(keyed_server["url"], out, "--no-cache", limit=6), env=WITH_KEY)
     assert again.returncode == 0, again.stderr
-    assert "torn line(s) (line 3) moved aside" in flat(again.stderr)
+    assert "torn line(s) (line 5) moved aside" in flat(again.stderr)
     finished_intact(before, out)
     assert len(records(out)) == 6
 

@@ -30,6 +30,7 @@ def test_other_dtype_server_does_not_reuse_cached_answers(embedded_server, tmp_p
     default = embedded_server.get("dtype") or choose_cpu_dtype(cpu_flags())[0]
     other = "bfloat16" if default == "float32" else "float32"
     cache = str(tmp_path / "responses.sqlite")
+    before = sorted((r["base_url"], r["dtype"]) for r in running_servers() if r["alias"] == "embedded")  # other tests' servers too
     gen = GenConfig(temperature=0.0, max_tokens=8)
 
     async def ask(dtype):
@@ -42,4 +43,5 @@ def test_other_dtype_server_does_not_reuse_cached_answers(embedded_server, tmp_p
     switched, ident = asyncio.run(ask(other))
     assert switched.ok, switched.error
     assert not switched.cached and ident["dtype"] == other and ident["started_by_run"] and f"--dtype {other}" in " ".join(ident["argv"])
-    assert [r["dtype"] for r in running_servers() if r["alias"] == "embedded"] == [default]  # the run's own server was stopped
+    after = sorted((r["base_url"], r["dtype"]) for r in running_servers() if r["alias"] == "embedded")
+    assert after == before and ident["base_url"] not in [u for u, _ in after]  # the run's own server was stopped, the others left

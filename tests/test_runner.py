@@ -97,6 +97,9 @@ def test_failed_case_is_recorded_failed_never_scored_and_retried(tmp_path):
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["n"] == 4 and m["run"]["cases_run"] == 1 and m["run"]["cases_resumed"] == 3
     assert records(tmp_path / "run")["c1"]["status"] == "ok"
+    # every record names which model played which role (what a sweep's fixed roles are read back from)
+    roles = prepare_run(ToyStudy(), s)[0].roles
+    assert roles and all(r["roles"] == dict(roles) for r in records(tmp_path / "run").values() if r["status"] == "ok")
 
 
 def test_dead_endpoint_stops_dispatching(tmp_path):

@@ -7,7 +7,7 @@ setup:
 test: setup
 	.venv/bin/python -m pytest -v --durations=15 -m "not distributed"
 
-# past one vLLM process on one node: tensor parallel 2 and a Ray head (replica groups and the router run in `make test`)
+# several vLLM processes at once (up to four servers' memory): replica group + router, TP=2, Ray
 test-distributed: setup
 	.venv/bin/python -m pytest -v --durations=15 -m distributed
 

@@ -37,7 +37,9 @@ from serving.replicas import metrics_targets
 
 from tests.conftest import MEDSTACK, REPO
 
-pytestmark = pytest.mark.e2e
+# Not in `make test` yet: beside the session server and the faults tests' keyed server, two more replicas ran this
+# 2-vCPU / 24 GiB machine out of memory (the OOM killer took the session server's worker, 2026-11-26). `make test-distributed`.
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 
 KEY = "mst-test-" + secrets.token_hex(12)
 PROMPTS = [

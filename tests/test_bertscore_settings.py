@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.metrics.text import bertscore_config, bertscore_f1, known_layer
+from experiments.common.text import bertscore_config, bertscore_f1, known_layer
 
 
 def test_default_layers_come_from_bert_score_own_table():

@@ -6,7 +6,8 @@ import pytest
 
 from experiments.craftmd import grading
 from experiments.craftmd.data import answer_index, load_cases
-from experiments.common.parsing import extract_verdict, match_choice
+from experiments.common.choice import map_choice, same_but_typos
+from experiments.common.parsing import extract_verdict
 from models.errors import DataError
 
 CHOICES = ["Lymphogranuloma venereum", "Herpes", "Chancroid", "Syphilis"]
@@ -26,8 +27,8 @@ CHOICES = ["Lymphogranuloma venereum", "Herpes", "Chancroid", "Syphilis"]
     ("I cannot choose without an examination.", None, "unparsed"),
     ("", None, "unparsed"),
 ])
-def test_match_choice(reply, expected, how):
-    assert match_choice(reply, CHOICES) == (expected, how)
+def test_map_choice(reply, expected, how):
+    assert map_choice(reply, CHOICES) == (expected, how)
 
 
 def test_parse_mcq_scores_refusal_as_wrong_and_flags_unscorable_cases():
@@ -195,21 +196,21 @@ def test_loaded_cases_carry_question_and_vignette_without_it(tmp_path):
     ("I cannot choose without an examination.", None, "unparsed"),
 ])
 def test_map_choice_rules(reply, expected, how):
-    assert grading.map_choice(reply, CHOICES) == (expected, how)
+    assert map_choice(reply, CHOICES) == (expected, how)
 
 
 def test_fuzzy_mcq_rule_takes_spelling_slips_not_other_diagnoses():
     gyn = ["Endometritis", "Adenomyosis", "Leiomyoma", "Ovarian torsion"]
     # a different diagnosis spelled alike is no pick (it used to map to Endometritis and score correct)
-    assert grading.map_choice("Endometriosis.", gyn) == (None, "unparsed")
-    assert grading.map_choice("The most likely diagnosis is endometriosis.", gyn) == (None, "unparsed")
+    assert map_choice("Endometriosis.", gyn) == (None, "unparsed")
+    assert map_choice("The most likely diagnosis is endometriosis.", gyn) == (None, "unparsed")
     assert grading.parse_mcq("Endometriosis", gyn, 0)["correct"] == 0
-    assert not grading.same_but_typos("acute hepatitis a infection", "acute hepatitis b infection")
+    assert not same_but_typos("acute hepatitis a infection", "acute hepatitis b infection")
     # slips in the answer or in the published choice text still map
-    assert grading.map_choice("Central retinal artery occlusion", ["Central retinal artery occulsion", "Central retinal vein occlusion", "Giant cell arteritis", "Retinal detachment"]) == (0, "fuzzy")
-    assert grading.map_choice("Pityriasis rubra pilaris", ["Psoriasis", "Pityriasis ruba pilaris", "Pityriasis rosea", "Lichen planus"]) == (1, "fuzzy")
-    assert grading.map_choice("Lymphogranulomavenereum", CHOICES) == (0, "fuzzy")
-    assert grading.map_choice("Alzheimer's disease", ["Alzheimer disease", "Vascular dementia", "Lewy body dementia", "Delirium"]) == (0, "fuzzy")
+    assert map_choice("Central retinal artery occlusion", ["Central retinal artery occulsion", "Central retinal vein occlusion", "Giant cell arteritis", "Retinal detachment"]) == (0, "fuzzy")
+    assert map_choice("Pityriasis rubra pilaris", ["Psoriasis", "Pityriasis ruba pilaris", "Pityriasis rosea", "Lichen planus"]) == (1, "fuzzy")
+    assert map_choice("Lymphogranulomavenereum", CHOICES) == (0, "fuzzy")
+    assert map_choice("Alzheimer's disease", ["Alzheimer disease", "Vascular dementia", "Lewy body dementia", "Delirium"]) == (0, "fuzzy")
 
 
 def test_cushing_disease_is_never_scored_correct_by_a_shortcut():

@@ -156,7 +156,7 @@ def _tiny_model(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from experiments.metrics.text import default_encoder_path
+    from experiments.common.text import default_encoder_path
 
     tok = AutoTokenizer.from_pretrained(default_encoder_path())
     tok.eos_token = "[SEP]"

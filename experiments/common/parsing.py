@@ -90,62 +90,22 @@ def extract_rating(text: str, label: str = "Rating", lo: int = 1, hi: int = 5) -
     return value if lo <= value <= hi else None
 
 
-# -- multiple choice by choice text, and verdicts (added for CRAFT-MD; generic) ------
-
-LETTERS = "ABCDEFGHIJ"
+# -- verdicts (CRAFT-MD's grader, MediTOD's adjudication) ------------------------------------
 
 
-def _norm(s: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"[^a-z0-9]+", " ", (s or "").lower())).strip()
-
-
-def match_choice(text: str, choices: list[str], *, fuzzy_threshold: float | None = 85.0) -> tuple[int | None, str]:
-    """Map a free-text answer to one of ``choices`` (0-based index), or None.
-
-    One rule for every model, in this order (the second value names the step that decided):
-    1. ``letter``: an explicit letter — ``Answer: B``, ``(B)``, ``B)``, ``B.`` or a lone ``B`` at the start;
-    2. ``exact``: the whole answer equals a choice text (case/punctuation-insensitive);
-    3. ``contains``: exactly one choice's text occurs in the answer (the longest wins if one contains another);
-    4. ``fuzzy``: rapidfuzz ``token_set_ratio`` of answer vs each choice; the best one if it is >= the
-       threshold and strictly better than the runner-up;
-    5. ``unparsed``: none of these -> None (counted as wrong by callers).
-    """
-    if not text or not choices:
-        return None, "unparsed"
-    letters = LETTERS[: len(choices)]
-    t = text.strip()
-    m = re.search(rf"(?i:answer|choice|option)\**\s*(?:(?i:is))?\s*[:\-]?\s*\**\s*\(?([{letters}])(?![A-Za-z0-9])", t)
-    if not m:
-        m = re.match(rf"^\W*\(?([{letters}])(?:[).:\]]|\s*$|\s*\n|\s+[-–:])", t)
-    if m:
-        return letters.index(m.group(1).upper()), "letter"
-    nt = _norm(t)
-    normed = [_norm(c) for c in choices]
-    for i, c in enumerate(normed):
-        if c and nt == c:
-            return i, "exact"
-    hits = [i for i, c in enumerate(normed) if c and re.search(rf"(?<![a-z0-9]){re.escape(c)}(?![a-z0-9])", nt)]
-    if hits:
-        hits = [i for i in hits if not any(j != i and normed[i] in normed[j] for j in hits)]
-        if len(hits) == 1:
-            return hits[0], "contains"
-        return None, "unparsed"
-    if fuzzy_threshold is not None:
-        from rapidfuzz import fuzz
-
-        scores = sorted(((fuzz.token_set_ratio(nt, c), i) for i, c in enumerate(normed)), reverse=True)
-        if scores and scores[0][0] >= fuzzy_threshold and (len(scores) == 1 or scores[0][0] > scores[1][0]):
-            return scores[0][1], "fuzzy"
-    return None, "unparsed"
-
-
-def extract_verdict(text: str, yes: tuple[str, ...] = ("yes", "correct", "true", "match", "same"), no: tuple[str, ...] = ("no", "incorrect", "false", "different")) -> bool | None:
+def extract_verdict(text: str, yes: tuple[str, ...] = ("yes", "correct", "true", "match", "same"),
+                    no: tuple[str, ...] = ("no", "incorrect", "false", "different"), *, anywhere: bool = False) -> bool | None:
     """A yes/no verdict: the first word after a ``Verdict:`` label if there is one, else the reply's first word.
 
     Strict on purpose: a judge that rambles ("Decide whether ... correct diagnosis") gives None, not a verdict.
+    ``anywhere`` (MediTOD's adjudication, ``positive``/``negative``): True when a ``yes`` word occurs anywhere
+    in the reply (case-insensitive substring), else False when a ``no`` word does.
     """
     if not text:
         return None
+    if anywhere:
+        low = text.lower()
+        return True if any(w in low for w in yes) else False if any(w in low for w in no) else None
     words = sorted(yes + no, key=len, reverse=True)
     pattern = r"^[\W_]*(" + "|".join(map(re.escape, words)) + r")(?![a-z])(?!\s*:)"
     labelled = extract_after(text, "Verdict")
@@ -153,7 +113,7 @@ def extract_verdict(text: str, yes: tuple[str, ...] = ("yes", "correct", "true",
     return (m.group(1) in yes) if m else None
 
 
-# -- lists, numbers, letters (added for DERA; generic) --------------------------------------------
+# -- lists and numbers (added for DERA; generic) --------------------------------------------
 
 _NONE_WORDS = {"none", "nothing", "no concepts", "n/a", "na", "[]", "empty"}
 
@@ -219,15 +179,3 @@ def extract_number(text: str) -> float | None:
     """The first number in the reply (``0.8``, ``.8``, ``80``), or None."""
     m = re.search(r"-?\d*\.?\d+", text or "")
     return float(m.group(0)) if m else None
-
-
-def extract_choice(text: str, letters: str = "ABCDE") -> str | None:
-    """A multiple-choice letter: after ``Answer:`` if present, else the first standalone letter."""
-    if not text:
-        return None
-    after = extract_after(text, "answer")
-    for cand in ([after] if after else []) + [text]:
-        m = re.search(rf"(?<![A-Za-z])\(?([{letters}])\)?(?![A-Za-z])", cand)
-        if m:
-            return m.group(1)
-    return None

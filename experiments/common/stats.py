@@ -7,6 +7,7 @@
 - ``holm``: Holm–Bonferroni adjusted p-values (statsmodels).
 - ``mcnemar_test``: McNemar's test on paired binary outcomes (statsmodels; exact
   binomial when the discordant count is small).
+- ``prf``: precision / recall / F1 from match counts (DERA's GPT-F1, MediTOD's micro F1).
 """
 
 from __future__ import annotations
@@ -18,6 +19,19 @@ import numpy as np
 DEFAULT_B = 10_000
 DEFAULT_SEED = 0
 BLOCK_CELLS = 2_000_000  # resampled values drawn at a time (~32 MB of indices and values)
+
+
+def prf(pred_hits: float, n_pred: float, gold_hits: float, n_gold: float, *, both_empty: float = 0.0) -> tuple[float, float, float]:
+    """(precision, recall, F1): precision = ``pred_hits / n_pred`` (predicted items matched in the gold),
+    recall = ``gold_hits / n_gold`` (gold items matched in the prediction; the same count as ``pred_hits``
+    for one-to-one matching), F1 their harmonic mean. A ratio with an empty denominator is 0; when both
+    lists are empty all three are ``both_empty`` (GPT-F1: 1, MediTOD: 0)."""
+    if n_pred == 0 and n_gold == 0:
+        return both_empty, both_empty, both_empty
+    p = pred_hits / n_pred if n_pred > 0 else 0.0
+    r = gold_hits / n_gold if n_gold > 0 else 0.0
+    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    return p, r, f
 
 
 def _boot_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from experiments.core.results import iter_jsonl
 from models.errors import DataError
-from experiments.common.parsing import match_choice
+from experiments.common.choice import LETTERS, map_choice, pick_letter
 
 CSV_COLUMNS = ("case_vignette", "choice_1", "choice_2", "choice_3", "choice_4", "answer", "category", "dataset", "case_id")
 
@@ -66,8 +66,9 @@ def answer_index(answer: str, choices: list[str]) -> int | None:
     stripped = [c.strip().lower() for c in choices]
     if answer.strip().lower() in stripped:
         return stripped.index(answer.strip().lower())
-    idx, how = match_choice(answer, choices, fuzzy_threshold=90.0)
-    return idx if how in ("exact", "contains", "fuzzy") else None
+    if pick_letter(answer, LETTERS[: len(choices)]):  # a letter answer ("B") names no choice text
+        return None
+    return map_choice(answer, choices, letters=False, stated=False, first=False, fuzzy=90.0)[0]
 
 
 def load_csv(path: Path) -> list[dict]:

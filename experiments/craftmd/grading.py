@@ -14,18 +14,15 @@ FRQ grading has two grader-AI steps; this module turns their replies into scores
    of the given one -> match; the given one has extra words = more specific subtype -> no match);
    otherwise the answer is *unscored* (correct=None) and counted, never silently 0.
 
-MCQ mapping (:func:`map_choice`, one rule for every model, local or imported): letter; exact
-choice text; the choice a committing phrase names ("the diagnosis is X", "answer: X", "Final
-Diagnosis: X"); exactly one choice text contained; the choice mentioned first when several are
-(unless the first two are joined by "or"/"vs" = a hedge); one choice equal up to spelling slips
-(``fuzzy``, :func:`same_but_typos`); else unparsed.
+MCQ mapping: :func:`experiments.common.choice.map_choice`, one rule for every model, local or imported.
 """
 
 from __future__ import annotations
 
 import re
 
-from experiments.common.parsing import _norm, extract_after, extract_verdict, match_choice
+from experiments.common.choice import map_choice
+from experiments.common.parsing import extract_after, extract_verdict
 
 CONCURRENT_RULES = ("zero", "any")
 # words ignored by the lexical fallback; "disease", "syndrome", "disorder" are NOT among them:
@@ -60,134 +57,6 @@ def parse_mcq(reply: str, choices: list[str], answer_index: int | None) -> dict:
     else:
         out["correct"] = int(idx == answer_index)
     return out
-
-
-# -- MCQ mapping ----------------------------------------------------------------------------------
-
-MCQ_RULES = ("exact", "letter", "stated", "contains", "first", "fuzzy", "unparsed")
-_STATED = re.compile(
-    r"(?:final\s+diagnosis|(?:most\s+)?(?:likely|probable|correct|best|right|final)\s+(?:diagnosis|answer|choice|option)|"
-    r"diagnosis|answer|choice|option|diagnosed\s+with|consistent\s+with|suggestive\s+of|likely\s+has|suffering\s+from)"
-    r"[^.:\n]{0,60}?(?:\bis\b|\bwould\s+be\b|:|-|–)\s*\**\s*(.+)", re.I)
-_HEDGE = re.compile(r"\b(or|vs|versus|and/or)\b|/", re.I)
-
-
-def _mentions(text: str, choices: list[str]) -> tuple[list[tuple[int, int, int]], str]:
-    """(start, end, choice index) of each choice text occurring in the normalized text, a choice
-    contained in a longer mentioned choice not counted separately."""
-    nt = _norm(text)
-    found = []
-    for i, c in enumerate(_norm(x) for x in choices):
-        if not c:
-            continue
-        for m in re.finditer(rf"(?<![a-z0-9]){re.escape(c)}(?![a-z0-9])", nt):
-            found.append((m.start(), m.end(), i))
-    found = [f for f in found if not any(g != f and g[0] <= f[0] and f[1] <= g[1] and (g[1] - g[0]) > (f[1] - f[0]) for g in found)]
-    return sorted(found), nt
-
-
-def _stated_choice(text: str, choices: list[str]) -> int | None:
-    """The choice named right after a committing phrase ("the most likely diagnosis is X")."""
-    for m in _STATED.finditer(text):
-        phrase = re.split(r"(?<=[a-z0-9)])[.;!?](?:\s|$)|\n", m.group(1).strip().strip("*").strip(), maxsplit=1)[0]
-        idx, how = _by_text(phrase, choices, stated=False, first=False)
-        if idx is not None:
-            return idx
-        found, _ = _mentions(phrase, choices)
-        if found:
-            return found[0][2]
-    return None
-
-
-def _first_choice(text: str, choices: list[str]) -> int | None:
-    """The choice mentioned first when several are, unless the first two mentions are joined by a hedge."""
-    found, nt = _mentions(text, choices)
-    distinct = []
-    for start, end, i in found:
-        if not distinct or distinct[-1][2] != i:
-            distinct.append((start, end, i))
-    if not distinct:
-        return None
-    if len({i for _, _, i in distinct}) > 1:
-        between = nt[distinct[0][1]: distinct[1][0]]
-        if _HEDGE.search(between) and len(between.split()) <= 4:
-            return None
-    return distinct[0][2]
-
-
-def _by_text(text: str, choices: list[str], *, stated: bool = True, first: bool = True) -> tuple[int | None, str]:
-    """Map by choice text only (no letters): exact > stated > contains > first > fuzzy."""
-    if not text or not choices:
-        return None, "unparsed"
-    nt = _norm(text)
-    normed = [_norm(c) for c in choices]
-    for i, c in enumerate(normed):
-        if c and nt == c:
-            return i, "exact"
-    if stated:
-        idx = _stated_choice(text, choices)
-        if idx is not None:
-            return idx, "stated"
-    found, _ = _mentions(text, choices)
-    distinct = {i for _, _, i in found}
-    if len(distinct) == 1:
-        return distinct.pop(), "contains"
-    if len(distinct) > 1:
-        idx = _first_choice(text, choices) if first else None
-        return (idx, "first") if idx is not None else (None, "unparsed")
-    close = [i for i, c in enumerate(normed) if c and same_but_typos(nt, c)]
-    if len(close) == 1:
-        return close[0], "fuzzy"
-    return None, "unparsed"
-
-
-def same_but_typos(a: str, b: str) -> bool:
-    """The ``fuzzy`` MCQ rule: two normalized texts name the same thing up to spelling slips.
-
-    Words compared leave out "the" and a possessive "s" ("Alzheimer's disease" = "Alzheimer
-    disease"). Either the words are equal once spaces are removed ("lymphogranulomavenereum"), or
-    they are the same words except for one-letter slips (one insertion, deletion, substitution or
-    swap, in words of 5+ letters) and the texts are >= 95 % alike (rapidfuzz ratio). So a different
-    ending ("endometriosis" / "endometritis"), a different short word ("hepatitis a" / "b", "cd4" /
-    "cd8") or a slip in a single short name ("dysphagia" / "dysphasia") is no match.
-    """
-    from rapidfuzz import fuzz
-    from rapidfuzz.distance import OSA
-
-    wa, wb = ([w for w in x.split() if w not in ("the", "s")] for x in (a, b))
-    if "".join(wa) == "".join(wb):
-        return bool(wa)
-    if len(wa) != len(wb) or fuzz.ratio(" ".join(wa), " ".join(wb)) < 95:
-        return False
-    return all(x == y or (max(len(x), len(y)) >= 5 and OSA.distance(x, y) == 1) for x, y in zip(wa, wb))
-
-
-def map_choice(text: str, choices: list[str]) -> tuple[int | None, str]:
-    """Free-text MCQ answer -> (choice index or None, rule that decided), one rule for every model.
-
-    In order: ``exact`` (the whole answer is a choice text, case/punctuation-insensitive);
-    ``letter`` (``Answer: B``, ``(B)``, a lone ``B``; experiments.common.parsing.match_choice) unless the
-    text itself names a choice by exact/stated/contains (the named choice wins: models invent letters
-    for unlettered lists, and "A history of ..." is an article) ; ``stated`` (the choice named right
-    after a committing phrase: "the most likely diagnosis is X", "Answer: X", "**Final Diagnosis:**
-    X"); ``contains`` (exactly one choice text occurs); ``first`` (several occur: the one mentioned
-    first, unless the first two are joined by "or"/"vs"/"/" = a hedge, which is no pick); ``fuzzy``
-    (exactly one choice equal up to spelling slips, :func:`same_but_typos`); else ``unparsed``
-    (scored wrong, never dropped).
-    """
-    if not text or not choices:
-        return None, "unparsed"
-    tidx, thow = _by_text(text, choices)
-    if thow == "exact":
-        return tidx, thow
-    lidx, lhow = match_choice(text, choices)
-    if lhow == "letter":
-        if tidx is not None and tidx != lidx and (thow in ("stated", "contains") or (thow == "fuzzy" and re.match(r"^\W*[A-J]\.", choices[tidx]))):
-            return tidx, thow
-        article = re.search(r"(?:^|(?:answer|choice|option)\W*(?:is)?\W*)A\s+[a-z]", text.strip(), flags=re.I) and not re.search(r"\(A\)|\bA[.):]", text)
-        if not article:
-            return lidx, "letter"
-    return tidx, thow
 
 
 # -- FRQ grading ----------------------------------------------------------------------------------

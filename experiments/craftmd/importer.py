@@ -7,7 +7,7 @@ Input: a folder of ``*.json`` files, one per case, each with ``case_id``, ``case
 with the same shape as a local run, so `compare` treats both alike.
 
 MCQ mapping (identical for every imported model, and the same rule local runs use,
-``experiments.craftmd.grading.map_choice``): the four choices come from the file (``choices`` /
+``experiments.common.choice.map_choice``): the four choices come from the file (``choices`` /
 ``options`` key, or ``A. ...`` lines in ``question``) or, with ``--cases``, from the case CSV by
 ``case_id``. The free-text answer is mapped by, in order: ``letter``; ``exact`` choice text;
 ``stated`` (the choice a committing phrase names: "the diagnosis is X", "Answer: X"); ``contains``
@@ -32,6 +32,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from experiments.common.choice import MCQ_RULES, map_choice
 from experiments.craftmd import grading
 from experiments.craftmd.data import answer_index, load_cases
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
@@ -135,7 +136,7 @@ def mcq_answer(text, choices: list[str], correct: str) -> dict:
         out = grading.parse_mcq(text, choices, answer_index(correct, choices))
         out["mcq_mapping"] = "choices"
         return out
-    idx, how = grading.map_choice(text, [correct])
+    idx, how = map_choice(text, [correct])
     return {"answer": text, "choice": None, "choice_text": correct if idx == 0 else None, "parsed_by": how, "correct": int(idx == 0), "mcq_mapping": "answer_only"}
 
 
@@ -227,10 +228,10 @@ def import_stats(records: list[dict]) -> dict:
             if rule == "unparsed":
                 unmapped.append({"id": r["id"], "format": fmt, "answer": "(no answer in the file)" if a.get("missing") else a.get("answer")})
     minus_one = Counter(f for r in records for f, d in (r.get("answers") or {}).items() if d.get("frq", {}).get("published_evaluation") == -1)
-    order = {k: i for i, k in enumerate(grading.MCQ_RULES)}
+    order = {k: i for i, k in enumerate(MCQ_RULES)}
     return {
         "grades": "published", "concurrent_rule": "any",
-        "mcq_mapping": {"rule": " > ".join(grading.MCQ_RULES), "counts": dict(sorted(by_rule.items(), key=lambda kv: order.get(kv[0], 99))),
+        "mcq_mapping": {"rule": " > ".join(MCQ_RULES), "counts": dict(sorted(by_rule.items(), key=lambda kv: order.get(kv[0], 99))),
                         "per_format": {f: dict(sorted(c.items(), key=lambda kv: order.get(kv[0], 99))) for f, c in by_fmt.items()},
                         "answer_only": answer_only, "unmapped": len(unmapped)},
         "mcq_unmapped": unmapped,
@@ -247,7 +248,7 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
         raise DataError(f"{src}: no *.json result files")
     cases_by_id = {c["case_id"]: c for c in load_cases(cases_csv)} if cases_csv else {}
     config = {"experiment": "craftmd", "name": name, "imported_from": str(src.resolve()), "cases": cases_csv,
-              "mcq_mapping": "experiments.craftmd.grading.map_choice: " + " > ".join(grading.MCQ_RULES),
+              "mcq_mapping": "experiments.craftmd.grading.map_choice: " + " > ".join(MCQ_RULES),
               "grades": "published", "concurrent_rule": "any"}
     converted = [rec for f in files for rec in convert_file(f, name, cases_by_id)]  # all files valid before anything is written
     cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release

@@ -11,35 +11,44 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
-from experiments.craftmd.settings import FORMATS, MODES
+from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci
+from experiments.craftmd.settings import FORMATS, MODES
 
 
-def answer_of(record: dict, fmt: str, mode: str) -> dict | None:
-    return ((record.get("answers") or {}).get(fmt) or {}).get(mode)
+def grade(answer: dict) -> Grade:
+    """One answer of a record (``answers.<format>.<mode>``) as a typed grade: value = ``correct``, source =
+    ``grade_source`` (FRQ) or ``parsed_by`` (MCQ), metadata = the FRQ grader's extraction status and re-asks."""
+    return Grade(value=answer.get("correct"), answer=answer.get("answer"), source=answer["grade_source"] if "grade_source" in answer else answer.get("parsed_by"),
+                 skipped=bool(answer.get("skipped")),
+                 metadata={"extraction_status": answer.get("extraction_status"), "grader_reasks": int(answer.get("grader_reasks") or 0)})
+
+
+def grades(record: dict) -> dict[tuple[str, str], Grade]:
+    """{(format, mode): grade} of one record, in the record's order."""
+    return {(f, m): grade(a) for f, d in (record.get("answers") or {}).items() for m, a in d.items()}
 
 
 def case_scores(records: list[dict], fmt: str, mode: str) -> dict[str, float]:
     per = defaultdict(list)
     for r in records:
-        a = answer_of(r, fmt, mode)
-        if a is not None and a.get("correct") is not None:
-            per[str(r["case_id"])].append(float(a["correct"]))
+        g = grades(r).get((fmt, mode))
+        if g is not None and g.value is not None:
+            per[str(r["case_id"])].append(float(g.value))
     return {cid: sum(v) / len(v) for cid, v in per.items()}
 
 
 def formats_modes(records: list[dict]) -> list[tuple[str, str]]:
-    seen = {(f, m) for r in records for f, d in (r.get("answers") or {}).items() for m in d}
+    seen = {fm for r in records for fm in grades(r)}
     return [(f, m) for f in FORMATS for m in MODES if (f, m) in seen]
 
 
 def accuracy(records: list[dict], fmt: str, mode: str) -> dict:
     scores = case_scores(records, fmt, mode)
-    present = [answer_of(r, fmt, mode) for r in records]
-    present = [a for a in present if a is not None and not a.get("skipped")]
+    present = [g for r in records if (g := grades(r).get((fmt, mode))) is not None and not g.skipped]
     ci = mean_ci(scores.values())
     return {"accuracy": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None, "ci_high": ci.high if ci.n else None,
-            "n": ci.n, "n_answers": len(present), "unscored": sum(a.get("correct") is None for a in present)}
+            "n": ci.n, "n_answers": len(present), "unscored": sum(g.value is None for g in present)}
 
 
 def run_metrics(records: list[dict]) -> dict:
@@ -50,14 +59,15 @@ def run_metrics(records: list[dict]) -> dict:
     out["stop_reasons"] = dict(stops)
     turns = [r.get("n_doctor_turns", 0) for r in good if r.get("transcript")]
     out["mean_doctor_turns"] = sum(turns) / len(turns) if turns else None
-    n_answers = sum(1 for r in good for d in (r.get("answers") or {}).values() for a in d.values() if not a.get("skipped"))
+    all_grades = [(fm, g) for r in good for fm, g in grades(r).items()]
+    n_answers = sum(1 for _, g in all_grades if not g.skipped)
     n_parse = sum(len(r.get("parse_errors") or []) for r in good)
     out["parse_errors"] = n_parse
     out["parse_error_rate"] = n_parse / n_answers if n_answers else None
-    frq = [a for r in good for d in (r.get("answers") or {}).values() for m, a in d.items() if m == "frq"]
-    out["frq_extraction_status"] = dict(Counter(a.get("extraction_status") for a in frq))
-    out["frq_grade_source"] = dict(Counter(a.get("grade_source") for a in frq))
-    reasks = [int(a.get("grader_reasks") or 0) for a in frq]
+    frq = [g for (_, m), g in all_grades if m == "frq"]
+    out["frq_extraction_status"] = dict(Counter(g.metadata["extraction_status"] for g in frq))
+    out["frq_grade_source"] = dict(Counter(g.source for g in frq))
+    reasks = [g.metadata["grader_reasks"] for g in frq]
     out["grader_reasks"] = {"total": sum(reasks), "answers_reasked": sum(k > 0 for k in reasks), "max": max(reasks, default=0)}
     out["request_errors"] = sum(len(r.get("errors") or []) for r in good)
     return out

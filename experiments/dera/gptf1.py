@@ -25,16 +25,13 @@ from __future__ import annotations
 
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import GptF1Settings
+from experiments.common import stats
 from experiments.common.parsing import extract_indices, extract_list
 
+
 def prf(n_gt: int, tp_gt: int, n_pred: int, tp_pred: int) -> dict:
-    """Precision/recall/F1 from counts (pure)."""
-    if n_gt == 0 and n_pred == 0:
-        return {"precision": 1.0, "recall": 1.0, "f1": 1.0}
-    recall = tp_gt / n_gt if n_gt else 0.0
-    precision = tp_pred / n_pred if n_pred else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1}
+    """Precision/recall/F1 from counts (:func:`experiments.common.stats.prf`; both lists empty -> 1)."""
+    return dict(zip(("precision", "recall", "f1"), stats.prf(tp_pred, n_pred, tp_gt, n_gt, both_empty=1.0)))
 
 
 def _dedupe(items: list[str]) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from experiments.dera.qa_metrics import normalize_similarity
-from experiments.dera.report import mcq_option_counts, options_label
+from experiments.dera.report import gptf1_grades, mcq_option_counts, options_label
 from experiments.tables.adapter import PaperAdapter
 
 
@@ -28,11 +28,11 @@ class DeraPaper(PaperAdapter):
         out: dict[str, dict[str, float]] = {}
         ok = [r for r in records if "error" not in r]
         for r in ok:  # GPT-F1: f1.<arm>.<section> and f1.<arm>.average
-            for arm, g in (r.get("gptf1") or {}).items():
-                for sec, v in (g.get("sections") or {}).items():
-                    if v.get("scored") and v.get("f1") is not None:
-                        out.setdefault(f"f1.{arm}.{sec}", {})[str(r["id"])] = float(v["f1"])
-                avg = (g.get("average") or {}).get("f1")
+            for arm, (sections, average) in gptf1_grades(r).items():
+                for sec, g in sections.items():
+                    if g.scored and g.named("f1") is not None:
+                        out.setdefault(f"f1.{arm}.{sec}", {})[str(r["id"])] = float(g.named("f1"))
+                avg = average.named("f1")
                 if avg is not None:
                     out.setdefault(f"f1.{arm}.average", {})[str(r["id"])] = float(avg)
         qa = [r for r in ok if isinstance(r.get("scores"), dict)]

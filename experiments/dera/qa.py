@@ -18,7 +18,8 @@ from collections import Counter
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_options
 from experiments.dera.settings import QASettings
-from experiments.common.parsing import extract_after, extract_choice, has_marker
+from experiments.common.choice import pick_letter
+from experiments.common.parsing import extract_after, has_marker
 
 LABELS = {"researcher": "Teacher", "decider": "Student"}
 
@@ -31,7 +32,7 @@ def answer_from_completion(text: str, mcq: bool) -> str | None:
     if not text or not text.strip():
         return None
     if mcq:
-        return extract_choice(text)
+        return pick_letter(text, "ABCDE", loose=True)
     line = next(ln for ln in text.strip().splitlines() if ln.strip()).strip()
     labelled = extract_after(line, "answer")
     line = (labelled or line).strip().strip('"“”*').strip()
@@ -124,7 +125,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
                            constraint_values=letter_values(q), question=question, options=format_options(q.get("options")))
         said = extract_after(d.text, "answer")
         if said and settings.mcq:
-            said = extract_choice(said)
+            said = pick_letter(said, "ABCDE", loose=True)
         log.parsed(f"decider:{turn}", bool(said), "no 'Answer: ...' line", d.text)
         stated.append(said)
         transcript.append({"agent": "decider", "content": d.text.strip(), "turn": turn, "answer": said})

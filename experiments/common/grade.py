@@ -1,22 +1,17 @@
-"""A graded answer as a typed value, in the spirit of Inspect's ``Score``: what the studies' metrics read
-instead of chained ``.get`` on the nested dicts of a record. Records on disk keep their own shape; a study
-builds its grades from a record (``experiments/craftmd/metrics.py`` ``grades``, ``experiments/dera/report.py``
-``gptf1_grades``)."""
+"""A graded answer as a typed value (in the spirit of Inspect's ``Score``), read by the studies' metrics instead of
+chained ``.get``; records on disk keep their shape (craftmd/metrics.py ``grades``, dera/report.py ``gptf1_grades``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-Value = float | Mapping[str, float | None] | None
-
 
 @dataclass(frozen=True)
 class Grade:
-    """``value``: 1 / 0 / a fraction, or named values (precision, recall, f1); None = unscored (counted, never 0).
-    ``source``: the rule or step that decided; ``skipped``: not asked in this run; ``metadata``: the rest."""
+    """``value``: 1 / 0 / a fraction or named values (P/R/F1), None = unscored; ``source``: the rule that decided."""
 
-    value: Value
+    value: float | Mapping[str, float | None] | None
     answer: Any = None
     source: str | None = None
     skipped: bool = False

@@ -12,10 +12,7 @@ import re
 
 def extract_tag(text: str, tag: str) -> str | None:
     """Content of ``[TAG: "..."]`` / ``[TAG: ...]`` (first occurrence), or None."""
-    m = re.search(rf"\[\s*{re.escape(tag)}\s*:\s*(.*?)\]", text, flags=re.S | re.I)
-    if not m:
-        return None
-    return m.group(1).strip().strip('"“”').strip()
+    return next(iter(extract_tags(text, tag)), None)
 
 
 def extract_tags(text: str, tag: str) -> list[str]:

@@ -22,10 +22,8 @@ BLOCK_CELLS = 2_000_000  # resampled values drawn at a time (~32 MB of indices a
 
 
 def prf(pred_hits: float, n_pred: float, gold_hits: float, n_gold: float, *, both_empty: float = 0.0) -> tuple[float, float, float]:
-    """(precision, recall, F1): precision = ``pred_hits / n_pred`` (predicted items matched in the gold),
-    recall = ``gold_hits / n_gold`` (gold items matched in the prediction; the same count as ``pred_hits``
-    for one-to-one matching), F1 their harmonic mean. A ratio with an empty denominator is 0; when both
-    lists are empty all three are ``both_empty`` (GPT-F1: 1, MediTOD: 0)."""
+    """(precision = pred_hits / n_pred, recall = gold_hits / n_gold, F1); an empty denominator gives 0, both lists
+    empty give ``both_empty`` (GPT-F1: 1, MediTOD: 0). One-to-one matching: pred_hits = gold_hits = TP."""
     if n_pred == 0 and n_gold == 0:
         return both_empty, both_empty, both_empty
     p = pred_hits / n_pred if n_pred > 0 else 0.0

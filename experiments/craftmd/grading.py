@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from experiments.common.choice import map_choice
+from experiments.common.choice import map_choice, norm
 from experiments.common.parsing import extract_after, extract_verdict
 
 CONCURRENT_RULES = ("zero", "any")
@@ -32,8 +32,7 @@ _STOP = {"the", "a", "an", "of", "and", "with", "to", "due", "in", "s"}
 
 def normalize(s: str | None) -> str:
     """Case, apostrophes, punctuation and whitespace removed: the only equality that skips the grader."""
-    s = re.sub(r"['’`]", "", (s or "").lower())
-    return re.sub(r"\s+", " ", re.sub(r"[^a-z0-9]+", " ", s)).strip()
+    return norm(re.sub(r"['’`]", "", s or ""))
 
 
 def check_rule(rule: str) -> str:

@@ -16,17 +16,12 @@ from experiments.common.stats import mean_ci
 from experiments.craftmd.settings import FORMATS, MODES
 
 
-def grade(answer: dict) -> Grade:
-    """One answer of a record (``answers.<format>.<mode>``) as a typed grade: value = ``correct``, source =
-    ``grade_source`` (FRQ) or ``parsed_by`` (MCQ), metadata = the FRQ grader's extraction status and re-asks."""
-    return Grade(value=answer.get("correct"), answer=answer.get("answer"), source=answer["grade_source"] if "grade_source" in answer else answer.get("parsed_by"),
-                 skipped=bool(answer.get("skipped")),
-                 metadata={"extraction_status": answer.get("extraction_status"), "grader_reasks": int(answer.get("grader_reasks") or 0)})
-
-
 def grades(record: dict) -> dict[tuple[str, str], Grade]:
-    """{(format, mode): grade} of one record, in the record's order."""
-    return {(f, m): grade(a) for f, d in (record.get("answers") or {}).items() for m, a in d.items()}
+    """{(format, mode): grade} of a record's answers: value ``correct``, source ``grade_source`` (FRQ) or ``parsed_by``
+    (MCQ), metadata the FRQ grader's extraction status and re-asks."""
+    return {(f, m): Grade(value=a.get("correct"), answer=a.get("answer"), source=a["grade_source"] if "grade_source" in a else a.get("parsed_by"),
+                          skipped=bool(a.get("skipped")), metadata={"extraction_status": a.get("extraction_status"), "grader_reasks": int(a.get("grader_reasks") or 0)})
+            for f, d in (record.get("answers") or {}).items() for m, a in d.items()}
 
 
 def case_scores(records: list[dict], fmt: str, mode: str) -> dict[str, float]:

@@ -25,13 +25,8 @@ from __future__ import annotations
 
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import GptF1Settings
-from experiments.common import stats
+from experiments.common.stats import prf
 from experiments.common.parsing import extract_indices, extract_list
-
-
-def prf(n_gt: int, tp_gt: int, n_pred: int, tp_pred: int) -> dict:
-    """Precision/recall/F1 from counts (:func:`experiments.common.stats.prf`; both lists empty -> 1)."""
-    return dict(zip(("precision", "recall", "f1"), stats.prf(tp_pred, n_pred, tp_gt, n_gt, both_empty=1.0)))
 
 
 def _dedupe(items: list[str]) -> list[str]:
@@ -110,7 +105,7 @@ async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: Gp
     out.update({"gt_found_in_pred": found_gt, "pred_found_in_gt": found_pred})
     if found_gt is None or found_pred is None:
         return {**out, "scored": False, "precision": None, "recall": None, "f1": None}
-    return {**out, "scored": True, **prf(len(gt_c), len(found_gt), len(pred_c), len(found_pred))}
+    return {**out, "scored": True, **dict(zip(("precision", "recall", "f1"), prf(len(found_pred), len(pred_c), len(found_gt), len(gt_c), both_empty=1.0)))}
 
 
 async def score_summary(log: CaseLog, gt: dict, pred: dict, sections: list[str], settings: GptF1Settings, *,

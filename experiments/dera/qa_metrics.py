@@ -18,6 +18,7 @@ import asyncio
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import QASettings
 from experiments.common.parsing import extract_bool, extract_number
+from experiments.common.text import bertscore_f1
 
 ARMS = ("oneshot", "dera")
 _bert_lock = asyncio.Lock()
@@ -32,8 +33,6 @@ def normalize_similarity(scores: list[float | None]) -> list[float | None]:
 
 
 async def bertscore(pred: str, gold: str, model_path: str | None, num_layers: int | None = None) -> float:
-    from experiments.common.text import bertscore_f1
-
     async with _bert_lock:  # one encoder, loaded once
         return (await asyncio.to_thread(bertscore_f1, [pred], [gold], model_path, num_layers))[0]
 

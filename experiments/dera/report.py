@@ -7,7 +7,7 @@ from statistics import mean
 
 from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci, paired_bootstrap
-from experiments.common.text import bertscore_label
+from experiments.common.text import bertscore_config, bertscore_label
 from experiments.dera.qa_metrics import ARMS, normalize_similarity
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
@@ -44,15 +44,10 @@ def _fmt(x, digits: int = 3) -> str:
 PRF = ("precision", "recall", "f1")
 
 
-def section_grade(v: dict) -> Grade:
-    """One GPT-F1 section score of a record as a typed grade: named values P/R/F1, None when unscored."""
-    return Grade(value={m: v.get(m) for m in PRF} if v.get("scored") else None, metadata={"concepts_cut": v.get("concepts_cut")})
-
-
 def gptf1_grades(record: dict) -> dict[str, tuple[dict[str, Grade], Grade]]:
-    """{arm: ({section: grade}, the average's grade)} of one record's GPT-F1 scores."""
-    return {arm: ({s: section_grade(v) for s, v in (g.get("sections") or {}).items()}, Grade(value=g.get("average")))
-            for arm, g in (record.get("gptf1") or {}).items()}
+    """{arm: ({section: grade, value P/R/F1 or None when unscored}, the average's grade)} of one record's GPT-F1."""
+    return {arm: ({s: Grade(value={m: v.get(m) for m in PRF} if v.get("scored") else None, metadata={"concepts_cut": v.get("concepts_cut")})
+                   for s, v in (g.get("sections") or {}).items()}, Grade(value=g.get("average"))) for arm, g in (record.get("gptf1") or {}).items()}
 
 
 def gptf1_table(records: list[dict], key: str, sections: list[str]) -> dict:
@@ -149,8 +144,6 @@ def qa_metrics(records: list[dict], settings) -> dict:
     if settings.mcq:
         m["mcq_options"] = {str(k): v for k, v in mcq_option_counts(records).items()}
     else:
-        from experiments.common.text import bertscore_config
-
         m["bertscore"] = bertscore_config(settings.bertscore_model, settings.bertscore_layer)
     m["answer_changed_rate"] = round(mean(int(r["answer_changed"]) for r in ok), 4) if ok else None
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]

@@ -55,6 +55,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from experiments.common.stats import prf
+from experiments.common.text import bertscore_config, bertscore_f1, corpus_bleu, rouge
 
 SYMPTOM_CANON = ("location", "progression", "severity", "lesion_size", "rash_swollen", "itching", "lesions_peel_off")
 MEDICATION_CANON = ("respone_to", "impact")
@@ -297,8 +298,7 @@ def structured_scores(task: str, golds: list, preds: list, judgments: dict | Non
     turns = len(golds)
     out = {"turns": turns, "scored_turns": scored}
     for name, counts in (("medical", c), ("non_medical", n), ("", [c[i] + n[i] for i in range(3)])):
-        tp, fp, fn = counts
-        p, r, f = prf(tp, tp + fp, tp, tp + fn)
+        p, r, f = prf(counts[0], counts[0] + counts[1], counts[0], counts[0] + counts[2])
         pre = f"{name}_" if name else ""
         out.update({f"{pre}precision": p, f"{pre}recall": r, f"{pre}f1": f, f"{pre}gold_tuples": counts[0] + counts[2]})
     out["joint_accuracy"] = joint / turns if turns else 0.0
@@ -373,8 +373,6 @@ def gold_length_report(golds: list[str], cap: int, count_tokens) -> dict:
 
 def nlg_scores(golds: list[str], preds: list[str], *, bertscore_encoder: str | None = None, bertscore: bool = True,
                bertscore_layer: int | None = None) -> dict:
-    from experiments.common.text import bertscore_config, bertscore_f1, corpus_bleu, rouge
-
     g = [normalize_text(x) for x in golds]
     p = [normalize_text(x or "") for x in preds]
     out = {"turns": len(golds), "empty_predictions": sum(1 for x in p if not x)}

@@ -24,6 +24,7 @@ import json
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Literal
 from urllib.parse import urlparse
 
 import aiohttp
@@ -47,7 +48,7 @@ PROBE_CHOICE = "zq7"
 
 
 LOCAL_HOSTS = {"localhost", "localhost.localdomain"}
-AUTH_MARK = "the endpoint refused the API key"  # in ChatResult.error of a 401/403: the runner stops the run on it
+AUTH_MARK = "the endpoint refused the API key"  # the words of a 401/403 in ChatResult.error
 AUTH_STATUS = (401, 403)
 
 
@@ -105,6 +106,9 @@ class GenConfig:
         return out
 
 
+ErrorKind = Literal["transport", "status", "auth"]
+
+
 @dataclass
 class ChatResult:
     texts: list[str] = field(default_factory=list)
@@ -113,6 +117,9 @@ class ChatResult:
     latency: float = 0.0
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None
+    # what kind of failure ``error`` is: transport (retries exhausted: refused, dropped, timeout, 429/5xx),
+    # status (a 4xx: the request itself is wrong) or auth (401/403: the key was refused; the runner stops the run)
+    error_kind: ErrorKind | None = None
     cached: bool = False
     key: str | None = None  # the response-cache key (None: not cacheable)
 
@@ -125,7 +132,10 @@ class ChatResult:
         return self.error is None
 
     def to_dict(self) -> dict:
-        return shallow_dict(self)
+        """The cache entry (only answered results are cached: no ``error_kind``, so entries stay those of earlier versions)."""
+        out = shallow_dict(self)
+        del out["error_kind"]
+        return out
 
 
 def shallow_dict(obj) -> dict:
@@ -298,12 +308,13 @@ class LLMClient:
                 last_error = str(e)
             except StatusError as e:  # 4xx: our request is wrong, retrying will not help
                 if e.status in AUTH_STATUS:  # a missing or wrong key: every other request would get the same
-                    return ChatResult(error=f"HTTP {e.status} from {ep.base_url}: {AUTH_MARK} ({e.message})", latency=time.perf_counter() - t0)
-                return ChatResult(error=str(e), latency=time.perf_counter() - t0)
+                    return ChatResult(error=f"HTTP {e.status} from {ep.base_url}: {AUTH_MARK} ({e.message})", error_kind="auth",
+                                      latency=time.perf_counter() - t0)
+                return ChatResult(error=str(e), error_kind="status", latency=time.perf_counter() - t0)
             if attempt < self.retries:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
-        return ChatResult(error=f"gave up after {self.retries + 1} attempts: {last_error}")
+        return ChatResult(error=f"gave up after {self.retries + 1} attempts: {last_error}", error_kind="transport")
 
     async def _send(self, kind, content, ep: Endpoint, gen: GenConfig, t0: float) -> ChatResult:
         params = dict(
@@ -356,7 +367,7 @@ class LLMClient:
             for kind, content in (("chat", [{"role": "user", "content": "Reply with one word."}]), ("completion", "One word:")):
                 async with self._sem:
                     r = await self._send_with_retries(kind, content, ep, gen)
-                if not (r.error and r.error.startswith("HTTP")):
+                if r.error_kind not in ("status", "auth"):
                     break
                 refusals.append(f"{kind}: {r.error[:240]}")  # e.g. a base model without a chat template: try the other API
             if refusals and len(refusals) == 2:

@@ -165,9 +165,7 @@ class AutoevalStudy(Study):
 
     def summary(self, metrics: dict, s: AutoevalSettings) -> str:
         # the runner appends the run line (wall time, tokens, cache hits, failed cases)
-        from experiments.tables.render import run_paper_tables
-
-        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(s.out)
+        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(s.out, metrics)
 
 
 # ------------------------------------------------------------------ step (a), cached

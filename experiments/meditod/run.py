@@ -33,6 +33,7 @@ from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokeniz
 from experiments.meditod.tasks import TASKS, build_samples
 from experiments.metrics.text import bertscore_label
 from experiments.core.study import CaseContext, RequestFailed, Study
+from experiments.tables.render import run_paper_tables
 from serving.refs import ModelRef, model_name
 
 CONFIGS = Path(__file__).with_name("configs")

@@ -238,7 +238,7 @@ class MeditodStudy(Study):
                     raise
                 raise RequestFailed(e.step, e.role, e.error + (
                     f" [the input alone does not fit the served context ({self._budget} prompt tokens beside "
-                    f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]")) from None
+                    f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]"), e.kind) from None
             pred = parse_icl(s.task, res.text)
         else:
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=[DONE]).gen()
@@ -272,9 +272,7 @@ class MeditodStudy(Study):
         return m
 
     def summary(self, metrics: dict, s: MeditodSettings) -> str:
-        from experiments.tables.render import run_paper_tables
-
-        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(s.out)
+        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(s.out, metrics)
 
 
 # ------------------------------------------------------------------ scoring and adjudication

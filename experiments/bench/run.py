@@ -19,6 +19,7 @@ from pathlib import Path
 from models.errors import MedstackError
 from experiments.bench.measure import calculate_metrics
 from experiments.bench.send import RequestOutput, send_completion
+from serving.cpus import host_facts, parse_cpu_list
 from serving.refs import model_name
 
 
@@ -137,7 +138,7 @@ def roofline(weights: Path, host: dict, override: float | None = None, dtype: st
         return {"tok_s": round(override, 1), "basis": "given with --roofline-tok-s"}
     params = count_params(weights)
     mhz, isa = host.get("cpu_mhz"), host.get("isa") or []
-    ncpu = len(_expand(host.get("usable_cpus") or "")) or host.get("cpus")
+    ncpu = len(parse_cpu_list(host.get("usable_cpus") or "")) or host.get("cpus")
     if not params or not mhz or not ncpu:
         return None
     served = dtype if dtype in ("float32", "bfloat16") else "float32"
@@ -156,20 +157,6 @@ def served_dtype(identity: dict | None) -> str | None:
 def baseline_dtype(served: str | None) -> str:
     """The transformers baseline runs in the served dtype, so the ratio compares like with like (float32 when unknown)."""
     return served if served in ("float32", "bfloat16", "float16") else "float32"
-
-
-def _expand(cpus: str) -> list[int]:
-    out = []
-    for part in filter(None, cpus.split(",")):
-        a, _, b = part.partition("-")
-        out += list(range(int(a), int(b or a) + 1))
-    return out
-
-
-def host_facts() -> dict:
-    from serving.launcher import machine_facts
-
-    return {"cpus": os.cpu_count(), **machine_facts()}
 
 
 async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None) -> tuple[list[dict], dict]:

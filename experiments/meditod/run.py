@@ -28,12 +28,13 @@ from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.meditod import metrics as M
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
-                                         parse_icl, parse_sft, prompt_hash, render_sft, sft_messages, strip_bos, template,
-                                         templates_used, DONE)
+                                         parse_icl, parse_sft, prompt_hash, sft_messages, template,
+                                         templates_used)
 from experiments.meditod.tasks import TASKS, build_samples
 from experiments.metrics.text import bertscore_label
 from experiments.core.study import CaseContext, RequestFailed, Study
 from experiments.tables.render import run_paper_tables
+from models.prompt_format import DONE, adapter_prompt_format, default_prompt_format, render_sft, strip_bos
 from serving.refs import ModelRef, model_name
 
 CONFIGS = Path(__file__).with_name("configs")
@@ -110,27 +111,6 @@ def tokenizer_of(alias: str):
 def transcript(sample: dict) -> list[dict]:
     turns = sample["history"] + sample["last_turn"]
     return [{"agent": t.split(": ", 1)[0], "content": t.split(": ", 1)[-1], "turn": i} for i, t in enumerate(turns)]
-
-
-def default_prompt_format(alias: str) -> str:
-    """The format the base's default fine-tuning recipe trains on (chat where it has none)."""
-    from finetune.recipe import default_config, load_recipe
-
-    cfg = default_config(alias)
-    return load_recipe(cfg).data.prompt_format if cfg else "chat"
-
-
-def adapter_prompt_format(path: str) -> str | None:
-    """The format an adapter was trained on, from the recipe.yaml `medstack finetune` writes beside it."""
-    import yaml
-
-    recipe = Path(path).parent / "recipe.yaml"
-    if not recipe.exists():
-        return None
-    try:
-        return (yaml.safe_load(recipe.read_text()) or {}).get("data", {}).get("prompt_format")
-    except yaml.YAMLError:
-        return None
 
 
 def load_samples(s: MeditodSettings) -> list[dict]:

@@ -23,8 +23,7 @@ import ipaddress
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Literal
+from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
 import aiohttp
@@ -33,6 +32,7 @@ import orjson
 from models.errors import MedstackError
 
 from serving.cache import ResponseCache, request_key
+from serving.types import ErrorKind, GenConfig, shallow_dict
 
 
 class RemoteEndpointError(MedstackError):
@@ -80,35 +80,6 @@ class Endpoint:
     api_key: str = "EMPTY"
 
 
-@dataclass(frozen=True)
-class GenConfig:
-    """Output-affecting sampling settings (all part of the cache key)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    frequency_penalty: float = 0.0
-    n: int = 1
-    seed: int | None = None
-    stop: tuple[str, ...] | None = None
-    # vLLM structured outputs: the JSON of the `structured_outputs` request field ({"choice"|"regex"|"json"|"grammar": ...}),
-    # set by CaseContext for a step with a declared format in runs with `answers: constrained`; None = free text
-    structured: str | None = None
-
-    def replace(self, **kw) -> "GenConfig":
-        return replace(self, **kw)
-
-    def key_fields(self) -> dict:
-        """The fields of the cache key; ``structured`` only when set, so free-text keys are those of earlier versions."""
-        out = shallow_dict(self)
-        if out["structured"] is None:
-            del out["structured"]
-        return out
-
-
-ErrorKind = Literal["transport", "status", "auth"]
-
-
 @dataclass
 class ChatResult:
     texts: list[str] = field(default_factory=list)
@@ -117,9 +88,7 @@ class ChatResult:
     latency: float = 0.0
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None
-    # what kind of failure ``error`` is: transport (retries exhausted: refused, dropped, timeout, 429/5xx),
-    # status (a 4xx: the request itself is wrong) or auth (401/403: the key was refused; the runner stops the run)
-    error_kind: ErrorKind | None = None
+    error_kind: ErrorKind | None = None  # transport | status | auth (serving/types.py)
     cached: bool = False
     key: str | None = None  # the response-cache key (None: not cacheable)
 
@@ -136,12 +105,6 @@ class ChatResult:
         out = shallow_dict(self)
         del out["error_kind"]
         return out
-
-
-def shallow_dict(obj) -> dict:
-    """A dataclass's fields as a dict, values shared (``asdict`` deep-copies every value: ~0.3 ms a call at
-    paper scale for what is serialised at once)."""
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 @dataclass

@@ -28,6 +28,7 @@ from models.registry import get_spec, resolve_weights
 from serving.cpus import BF16_FLAGS, cpu_flags, machine_facts, usable_cpus
 from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, public_env, redact_argv
 from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
+from serving.types import DTYPES
 
 
 class ServeError(MedstackError):
@@ -134,7 +135,6 @@ def iomp_library() -> str | None:
     return None
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def choose_cpu_dtype(flags: set[str]) -> tuple[str, str]:

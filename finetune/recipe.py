@@ -20,6 +20,7 @@ from experiments.core.config import ConfigError, load_settings, read_yaml_mappin
 from experiments.core.runlock import RunLock
 from models.errors import MedstackError
 from models.prompt_format import DEFAULT_FORMAT, RECIPE_DIR, PromptFormat
+from models.registry import load_registry
 
 TASKS = ("nlu", "pol", "nlg")
 CONFIG_DIR = RECIPE_DIR
@@ -46,8 +47,6 @@ class ModelSection(_Section):
     @field_validator("base")
     @classmethod
     def _known_alias(cls, v: str) -> str:
-        from models.registry import load_registry
-
         known = load_registry()
         if v not in known:
             raise ValueError(f"unknown base model alias {v!r}; known aliases: {', '.join(known)}")

@@ -25,16 +25,21 @@ from typing import Literal
 from pydantic import Field
 
 from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.constraints import Constraint
 from experiments.meditod import metrics as M
+from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
+from experiments.meditod.ontology import load_ontology
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
                                          parse_icl, parse_sft, prompt_hash, sft_messages, template,
                                          templates_used)
+from experiments.meditod.retrieval import load_encoder, retrieve_exemplars
 from experiments.meditod.tasks import TASKS, build_samples
 from experiments.metrics.text import bertscore_label
 from experiments.core.study import CaseContext, RequestFailed, Study
 from experiments.tables.render import run_paper_tables
 from models.prompt_format import DONE, adapter_prompt_format, default_prompt_format, render_sft, strip_bos
+from models.registry import get_spec
 from serving.refs import ModelRef, model_name
 
 CONFIGS = Path(__file__).with_name("configs")
@@ -47,9 +52,6 @@ def icl_constraint(task: str):
     ontology.yaml (experiments/meditod/constraints.py); NLG is free text. Applied only under answers: constrained."""
     if task == "nlg":
         return None
-    from experiments.core.constraints import Constraint
-    from experiments.meditod.constraints import nlu_schema, pol_schema
-    from experiments.meditod.ontology import load_ontology
 
     schema = (nlu_schema if task == "nlu" else pol_schema)(load_ontology())
     return Constraint.make("json", schema, f"meditod/{task}: experiments/meditod/ontology.yaml")
@@ -81,8 +83,6 @@ class MeditodSettings(RunSettings):
 def context_budget(alias: str, max_tokens: int, margin: int, served: int | None = None) -> int | None:
     """Prompt tokens a request may use: the served context length (the server's ``max_model_len``; else the
     registry's) less ``max_tokens`` and a margin."""
-    from models.registry import get_spec
-
     if served is None:
         try:
             served = get_spec(alias).context_length
@@ -124,7 +124,6 @@ def load_samples(s: MeditodSettings) -> list[dict]:
         samples = samples[: s.limit]
     found: list[list[dict]] = [[] for _ in samples]
     if s.mode == "icl" and s.k > 0 and samples:  # after the cheap checks: the encoder takes seconds to load
-        from experiments.meditod.retrieval import load_encoder, retrieve_exemplars
 
         train_ids = load_split_ids(splits_dir, s.train_split, dialogs=dialogs)
         train = build_samples(dialogs, train_ids, s.task, mode="icl", history_size=s.history_size)

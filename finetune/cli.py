@@ -39,7 +39,8 @@ def _command(task: str):
         fsdp: bool = typer.Option(False, "--fsdp", help="With --processes N: fully sharded data parallel (finetune/accelerate_fsdp.yaml) instead of DDP."),
     ) -> None:
         from experiments.core.commands import resolve_data
-        from finetune.recipe import default_config, load_recipe, merge_overrides, parse_assignments, strip_none
+        from finetune.recipe import load_recipe, merge_overrides, parse_assignments, strip_none
+        from models.prompt_format import default_recipe
 
         data = Path(resolve_data(data))
         overrides = {
@@ -50,7 +51,7 @@ def _command(task: str):
             "training": {"max_steps": max_steps, "epochs": epochs, "early_stopping_patience": early_stopping_patience},
         }
         overrides = merge_overrides(strip_none(overrides), parse_assignments(set_))
-        recipe = load_recipe(config or default_config(base), overrides)
+        recipe = load_recipe(config or default_recipe(base), overrides)
         if dry_run:
             _dry_run(recipe)
             return

@@ -3,7 +3,7 @@
 Samples come from the MediTOD study's own builders (``experiments.meditod.tasks.sft_samples``, the
 authors' per-task windows) and messages (``experiments.meditod.prompts.sft_messages``): system,
 user (``[dialog state]``/``[action]``, ``[dialog history]``, ``[last turn]``, ``[output]`` blocks) and
-assistant ``[answer] <target> [done]``. ``render_sft`` renders them with the base's chat template
+assistant ``[answer] <target> [done]``. ``render_sft`` (models/prompt_format.py) renders them with the base's chat template
 (``chat``) or joins them by newlines (``completion``, for a base without a chat template); the
 evaluation run (``medstack run meditod-<task> --mode supervised``) sends the same rendering up to
 ``[answer]``. The loss covers only what follows the response marker ``[answer]``: every token up
@@ -15,7 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from experiments.meditod.data import load_dialogs, load_split_ids
+from experiments.meditod.prompts import sft_messages
+from experiments.meditod.tasks import sft_samples
 from models.errors import DataError
+from models.prompt_format import ANSWER, render_sft
 
 IGNORE_INDEX = -100
 
@@ -26,10 +30,6 @@ def split_file(splits_dir: Path, split: str) -> Path:
 
 def load_pairs(dialogs_path: str, splits_dir: str | None, split: str, task: str, *, history_size: int | None = None) -> list[dict]:
     """[{id, split, messages}] for one split (``history_size``: the authors' parameter; None = 4, their configs')."""
-    from experiments.meditod.data import load_dialogs, load_split_ids
-    from experiments.meditod.prompts import sft_messages
-    from experiments.meditod.tasks import sft_samples
-
     splits = Path(splits_dir) if splits_dir else Path(dialogs_path).parent
     if not split_file(splits, split).exists():
         raise DataError(f"split {split!r}: {split_file(splits, split)} not found (expected a JSON list of dialog ids)")
@@ -43,8 +43,6 @@ def load_pairs(dialogs_path: str, splits_dir: str | None, split: str, task: str,
 
 def render_pair(tokenizer, messages: list[dict], prompt_format: str) -> tuple[str, str]:
     """(text up to and including the response marker, the rest): the loss is taken on the rest only."""
-    from experiments.meditod.prompts import ANSWER, render_sft
-
     text = render_sft(messages, prompt_format, tokenizer)
     cut = text.rindex(ANSWER) + len(ANSWER)
     return text[:cut], text[cut:]

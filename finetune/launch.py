@@ -27,6 +27,7 @@ from experiments.core.config import ConfigError
 from finetune.data import split_file
 from finetune.recipe import OUT_LOCK_HELD_ENV, Recipe, out_lock
 from models.errors import DataError, MedstackError
+from serving.launcher import free_port
 
 FINETUNE_DIR = Path(__file__).parent
 ACCELERATE_CONFIGS = {"ddp": FINETUNE_DIR / "accelerate_ddp.yaml", "fsdp": FINETUNE_DIR / "accelerate_fsdp.yaml"}
@@ -70,8 +71,6 @@ def launch(recipe: Recipe, processes: int, *, fsdp: bool = False, log=print) -> 
     import json
 
     import torch
-
-    from serving.launcher import free_port
 
     on_gpu = torch.cuda.is_available()
     check_processes(recipe, processes, fsdp, on_gpu, torch.cuda.device_count() if on_gpu else 0)

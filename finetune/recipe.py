@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from experiments.core.config import ConfigError, load_settings, read_yaml_mapping
 from experiments.core.runlock import RunLock
 from models.errors import MedstackError
+from models.prompt_format import DEFAULT_FORMAT, RECIPE_DIR, PromptFormat
+from models.registry import load_registry
 
 TASKS = ("nlu", "pol", "nlg")
-CONFIG_DIR = Path(__file__).with_name("configs")
-# the config a base alias gets when --config is not given
-DEFAULT_CONFIGS = {"embedded": "embedded-cpu.yaml", "llama3-8b-instruct": "llama3-8b-nlu.yaml", "openbiollm-8b": "openbiollm-8b-nlu.yaml"}
+CONFIG_DIR = RECIPE_DIR
 
 
 class _Section(BaseModel):
@@ -47,8 +47,6 @@ class ModelSection(_Section):
     @field_validator("base")
     @classmethod
     def _known_alias(cls, v: str) -> str:
-        from models.registry import load_registry
-
         known = load_registry()
         if v not in known:
             raise ValueError(f"unknown base model alias {v!r}; known aliases: {', '.join(known)}")
@@ -79,7 +77,7 @@ class DataSection(_Section):
     valid_split: str | None = "valid"
     """None: no validation loss (and no early stopping)."""
     max_length: int = Field(1024, ge=16, description="prompt + completion tokens; longer prompts lose their oldest history")
-    prompt_format: Literal["completion", "chat"] = "chat"
+    prompt_format: PromptFormat = DEFAULT_FORMAT
     """chat: the base's chat template (the authors'); completion: the messages joined by newlines (the authors'
     rendering for a base without a chat template). `run --mode supervised` sends the same rendering."""
     limit: int | None = Field(None, ge=1, description="use at most N training samples (smoke tests)")
@@ -227,11 +225,6 @@ def load_recipe(path: str | Path | None, overrides: dict | None = None) -> Recip
         return load_settings(Recipe, None, merged)
     except ConfigError as e:
         raise ConfigError(str(e).replace("settings:", f"{path or 'recipe'}:", 1)) from None
-
-
-def default_config(base: str) -> Path | None:
-    name = DEFAULT_CONFIGS.get(base)
-    return CONFIG_DIR / name if name else None
 
 
 def require_4bit_support(recipe: Recipe, on_gpu: bool) -> None:

@@ -16,6 +16,8 @@ import os
 import stat
 from pathlib import Path
 
+from models.errors import MedstackError
+
 UMASK_ENV = "MEDSTACK_UMASK"
 DEFAULT_UMASK = 0o077
 
@@ -30,8 +32,6 @@ def configured_umask() -> int:
     except ValueError:
         value = -1
     if not 0 <= value <= 0o777:
-        from models.errors import MedstackError
-
         raise MedstackError(f"${UMASK_ENV}={raw!r} is not an octal umask such as 077 (private) or 027 (group may read)")
     return value
 

@@ -279,9 +279,7 @@ def chat(
 
     result = asyncio.run(go())
     if not result.ok:
-        from serving.client import AUTH_MARK
-
-        hint = ": set $MEDSTACK_API_KEY to the server's key" if AUTH_MARK in (result.error or "") else ""
+        hint = ": set $MEDSTACK_API_KEY to the server's key" if result.error_kind == "auth" else ""
         raise MedstackError(f"request failed: {result.error}{hint}")
     out.print(result.text)
     console.print(f"[dim]{result.prompt_tokens} prompt + {result.completion_tokens} completion tokens, {result.latency:.2f} s{' (cached)' if result.cached else ''}[/dim]")

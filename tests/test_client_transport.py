@@ -90,6 +90,7 @@ async def test_4xx_is_not_retried_and_names_the_servers_message(fake):
     r = await c.chat([{"role": "user", "content": "x"}])
     await c.aclose()
     assert r.error == "HTTP 400: This model's maximum context length is 2048 tokens." and len(fake.seen) == 1
+    assert r.error_kind == "status"
 
 
 async def test_401_names_the_endpoint_and_never_the_key(fake):
@@ -98,6 +99,7 @@ async def test_401_names_the_endpoint_and_never_the_key(fake):
     r = await c.chat([{"role": "user", "content": "x"}])
     await c.aclose()
     assert r.error.startswith(f"HTTP 401 from {fake.url}: {AUTH_MARK}") and KEY not in r.error and len(fake.seen) == 1
+    assert r.error_kind == "auth"
 
 
 async def test_5xx_and_429_are_retried_until_an_answer(fake):
@@ -105,7 +107,7 @@ async def test_5xx_and_429_are_retried_until_an_answer(fake):
     c = client(fake.url, retries=3)
     r = await c.chat([{"role": "user", "content": "x"}])
     await c.aclose()
-    assert r.ok and r.text == "first" and len(fake.seen) == 3 and c.usage["default"].failed == 0
+    assert r.ok and r.text == "first" and len(fake.seen) == 3 and c.usage["default"].failed == 0 and r.error_kind is None
 
 
 async def test_persistent_5xx_gives_up_with_the_last_error(fake):
@@ -114,6 +116,7 @@ async def test_persistent_5xx_gives_up_with_the_last_error(fake):
     r = await c.chat([{"role": "user", "content": "x"}])
     await c.aclose()
     assert r.error == "gave up after 3 attempts: HTTP 503: engine dead" and c.usage["default"].failed == 1
+    assert r.error_kind == "transport"
 
 
 async def test_a_body_that_is_not_json_is_a_failed_request_not_an_exception(fake):
@@ -139,7 +142,7 @@ async def test_connection_refused_gives_up_without_raising():
     c = client(f"http://127.0.0.1:{port}/v1", retries=1)
     r = await c.chat([{"role": "user", "content": "x"}])
     await c.aclose()
-    assert not r.ok and r.error.startswith("gave up after 2 attempts: ClientConnectorError") and str(port) in r.error
+    assert not r.ok and r.error.startswith("gave up after 2 attempts: ClientConnectorError") and str(port) in r.error and r.error_kind == "transport"
 
 
 async def test_served_context_length_reads_the_models_listing(fake):

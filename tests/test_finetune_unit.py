@@ -277,3 +277,18 @@ def test_cli_bad_base_rank_and_split_exit_2(cli, tmp_path):
     assert p.returncode == 2 and "--fsdp needs GPUs" in p.stderr and "Traceback" not in p.stderr
     p = cli("finetune", "meditod-nlg", "--data", str(tmp_path / "missing.json"), "--base", "embedded")
     assert p.returncode == 2 and "missing.json" in p.stderr and ("does not exist" in p.stderr or "no such file" in p.stderr)
+
+
+def test_prompt_format_of_a_base_and_of_an_adapter(tmp_path):
+    """The format MediTOD's supervised run asks in: the adapter's recipe.yaml, else the base's default recipe."""
+    from models.prompt_format import DEFAULT_RECIPES, adapter_prompt_format, default_prompt_format, default_recipe
+
+    for base in DEFAULT_RECIPES:  # read without validation: the same value the validated recipe holds
+        assert default_prompt_format(base) == load_recipe(default_recipe(base)).data.prompt_format
+    assert default_prompt_format("embedded") == "completion" and default_prompt_format("no-such-base") == "chat"
+    (tmp_path / "adapter").mkdir()
+    assert adapter_prompt_format(str(tmp_path / "adapter")) is None  # no recipe.yaml beside it
+    (tmp_path / "recipe.yaml").write_text("data:\n  prompt_format: completion\n")
+    assert adapter_prompt_format(str(tmp_path / "adapter")) == "completion"
+    (tmp_path / "recipe.yaml").write_text("data: [unclosed\n")
+    assert adapter_prompt_format(str(tmp_path / "adapter")) is None

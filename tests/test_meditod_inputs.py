@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from experiments.meditod.ontology import from_status_shape, load_ontology, prefixed_slots, render_ontology, to_status_shape
-from experiments.meditod.prompts import (ANSWER, fit_icl_messages, icl_messages, parse_icl, parse_sft, render_sft,
-                                         sft_messages)
+from experiments.meditod.prompts import fit_icl_messages, icl_messages, parse_icl, parse_sft, sft_messages
 from experiments.meditod.retrieval import retrieve_exemplars
+from models.prompt_format import ANSWER, render_sft
 from experiments.meditod.tasks import gold_turns, icl_samples, sft_samples
 
 FX = Path(__file__).parent / "fixtures" / "meditod"

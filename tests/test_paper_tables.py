@@ -169,3 +169,23 @@ def test_helpers():
     assert matches({"mode": "icl"}, attrs) and matches({"mode": ["icl", "supervised"]}, attrs) and not matches({"mode": "supervised"}, attrs)
     assert matches({"x": {"present": False}}, attrs) and matches({"k": {"not_in": [4]}}, attrs) and not matches({"k": {"ne": 5}}, attrs)
     assert math.isclose(1 / (B + 1), 9.999e-05, rel_tol=1e-3)
+
+
+def test_a_runs_summary_tables_come_from_its_metrics_in_memory(tmp_path):
+    """The summary renders its tables from the metrics it was given: metrics.json may be missing or stale."""
+    import json
+
+    import yaml
+
+    from experiments.tables.render import run_paper_tables
+
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps({"id": i, "dialog_id": "d1", "status": "ok"}) + "\n" for i in "12"))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"experiment": "meditod-nlu", "task": "nlu", "mode": "supervised"}))
+    (tmp_path / "identity.json").write_text(json.dumps({"experiment": "meditod-nlu"}))
+    metrics = {"f1": 0.5, "medical_f1": 0.6, "non_medical_f1": 0.25, "scored_turns": 2, "turns": 2,
+               "settings": {"task": "nlu", "mode": "supervised", "model": "embedded"}}
+    fresh = run_paper_tables(tmp_path, metrics)
+    assert "0.500" in fresh and "0.600" in fresh
+    (tmp_path / "metrics.json").write_text(json.dumps({**metrics, "f1": 0.125}))  # a stale file from an earlier run
+    assert run_paper_tables(tmp_path, metrics) == fresh
+    assert run_paper_tables(tmp_path / "missing", metrics) == ""

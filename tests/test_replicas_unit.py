@@ -11,7 +11,8 @@ import pytest
 from models.errors import MedstackError
 from serving import server_metrics
 from serving.launcher import ServerSettings, build_command, kill_record, write_record
-from serving.parallel import check_ray_cluster, parallel_args, rank_binding, split_cpus
+from serving.cpus import split_cpus
+from serving.parallel import check_ray_cluster, parallel_args, rank_binding
 from serving.replicas import (
     ROUTER_POLICIES, check_same_models, member_status, metrics_targets, plan_replicas, router_argv, served_models, worker_base,
 )
@@ -33,7 +34,7 @@ def test_rank_binding_gives_each_worker_process_its_own_cores():
 
 
 def test_cpu_server_binding_follows_tensor_parallel_ranks(monkeypatch):
-    monkeypatch.setattr("serving.launcher._usable_cpus", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr("serving.launcher.usable_cpus", lambda: [0, 1, 2, 3])
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     argv, env = build_command(ServerSettings(alias="embedded", tensor_parallel_size=2), on_gpu=False)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"

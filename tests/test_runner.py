@@ -110,6 +110,19 @@ def test_dead_endpoint_stops_dispatching(tmp_path):
     assert "7 cases not started" in o.summary
 
 
+def test_rejected_requests_fail_their_cases_without_stopping_the_run(tmp_path):
+    """A 4xx (error kind "status": this request is wrong) is not the endpoint going down: every case is tried."""
+    from serving.client import StatusError
+
+    def respond(role, content, gen):
+        raise StatusError(400, "This model's maximum context length is 2048 tokens.")
+
+    s = ToySettings(out=str(tmp_path / "run"), concurrency=1, max_consecutive_failures=3)
+    o = run(ToyStudy(n=6), s, ScriptedLLM(respond, roles=ToyStudy.roles))
+    assert (o.finished, o.failed, o.not_started, o.exit_code) == (0, 6, 0, 3)
+    assert o.metrics["run"]["stopped_early"] is False
+
+
 def test_a_bug_in_one_case_fails_that_case_only(tmp_path):
     class Buggy(ToyStudy):
         async def solve(self, ctx, case, s):

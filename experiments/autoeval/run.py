@@ -28,6 +28,7 @@ from serving.refs import model_name
 
 from experiments.autoeval import judge as J
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rating_metrics, summary_markdown
+from experiments.tables.render import run_paper_tables
 
 CONFIGS = Path(__file__).with_name("configs")
 DEFAULT_CONFIG = CONFIGS / "default.yaml"
@@ -165,9 +166,7 @@ class AutoevalStudy(Study):
 
     def summary(self, metrics: dict, s: AutoevalSettings) -> str:
         # the runner appends the run line (wall time, tokens, cache hits, failed cases)
-        from experiments.tables.render import run_paper_tables
-
-        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(s.out)
+        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(s.out, metrics)
 
 
 # ------------------------------------------------------------------ step (a), cached
@@ -206,7 +205,7 @@ async def explained_examples(client, out: Path, criteria, examples, cfg: J.Judge
             raise e
     if errors:
         raise RequestFailed(errors[0].step, errors[0].role,
-                            f"step (a): {len(errors)} of {len(todo)} example explanation(s) got no answer ({errors[0].error})")
+                            f"step (a): {len(errors)} of {len(todo)} example explanation(s) got no answer ({errors[0].error})", errors[0].kind)
     entries = [e for per in result.values() for e in per.values()]
     stats = {"explained": len(entries), "from_cache_file": len(entries) - len(todo),
              "unparsed": sum(1 for e in entries if not e["parsed"]), "request_errors": 0}

@@ -19,6 +19,14 @@ import statistics
 import time
 from pathlib import Path
 
+from experiments.bench import prompts as P
+from experiments.bench.measure import calculate_metrics
+from experiments.bench.send import send_completion
+from models.registry import resolve_weights
+from serving import server_metrics
+from serving.launcher import (ServerSettings, _kill_group, healthy, logs_dir, port_free, running_servers, servers_dir, start_server,
+                              wait_healthy)
+
 ARMS = {
     "auto": {"cpu_threads_bind": "auto", "preload_iomp": False},
     "auto+reserved0": {"cpu_threads_bind": "auto", "cpu_reserved": 0, "preload_iomp": False},
@@ -37,10 +45,6 @@ SHAPES = [("c1", 1, 1, 64, 64), ("c32", 32, 32, 64, 32), ("long", 8, 8, 512, 16)
 
 async def measure(base_url: str, prompts: dict, shape) -> dict:
     import openai
-
-    from experiments.bench.measure import calculate_metrics
-    from experiments.bench.send import send_completion
-    from serving import server_metrics
 
     name, conc, n, inp, out = shape
     sdk = openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", timeout=1800, max_retries=0)
@@ -77,10 +81,6 @@ def main() -> None:
         return
     from transformers import AutoTokenizer
 
-    from experiments.bench import prompts as P
-    from models.registry import resolve_weights
-    from serving.launcher import ServerSettings, _kill_group, servers_dir, start_server
-
     tok = AutoTokenizer.from_pretrained(str(resolve_weights("embedded")[1]))
     texts = P.load_texts()
     # fresh prompts every repeat: with prefix caching on, a repeat of the same prompts would skip their
@@ -93,8 +93,6 @@ def main() -> None:
         recs = {}
         try:
             from concurrent.futures import ThreadPoolExecutor
-
-            from serving.launcher import healthy, logs_dir, port_free, running_servers, wait_healthy
 
             def up(i_arm):
                 i, arm = i_arm

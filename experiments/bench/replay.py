@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from experiments.core.config import read_yaml_mapping
 from models.errors import DataError
+from models.registry import get_spec
 
 
 @dataclass
@@ -89,8 +91,6 @@ class ReplayWorkload:
 
 
 def _read_concurrency(run: Path) -> int:
-    from experiments.core.config import read_yaml_mapping
-
     cfg_path = run / "config.yaml"
     cfg = read_yaml_mapping(cfg_path, missing_hint=f" (is {run} a results directory?)", what="run settings")
     conc = cfg.get("concurrency")
@@ -287,8 +287,6 @@ def figures(records: list[dict], wall: float, engine: str, concurrency: int) -> 
 # ---------------------------------------------------------------- transformers batch-1 loop
 
 def _chat_template(alias: str) -> str | None:
-    from models.registry import get_spec
-
     p = get_spec(alias).chat_template_path()
     return Path(p).read_text() if p else None
 

@@ -16,10 +16,20 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from models.errors import MedstackError
+from experiments.bench import prompts as P, replay as R
+from experiments.bench.compare import compare_run
+from experiments.bench.plot import plot_bench, plot_replay
+from experiments.bench.summary import render_replay_markdown, summarize, write_markdown
 from experiments.bench.measure import calculate_metrics
 from experiments.bench.send import RequestOutput, send_completion
+from models.errors import MedstackError
+from models.registry import resolve_weights
+from serving import server_metrics
+from serving.cpus import host_facts, parse_cpu_list
+from serving.launcher import healthy, running_servers
 from serving.refs import model_name
+from serving.replicas import metrics_targets, scrape_targets
+from serving.session import open_client
 
 
 @dataclass
@@ -60,8 +70,6 @@ def _log(msg: str) -> None:
 
 
 async def _probe(base_url: str, api_key: str | None, deadline_s: float) -> None:
-    from serving.launcher import healthy
-
     deadline = time.time() + deadline_s
     while time.time() < deadline:
         if await asyncio.to_thread(healthy, base_url, api_key):
@@ -71,8 +79,6 @@ async def _probe(base_url: str, api_key: str | None, deadline_s: float) -> None:
 
 
 async def _measure_level(sdk, model: str, prompts: list[list[int]], s: BenchSettings, level: int, base_url: str | None = None) -> tuple[dict, list[RequestOutput]]:
-    from serving import server_metrics
-
     sem = asyncio.Semaphore(level)
 
     async def one(p):
@@ -90,8 +96,6 @@ async def _measure_level(sdk, model: str, prompts: list[list[int]], s: BenchSett
 
 def server_record(base_url: str) -> dict | None:
     """The launcher's record of the server at ``base_url`` (settings it was started with), if we started it."""
-    from serving.launcher import running_servers
-
     return next((r for r in running_servers() if r.get("base_url", "").rstrip("/") == base_url.rstrip("/")), None)
 
 
@@ -137,7 +141,7 @@ def roofline(weights: Path, host: dict, override: float | None = None, dtype: st
         return {"tok_s": round(override, 1), "basis": "given with --roofline-tok-s"}
     params = count_params(weights)
     mhz, isa = host.get("cpu_mhz"), host.get("isa") or []
-    ncpu = len(_expand(host.get("usable_cpus") or "")) or host.get("cpus")
+    ncpu = len(parse_cpu_list(host.get("usable_cpus") or "")) or host.get("cpus")
     if not params or not mhz or not ncpu:
         return None
     served = dtype if dtype in ("float32", "bfloat16") else "float32"
@@ -158,24 +162,8 @@ def baseline_dtype(served: str | None) -> str:
     return served if served in ("float32", "bfloat16", "float16") else "float32"
 
 
-def _expand(cpus: str) -> list[int]:
-    out = []
-    for part in filter(None, cpus.split(",")):
-        a, _, b = part.partition("-")
-        out += list(range(int(a), int(b or a) + 1))
-    return out
-
-
-def host_facts() -> dict:
-    from serving.launcher import machine_facts
-
-    return {"cpus": os.cpu_count(), **machine_facts()}
-
-
 async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None) -> tuple[list[dict], dict]:
     import openai
-
-    from serving.session import open_client
 
     async with open_client({"default": s.model}, use_cache=False, allow_remote=s.allow_remote, log=_log) as (client, identities):
         ep = client.endpoint("default")
@@ -235,12 +223,6 @@ def _run_hf(s: BenchSettings, weights: Path, prompt_pool: list[list[int]], reque
 
 def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
     from transformers import AutoTokenizer
-
-    from experiments.bench import prompts as P
-    from experiments.bench.compare import compare_run
-    from experiments.bench.plot import plot_bench
-    from experiments.bench.summary import summarize, write_markdown
-    from models.registry import resolve_weights
 
     # validate everything cheap before touching the server
     if s.baseline not in (None, "hf"):
@@ -317,11 +299,6 @@ class ReplaySettings:
 
 def run_replay(s: ReplaySettings) -> Path:
     """``medstack bench --replay RUN_DIR``: the run's calls against the endpoint (and the batch-1 loop)."""
-    from experiments.bench import replay as R
-    from experiments.bench.plot import plot_replay
-    from experiments.bench.summary import render_replay_markdown
-    from models.registry import resolve_weights
-
     if s.baseline not in (None, "hf"):
         raise MedstackError(f"--baseline {s.baseline!r}: the only baseline is 'hf' (transformers generate)")
     wl = R.load_workload(s.run_dir)
@@ -338,10 +315,6 @@ def run_replay(s: ReplaySettings) -> Path:
 
     async def endpoint():
         import openai
-
-        from serving import server_metrics
-        from serving.replicas import metrics_targets, scrape_targets
-        from serving.session import open_client
 
         async with open_client({"default": s.model}, use_cache=False, allow_remote=s.allow_remote, log=_log) as (client, identities):
             ep = client.endpoint("default")

@@ -30,10 +30,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from experiments.core.results import RunDir, read_jsonl
 from experiments.craftmd import grading
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.common.stats import count_agreement, kendall, spearman, weighted_kappa
 from models.errors import DataError, MedstackError
+from serving.client import GenConfig
+from serving.refs import ModelRef
+from serving.session import open_client
 
 N_TRIALS = 5
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
@@ -108,8 +112,6 @@ async def grade_pairs(client, pairs: list[tuple[str, str]], rule: str, *, comple
     normalized equality alone skips the judge), one grader_match request each, grading.grade_frq
     scores the replies. A failed request makes the pair ``failed`` (correct None, error set).
     """
-    from serving.client import GenConfig
-
     gen = GenConfig(temperature=0.0, max_tokens=max_tokens)
     done = {"n": 0}
 
@@ -250,22 +252,17 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
                            completion: bool | None = None, concurrency: int = 16, use_cache: bool = True, allow_remote: bool = False,
                            client=None, log=print) -> dict:
     """Run the calibration; write the results directory; return metrics. ``client`` (tests) replaces open_client."""
-    from experiments.core.results import RunDir
-
     grading.check_rule(rule)
     data = read_labels(labels)
     cases = data["cases"]
     if not cases:
         raise DataError(f"{labels}: no case with a dermatologist count")
-    from serving.refs import ModelRef
 
     alias = ModelRef.parse(judge, where="--judge-model").alias
     completion = (alias == "embedded") if completion is None else completion
     pairs = sorted({(e, c["gold"]) for c in cases for e in c["trials"]})
     t0 = time.perf_counter()
     if client is None:
-        from serving.session import open_client
-
         async with open_client({"grader": judge}, concurrency=concurrency, use_cache=use_cache, allow_remote=allow_remote, log=log) as (cl, identities):
             graded = await grade_pairs(cl, pairs, rule, completion=completion, log=log)
             usage = {k: vars(v) for k, v in cl.usage.items()}
@@ -395,8 +392,6 @@ def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
 
 
 def _read_autoeval_dir(path: Path) -> dict[tuple[str, str], int]:
-    from experiments.core.results import read_jsonl
-
     out = {}
     for r in read_jsonl(path / "records.jsonl"):
         if not isinstance(r, dict) or r.get("rating") is None:
@@ -418,8 +413,6 @@ def read_ratings(path: str | Path) -> dict[tuple[str, str], int]:
 
 
 def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int = 1, hi: int = 5) -> dict:
-    from experiments.core.results import RunDir
-
     judge, ref = read_ratings(ratings), read_ratings(reference)
     # a reference without a criterion column applies to every criterion of the item
     keys = []

@@ -14,8 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.errors import MedstackError
-from serving.client import GenConfig
-from serving.launcher import DTYPES
+from serving.types import DTYPES, GenConfig
 
 T = TypeVar("T", bound=BaseModel)
 

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from experiments.core.deviations import protocol_lines, protocol_stats
+from experiments.core.results import read_jsonl
+from experiments.core.runner import run_study
 from models.errors import DataError, MedstackError
 from serving.client import ChatResult, GenConfig
 
@@ -84,9 +86,6 @@ def _line(case_id, call: dict) -> dict:
 async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
     """Run the study against a :class:`RecordingClient`; write ``<settings.out>/dry-run.jsonl``; return its path.
     A dry run that writes no request for its cases is bad input: :class:`DataError` (exit 2) naming the cause."""
-    from experiments.core.results import read_jsonl
-    from experiments.core.runner import run_study
-
     out = Path(settings.out)
     client = RecordingClient()
     cause = None

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from string import Template
 
+from experiments.core.constraints import DECLARATION_FILE, build, read_declarations
 from models.errors import MedstackError
 
 
@@ -60,21 +61,15 @@ class PromptSet:
 
     @lru_cache(maxsize=None)
     def declarations(self) -> dict:
-        from experiments.core.constraints import DECLARATION_FILE, read_declarations
-
         return read_declarations(self.folder / DECLARATION_FILE)
 
     def constraint(self, name: str, **values):
         """The declared output format of template ``name`` (a Constraint), or None for a free-text step."""
-        from experiments.core.constraints import build
-
         decl = self.declarations().get(name[:-4] if name.endswith(".txt") else name)
         return build(decl, values, f"{self.folder.name}/constraints.yaml: {name}") if decl else None
 
     def constraint_file_hash(self) -> dict[str, str]:
         """{constraints.yaml: hash} when the folder declares constraints (pinned by constrained runs)."""
-        from experiments.core.constraints import DECLARATION_FILE
-
         path = self.folder / DECLARATION_FILE
         return {DECLARATION_FILE: _sha(path.read_text(encoding="utf-8"))} if path.exists() else {}
 

@@ -333,9 +333,10 @@ RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_re
                   "startup_timeout"}
 
 
-def load_run(path: str | Path) -> dict:
+def load_run(path: str | Path, metrics: dict | None = None) -> dict:
     """Load a finished (or partial) results directory for comparison/reporting: its records without their call
-    logs (metrics and tables never read them), config, metrics and identity."""
+    logs (metrics and tables never read them), config, metrics and identity. ``metrics``: the run's metrics
+    in memory (a summary written at the end of a run), used instead of metrics.json."""
     p = Path(path)
     if not (p / "records.jsonl").exists():
         raise ResultsError(f"{p} is not a results directory (no records.jsonl)")
@@ -345,7 +346,7 @@ def load_run(path: str | Path) -> dict:
            "failed": [r for r in latest if r.get("status") == "failed"]}
     for name in ("config.yaml",):
         out["config"] = yaml.safe_load((p / name).read_text()) if (p / name).exists() else {}
-    for name in ("metrics", "identity"):
+    for name, given in (("metrics", metrics), ("identity", None)):
         f = p / f"{name}.json"
-        out[name] = json.loads(f.read_text()) if f.exists() else {}
+        out[name] = given if given is not None else json.loads(f.read_text()) if f.exists() else {}
     return out

@@ -48,6 +48,18 @@ from serving.session import open_client
 
 
 @dataclass
+class LoopState:
+    """The case loop's counts, shared by the concurrent cases of one run."""
+
+    finished: int = 0
+    failed: int = 0
+    not_started: int = 0
+    consecutive: int = 0  # cases in a row that failed in transport
+    stopped: bool = False  # no new case starts
+    storage: str | None = None  # the first write the disk refused
+
+
+@dataclass
 class RunOutcome:
     out: Path
     metrics: dict
@@ -150,12 +162,12 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
             await study.setup(client, settings, todo, rundir.path)
             state = await _dispatch(study, settings, todo, rundir, client, identities, log)
         except RequestFailed as e:  # the study's one-off set-up calls got no answer
-            if e.auth:
+            if e.kind == "auth":
                 raise e.auth_error() from None
             log(f"[red]set-up request failed:[/red] {escape(str(e))}")
-            state = {"not_started": len(todo), "stopped": True}
+            state = LoopState(not_started=len(todo), stopped=True)
         except StorageError as e:  # before any case started (identity, set-up files)
-            state = {"not_started": len(todo), "stopped": True, "storage": str(e)}
+            state = LoopState(not_started=len(todo), stopped=True, storage=str(e))
         wall = time.perf_counter() - t0
         stats = _run_stats(client, wall, settings, len(done), state)
         stats["served"] = served_by(identities)
@@ -165,10 +177,10 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     metrics, failed = _score(study, settings, rundir, known, offset, case_ids)  # empties `known`
     metrics["run"] = stats
     n_finished, not_started = metrics["case_status"]["finished"], metrics["case_status"]["not_started"]
-    storage = state.get("storage")
+    storage = state.storage
     unwritten = None
     try:
-        rundir.write_metrics(metrics)  # before the summary: its paper tables read this run's metrics.json
+        rundir.write_metrics(metrics)
     except StorageError as e:
         if not storage:
             raise
@@ -208,28 +220,28 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     return metrics, failed
 
 
-async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> dict:
+async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> LoopState:
     sem = asyncio.Semaphore(settings.concurrency)
     writer = RecordWriter(rundir, getattr(client, "cache", None))  # the record after its answers are committed; grouped fsyncs
-    state = {"finished": 0, "failed": 0, "not_started": 0, "consecutive": 0, "stopped": False}
+    state = LoopState()
 
     async def one(case: dict, progress: Progress, task) -> None:
         async with sem:
-            if state["stopped"]:
-                state["not_started"] += 1
+            if state.stopped:
+                state.not_started += 1
                 return
             ctx = CaseContext(client, case["id"], settings.seed, answers=settings.answers)
             t0 = time.perf_counter()
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
-                state["consecutive"] = 0
-                state["finished"] += 1
+                state.consecutive = 0
+                state.finished += 1
             except RequestFailed as e:
-                if e.auth:  # a refused key fails every case alike: the whole run stops (exit 2), nothing recorded
+                if e.kind == "auth":  # a refused key fails every case alike: the whole run stops (exit 2), nothing recorded
                     raise e.auth_error() from None
                 record = {"id": case["id"], "status": "failed", "error": str(e)}
-                state["consecutive"] = state["consecutive"] + 1 if e.transport else 0
-                state["failed"] += 1
+                state.consecutive = state.consecutive + 1 if e.kind == "transport" else 0
+                state.failed += 1
             except StorageError as e:  # the disk refused a write (the response cache): stop starting cases
                 _storage_stop(state, e, progress)
                 return
@@ -237,7 +249,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 raise  # bad input met mid-run (a prompt placeholder, a malformed case): the whole run stops
             except Exception as e:  # a bug in one case: recorded as failed, retried on resume
                 record = {"id": case["id"], "status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-                state["failed"] += 1
+                state.failed += 1
             record["calls"] = ctx.calls
             formats = call_formats(ctx.calls)  # kept beside the call log: metrics are computed without it
             if formats["calls"]:
@@ -251,13 +263,16 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             try:
                 await writer.append(record)
             except StorageError as e:  # disk full / read-only: this record is lost, the ones before are not
-                state["finished" if record["status"] == "ok" else "failed"] -= 1
+                if record["status"] == "ok":
+                    state.finished -= 1
+                else:
+                    state.failed -= 1
                 _storage_stop(state, e, progress)
                 return
             progress.advance(task)
-            if state["consecutive"] >= settings.max_consecutive_failures and not state["stopped"]:
-                state["stopped"] = True
-                _report_endpoint_down(state["consecutive"], identities, log)
+            if state.consecutive >= settings.max_consecutive_failures and not state.stopped:
+                state.stopped = True
+                _report_endpoint_down(state.consecutive, identities, log)
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, transient=False) as progress:
@@ -304,11 +319,11 @@ def with_answers_line(summary: str, metrics: dict) -> str:
     return "\n".join(lines[:at] + ["", answers_line(metrics)] + lines[at:] if at else [answers_line(metrics), ""] + lines)
 
 
-def _storage_stop(state: dict, e: StorageError, progress: Progress) -> None:
+def _storage_stop(state: LoopState, e: StorageError, progress: Progress) -> None:
     """The first refused write stops the run from starting cases (those in flight finish or fail alike)."""
-    state["stopped"] = True
-    state.setdefault("storage", str(e))
-    state["not_started"] += 1  # this case's result could not be kept: it runs again on resume
+    state.stopped = True
+    state.storage = state.storage or str(e)
+    state.not_started += 1  # this case's result could not be kept: it runs again on resume
 
 
 def _report_endpoint_down(n: int, identities: dict, log) -> None:
@@ -320,12 +335,11 @@ def _report_endpoint_down(n: int, identities: dict, log) -> None:
             break
 
 
-def _run_stats(client, wall: float, settings: RunSettings, resumed: int, state: dict) -> dict:
+def _run_stats(client, wall: float, settings: RunSettings, resumed: int, state: LoopState) -> dict:
     total = client.usage_summary()["total"]
     return {
-        "cases_run": state.get("finished", 0) + state.get("failed", 0), "cases_resumed": resumed,
-        "cases_failed": state.get("failed", 0), "cases_not_started": state.get("not_started", 0),
-        "stopped_early": state.get("stopped", False), "wall_seconds": round(wall, 2),
+        "cases_run": state.finished + state.failed, "cases_resumed": resumed,
+        "cases_failed": state.failed, "cases_not_started": state.not_started, "stopped_early": state.stopped, "wall_seconds": round(wall, 2),
         "requests": total["requests"], "failed_requests": total["failed"], "cache_hits": total["cache_hits"],
         "prompt_tokens": total["prompt_tokens"], "completion_tokens": total["completion_tokens"],
         "output_tokens_per_s": round(total["completion_tokens"] / wall, 2) if wall > 0 else None,

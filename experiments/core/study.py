@@ -59,9 +59,7 @@ from experiments.core.constraints import Constraint
 from experiments.core.deviations import check_protocol
 from experiments.core.prompts import PromptSet
 from models.errors import MedstackError
-from serving.client import AUTH_MARK, ChatResult, GenConfig, LLMClient
-
-TRANSPORT_MARK = "gave up after"  # the client's message for a request that exhausted its retries
+from serving.client import ChatResult, ErrorKind, GenConfig, LLMClient
 
 
 class EndpointAuthError(MedstackError):
@@ -69,19 +67,12 @@ class EndpointAuthError(MedstackError):
 
 
 class RequestFailed(Exception):
-    """A model call that got no answer (server down, timeout, HTTP error): the case fails, it is not scored."""
+    """A model call that got no answer (server down, timeout, HTTP error): the case fails, it is not scored.
+    ``kind`` is the client's :data:`~serving.client.ErrorKind` (None: a failure the client did not classify)."""
 
-    def __init__(self, step: str, role: str, error: str):
+    def __init__(self, step: str, role: str, error: str, kind: ErrorKind | None = None):
         super().__init__(f"{step} ({role}): {error}")
-        self.step, self.role, self.error = step, role, error
-
-    @property
-    def transport(self) -> bool:
-        return TRANSPORT_MARK in self.error
-
-    @property
-    def auth(self) -> bool:
-        return AUTH_MARK in self.error
+        self.step, self.role, self.error, self.kind = step, role, error, kind
 
     def auth_error(self) -> EndpointAuthError:
         return EndpointAuthError(
@@ -146,7 +137,7 @@ class CaseContext:
                       "latency": round(result.latency, 3), "cached": result.cached, "cache_key": result.key, "error": result.error})
         self._last_finished = entry["index"]
         if not result.ok:
-            raise RequestFailed(step, role, result.error or "no answer")
+            raise RequestFailed(step, role, result.error or "no answer", result.error_kind)
         if constraint is not None:
             entry["format_ok"] = format_ok(applied or constraint, result)
             if applied is not None and not all(entry["format_ok"]):  # cut at max_tokens / a stop: no answer, counted by the step's parser

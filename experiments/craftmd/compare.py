@@ -19,6 +19,9 @@ from experiments.craftmd.metrics import accuracy, case_scores, formats_modes, pe
 from experiments.craftmd.settings import FORMATS, MODES
 from experiments.core.results import load_run
 from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
+from experiments.tables.build import study_tables
+from experiments.tables.plots import write_figures
+from experiments.tables.render import study_markdown
 from models.errors import MedstackError
 
 
@@ -223,9 +226,6 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
-    from experiments.tables.build import study_tables
-    from experiments.tables.plots import write_figures
-    from experiments.tables.render import study_markdown
 
     studies = study_tables(runs)  # the paper's tables over the same runs, figures as PNG
     paper = "\n".join(study_markdown(st) for st in studies if st.tables)

@@ -39,6 +39,7 @@ from experiments.craftmd.metrics import per_specialty, run_metrics, summary_mark
 from experiments.craftmd.protocol import stop_reason_for
 from experiments.craftmd.settings import FORMATS
 from experiments.core.results import RunDir
+from experiments.tables.render import run_paper_tables
 from models.errors import DataError, MedstackError
 
 ROLE_TO_AGENT = {"user": "patient", "patient": "patient", "human": "patient", "assistant": "doctor", "doctor": "doctor", "clinician": "doctor", "model": "doctor"}
@@ -266,7 +267,5 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     metrics.update(import_stats(records))
     metrics["turn_cap_inferred"] = cap
     rundir.write_metrics(metrics)
-    from experiments.tables.render import run_paper_tables
-
-    rundir.write_summary(summary_markdown(name, metrics) + "\n" + run_paper_tables(rundir.path))
+    rundir.write_summary(summary_markdown(name, metrics) + "\n" + run_paper_tables(rundir.path, metrics))
     return metrics

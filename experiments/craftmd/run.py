@@ -11,6 +11,7 @@ from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings, deviations, requests_line
 from experiments.core.study import CaseContext, Study
+from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
 
 CONFIGS = Path(__file__).with_name("configs")
@@ -63,6 +64,4 @@ class CraftmdStudy(Study):
         return [requests_line(s)]
 
     def summary(self, metrics: dict, s: CraftSettings) -> str:
-        from experiments.tables.render import run_paper_tables
-
-        return summary_markdown(s.name, metrics) + "\n" + run_paper_tables(s.out)
+        return summary_markdown(s.name, metrics) + "\n" + run_paper_tables(s.out, metrics)

@@ -17,6 +17,7 @@ from collections import Counter
 
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_options
+from experiments.dera.prompts import render
 from experiments.dera.settings import QASettings
 from experiments.common.choice import pick_letter
 from experiments.common.parsing import extract_after, has_marker
@@ -171,8 +172,6 @@ def make_solver(settings: QASettings, model: str, scorer):
 
 
 def _render_oneshot(template: str, values: dict) -> str:
-    from experiments.dera.prompts import render
-
     return render(template, **values)
 
 

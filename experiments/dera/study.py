@@ -19,6 +19,7 @@ from experiments.dera.data import load_encounters, load_medqa, resolve_qa_path
 from experiments.dera.prompts import PROMPTS
 from experiments.dera.settings import DialogueSettings, QASettings
 from experiments.core.study import CaseContext, Study
+from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
 
 HERE = Path(__file__).parent
@@ -69,9 +70,7 @@ class DeraDialogueStudy(Study):
         return report.dialogue_metrics(records, s)
 
     def summary(self, metrics: dict, s: DialogueSettings) -> str:
-        from experiments.tables.render import run_paper_tables
-
-        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out)
+        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out, metrics)
 
 
 class SummarizeStudy(DeraDialogueStudy):
@@ -130,9 +129,7 @@ class QAStudy(Study):
         return report.qa_metrics(records, s)
 
     def summary(self, metrics: dict, s: QASettings) -> str:
-        from experiments.tables.render import run_paper_tables
-
-        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out)
+        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out, metrics)
 
 
 STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}

@@ -21,7 +21,7 @@ Supervised (``sft_messages``): system (one line), user, and for training an assi
     POL  [dialog state]\\n<state, one-line JSON>\\n\\n + the NLU blocks
     NLG  [action]\\n<actions, one-line JSON>\\n\\n[last turn]\\n<lines>\\n\\n[output]
 
-``render_sft`` turns them into text: ``chat`` = the base model's chat template, ``completion`` =
+``render_sft`` (models/prompt_format.py, shared with fine-tuning) turns them into text: ``chat`` = the base model's chat template, ``completion`` =
 the contents joined by newlines (the authors' rendering for a base without a chat template).
 Inference sends the rendering without the answer, followed by ``[answer]``; ``parse_sft`` lower-cases
 the reply, cuts it at ``[done]`` and parses JSON (a failure is a format error).
@@ -36,11 +36,10 @@ from typing import Callable
 from experiments.meditod.ontology import from_status_shape, render_ontology
 from experiments.common.parsing import extract_json
 from experiments.core.prompts import PromptSet
+from models.prompt_format import ANSWER, DONE
 
 PROMPT_DIR = Path(__file__).with_name("prompts")
 PROMPTS = PromptSet(PROMPT_DIR)
-ANSWER = "[answer]"
-DONE = "[done]"
 
 
 def template(name: str) -> str:
@@ -133,25 +132,6 @@ def sft_messages(task: str, sample: dict, *, with_answer: bool = True) -> list[d
     msgs = [{"role": "system", "content": PROMPTS.render(f"sft_{task}_system.txt")},
             {"role": "user", "content": sft_user(task, sample)}]
     return msgs + ([{"role": "assistant", "content": sft_answer(task, sample)}] if with_answer else [])
-
-
-def render_sft(messages: list[dict], prompt_format: str, tokenizer=None) -> str:
-    """Training text (messages end with the assistant) or the inference prompt (they end with the user:
-    the generation prompt and ``[answer]`` follow). ``chat`` needs the base's tokenizer."""
-    generate = messages[-1]["role"] != "assistant"
-    if prompt_format == "chat":
-        if tokenizer is None:
-            raise ValueError("the chat format needs the base model's tokenizer")
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=generate, tokenize=False)
-        return text + ANSWER if generate else text
-    text = "\n".join(m["content"] for m in messages)
-    return text + "\n" + ANSWER if generate else text
-
-
-def strip_bos(text: str, tokenizer) -> str:
-    """A rendered chat prompt without its leading BOS text: the server's completion endpoint adds its own."""
-    bos = getattr(tokenizer, "bos_token", None)
-    return text[len(bos):] if bos and text.startswith(bos) else text
 
 
 def parse_sft(task: str, text: str):

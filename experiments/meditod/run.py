@@ -26,14 +26,21 @@ from pydantic import Field
 
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.common.parsing import extract_verdict
+from experiments.core.constraints import Constraint
 from experiments.meditod import metrics as M
+from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
+from experiments.meditod.ontology import load_ontology
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
-                                         parse_icl, parse_sft, prompt_hash, render_sft, sft_messages, strip_bos, template,
-                                         templates_used, DONE)
+                                         parse_icl, parse_sft, prompt_hash, sft_messages, template,
+                                         templates_used)
+from experiments.meditod.retrieval import load_encoder, retrieve_exemplars
 from experiments.meditod.tasks import TASKS, build_samples
 from experiments.common.text import bertscore_label
 from experiments.core.study import CaseContext, RequestFailed, Study
+from experiments.tables.render import run_paper_tables
+from models.prompt_format import DONE, adapter_prompt_format, default_prompt_format, render_sft, strip_bos
+from models.registry import get_spec
 from serving.refs import ModelRef, model_name
 
 CONFIGS = Path(__file__).with_name("configs")
@@ -46,9 +53,6 @@ def icl_constraint(task: str):
     ontology.yaml (experiments/meditod/constraints.py); NLG is free text. Applied only under answers: constrained."""
     if task == "nlg":
         return None
-    from experiments.core.constraints import Constraint
-    from experiments.meditod.constraints import nlu_schema, pol_schema
-    from experiments.meditod.ontology import load_ontology
 
     schema = (nlu_schema if task == "nlu" else pol_schema)(load_ontology())
     return Constraint.make("json", schema, f"meditod/{task}: experiments/meditod/ontology.yaml")
@@ -80,8 +84,6 @@ class MeditodSettings(RunSettings):
 def context_budget(alias: str, max_tokens: int, margin: int, served: int | None = None) -> int | None:
     """Prompt tokens a request may use: the served context length (the server's ``max_model_len``; else the
     registry's) less ``max_tokens`` and a margin."""
-    from models.registry import get_spec
-
     if served is None:
         try:
             served = get_spec(alias).context_length
@@ -112,27 +114,6 @@ def transcript(sample: dict) -> list[dict]:
     return [{"agent": t.split(": ", 1)[0], "content": t.split(": ", 1)[-1], "turn": i} for i, t in enumerate(turns)]
 
 
-def default_prompt_format(alias: str) -> str:
-    """The format the base's default fine-tuning recipe trains on (chat where it has none)."""
-    from finetune.recipe import default_config, load_recipe
-
-    cfg = default_config(alias)
-    return load_recipe(cfg).data.prompt_format if cfg else "chat"
-
-
-def adapter_prompt_format(path: str) -> str | None:
-    """The format an adapter was trained on, from the recipe.yaml `medstack finetune` writes beside it."""
-    import yaml
-
-    recipe = Path(path).parent / "recipe.yaml"
-    if not recipe.exists():
-        return None
-    try:
-        return (yaml.safe_load(recipe.read_text()) or {}).get("data", {}).get("prompt_format")
-    except yaml.YAMLError:
-        return None
-
-
 def load_samples(s: MeditodSettings) -> list[dict]:
     """Cases: one per test turn, ``{"id", "sample", "exemplars"}`` (exemplars retrieved in in-context mode)."""
     data_path = Path(s.data)
@@ -144,7 +125,6 @@ def load_samples(s: MeditodSettings) -> list[dict]:
         samples = samples[: s.limit]
     found: list[list[dict]] = [[] for _ in samples]
     if s.mode == "icl" and s.k > 0 and samples:  # after the cheap checks: the encoder takes seconds to load
-        from experiments.meditod.retrieval import load_encoder, retrieve_exemplars
 
         train_ids = load_split_ids(splits_dir, s.train_split, dialogs=dialogs)
         train = build_samples(dialogs, train_ids, s.task, mode="icl", history_size=s.history_size)
@@ -238,7 +218,7 @@ class MeditodStudy(Study):
                     raise
                 raise RequestFailed(e.step, e.role, e.error + (
                     f" [the input alone does not fit the served context ({self._budget} prompt tokens beside "
-                    f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]")) from None
+                    f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]"), e.kind) from None
             pred = parse_icl(s.task, res.text)
         else:
             gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=[DONE]).gen()
@@ -272,9 +252,7 @@ class MeditodStudy(Study):
         return m
 
     def summary(self, metrics: dict, s: MeditodSettings) -> str:
-        from experiments.tables.render import run_paper_tables
-
-        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(s.out)
+        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(s.out, metrics)
 
 
 # ------------------------------------------------------------------ scoring and adjudication

@@ -37,6 +37,7 @@ turns but the opening one for POL/NLG) -- what ``medstack score`` aligns predict
 
 from __future__ import annotations
 
+from experiments.meditod.ontology import to_status_shape
 from models.errors import MedstackError
 
 TASKS = ("nlu", "pol", "nlg")
@@ -66,8 +67,6 @@ def _sample(task: str, did: str, u: dict, *, history: list[str], last_turn: list
 
 def icl_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size: int = HISTORY_SIZE) -> list[dict]:
     """In-context samples (module docstring), in dialogue order."""
-    from experiments.meditod.ontology import to_status_shape
-
     _check_task(task)
     out = []
     for did in map(str, dialog_ids):

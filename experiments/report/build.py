@@ -16,7 +16,15 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from experiments.bench.measure import FIGURES
+from experiments.bench.summary import RATIO_HEADS
+from experiments.calibrate.reviews import COLUMNS, table_rows
 from experiments.report.collect import find_runs, full_record, load_run_dir
+from experiments.tables.build import experiment_of, study_tables
+from experiments.tables.declare import declaration_for, declarations
+from experiments.tables.plots import figure_png
+from experiments.tables.render import table_view
+from finetune.report import loss_figure_png
 
 TEMPLATES = Path(__file__).with_name("templates")
 SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback"}
@@ -205,8 +213,6 @@ def calibration_view(run: dict) -> dict | None:
 
 def review_calibration_view(c: dict) -> dict:
     """A `medstack calibrate RUN_DIR --labels` result (reviews/calibration-<judge>.json): its table, as in its summary."""
-    from experiments.calibrate.reviews import COLUMNS, table_rows
-
     s, scale = c.get("sample") or {}, c.get("scale") or {}
     weighted = any((v.get("vs_judge") or {}).get("weighted") for v in (c.get("reviewers") or {}).values())
     return {"judge": c.get("judge"), "columns": COLUMNS, "rows": table_rows(c),
@@ -276,7 +282,6 @@ def finetune_view(run: dict) -> dict | None:
     ft = run.get("finetune")
     if not ft:
         return None
-    from finetune.report import loss_figure_png
 
     m = ft["metrics"]
     title = f"{m.get('base', '?')} LoRA, MediTOD {m.get('task', '?')}"
@@ -291,8 +296,6 @@ def bench_view(run: dict) -> dict | None:
     b = run.get("bench")
     if not isinstance(b, dict):
         return None
-    from experiments.bench.measure import FIGURES
-    from experiments.bench.summary import RATIO_HEADS
 
     rows = [[str(r.get("concurrency")), str(r.get("baseline_batch")), *(("-" if (r.get("figures") or {}).get(k) is None else f"{r['figures'][k]:.2f}x") for k in FIGURES)]
             for r in b.get("ratios") or []]
@@ -309,9 +312,6 @@ SECTION_TITLES = {"finetune": "Fine-tuning (LoRA)", "bench": "Benchmark: serving
 
 
 def section_of(run: dict) -> str:
-    from experiments.tables.build import experiment_of
-    from experiments.tables.declare import declaration_for
-
     decl = declaration_for(experiment_of(run))
     if decl:
         return decl.study
@@ -325,11 +325,6 @@ def section_of(run: dict) -> str:
 def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
     """The report's sections in order: each study's paper tables and figures over its runs, then fine-tuning,
     benchmark and other runs."""
-    from experiments.tables.build import study_tables
-    from experiments.tables.declare import declarations
-    from experiments.tables.plots import figure_png
-    from experiments.tables.render import table_view
-
     keys = [section_of(r) for r in raw_runs]
     computed = {st.decl.study: st for st in study_tables(raw_runs)}
     out = []

@@ -26,7 +26,10 @@ from pathlib import Path
 
 import yaml
 
+from experiments.autoeval import judge as J
+from experiments.autoeval.run import load_dialogues
 from experiments.core.results import load_run
+from experiments.dera.qa_metrics import ARMS, normalize_similarity
 from models.errors import DataError
 
 # the study modules (DERA, autoeval) are imported by their builders: loading them costs ~0.7 s that a
@@ -153,8 +156,6 @@ def _calibration_items(key: str):
 
 def _dera_items(kind: str):
     def build(records, cfg, p):
-        from experiments.dera.qa_metrics import ARMS, normalize_similarity
-
         rows = [(r, arm, ((r.get("scores") or {}).get(arm) or {})) for r in records if not r.get("mcq") for arm in ARMS]
         if kind == "exact":
             vals = [s.get("exact") for _, _, s in rows]
@@ -174,9 +175,6 @@ def _dera_items(kind: str):
 # ------------------------------------------------------------------ rubric auto-evaluation
 
 def _rubric_items(records, cfg, p):
-    from experiments.autoeval import judge as J
-    from experiments.autoeval.run import load_dialogues
-
     dialogues = {}
     src = cfg.get("data")
     if src and Path(src).exists():

@@ -34,6 +34,10 @@ from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
 from experiments.core.results import make_results_dir, read_jsonl
 from experiments.core.runlock import RunLock
 from experiments.core.runner import prepare_run
+from experiments.craftmd.compare import run_compare
+from experiments.craftmd.importer import import_folder
+from experiments.datasets.registry import resolve_data
+from experiments.report.build import build_report
 from models.errors import MedstackError, StorageError
 from serving.refs import ModelRef
 
@@ -209,23 +213,17 @@ def _run_planned(study, study_factory, planned, pub_dirs, sweep_dir: Path, repor
         out.published = _import_published(pub_dirs, planned[0][3].data, log)
     done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published
     if study.name == "craftmd" and done:
-        from experiments.craftmd.compare import run_compare
-
         out.compare = sweep_dir / "compare"
         run_compare([str(p) for p in done], out.compare)
         log(f"sweep: compare: {out.compare / 'summary.md'}")
     write_summary(out, sweep_dir, study.name)
     if report and done:
-        from experiments.report.build import build_report
-
         out.report = build_report([str(sweep_dir)], sweep_dir / "report.html")
         log(f"sweep: report: {out.report.resolve()}")
     return out
 
 
 def _published_plan(names: list[str], sweep_dir: Path) -> list[tuple[str, Path]]:
-    from experiments.datasets.registry import resolve_data
-
     plan = []
     for item in names:
         for name in (x.strip() for x in item.split(",") if x.strip()):
@@ -235,9 +233,6 @@ def _published_plan(names: list[str], sweep_dir: Path) -> list[tuple[str, Path]]
 
 
 def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> list[Path]:
-    from experiments.craftmd.importer import import_folder
-    from experiments.datasets.registry import resolve_data
-
     out = []
     for name, dest in plan:
         if (dest / "metrics.json").exists():

@@ -7,6 +7,7 @@ numbers; the footnotes follow the table.
 
 from __future__ import annotations
 
+from experiments.core.results import ResultsError, load_run
 from experiments.tables.build import ComputedTable, StudyTables, study_tables
 
 COLUMNS = ["run", "", "ours [95% CI]", "n", "paper", "ours − paper", "paired test (Holm)"]
@@ -109,12 +110,11 @@ def paper_tables_markdown(runs: list[dict]) -> str:
     return "\n".join(study_markdown(st) for st in study_tables(runs) if st.tables)
 
 
-def run_paper_tables(path) -> str:
-    """The paper tables of one results directory (for its summary.md); '' when none applies or it cannot be read."""
-    from experiments.core.results import ResultsError, load_run
-
+def run_paper_tables(path, metrics: dict) -> str:
+    """The paper tables of one results directory (for its summary.md), over its ``metrics`` in memory (metrics.json
+    need not be written yet) and its records on disk; '' when none applies or the records cannot be read."""
     try:
-        run = load_run(path)
+        run = load_run(path, metrics)
     except (ResultsError, OSError):
         return ""
     return paper_tables_markdown([run])

@@ -45,6 +45,43 @@ def test_cache_default_commits_every_put_when_asked(tmp_path):
     cache.close()
 
 
+def test_cache_store_commits_each_loop_turn_once_before_returning(tmp_path):
+    """store(): every answer is visible to another connection when its await returns (a kill -9 then loses none),
+    and the answers stored in one turn of the event loop go out in one commit."""
+    import asyncio
+
+    from models.errors import StorageError
+
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    commits = []
+    real_flush = cache.flush
+    cache.flush = lambda: (commits.append(len(cache._pending)), real_flush())[1]
+
+    async def one(i):
+        await asyncio.sleep(0)
+        await cache.store(f"k{i}", {"texts": [str(i)]})
+        return _rows(tmp_path / "c.sqlite")  # read by another connection the moment store() returned
+
+    async def go():
+        return await asyncio.gather(*(one(i) for i in range(50)))
+
+    seen = asyncio.run(go())
+    assert seen == [50] * 50 and commits == [50]  # one commit for the 50 answers of the same turn, before any returned
+    assert cache.get("k7") == {"texts": ["7"]}
+
+    def refuse():
+        raise StorageError("cannot write the response cache: the disk is full")
+
+    cache.flush = refuse
+
+    async def full():
+        return await asyncio.gather(*(cache.store(f"x{i}", {"texts": ["x"]}) for i in range(3)), return_exceptions=True)
+
+    assert [type(e) for e in asyncio.run(full())] == [StorageError] * 3  # a refused write reaches every waiter
+    cache.flush = real_flush
+    cache.close()
+
+
 def test_append_many_latest_drop_and_start(tmp_path):
     rd = RunDir(tmp_path / "run", {"x": 1})
     rd.append_many([{"id": "a", "status": "failed", "calls": [1]}, {"id": "b", "status": "ok", "calls": [2, 3]}])

@@ -13,12 +13,15 @@ read-only) raises :class:`~models.errors.StorageError`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
+
+import orjson
 
 from models.errors import StorageError
 from models.paths import medstack_home, private_dir, private_file
@@ -30,6 +33,18 @@ def default_cache_path() -> Path:
 
 def request_key(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _dumps(value: dict) -> str:
+    """A stored answer's text (orjson: compact JSON, read back equal by either parser)."""
+    return orjson.dumps(value).decode()
+
+
+def _loads(text: str):
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # what only ``json`` reads (NaN, integers beyond 64 bits) in answers stored by earlier versions
+        return json.loads(text)
 
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -61,7 +76,11 @@ class ResponseCache:
     in the event loop, at paper scale), which survives any crash of the process; only a power cut can lose
     the last answers, and those are asked again on resume. ``commit_every > 1`` keeps answers in memory
     until :meth:`flush` (or that many, or :meth:`close`) writes them in one transaction, for bulk writers
-    that accept losing unflushed answers on a crash. Several processes can share one cache file (WAL)."""
+    that accept losing unflushed answers on a crash. Several processes can share one cache file (WAL).
+
+    In the event loop, :meth:`store` is ``put`` with group commit: it returns once the answer is committed, in
+    one transaction with every other answer stored in the same turn of the loop (at 256 requests in flight,
+    one commit per answer was 11 % of the runner's CPU)."""
 
     def __init__(self, path: Path | None = None, log=print, *, commit_every: int = 1):
         self.path = Path(path or default_cache_path())
@@ -69,6 +88,7 @@ class ResponseCache:
         self._pending: dict[str, str] = {}
         private_dir(self.path.parent)
         self._lock = threading.Lock()
+        self._waiters: list[asyncio.Future] = []  # store() calls waiting for the next group commit
         self._db = self._open_checked(log)
         self.hits = 0
         self.misses = 0
@@ -135,13 +155,40 @@ class ResponseCache:
             self.misses += 1
             return None
         self.hits += 1
-        return json.loads(value)
+        return _loads(value)
 
     def put(self, key: str, value: dict) -> None:
         with self._lock:
-            self._pending[key] = json.dumps(value)
+            self._pending[key] = _dumps(value)
             if len(self._pending) >= self.commit_every:
                 self._flush()
+
+    async def store(self, key: str, value: dict) -> None:
+        """:meth:`put` for a caller in the event loop; with ``commit_every=1`` it returns only once the answer is
+        committed (so a kill -9 after it loses nothing), together with the answers stored in the same loop turn."""
+        if self.commit_every != 1:
+            self.put(key, value)
+            return
+        with self._lock:
+            self._pending[key] = _dumps(value)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        if len(self._waiters) == 1:  # the first of this turn: commit them all once the turn's callbacks have run
+            fut.get_loop().call_soon(self._commit_waiters)
+        await fut
+
+    def _commit_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        try:
+            self.flush()
+        except BaseException as e:  # noqa: BLE001 - a refused write (StorageError) goes to every waiter, which re-raises it
+            for f in waiters:
+                if not f.done():
+                    f.set_exception(e)
+            return
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
 
     def flush(self) -> None:
         """Commit every answer put so far (durable when this returns)."""

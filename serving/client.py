@@ -255,7 +255,7 @@ class LLMClient:
         usage.seconds += result.latency
         result.key = key
         if result.ok and key:
-            self.cache.put(key, result.to_dict())
+            await self.cache.store(key, result.to_dict())  # committed before the answer is used
         elif not result.ok:
             usage.failed += 1
         return result

@@ -45,6 +45,43 @@ def test_cache_default_commits_every_put_when_asked(tmp_path):
     cache.close()
 
 
+def test_cache_store_commits_each_loop_turn_once_before_returning(tmp_path):
+    """store(): every answer is visible to another connection when its await returns (a kill -9 then loses none),
+    and the answers stored in one turn of the event loop go out in one commit."""
+    import asyncio
+
+    from models.errors import StorageError
+
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    commits = []
+    real_flush = cache.flush
+    cache.flush = lambda: (commits.append(len(cache._pending)), real_flush())[1]
+
+    async def one(i):
+        await asyncio.sleep(0)
+        await cache.store(f"k{i}", {"texts": [str(i)]})
+        return _rows(tmp_path / "c.sqlite")  # read by another connection the moment store() returned
+
+    async def go():
+        return await asyncio.gather(*(one(i) for i in range(50)))
+
+    seen = asyncio.run(go())
+    assert seen == [50] * 50 and commits == [50]  # one commit for the 50 answers of the same turn, before any returned
+    assert cache.get("k7") == {"texts": ["7"]}
+
+    def refuse():
+        raise StorageError("cannot write the response cache: the disk is full")
+
+    cache.flush = refuse
+
+    async def full():
+        return await asyncio.gather(*(cache.store(f"x{i}", {"texts": ["x"]}) for i in range(3)), return_exceptions=True)
+
+    assert [type(e) for e in asyncio.run(full())] == [StorageError] * 3  # a refused write reaches every waiter
+    cache.flush = real_flush
+    cache.close()
+
+
 def test_append_many_latest_drop_and_start(tmp_path):
     rd = RunDir(tmp_path / "run", {"x": 1})
     rd.append_many([{"id": "a", "status": "failed", "calls": [1]}, {"id": "b", "status": "ok", "calls": [2, 3]}])
@@ -107,6 +144,38 @@ def test_paper_estimate_call_count_and_caching():
     assert 0 < e["total"]["uncached"] < e["total"]["prompt"]
     one, two = e["replicas"][0], e["replicas"][1]
     assert two["wall_h"] == pytest.approx(one["wall_h"] / 2, abs=0.01) and two["concurrency"] == 2 * one["concurrency"]
+
+
+def test_paper_estimate_templates_stream_the_call_logs(tmp_path):
+    """Template tokens from a run's call log: the last record per id counts, and the call logs are never held together."""
+    import tracemalloc
+
+    from experiments.bench.paper_estimate import template_tokens
+
+    def rec(i, status="ok", opening=300):
+        pad = "x" * 500_000  # a paper-scale call log is ~100 KB a record; 20 MB over the run
+        calls = [{"step": "patient_opening", "prompt_tokens": opening, "completion_tokens": 20, "messages": pad},
+                 {"step": "doctor_turn_1", "prompt_tokens": 120 + 20, "completion_tokens": 30},
+                 {"step": "patient_turn_1", "prompt_tokens": 400, "completion_tokens": 10},
+                 {"step": "doctor_turn_2", "prompt_tokens": 200, "completion_tokens": 30},
+                 {"step": "summary", "prompt_tokens": 230 + 30, "completion_tokens": 50},
+                 {"step": "multiturn_mcq", "prompt_tokens": 90 + 60, "completion_tokens": 5}]
+        return {"id": f"c{i}", "status": status, "calls": calls}
+
+    rd = RunDir(tmp_path / "run", {"x": 1})
+    rd.append(rec(1, opening=999))  # c1's first line: replaced by its second
+    rd.append(rec(2, "failed"))
+    rd.append_many([rec(i) for i in range(1, 41)])
+    rd.append(rec(3, "failed"))  # c3 failed last: not counted
+    tracemalloc.start()
+    try:
+        tpl = template_tokens(tmp_path / "run")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # doctor_system = turn 1 less the opening; summary less what the patient said; multiturn_mcq less the conversation shown
+    assert tpl == {"patient_system+opening": 300, "doctor_system": 120, "summary": 230, "multiturn_mcq": 90}
+    assert peak < 5_000_000  # a few lines' worth at a time, never the run's 20 MB of call logs
 
 
 def test_runner_scale_benchmark_small(tmp_path):

@@ -35,7 +35,7 @@ import math
 import statistics as st
 from pathlib import Path
 
-from experiments.core.results import read_jsonl
+from experiments.core.results import iter_records
 
 CASE_TRIALS = 2004 * 5  # the released case set (2,004 cases) x 5 trials: one format set per case-trial
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
@@ -82,41 +82,52 @@ def published_shape(folder: str | Path) -> dict:
 
 
 def template_tokens(run_dir: str | Path) -> dict:
-    """Per step, the prompt tokens of our template itself (measured prompt tokens less the text carried)."""
-    recs = {str(r["id"]): r for r in read_jsonl(Path(run_dir) / "records.jsonl")}
+    """Per step, the prompt tokens of our template itself (measured prompt tokens less the text carried).
+
+    One streamed pass over the records: each record's call log is reduced to its few per-step figures as it is
+    read, and only those are held (the last record per id wins), never the call logs of the whole run."""
+    latest: dict[str, dict | None] = {}
+    for r in iter_records(Path(run_dir) / "records.jsonl"):
+        latest[str(r["id"])] = None if r.get("status") == "failed" else _template_rows(r.get("calls") or [])
+    rows: dict[str, list[float]] = {}
+    for per in latest.values():
+        for k, v in (per or {}).items():
+            rows.setdefault(k, []).extend(v)
+    if not rows:
+        raise SystemExit(f"{run_dir}: no finished CRAFT-MD record with a conversation in its call log")
+    return {k: round(st.mean(v), 1) for k, v in rows.items()}
+
+
+def _template_rows(call_log: list[dict]) -> dict[str, list[float]] | None:
+    """One record's template tokens per step (None without a conversation in its call log)."""
+    calls = {c["step"]: c for c in call_log}
+    if "patient_opening" not in calls or "doctor_turn_1" not in calls:
+        return None
     rows: dict[str, list[float]] = {}
 
     def add(k, v):
         rows.setdefault(k, []).append(v)
 
-    for r in recs.values():
-        if r.get("status") == "failed":
-            continue
-        calls = {c["step"]: c for c in r.get("calls") or []}
-        if "patient_opening" not in calls or "doctor_turn_1" not in calls:
-            continue
-        out = {s: c.get("completion_tokens") or 0 for s, c in calls.items()}
-        conv = [s for s in calls if s.startswith(("doctor_turn_", "patient_turn_"))]
-        patient_out = out["patient_opening"] + sum(out[s] for s in conv if s.startswith("patient_turn_"))
-        last_doctor = max((s for s in conv if s.startswith("doctor_turn_")), key=lambda s: int(s.rsplit("_", 1)[1]))
-        shown = out["patient_opening"] + sum(out[s] for s in conv if s != last_doctor)
-        add("patient_system+opening", calls["patient_opening"]["prompt_tokens"])
-        add("doctor_system", calls["doctor_turn_1"]["prompt_tokens"] - out["patient_opening"])
-        if "summary" in calls:
-            add("summary", calls["summary"]["prompt_tokens"] - patient_out)
-        carried = {"vignette": 0, "multiturn": shown, "singleturn": out["patient_opening"], "summarized": out.get("summary", 0)}
-        for fmt in FORMATS:
-            for mode in ("mcq", "frq"):
-                c = calls.get(f"{fmt}_{mode}")
-                if c:
-                    add(f"{fmt}_{mode}", c["prompt_tokens"] - carried[fmt])
-            if f"{fmt}_extract" in calls:
-                add("extract", calls[f"{fmt}_extract"]["prompt_tokens"] - out.get(f"{fmt}_frq", 0))
-            if f"{fmt}_match" in calls:
-                add("match", calls[f"{fmt}_match"]["prompt_tokens"])
-    if not rows:
-        raise SystemExit(f"{run_dir}: no finished CRAFT-MD record with a conversation in its call log")
-    return {k: round(st.mean(v), 1) for k, v in rows.items()}
+    out = {s: c.get("completion_tokens") or 0 for s, c in calls.items()}
+    conv = [s for s in calls if s.startswith(("doctor_turn_", "patient_turn_"))]
+    patient_out = out["patient_opening"] + sum(out[s] for s in conv if s.startswith("patient_turn_"))
+    last_doctor = max((s for s in conv if s.startswith("doctor_turn_")), key=lambda s: int(s.rsplit("_", 1)[1]))
+    shown = out["patient_opening"] + sum(out[s] for s in conv if s != last_doctor)
+    add("patient_system+opening", calls["patient_opening"]["prompt_tokens"])
+    add("doctor_system", calls["doctor_turn_1"]["prompt_tokens"] - out["patient_opening"])
+    if "summary" in calls:
+        add("summary", calls["summary"]["prompt_tokens"] - patient_out)
+    carried = {"vignette": 0, "multiturn": shown, "singleturn": out["patient_opening"], "summarized": out.get("summary", 0)}
+    for fmt in FORMATS:
+        for mode in ("mcq", "frq"):
+            c = calls.get(f"{fmt}_{mode}")
+            if c:
+                add(f"{fmt}_{mode}", c["prompt_tokens"] - carried[fmt])
+        if f"{fmt}_extract" in calls:
+            add("extract", calls[f"{fmt}_extract"]["prompt_tokens"] - out.get(f"{fmt}_frq", 0))
+        if f"{fmt}_match" in calls:
+            add("match", calls[f"{fmt}_match"]["prompt_tokens"])
+    return rows
 
 
 def case_trial_calls(tpl: dict, shape: dict, turns: int) -> list[tuple[str, float, float, float]]:

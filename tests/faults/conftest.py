@@ -25,9 +25,13 @@ def ps_args() -> str:
     return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def keyed_server(medstack_home):
-    """Yields {"url", "port", "pid", "log", "ps_during_start"}; the server is stopped at the end (by pid, ours only)."""
+    """Yields {"url", "port", "pid", "log", "ps_during_start"}; stopped (by pid, ours only) at the end of the module using it.
+
+    Module scope, not package: tests/faults has no __init__.py, so a "package" fixture here lives for the whole
+    session, and this server beside the session server and a replica group ran `make test` out of memory.
+    """
     from serving.launcher import _kill_group, free_port, running_servers, servers_dir
 
     dev_url = os.environ.get("MEDSTACK_TEST_KEYED_SERVER")

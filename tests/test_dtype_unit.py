@@ -10,6 +10,7 @@ import pytest
 
 from experiments.bench.run import baseline_dtype, peak_flop_per_cycle, roofline
 from serving.launcher import ServeError, ServerSettings, build_command, choose_cpu_dtype, cpu_flags, find_server, write_record
+from tests.test_runner import ToySettings, ToyStudy, records
 
 AVX2_EPYC = {"fpu", "sse2", "avx", "avx2", "fma"}  # this project's AVX2 machines
 BF16_EPYC = AVX2_EPYC | {"avx512f", "avx512bw", "avx512_bf16"}  # the issue's EPYC with avx512_bf16
@@ -135,6 +136,38 @@ def test_cache_is_not_shared_across_dtypes(monkeypatch, tmp_path):
         assert find_server("embedded", dtype="float32")["port"] == ep.port
         assert find_server("embedded", dtype="bfloat16") is None and find_server("embedded", dtype="auto") is not None
         assert os.path.exists(cache)
+
+
+def test_resumed_run_tags_each_record_with_the_dtype_that_answered_it(monkeypatch, tmp_path):
+    """A run resumed against a server of the other dtype: identity.json then names the resuming server, so each
+    record keeps the dtype of the server that answered it, and the resumed cases' calls miss the cache."""
+    from experiments.bench.runner_scale import InstantEndpoint
+    from experiments.core.runner import prepare_run, run_study
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("MEDSTACK_HOME", str(home))
+    _fake_embedded(home)
+    out = tmp_path / "run"
+
+    def run(limit: int) -> None:
+        settings, cases = prepare_run(ToyStudy(), ToySettings(out=str(out), limit=limit))
+        asyncio.run(run_study(ToyStudy(), settings, cases, log=lambda m: None))
+
+    with InstantEndpoint() as ep:
+        rec = {"alias": "embedded", "base_url": ep.base_url, "pid": ep.proc.pid, "port": ep.port, "host": "127.0.0.1",
+               "argv": ["vllm"], "env": {}, "device": "cpu", "dtype": "float32", "dtype_reason": "test"}
+        write_record(rec)
+        run(2)
+        write_record({**rec, "dtype": "bfloat16"})  # the run resumed after the server came back in bfloat16
+        run(4)
+    got = records(out)
+    both = lambda dtype: {"asker": dtype, "answerer": dtype}  # noqa: E731
+    assert {i: r["served_dtype"] for i, r in got.items()} == {"c0": both("float32"), "c1": both("float32"),
+                                                                "c2": both("bfloat16"), "c3": both("bfloat16")}
+    assert all(r["status"] == "ok" for r in got.values())
+    assert not any(c["cached"] for i in ("c2", "c3") for c in got[i]["calls"])
+    models = json.loads((out / "identity.json").read_text())["models"]
+    assert models["asker"]["dtype"] == models["answerer"]["dtype"] == "bfloat16"  # only the records still say float32 for c0, c1
 
 
 def test_run_summary_names_the_dtype():

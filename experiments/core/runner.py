@@ -224,6 +224,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
     sem = asyncio.Semaphore(settings.concurrency)
     writer = RecordWriter(rundir, getattr(client, "cache", None))  # the record after its answers are committed; grouped fsyncs
     state = LoopState()
+    served_dtypes = {role: i.get("dtype") for role, i in identities.items()}
 
     async def one(case: dict, progress: Progress, task) -> None:
         async with sem:
@@ -259,6 +260,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 record["protocol"] = shortfall
             record["usage"] = ctx.usage()
             record["roles"] = dict(settings.roles)  # role -> model reference: which model played which part
+            record["served_dtype"] = dict(served_dtypes)  # role -> dtype of the server that answered (a resume may have another)
             record["seconds"] = round(time.perf_counter() - t0, 3)
             try:
                 await writer.append(record)

@@ -330,6 +330,17 @@ def _key_out_of_argv() -> None:
     os.execve(sys.executable, [sys.executable, *kept], {**os.environ, "MEDSTACK_API_KEY": key, KEY_FROM_ARGV_ENV: "1"})
 
 
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+def _interrupted() -> None:
+    # a progress display stopped mid-draw may still hold sys.stdout/sys.stderr (rich redirects them into its
+    # live view): give them back first, or this line is swallowed by a display that no longer draws
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    console.print("interrupted: finished results are kept; run the same command again to resume", highlight=False, soft_wrap=True)
+    sys.exit(INTERRUPTED)
+
+
 def main() -> None:
     _key_out_of_argv()
     try:
@@ -342,6 +353,8 @@ def main() -> None:
     _register_studies()
     try:
         code = app(standalone_mode=False)  # click returns a typer.Exit's code instead of raising it
+        if code == INTERRUPTED:  # typer turns Ctrl-C / SIGTERM into Exit(130) before we see it
+            _interrupted()
         if isinstance(code, int) and code:
             sys.exit(code)
     except MedstackError as e:
@@ -352,8 +365,7 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        console.print("interrupted: finished results are kept; run the same command again to resume")
-        sys.exit(130)
+        _interrupted()
     except Exception as e:  # usage errors (typer's bundled click and click itself): message + exit 2
         if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
             e.show()

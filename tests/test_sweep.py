@@ -4,10 +4,19 @@ needed), and one real sweep through the embedded server (e2e)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
+import yaml
 
+from experiments.datasets import registry as D
 from experiments.sweep.run import is_finished, labels_for, parse_models
+from tests.conftest import MEDSTACK, REPO, run_cli
 
 CASES = "tests/fixtures/craftmd/cases.csv"
 SMALL = ["--data", CASES, "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/craftmd/configs/embedded-small.yaml"]
@@ -161,6 +170,67 @@ def test_sweep_refuses_unnamed_fixed_roles(cli, tmp_path):
     assert p.returncode == 2 and "clinical is the role under test" in " ".join(p.stderr.split())
     p = cli("sweep", "craftmd", "--models", "embedded", "--data", CASES, "--vary", "doctor", "--out", str(tmp_path / "s"))
     assert p.returncode == 2 and "--vary 'doctor': roles of craftmd: clinical, patient, grader, summarizer" in " ".join(p.stderr.split())
+
+
+@pytest.mark.e2e
+def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_path):
+    """Issue 30: two model entries, each run starting and stopping its own embedded server (a home of its own,
+    so no running server is reused), a fetched published release joined; killed mid-way, the same command
+    resumes to one sweep summary and one report; the fixed patient role's model is in every record."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to((Path(os.environ["MEDSTACK_HOME"]) / "models").resolve(), target_is_directory=True)
+    release = tmp_path / "release" / "gpt3_1106"
+    shutil.copytree(REPO / "tests" / "fixtures" / "craftmd" / "published_demo", release)
+    raw = yaml.safe_load(D.REGISTRY_FILE.read_text())
+    raw["sets"]["craftmd-published-gpt3_1106"]["files"][0].update(tree_sha256=D.tree_digest(release), tree_size=None)
+    (tmp_path / "datasets.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {"MEDSTACK_HOME": str(home), "MEDSTACK_DATA_REGISTRY": str(tmp_path / "datasets.yaml")}
+    run_cli("data", "fetch", "craftmd-published-gpt3_1106", "--from", str(release), env=env, check=True)
+
+    sweep = tmp_path / "sweep"
+    args = ["sweep", "craftmd", "--models", "embedded,embedded", "--data", CASES, "--limit", "2", "--trials", "1",
+            "--formats", "vignette,multiturn", "--no-frq", "--max-turns", "2", "--concurrency", "1", "--role", "patient=embedded",
+            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--published", "craftmd-published-gpt3_1106", "--out", str(sweep)]
+    proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = sweep / "embedded" / "records.jsonl"
+        deadline = time.monotonic() + 1500
+        while proc.poll() is None and not (first.exists() and first.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, f"the sweep ended before a record was written:\n{proc.stderr.read()}"
+        proc.send_signal(signal.SIGTERM)  # unwinds like Ctrl-C (a SIGINT is ignored by a job a script started in the background)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 130, err
+        assert "run the same command again to resume" in " ".join(err.split())
+        assert not (sweep / "report.html").exists()
+        assert json.loads(run_cli("serve", "status", "--json", env=env, check=True).stdout) == []
+
+        p = run_cli(*args, env=env, timeout=3000, check=True)  # the same command: resumes
+        err = " ".join(p.stderr.split())
+        assert "starting vLLM (CPU) for embedded" in err  # a run left to do starts its server again
+        roles = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
+        for label in ("embedded", "embedded-2"):
+            m = json.loads((sweep / label / "metrics.json").read_text())
+            assert m["case_status"] == {"total": 2, "finished": 2, "failed": 0, "not_started": 0}
+            recs = [json.loads(x) for x in (sweep / label / "records.jsonl").read_text().splitlines()]
+            assert recs and all(r["roles"] == roles for r in recs)
+            assert "Roles: clinical: embedded, patient: embedded" in (sweep / label / "summary.md").read_text()
+        assert json.loads((sweep / "embedded" / "metrics.json").read_text())["run"]["cases_resumed"] >= 1 or "embedded: all 2 cases finished earlier" in err
+        summary = (sweep / "summary.md").read_text()
+        assert "Roles: clinical: the model of each run; patient: embedded for every run (grader, summarizer: not called with these settings)." in summary
+        assert "| (published) |" in summary and (sweep / "published-gpt3_1106" / "metrics.json").exists()
+        compare = (sweep / "compare" / "summary.md").read_text()
+        assert "gpt3_1106-published" in compare and "**embedded-2**" in compare
+        html = (sweep / "report.html").read_text()
+        assert "Roles: clinical: embedded, patient: embedded, grader: embedded, summarizer: embedded for every run." in html
+        assert json.loads(run_cli("serve", "status", "--json", env=env, check=True).stdout) == []  # every server it started is stopped
+    finally:  # a failure half-way leaves nothing running: the sweep and every server of this test's own home stopped
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+        run_cli("serve", "stop", env=env, timeout=120)
 
 
 def test_sweep_roles_not_called_stay_on_the_swept_model(monkeypatch, tmp_path):

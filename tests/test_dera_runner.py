@@ -167,11 +167,13 @@ COMMON_FLAGS = ["--data", "--model", "--role", "--config", "--set", "--out", "--
 
 
 def test_every_dera_command_lists_the_common_options():
-    from experiments.dera.cli import register
+    from experiments.core.commands import study_command
+    from experiments.core.registry import get
 
     app, run_app = typer.Typer(), typer.Typer()
     app.add_typer(run_app, name="run")
-    register(app, run_app, None, None, None, None)
+    for name in ("dera-summarize", "dera-careplan", "dera-corrupt", "dera-qa"):
+        run_app.command(name)(study_command(get(name)))
     extra = {"dera-corrupt": ["--level"], "dera-qa": ["--split", "--mcq", "--bertscore-model"]}
     for name in ("dera-summarize", "dera-careplan", "dera-corrupt", "dera-qa"):
         res = CliRunner().invoke(app, ["run", name, "--help"], env={"COLUMNS": "200"})

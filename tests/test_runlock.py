@@ -78,7 +78,7 @@ def test_refused_before_any_client_is_opened(tmp_path, monkeypatch):
 
     from experiments.core import runner
     from experiments.core.commands import build_settings
-    from experiments.craftmd.run import CraftmdStudy
+    from experiments.craftmd.study import CraftmdStudy
 
     opened = []
     monkeypatch.setattr(runner, "open_client", lambda *a, **k: opened.append(a) or pytest.fail("a client was opened"))

@@ -16,11 +16,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Literal
-
-from pydantic import Field
-
-from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.config import ConfigError, Sampling, config_dir
 from experiments.core.results import read_jsonl
 from experiments.core.study import CaseContext, RequestFailed, Study
 from models.errors import DataError
@@ -28,25 +24,11 @@ from serving.refs import model_name
 
 from experiments.autoeval import judge as J
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rating_metrics, summary_markdown
+from experiments.autoeval.settings import AutoevalSettings
 
-CONFIGS = Path(__file__).with_name("configs")
+CONFIGS = config_dir(__file__)
 DEFAULT_CONFIG = CONFIGS / "default.yaml"
 EXPLAINED_FILE = "explained_examples.jsonl"
-
-
-class AutoevalSettings(RunSettings):
-    experiment: str = "autoeval"
-    roles: dict[str, str] = {"judge": "embedded"}
-    criteria: list[str] = ["empathy", "concerns", "welfare", "understanding"]
-    criteria_file: str | None = None  # default: experiments/autoeval/criteria.yaml
-    examples: str | None = None  # default: experiments/autoeval/examples.jsonl
-    reference: str | None = None  # CSV id,criterion,rating
-    api: Literal["chat", "completion"] = "chat"
-    explain: Sampling = Sampling(max_tokens=160)  # step (a)
-    rate: Sampling = Sampling(max_tokens=200)  # step (b)
-    stop: list[str] = ["==="]  # for both steps, unless a step sets its own
-    max_dialogue_chars: int | None = Field(1600, ge=1)
-    max_note_chars: int = Field(240, ge=1)
 
 
 def judge_config(s: AutoevalSettings) -> J.JudgeConfig:

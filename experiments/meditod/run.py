@@ -20,13 +20,10 @@ import json
 from functools import lru_cache
 from pathlib import Path
 from string import Template
-from typing import Literal
-
-from pydantic import Field
-
-from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.config import ConfigError, Sampling, config_dir
 from experiments.meditod import metrics as M
 from experiments.meditod.data import load_dialogs, load_split_ids
+from experiments.meditod.settings import MeditodSettings
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
                                          parse_icl, parse_sft, prompt_hash, render_sft, sft_messages, strip_bos, template,
                                          templates_used, DONE)
@@ -35,7 +32,7 @@ from experiments.metrics.text import bertscore_label
 from experiments.core.study import CaseContext, RequestFailed, Study
 from serving.refs import ModelRef, model_name
 
-CONFIGS = Path(__file__).with_name("configs")
+CONFIGS = config_dir(__file__)
 TASK_LABEL = {"nlu": "NLU", "pol": "POL", "nlg": "NLG"}
 MODES = ("icl", "supervised")
 
@@ -51,29 +48,6 @@ def icl_constraint(task: str):
 
     schema = (nlu_schema if task == "nlu" else pol_schema)(load_ontology())
     return Constraint.make("json", schema, f"meditod/{task}: experiments/meditod/ontology.yaml")
-
-
-class MeditodSettings(RunSettings):
-    task: Literal["nlu", "pol", "nlg"] = "nlu"
-    splits_dir: str | None = None  # default: the folder of --data
-    split: str = "test"
-    train_split: str = "train"  # where in-context exemplars come from
-    mode: Literal["icl", "supervised"] = "icl"
-    k: int = Field(5, ge=0)
-    encoder: str | None = None  # exemplar retrieval: sentence-transformers dir; default all-MiniLM-L6-v2
-    history_size: int = Field(4, ge=2)  # the authors' history_size (4 in every config): sets each task's window (tasks.py)
-    prompt_format: Literal["chat", "completion"] | None = None  # supervised: None = the base's default fine-tuning recipe's
-    temperature: float = Field(0.0, ge=0.0)
-    max_tokens: int = Field(256, ge=1)
-    context_margin: int = Field(8, ge=0)  # tokens kept free besides max_tokens
-    adjudicate_model: str | None = None  # the grader role's model; set = adjudicate non-canonical matches
-    adjudicate_max_tokens: int = Field(4, ge=1)
-    bertscore: bool = True
-    bertscore_encoder: str | None = None  # NLG BERTScore: local encoder dir; default all-MiniLM-L6-v2 (the authors: roberta-large)
-    bertscore_layer: int | None = Field(None, ge=1)  # None: bert_score's model2layers entry (roberta-large 17), else the encoder's last layer
-    compare: str | None = None
-    concurrency: int = Field(8, ge=1)
-    roles: dict[str, str] = {"model": "embedded"}
 
 
 def context_budget(alias: str, max_tokens: int, margin: int, served: int | None = None) -> int | None:

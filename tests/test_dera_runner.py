@@ -63,8 +63,9 @@ def qa_backend(fail_marker: str | None = None):
 
 def settings_for(name: str, tmp_path: Path, *, options: dict | None = None, **common):
     study = STUDIES[name]()
-    common = {"model": DEAD, "out": str(tmp_path / name), "set_": ["max_turns=3"], **common}
-    return study, build_settings(study, common, options or {})
+    values = {"model": DEAD, "out": str(tmp_path / name), "set_": ["max_turns=3"], **common}
+    flags = {k: values.pop(k) for k in ("model", "role", "config", "set_") if k in values}  # the flags that are not settings
+    return study, build_settings(study, flags, {**values, **(options or {})})
 
 
 def run(study, settings, respond, **kw):

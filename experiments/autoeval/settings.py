@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -33,3 +33,4 @@ class AutoevalSettings(RunSettings):
     stop: list[str] = ["==="]  # for both steps, unless a step sets its own
     max_dialogue_chars: int | None = Field(1600, ge=1)
     max_note_chars: int = Field(240, ge=1)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16

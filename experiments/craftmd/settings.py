@@ -142,3 +142,4 @@ class MeldSettings(RunSettings):
     threshold: float = Field(0.95, ge=0.0, le=1.0, description="Similarity treated as memorized (default 0.95).")
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(512, ge=1)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16

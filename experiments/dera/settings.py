@@ -20,6 +20,7 @@ SUMMARY_SECTIONS = [
     "Medical History",
 ]
 REVIEWED_SUMMARY_SECTIONS = ["Pertinent Positives", "Pertinent Negatives", "Pertinent Unknowns", "Medical History"]
+SCORED_SUMMARY_SECTIONS = ["Pertinent Positives", "Pertinent Unknowns", "Pertinent Negatives", "Medical History"]  # the paper's table order
 CAREPLAN_SECTIONS = ["Medications", "Referrals", "Tests", "Lifestyle", "Supportive Care"]
 
 
@@ -39,10 +40,11 @@ DATA_HELP = ("Our encounter JSONL (id, age, sex, chief_complaint, chat=[{speaker
 
 
 class DialogueSettings(RunSettings):
-    """dera-summarize, dera-careplan and dera-corrupt."""
+    """dera-summarize (and the base of dera-careplan and dera-corrupt)."""
 
     cli_flags = ROLE_FLAGS
 
+    experiment: str = "dera-summarize"
     task: Literal["summarize", "careplan", "corrupt"] = "summarize"
     sections: list[str] = SUMMARY_SECTIONS
     review_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
@@ -50,16 +52,27 @@ class DialogueSettings(RunSettings):
     sampling: Sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=512)
     corruption_level: int | None = Field(None, ge=1, le=10)
     corrupt_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
-    score_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
+    score_sections: list[str] = SCORED_SUMMARY_SECTIONS
     gptf1: GptF1Settings = GptF1Settings()
     data: str | None = Field(None, description=DATA_HELP)
+
+
+class CareplanSettings(DialogueSettings):
+    experiment: str = "dera-careplan"
+    task: Literal["summarize", "careplan", "corrupt"] = "careplan"
+    sections: list[str] = CAREPLAN_SECTIONS
+    review_sections: list[str] = CAREPLAN_SECTIONS
+    score_sections: list[str] = CAREPLAN_SECTIONS
 
 
 class CorruptSettings(DialogueSettings):
     """dera-corrupt: --level is required on its command line."""
 
-    corruption_level: int | None = Field(None, ge=1, le=10, json_schema_extra=cli("--level", required=True),
+    experiment: str = "dera-corrupt"
+    task: Literal["summarize", "careplan", "corrupt"] = "corrupt"
+    corruption_level: int | None = Field(5, ge=1, le=10, json_schema_extra=cli("--level", required=True),
                                          description="Required: corruption strength out of 10 (paper: 3 low, 5 medium, 7 high).")
+    corrupt_sections: list[str] = SCORED_SUMMARY_SECTIONS
 
 
 class QASettings(RunSettings):
@@ -67,6 +80,7 @@ class QASettings(RunSettings):
 
     cli_flags = ROLE_FLAGS
 
+    experiment: str = "dera-qa"
     mcq: bool = Field(False, json_schema_extra=cli("--mcq"), description="Multiple-choice variant (default config qa-mcq.yaml): the Decider "
                       "sees the options and answers with a letter; accuracy vs answer_idx.")
     split: str | None = Field(None, description="dev | test: which file when --data is a folder with <split>.jsonl (default test).")

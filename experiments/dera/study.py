@@ -19,7 +19,7 @@ from experiments.dera.calls import CaseLog
 from experiments.dera.data import load_encounters, load_medqa, resolve_qa_path
 from experiments.dera.prompts import PROMPTS
 from experiments.dera.paper_values import ADAPTER
-from experiments.dera.settings import CorruptSettings, DialogueSettings, QASettings
+from experiments.dera.settings import CareplanSettings, CorruptSettings, DialogueSettings, QASettings
 from experiments.core.study import CaseContext, Study
 from serving.refs import model_name
 
@@ -84,6 +84,7 @@ class SummarizeStudy(DeraDialogueStudy):
 class CareplanStudy(DeraDialogueStudy):
     name = "dera-careplan"
     task = "careplan"
+    settings_cls = CareplanSettings
 
 
 class CorruptStudy(DeraDialogueStudy):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from experiments.core.config import RunSettings, cli
 
 BERTSCORE_ENCODER_HELP = "NLG: local encoder dir for BERTScore (default: all-MiniLM-L6-v2; the MediTOD authors: roberta-large)."
 BERTSCORE_LAYER_HELP = "NLG: encoder layer for BERTScore (default: bert_score's table for a known encoder, e.g. roberta-large 17; else the last)."
+TASK_DEFAULTS = {"pol": {"max_tokens": 192}}  # defaults that differ by task (besides experiment: meditod-<task>)
 
 
 class MeditodSettings(RunSettings):
@@ -36,3 +37,11 @@ class MeditodSettings(RunSettings):
     compare: str | None = Field(None, description="Results dir of the other mode to put side by side in summary.md.")
     concurrency: int = Field(8, ge=1)
     roles: dict[str, str] = {"model": "embedded"}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, data):
+        if isinstance(data, dict):
+            task = data.get("task", "nlu")
+            return {"experiment": f"meditod-{task}", **TASK_DEFAULTS.get(task, {}), **data}
+        return data

@@ -80,7 +80,7 @@ tables:
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
     """The toy study registered as a study folder's study.py would, and a `medstack` app built from the registry."""
-    registry.discover()
+    registry.studies()
     monkeypatch.setitem(registry.STUDIES, "toy", registry.StudyEntry("toy", ToyStudy, "Toy: ask each case to repeat a word."))
     tables = tmp_path / "paper_tables.yaml"
     tables.write_text(TABLES, encoding="utf-8")

@@ -25,8 +25,7 @@ class AutoevalSettings(RunSettings):
     criteria_file: str | None = None  # default: experiments/autoeval/criteria.yaml
     examples: str | None = Field(None, description="JSONL of example dialogues with known ratings (id, criterion, rating, transcript), "
                                  "one per rating 1-5 per criterion (default: ours).")
-    reference: str | None = Field(None, description="CSV with columns id, criterion, rating: reference ratings for rank agreement "
-                                  "(Kendall tau, Spearman).")
+    reference: str | None = Field(None, description="CSV with columns id, criterion, rating: reference ratings for rank agreement (Kendall tau, Spearman).")
     api: Literal["chat", "completion"] = Field("chat", description="chat | completion (completion = raw text prompt ending in 'Good:', for base models).")
     explain: Sampling = Sampling(max_tokens=160)  # step (a)
     rate: Sampling = Sampling(max_tokens=200)  # step (b)

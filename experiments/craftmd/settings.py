@@ -41,7 +41,7 @@ class CraftSettings(RunSettings):
     final_marker: str = "Final Diagnosis"
     # concurrent-diagnosis rule of the FRQ grade (SPEC section 3): "zero" = an answer naming several
     # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
-    concurrent_rule: str = "zero"
+    concurrent_rule: Literal["zero", "any"] = "zero"
     # How the clinical model's requests are built: "opensource" = the authors' open-model loop (craftmd_opensource:
     # doctor instructions as the first user message, every answer prompt a user message, the multi-/single-turn
     # question appended to the last patient message); "gpt" = their GPT loop (craftmd_gpt: instructions and the
@@ -65,23 +65,8 @@ class CraftSettings(RunSettings):
     }
     # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
-    completion_steps: list[str] = []
+    completion_steps: list[Literal["answer", "grader", "summarizer"]] = []
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"  # "auto": 256 per GPU, 16 on CPU (experiments/core/concurrency.py)
-
-    @field_validator("completion_steps")
-    @classmethod
-    def _completion_steps(cls, v):
-        bad = [x for x in v if x not in ("answer", "grader", "summarizer")]
-        if bad:
-            raise ValueError(f"unknown completion step(s) {', '.join(bad)}; valid: answer, grader, summarizer")
-        return v
-
-    @field_validator("concurrent_rule")
-    @classmethod
-    def _concurrent_rule(cls, v):
-        if v not in ("zero", "any"):
-            raise ValueError(f"unknown concurrent_rule {v!r}; valid: zero, any")
-        return v
 
     @field_validator("formats", mode="before")
     @classmethod

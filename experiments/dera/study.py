@@ -77,17 +77,24 @@ class DeraDialogueStudy(Study):
 
 
 class SummarizeStudy(DeraDialogueStudy):
+    """DERA summarization (SPEC 2.1): initial summary, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite; GPT-F1 of DERA vs initial."""
+
     name = "dera-summarize"
     task = "summarize"
 
 
 class CareplanStudy(DeraDialogueStudy):
+    """DERA care plans (SPEC 2.2): one-shot initial plan, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite."""
+
     name = "dera-careplan"
     task = "careplan"
     settings_cls = CareplanSettings
 
 
 class CorruptStudy(DeraDialogueStudy):
+    """Corruption study (SPEC 2.1): write reference summaries, corrupt them at --level, run DERA from the corrupted version, and score
+    both against the reference with GPT-F1 per section. Default --out: runs/dera-corrupt-<model>-level<L>."""
+
     name = "dera-corrupt"
     task = "corrupt"
     settings_cls = CorruptSettings
@@ -102,7 +109,10 @@ class CorruptStudy(DeraDialogueStudy):
 
 
 class QAStudy(Study):
-    """dera-qa: the 1-shot self-consistency baseline and DERA on the same MedQA questions."""
+    """The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (SPEC 2.3).
+
+    --data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
+    default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq]."""
 
     name = "dera-qa"
     settings_cls = QASettings
@@ -140,18 +150,6 @@ class QAStudy(Study):
 
 
 STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}
-_LOOP = "Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite"
-HELP = {
-    "dera-summarize": f"DERA summarization (SPEC 2.1): initial summary, {_LOOP}; GPT-F1 of DERA vs initial.",
-    "dera-careplan": f"DERA care plans (SPEC 2.2): one-shot initial plan, {_LOOP}.",
-    "dera-corrupt": "Corruption study (SPEC 2.1): write reference summaries, corrupt them at --level, run DERA from the corrupted "
-                    "version, and score both against the reference with GPT-F1 per section. Default --out: runs/dera-corrupt-<model>-level<L>.",
-    "dera-qa": """The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (SPEC 2.3).
-
-    --data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
-    default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq].
-    """,
-}
-for _name, _study in STUDIES.items():
-    register_study(_name, _study, help=HELP[_name] + "\n\n    Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them).")
+for _study in STUDIES.values():  # the class docstring is the command's help
+    register_study(_study.name, _study, help=_study.__doc__ + "\n\n    Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them).")
 register_tables(HERE / "paper_tables.yaml", ADAPTER)

@@ -26,7 +26,7 @@ def _score_command(task: str):
         no_bertscore: bool = typer.Option(False, "--no-bertscore", help="NLG: skip BERTScore."),
     ) -> None:
         from experiments.meditod.metrics import score
-        from experiments.meditod.run import ROWS, metrics_table
+        from experiments.meditod.study import ROWS, metrics_table
         from experiments.meditod.scoring import align_predictions
 
         golds, preds, dids = align_predictions(task, Path(resolve_data(data)), pred)

@@ -175,7 +175,7 @@ def _dera_items(kind: str):
 
 def _rubric_items(records, cfg, p):
     from experiments.autoeval import judge as J
-    from experiments.autoeval.run import load_dialogues
+    from experiments.autoeval.study import load_dialogues
 
     dialogues = {}
     src = cfg.get("data")

@@ -8,14 +8,8 @@ from typing import List, Optional
 import typer
 
 from experiments.core import registry
-from experiments.core.commands import StudyFlags, study_command
+from experiments.core.commands import StudyFlags, log, study_command
 from experiments.core.config import ConfigError
-
-def _log(msg: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(msg, highlight=False)
-
 
 def study_parser(study: str):
     """The registered study and its command (flags generated from its settings) to parse the study's options."""
@@ -58,11 +52,11 @@ def sweep(
     values = dict(parsed.params)
     sweep_dir = out or Path("runs") / f"sweep-{study}"
     outcome = run_sweep(entry.make, flags.overrides, values, parse_models(models), sweep_dir,
-                        published=published, report=report, vary=vary, log=_log)
+                        published=published, report=report, vary=vary, log=log)
     typer.echo("\n".join(["", f"# sweep {study}: {sweep_dir}", "", *summary_lines(outcome)]))
     if outcome.exit_code:
         bad = [r for r in outcome.runs if r.status in ("error", "incomplete")]
-        _log(f"[red]{len(bad)} model run(s) did not finish:[/red] " + "; ".join(f"{r.model}: {r.message}" for r in bad)
+        log(f"[red]{len(bad)} model run(s) did not finish:[/red] " + "; ".join(f"{r.model}: {r.message}" for r in bad)
              + ". Run the same command again to resume.")
         raise typer.Exit(outcome.exit_code)
 

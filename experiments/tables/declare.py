@@ -22,6 +22,7 @@ Nothing here computes: :mod:`experiments.tables.build` does, :mod:`experiments.t
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -127,19 +128,15 @@ def load_declaration(path: str | Path, adapter: Any = None) -> Declaration:
         raise ConfigError(f"{p}: {where}: {first['msg']}") from None
 
 
-_loaded: dict[tuple, tuple[Declaration, ...]] = {}
-
-
 def declarations() -> tuple[Declaration, ...]:
-    """Every registered study's declaration, in the report's order (read once per set of registrations)."""
-    key = tuple((str(t.path), id(t.adapter)) for t in registry.paper_tables())
-    if key not in _loaded:
-        _loaded[key] = _ordered([load_declaration(t.path, t.adapter) for t in registry.paper_tables()])
-    return _loaded[key]
+    """Every registered study's declaration, in the report's order."""
+    return _declarations(tuple(registry.paper_tables()))
 
 
-def _ordered(found: list[Declaration]) -> tuple[Declaration, ...]:
+@lru_cache(maxsize=None)
+def _declarations(tables: tuple) -> tuple[Declaration, ...]:
     order = {s: i for i, s in enumerate(STUDY_ORDER)}
+    found = [load_declaration(t.path, t.adapter) for t in tables]
     return tuple(sorted(found, key=lambda d: (order.get(d.study, len(order)), d.study)))
 
 

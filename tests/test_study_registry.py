@@ -166,3 +166,28 @@ def test_shipped_default_config_agrees_with_the_code_defaults(name):
     code = _defaults(study.settings_cls(**entry.fixed))
     config = study.settings_cls.model_validate({**config, **entry.fixed}).model_dump(mode="json", include=set(config))
     assert not _disagreements(code, config), f"{path}: " + "; ".join(_disagreements(code, config))
+
+
+COMMON_FLAGS = ["--data", "--model", "-m", "--role", "--config", "--set", "--out", "--limit", "--concurrency", "--seed", "--no-cache",
+                "--allow-remote", "--api-key", "--lora", "--dry-run"]
+STUDY_FLAGS = {  # every flag the hand-written option lists had, generated now from the settings models
+    ("run", "craftmd"): ["--clinical-model", "--patient-model", "--grader-model", "--summarizer-model", "--formats", "--mcq", "--no-mcq",
+                         "--frq", "--no-frq", "--trials", "--specialty", "--max-turns", "--name"],
+    ("meld",): ["--threshold"],
+    ("run", "dera-corrupt"): ["--level", "--researcher-model", "--judge-model"],
+    ("run", "dera-qa"): ["--split", "--mcq", "--bertscore-model", "--researcher-model", "--judge-model"],
+    ("run", "meditod-pol"): ["--split", "--splits-dir", "--mode", "--k", "--encoder", "--max-tokens", "--adjudicate-model", "--compare",
+                             "--no-bertscore", "--bertscore-encoder", "--bertscore-layer"],
+    ("autoeval",): ["[results]", "--criteria", "--judge-model", "-j", "--reference", "--examples", "--api", "--max-tokens"],
+}
+
+
+@pytest.mark.parametrize("command", list(STUDY_FLAGS), ids=" ".join)
+def test_every_flag_name_and_alias_is_kept(command):
+    from scripts import cli as medstack_cli
+
+    if not any(c.name == "sweep" for c in medstack_cli.app.registered_commands):
+        medstack_cli._register_studies()
+    out = CliRunner().invoke(medstack_cli.app, [*command, "--help"], env={"COLUMNS": "250"}).output
+    for flag in COMMON_FLAGS + STUDY_FLAGS[command]:
+        assert f" {flag} " in out or f" {flag}\n" in out, (command, flag, out)

@@ -59,7 +59,7 @@ def test_meditod_nlg_metrics_name_encoder_and_layer():
 def test_meditod_bertscore_encoder_is_its_own_setting(monkeypatch):
     """The retrieval `encoder` never reaches BERTScore; `bertscore_encoder` / `bertscore_layer` do."""
     from experiments.meditod import metrics as M
-    from experiments.meditod import run as run_mod
+    from experiments.meditod import study as run_mod
 
     seen = {}
     monkeypatch.setattr(M, "score", lambda task, golds, preds, **kw: seen.update(kw) or {})
@@ -73,7 +73,7 @@ def test_meditod_bertscore_encoder_is_its_own_setting(monkeypatch):
 
 
 def test_meditod_table_names_encoder_and_layer_and_warns_on_mixed_columns():
-    from experiments.meditod.run import metrics_table
+    from experiments.meditod.study import metrics_table
 
     mini = {"bleu2": 10.0, "bertscore_f1": 0.9, "bertscore_encoder": "all-MiniLM-L6-v2", "bertscore_layer": 6}
     table = metrics_table("nlg", [("icl", mini), ("supervised", dict(mini, bertscore_f1=0.8))])

@@ -292,9 +292,9 @@ def _run_qa(tmp_path, mode, out=None):
     from experiments.core.runner import prepare_run, run_study
 
     study = STUDIES["dera-qa"]()
-    common = {"model": "embedded@http://127.0.0.1:9/v1", "out": str(out or tmp_path / mode), "data": str(FIX / "dera" / "medqa_open.jsonl"),
-              "limit": 2, "set_": [f"answers={mode}", "max_turns=1"]}
-    settings, cases = prepare_run(study, build_settings(study, common, {"mcq": True}))  # MCQ: no BERTScore encoder in a unit test
+    common = {"model": "embedded@http://127.0.0.1:9/v1", "set_": [f"answers={mode}", "max_turns=1"]}
+    given = {"out": str(out or tmp_path / mode), "data": str(FIX / "dera" / "medqa_open.jsonl"), "limit": 2, "mcq": True}
+    settings, cases = prepare_run(study, build_settings(study, common, given))  # MCQ: no BERTScore encoder in a unit test
     client = ScriptedLLM(_qa_backend, roles=study.roles)
     return asyncio.run(run_study(study, settings, cases, client=client, log=lambda m: None)), client
 
@@ -324,9 +324,9 @@ def test_an_endpoint_that_ignores_the_field_is_refused_before_any_case(tmp_path)
     from serving.client import StructuredOutputsUnsupported
 
     study = STUDIES["dera-qa"]()
-    common = {"model": "embedded@http://127.0.0.1:9/v1", "out": str(tmp_path / "run"), "data": str(FIX / "dera" / "medqa_open.jsonl"),
-              "limit": 1, "set_": ["answers=constrained"]}
-    settings, cases = prepare_run(study, build_settings(study, common, {}))
+    common = {"model": "embedded@http://127.0.0.1:9/v1", "set_": ["answers=constrained"]}
+    given = {"out": str(tmp_path / "run"), "data": str(FIX / "dera" / "medqa_open.jsonl"), "limit": 1}
+    settings, cases = prepare_run(study, build_settings(study, common, given))
     client = ScriptedLLM(lambda role, content, gen: "hello", roles=study.roles)  # answers, but ignores structured_outputs
     with pytest.raises(StructuredOutputsUnsupported, match="ignored the `structured_outputs` field"):
         asyncio.run(run_study(study, settings, cases, client=client, log=lambda m: None))

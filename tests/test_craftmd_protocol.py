@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from experiments.craftmd.protocol import context_turns, converse, solve, stop_reason_for
-from experiments.craftmd.run import units_for
+from experiments.craftmd.study import units_for
 from experiments.craftmd.settings import CraftSettings
 from experiments.core.study import CaseContext
 from serving.client import ChatResult

@@ -20,7 +20,7 @@ from experiments.craftmd.data import load_cases
 from experiments.craftmd.metrics import run_metrics, summary_markdown
 from experiments.craftmd.prompts import render
 from experiments.craftmd.protocol import SUMMARY_STOPS, TURN_STOPS, solve
-from experiments.craftmd.run import CONFIGS, CraftmdStudy
+from experiments.craftmd.study import CONFIGS, CraftmdStudy
 from experiments.craftmd.settings import CraftSettings, deviations, requests_line
 from serving.client import ChatResult
 

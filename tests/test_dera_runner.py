@@ -63,8 +63,9 @@ def qa_backend(fail_marker: str | None = None):
 
 def settings_for(name: str, tmp_path: Path, *, options: dict | None = None, **common):
     study = STUDIES[name]()
-    common = {"model": DEAD, "out": str(tmp_path / name), "set_": ["max_turns=3"], **common}
-    return study, build_settings(study, common, options or {})
+    values = {"model": DEAD, "out": str(tmp_path / name), "set_": ["max_turns=3"], **common}
+    flags = {k: values.pop(k) for k in ("model", "role", "config", "set_") if k in values}  # the flags that are not settings
+    return study, build_settings(study, flags, {**values, **(options or {})})
 
 
 def run(study, settings, respond, **kw):
@@ -167,11 +168,13 @@ COMMON_FLAGS = ["--data", "--model", "--role", "--config", "--set", "--out", "--
 
 
 def test_every_dera_command_lists_the_common_options():
-    from experiments.dera.cli import register
+    from experiments.core.commands import study_command
+    from experiments.core.registry import get
 
     app, run_app = typer.Typer(), typer.Typer()
     app.add_typer(run_app, name="run")
-    register(app, run_app, None, None, None, None)
+    for name in ("dera-summarize", "dera-careplan", "dera-corrupt", "dera-qa"):
+        run_app.command(name)(study_command(get(name)))
     extra = {"dera-corrupt": ["--level"], "dera-qa": ["--split", "--mcq", "--bertscore-model"]}
     for name in ("dera-summarize", "dera-careplan", "dera-corrupt", "dera-qa"):
         res = CliRunner().invoke(app, ["run", name, "--help"], env={"COLUMNS": "200"})

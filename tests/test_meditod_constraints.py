@@ -115,7 +115,7 @@ def test_run_constraint_from_the_shipped_ontology_accepts_fixture_gold():
     from pathlib import Path as _Path
 
     from experiments.meditod.ontology import to_status_shape
-    from experiments.meditod.run import icl_constraint
+    from experiments.meditod.study import icl_constraint
 
     dialogs = _json.loads((_Path(__file__).parent / "fixtures" / "meditod" / "dialogs.json").read_text())
     nlu, pol = icl_constraint("nlu"), icl_constraint("pol")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.meditod import run as run_mod
+from experiments.meditod import study as run_mod
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.retrieval import top_k
 from experiments.meditod.tasks import build_samples, gold_turns

@@ -78,13 +78,13 @@ def test_refused_before_any_client_is_opened(tmp_path, monkeypatch):
 
     from experiments.core import runner
     from experiments.core.commands import build_settings
-    from experiments.craftmd.run import CraftmdStudy
+    from experiments.craftmd.study import CraftmdStudy
 
     opened = []
     monkeypatch.setattr(runner, "open_client", lambda *a, **k: opened.append(a) or pytest.fail("a client was opened"))
     study, out = CraftmdStudy(), tmp_path / "out"
-    settings, cases = runner.prepare_run(study, build_settings(study, {"model": "embedded@http://127.0.0.1:9/v1", "out": str(out),
-                                                                       "data": str(CASES)}, {}))
+    settings, cases = runner.prepare_run(study, build_settings(study, {"model": "embedded@http://127.0.0.1:9/v1"},
+                                                                       {"out": str(out), "data": str(CASES)}))
     with RunLock(out):
         before = sorted(p.name for p in out.iterdir())
         with pytest.raises(RunDirInUse, match=f"pid {os.getpid()} "):

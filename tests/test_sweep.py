@@ -113,20 +113,17 @@ def _planned_roles(monkeypatch, tmp_path, study: str, models: list[str], args: l
     """The role -> model map of each run a sweep would start (the study command's body replaced by a recorder)."""
     from experiments.core import commands
     from experiments.sweep import cli as sweep_cli, run as sweep_run
-    from scripts import cli as medstack_cli
 
-    if not sweep_cli._APP:  # the study commands are registered as `medstack` starts
-        medstack_cli._register_studies()
     seen = {}
 
     def record(study_obj, common, given):
         settings = commands.build_settings(study_obj, common, given)
-        seen[common["out"]] = dict(sweep_run.prepare_run(study_obj, settings)[0].roles)
+        seen[settings.out] = dict(sweep_run.prepare_run(study_obj, settings)[0].roles)
 
     monkeypatch.setattr(sweep_run, "run_command", record)
-    cmd, fn = sweep_cli._study_command(study)
+    entry, cmd, flags = sweep_cli.study_parser(study)
     values = dict(cmd.make_context(study, list(args)).params)
-    outcome = sweep_run.run_sweep(fn.study_factory, fn.to_overrides, values, models, tmp_path / "sweep", report=False, vary=vary,
+    outcome = sweep_run.run_sweep(entry.make, flags.overrides, values, models, tmp_path / "sweep", report=False, vary=vary,
                                   log=lambda m: None)
     return {k.rsplit("/", 1)[-1]: v for k, v in seen.items()}, outcome
 

@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from experiments.craftmd.run import CONFIGS, CraftmdStudy, units_for
+from experiments.craftmd.study import CONFIGS, CraftmdStudy, units_for
 from experiments.craftmd.settings import CraftSettings
 from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings

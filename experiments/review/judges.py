@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from experiments.autoeval import judge as J
-from experiments.autoeval.run import load_dialogues
+from experiments.autoeval.study import load_dialogues
 from experiments.core.results import load_run
 from experiments.dera.qa_metrics import ARMS, normalize_similarity
 from models.errors import DataError

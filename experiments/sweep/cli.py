@@ -7,28 +7,16 @@ from typing import List, Optional
 
 import typer
 
+from experiments.core import registry
+from experiments.core.commands import StudyFlags, log, study_command
 from experiments.core.config import ConfigError
 
-_APP = {}
-
-
-def _log(msg: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(msg, highlight=False)
-
-
-def _study_command(study: str):
-    """The click command of `medstack run STUDY` (or of a top-level study command: autoeval, meld)."""
-    root = typer.main.get_command(_APP["app"])
-    run_group = root.commands.get("run")
-    cmd = (run_group.commands.get(study) if hasattr(run_group, "commands") else None) or root.commands.get(study)
-    fn = getattr(getattr(cmd, "callback", None), "__wrapped__", getattr(cmd, "callback", None))
-    if cmd is None or not hasattr(fn, "study_factory"):
-        names = sorted(n for n, c in {**run_group.commands, **root.commands}.items()
-                       if hasattr(getattr(getattr(c, "callback", None), "__wrapped__", getattr(c, "callback", None)), "study_factory"))
-        raise ConfigError(f"sweep: unknown study {study!r}; studies: {', '.join(names)}")
-    return cmd, fn
+def study_parser(study: str):
+    """The registered study and its command (flags generated from its settings) to parse the study's options."""
+    entry = registry.get(study)
+    app = typer.Typer()
+    app.command(study)(study_command(entry))
+    return entry, typer.main.get_command(app), StudyFlags(entry.make(), entry.fixed)
 
 
 def sweep(
@@ -55,7 +43,7 @@ def sweep(
     """
     from experiments.sweep.run import parse_models, run_sweep, summary_lines
 
-    cmd, fn = _study_command(study)
+    entry, cmd, flags = study_parser(study)
     try:
         parsed = cmd.make_context(study, list(ctx.args), resilient_parsing=False)
     except Exception as e:  # click usage errors: one line naming the option
@@ -63,16 +51,15 @@ def sweep(
         raise ConfigError(f"sweep {study}: {msg}") from None
     values = dict(parsed.params)
     sweep_dir = out or Path("runs") / f"sweep-{study}"
-    outcome = run_sweep(fn.study_factory, fn.to_overrides, values, parse_models(models), sweep_dir,
-                        published=published, report=report, vary=vary, log=_log)
+    outcome = run_sweep(entry.make, flags.overrides, values, parse_models(models), sweep_dir,
+                        published=published, report=report, vary=vary, log=log)
     typer.echo("\n".join(["", f"# sweep {study}: {sweep_dir}", "", *summary_lines(outcome)]))
     if outcome.exit_code:
         bad = [r for r in outcome.runs if r.status in ("error", "incomplete")]
-        _log(f"[red]{len(bad)} model run(s) did not finish:[/red] " + "; ".join(f"{r.model}: {r.message}" for r in bad)
+        log(f"[red]{len(bad)} model run(s) did not finish:[/red] " + "; ".join(f"{r.model}: {r.message}" for r in bad)
              + ". Run the same command again to resume.")
         raise typer.Exit(outcome.exit_code)
 
 
 def register(app, **_):
-    _APP["app"] = app
     app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sweep)

@@ -1,9 +1,8 @@
 """Paper-table declarations: what each study's headline tables look like, read from
 ``experiments/<study>/paper_tables.yaml``.
 
-A declaration names the runs it covers (``experiments``: prefixes of the study name a run was made
-with), the adapter that turns a run into per-case values and setting attributes
-(``adapter: module:object``), the paper's published values with their source, the footnotes that
+A declaration names the runs it covers (``experiments``: the study names a run was made with), the
+paper's published values with their source, the footnotes that
 say where a run's setting differs from the paper's, and the tables themselves:
 
     tables:
@@ -16,12 +15,13 @@ say where a run's setting differs from the paper's, and the tables themselves:
         tests: [[vignette.mcq, multiturn.mcq]]           # paired tests (b vs a), Holm across the table
         plot: {rows: [...], ylabel: accuracy, ylim: [0, 1]}
 
+Each study registers its file with the adapter that turns a run into per-case values and setting
+attributes (``register_tables(path, ADAPTER)`` in its study.py, experiments/core/registry.py).
 Nothing here computes: :mod:`experiments.tables.build` does, :mod:`experiments.tables.render` prints.
 """
 
 from __future__ import annotations
 
-import importlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from experiments.core import registry
 from experiments.core.config import ConfigError
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent
 STUDY_ORDER = ("craftmd", "dera", "meditod", "autoeval")  # the order of the report's paper sections
 
 
@@ -102,7 +102,7 @@ class Declaration(BaseModel):
     paper: str
     source: str
     experiments: list[str]  # study names (identity.json `experiment`, else config.yaml's) this declaration covers
-    adapter: str
+    adapter: Any = None  # the registered PaperAdapter
     published: list[Published] = Field(default_factory=list)
     footnotes: list[Footnote] = Field(default_factory=list)
     tables: list[Table]
@@ -112,15 +112,14 @@ class Declaration(BaseModel):
         return experiment in self.experiments
 
     def load_adapter(self):
-        module, _, name = self.adapter.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return self.adapter
 
 
-def load_declaration(path: str | Path) -> Declaration:
+def load_declaration(path: str | Path, adapter: Any = None) -> Declaration:
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        return Declaration.model_validate({**raw, "path": str(p)})
+        return Declaration.model_validate({**raw, "path": str(p), "adapter": adapter})
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML ({e})") from None
     except ValidationError as e:
@@ -129,11 +128,15 @@ def load_declaration(path: str | Path) -> Declaration:
         raise ConfigError(f"{p}: {where}: {first['msg']}") from None
 
 
-@lru_cache(maxsize=None)
 def declarations() -> tuple[Declaration, ...]:
-    """Every study's declaration, in the report's order."""
-    found = [load_declaration(p) for p in sorted(EXPERIMENTS.glob("*/paper_tables.yaml"))]
+    """Every registered study's declaration, in the report's order."""
+    return _declarations(tuple(registry.paper_tables()))
+
+
+@lru_cache(maxsize=None)
+def _declarations(tables: tuple) -> tuple[Declaration, ...]:
     order = {s: i for i, s in enumerate(STUDY_ORDER)}
+    found = [load_declaration(t.path, t.adapter) for t in tables]
     return tuple(sorted(found, key=lambda d: (order.get(d.study, len(order)), d.study)))
 
 

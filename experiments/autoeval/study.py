@@ -1,4 +1,4 @@
-"""`medstack autoeval` through the study runner: rate every stored dialogue with the self-CoT judge.
+"""`medstack autoeval` through the study runner (registered below, with its paper tables): rate every stored dialogue with the self-CoT judge.
 
 Cases are (dialogue, criterion) pairs, id ``<record id>::<criterion>``, from the records of the
 results directory given as RESULTS / ``--data`` that carry a ``transcript``. ``setup()`` runs
@@ -16,12 +16,10 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
-
-from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.config import ConfigError, Sampling, config_dir
 from experiments.core.results import read_jsonl
+from experiments.core.registry import register_study, register_tables
 from experiments.core.study import CaseContext, RequestFailed, Study
 from models.errors import DataError
 from serving.refs import model_name
@@ -29,25 +27,12 @@ from serving.refs import model_name
 from experiments.autoeval import judge as J
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rating_metrics, summary_markdown
 from experiments.tables.render import run_paper_tables
+from experiments.autoeval.paper_values import ADAPTER
+from experiments.autoeval.settings import AutoevalSettings
 
-CONFIGS = Path(__file__).with_name("configs")
+CONFIGS = config_dir(__file__)
 DEFAULT_CONFIG = CONFIGS / "default.yaml"
 EXPLAINED_FILE = "explained_examples.jsonl"
-
-
-class AutoevalSettings(RunSettings):
-    experiment: str = "autoeval"
-    roles: dict[str, str] = {"judge": "embedded"}
-    criteria: list[str] = ["empathy", "concerns", "welfare", "understanding"]
-    criteria_file: str | None = None  # default: experiments/autoeval/criteria.yaml
-    examples: str | None = None  # default: experiments/autoeval/examples.jsonl
-    reference: str | None = None  # CSV id,criterion,rating
-    api: Literal["chat", "completion"] = "chat"
-    explain: Sampling = Sampling(max_tokens=160)  # step (a)
-    rate: Sampling = Sampling(max_tokens=200)  # step (b)
-    stop: list[str] = ["==="]  # for both steps, unless a step sets its own
-    max_dialogue_chars: int | None = Field(1600, ge=1)
-    max_note_chars: int = Field(240, ge=1)
 
 
 def judge_config(s: AutoevalSettings) -> J.JudgeConfig:
@@ -210,3 +195,16 @@ async def explained_examples(client, out: Path, criteria, examples, cfg: J.Judge
     stats = {"explained": len(entries), "from_cache_file": len(entries) - len(todo),
              "unparsed": sum(1 for e in entries if not e["parsed"]), "request_errors": 0}
     return result, stats
+
+
+register_study("autoeval", AutoevalStudy, top_level=True, help="""Rate every stored doctor-patient dialogue 1-5 per rubric criterion with a self-CoT LLM judge (AMIE style).
+
+    Step (a): the judge explains (Good/Bad/Summary) example dialogues with known ratings, once per judge
+    model (cached in the output directory). Step (b): a few-shot prompt with one explained example per
+    rating point rates each dialogue (Good/Bad/Summary/Rating). Unparseable ratings are unscored and counted.
+    One case per (dialogue, criterion); --limit counts dialogues. Default --out runs/autoeval/<results>-<judge>;
+    default config experiments/autoeval/configs/default.yaml (see also amie.yaml, embedded-completion.yaml).
+    Writes records.jsonl, metrics.json (mean rating per criterion with 95% CI, n, unscored; agreement with
+    --reference) and summary.md. Exit 0 done, 2 bad input, 3 some ratings failed (run the same command again).
+    """)
+register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)

@@ -1,4 +1,4 @@
-"""`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner.
+"""`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner (registered below, with its paper tables).
 
 One case per sample (tasks.py: the authors' windows and skip rules): load + validate data -> build
 the test samples (and, in-context, the training exemplars the same way) -> retrieve k exemplars per
@@ -17,20 +17,19 @@ every metric and asks it again on the next run. Unparseable model output is a fo
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from string import Template
-from typing import Literal
-
-from pydantic import Field
-
-from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.common.parsing import extract_verdict
+from experiments.core.config import ConfigError, Sampling, config_dir
 from experiments.core.constraints import Constraint
+from experiments.core.registry import register_study, register_tables
 from experiments.meditod import metrics as M
 from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.ontology import load_ontology
+from experiments.meditod.paper_values import ADAPTER
+from experiments.meditod.settings import MeditodSettings
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
                                          parse_icl, parse_sft, prompt_hash, sft_messages, template,
                                          templates_used)
@@ -43,7 +42,7 @@ from models.prompt_format import DONE, adapter_prompt_format, default_prompt_for
 from models.registry import get_spec
 from serving.refs import ModelRef, model_name
 
-CONFIGS = Path(__file__).with_name("configs")
+CONFIGS = config_dir(__file__)
 TASK_LABEL = {"nlu": "NLU", "pol": "POL", "nlg": "NLG"}
 MODES = ("icl", "supervised")
 
@@ -56,29 +55,6 @@ def icl_constraint(task: str):
 
     schema = (nlu_schema if task == "nlu" else pol_schema)(load_ontology())
     return Constraint.make("json", schema, f"meditod/{task}: experiments/meditod/ontology.yaml")
-
-
-class MeditodSettings(RunSettings):
-    task: Literal["nlu", "pol", "nlg"] = "nlu"
-    splits_dir: str | None = None  # default: the folder of --data
-    split: str = "test"
-    train_split: str = "train"  # where in-context exemplars come from
-    mode: Literal["icl", "supervised"] = "icl"
-    k: int = Field(5, ge=0)
-    encoder: str | None = None  # exemplar retrieval: sentence-transformers dir; default all-MiniLM-L6-v2
-    history_size: int = Field(4, ge=2)  # the authors' history_size (4 in every config): sets each task's window (tasks.py)
-    prompt_format: Literal["chat", "completion"] | None = None  # supervised: None = the base's default fine-tuning recipe's
-    temperature: float = Field(0.0, ge=0.0)
-    max_tokens: int = Field(256, ge=1)
-    context_margin: int = Field(8, ge=0)  # tokens kept free besides max_tokens
-    adjudicate_model: str | None = None  # the grader role's model; set = adjudicate non-canonical matches
-    adjudicate_max_tokens: int = Field(4, ge=1)
-    bertscore: bool = True
-    bertscore_encoder: str | None = None  # NLG BERTScore: local encoder dir; default all-MiniLM-L6-v2 (the authors: roberta-large)
-    bertscore_layer: int | None = Field(None, ge=1)  # None: bert_score's model2layers entry (roberta-large 17), else the encoder's last layer
-    compare: str | None = None
-    concurrency: int = Field(8, ge=1)
-    roles: dict[str, str] = {"model": "embedded"}
 
 
 def context_budget(alias: str, max_tokens: int, margin: int, served: int | None = None) -> int | None:
@@ -373,3 +349,18 @@ def summary_markdown(s: MeditodSettings, m: dict, other: tuple[str, dict] | None
     if gl:
         text += f"\nGold utterances longer than max_tokens={gl['max_tokens']}: {gl['golds_over_cap']} of {gl['golds']}.\n"
     return text
+
+
+HELP = {
+    "nlu": "MediTOD NLU: dialog history + last turn -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
+    "pol": "MediTOD POL: dialog state + last turn -> the doctor's next actions (JSON); P/R/F1, Precision@K.",
+    "nlg": "MediTOD NLG: doctor actions + last turn -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
+}
+for _task, _help in HELP.items():
+    register_study(f"meditod-{_task}", partial(MeditodStudy, _task), fixed={"task": _task}, help=_help + """
+
+    One case per test turn (id DIALOG/UTTR). Default config: configs/<task>_<mode>.yaml; default --out runs/meditod/<task>-<mode>.
+    Writes records.jsonl, metrics.json, summary.md; re-running resumes.
+    Exit 0 done, 2 bad input, 3 some turns failed (run the same command again to retry them).
+    """)
+register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)

@@ -1,12 +1,16 @@
-"""`medstack run craftmd`: cases × trials through the study runner (records, metrics, summary; resumable)."""
+"""CRAFT-MD's studies: `medstack run craftmd` (cases × trials through the study runner: records, metrics,
+summary; resumable) and `medstack meld` (experiments/craftmd/meld.py), registered with their paper tables."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.core.config import ConfigError
+from experiments.core.config import ConfigError, config_dir
+from experiments.core.registry import register_study, register_tables
 from experiments.craftmd.data import load_cases
+from experiments.craftmd.meld import MeldStudy
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
+from experiments.craftmd.paper_values import ADAPTER
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings, deviations, requests_line
@@ -14,7 +18,7 @@ from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
 
-CONFIGS = Path(__file__).with_name("configs")
+CONFIGS = config_dir(__file__)
 
 
 def units_for(cases: list[dict], trials: int) -> list[dict]:
@@ -65,3 +69,13 @@ class CraftmdStudy(Study):
 
     def summary(self, metrics: dict, s: CraftSettings) -> str:
         return summary_markdown(s.name, metrics) + "\n" + run_paper_tables(s.out, metrics)
+
+
+register_study("craftmd", CraftmdStudy, help="""CRAFT-MD: simulated doctor–patient conversations, summaries, MCQ/FRQ in 4 formats, two-step grading, N trials.
+
+    One record per (case, trial), id CASE/tK. Writes records.jsonl, metrics.json, summary.md in --out.
+    Exit 0 done, 2 bad input, 3 some cases failed (run the same command again to retry them).
+    """)
+register_study("meld", MeldStudy, top_level=True,
+               help="MELD contamination check: first half of each vignette -> model writes the second half; similarity = 1 − normalized Levenshtein.")
+register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)

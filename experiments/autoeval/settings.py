@@ -1,0 +1,35 @@
+"""Autoeval run settings (YAML configs/*.yaml -> this class -> run); a field with a description is a flag."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from experiments.core.config import Flag, RunSettings, Sampling, role_flag
+
+CRITERIA = ["empathy", "concerns", "welfare", "understanding"]
+
+
+class AutoevalSettings(RunSettings):
+    cli_flags = (
+        Flag(("results",), str, "A results directory (or its records.jsonl) whose records carry a 'transcript' (CRAFT-MD, DERA, "
+             "MediTOD, ...); same as --data.", ("data",)),
+        role_flag("judge", "Judge model (alias of --role judge=REF): registry alias, or ALIAS@URL of a running server.", "-j"),
+        Flag(("--max-tokens",), int, "Override max_tokens of both judge steps (explain and rate; >= 1).", ("explain.max_tokens", "rate.max_tokens")),
+    )
+
+    experiment: str = "autoeval"
+    roles: dict[str, str] = {"judge": "embedded"}
+    criteria: list[str] = Field(CRITERIA, description=f"Comma-separated criteria keys or names (default from config: {','.join(CRITERIA)}).")
+    criteria_file: str | None = None  # default: experiments/autoeval/criteria.yaml
+    examples: str | None = Field(None, description="JSONL of example dialogues with known ratings (id, criterion, rating, transcript), "
+                                 "one per rating 1-5 per criterion (default: ours).")
+    reference: str | None = Field(None, description="CSV with columns id, criterion, rating: reference ratings for rank agreement (Kendall tau, Spearman).")
+    api: Literal["chat", "completion"] = Field("chat", description="chat | completion (completion = raw text prompt ending in 'Good:', for base models).")
+    explain: Sampling = Sampling(max_tokens=160)  # step (a)
+    rate: Sampling = Sampling(max_tokens=200)  # step (b)
+    stop: list[str] = ["==="]  # for both steps, unless a step sets its own
+    max_dialogue_chars: int | None = Field(1600, ge=1)
+    max_note_chars: int = Field(240, ge=1)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16

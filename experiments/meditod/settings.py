@@ -1,0 +1,47 @@
+"""MediTOD run settings (YAML configs/<task>_<mode>.yaml -> this class -> run); a field with a description is a flag."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from experiments.core.config import RunSettings, cli
+
+BERTSCORE_ENCODER_HELP = "NLG: local encoder dir for BERTScore (default: all-MiniLM-L6-v2; the MediTOD authors: roberta-large)."
+BERTSCORE_LAYER_HELP = "NLG: encoder layer for BERTScore (default: bert_score's table for a known encoder, e.g. roberta-large 17; else the last)."
+TASK_DEFAULTS = {"pol": {"max_tokens": 192}}  # defaults that differ by task (besides experiment: meditod-<task>)
+
+
+class MeditodSettings(RunSettings):
+    task: Literal["nlu", "pol", "nlg"] = "nlu"
+    splits_dir: str | None = Field(None, description="Folder with <split>_ids.json (default: the folder of --data).")
+    split: str = Field("test", description="Split to evaluate: test (default), valid, or any <name>_ids.json, e.g. an out-of-domain set.")
+    train_split: str = "train"  # where in-context exemplars come from
+    mode: Literal["icl", "supervised"] = Field("icl", description="icl (chat messages: ontology, retrieved exemplars, test input) or "
+                                              "supervised (the fine-tuning rendering + [answer]; --lora NAME=PATH serves an adapter).")
+    k: int = Field(5, ge=0, description="In-context exemplars per test turn (paper: 5).")
+    encoder: str | None = Field(None, description="Local sentence-transformers dir for in-context exemplar retrieval by last-turn text "
+                                "(default: all-MiniLM-L6-v2; the authors: bge-large-en-v1.5).")
+    history_size: int = Field(4, ge=2)  # the authors' history_size (4 in every config): sets each task's window (tasks.py)
+    prompt_format: Literal["chat", "completion"] | None = None  # supervised: None = the base's default fine-tuning recipe's
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: int = Field(256, ge=1, description="Generation cap per turn (config default).")
+    context_margin: int = Field(8, ge=0)  # tokens kept free besides max_tokens
+    adjudicate_model: str | None = Field(None, description="Also score with LLM adjudication of non-canonical values by this model "
+                                         "(the grader role: ALIAS or ALIAS@URL).")
+    adjudicate_max_tokens: int = Field(4, ge=1)
+    bertscore: bool = Field(True, description="NLG: skip BERTScore.", json_schema_extra=cli("--no-bertscore"))
+    bertscore_encoder: str | None = Field(None, description=BERTSCORE_ENCODER_HELP)
+    bertscore_layer: int | None = Field(None, ge=1, description=BERTSCORE_LAYER_HELP)
+    compare: str | None = Field(None, description="Results dir of the other mode to put side by side in summary.md.")
+    concurrency: int = Field(8, ge=1)
+    roles: dict[str, str] = {"model": "embedded"}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, data):
+        if isinstance(data, dict):
+            task = data.get("task", "nlu")
+            return {"experiment": f"meditod-{task}", **TASK_DEFAULTS.get(task, {}), **data}
+        return data

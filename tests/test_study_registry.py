@@ -54,7 +54,7 @@ class ToyStudy(Study):
         return {"accuracy": sum(r["correct"] for r in records) / len(records) if records else None}
 
     def summary(self, metrics: dict, s: ToySettings) -> str:
-        return f"# toy\n\naccuracy: {metrics['accuracy']}\n\n" + run_paper_tables(s.out)
+        return f"# toy\n\naccuracy: {metrics['accuracy']}\n\n" + run_paper_tables(s.out, metrics)
 
 
 class ToyTables(PaperAdapter):

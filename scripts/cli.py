@@ -334,9 +334,6 @@ INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 def _interrupted() -> None:
-    # a progress display stopped mid-draw may still hold sys.stdout/sys.stderr (rich redirects them into its
-    # live view): give them back first, or this line is swallowed by a display that no longer draws
-    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     console.print("interrupted: finished results are kept; run the same command again to resume", highlight=False, soft_wrap=True)
     sys.exit(INTERRUPTED)
 

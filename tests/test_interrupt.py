@@ -1,5 +1,5 @@
 """Ctrl-C / SIGTERM mid-run says so on stderr, for a run and for a sweep (typer turns the interrupt into
-Exit(130) before our handler sees it, and rich's progress display had taken stderr: the line was lost)."""
+Exit(130) before our handler sees it: the line was lost)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import orjson
 
 from models.errors import StorageError
+from models.jsontext import loads
 from models.paths import medstack_home, private_dir, private_file
 
 
@@ -38,13 +39,6 @@ def request_key(payload: dict) -> str:
 def _dumps(value: dict) -> str:
     """A stored answer's text (orjson: compact JSON, read back equal by either parser)."""
     return orjson.dumps(value).decode()
-
-
-def _loads(text: str):
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:  # what only ``json`` reads (NaN, integers beyond 64 bits) in answers stored by earlier versions
-        return json.loads(text)
 
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -155,7 +149,7 @@ class ResponseCache:
             self.misses += 1
             return None
         self.hits += 1
-        return _loads(value)
+        return loads(value)
 
     def put(self, key: str, value: dict) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 
 from models.errors import MedstackError
+from models.jsontext import loads
 
 from serving.cache import ResponseCache, request_key
 from serving.types import ErrorKind, GenConfig, shallow_dict
@@ -152,15 +153,6 @@ def error_message(raw: bytes) -> str:
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 
 
-def _loads(raw: bytes):
-    """An answer's JSON: orjson (several times faster than ``json`` on every call's body), ``json`` for what only it
-    reads (NaN / Infinity, integers beyond 64 bits)."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
-
-
 class LLMClient:
     def __init__(
         self,
@@ -224,7 +216,7 @@ class LLMClient:
         if status >= 400:
             raise StatusError(status, error_message(raw))
         try:
-            data = _loads(raw)
+            data = loads(raw)
         except ValueError as e:
             raise TransportError(f"HTTP {status} with a body that is not JSON ({e}): {raw[:200]!r}") from e
         if not isinstance(data, dict):

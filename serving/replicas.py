@@ -53,8 +53,8 @@ from serving.secrets import SERVER_KEY_ENV, check_exposure, public_env, redact_a
 
 # vllm-router's policies (vllm-router 0.1.17 --help); kv_aware and sticky_least_loaded need KV events / sessions we do not send.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")
-# The router's own default, and the faster of the two on one replayed 10-case CRAFT-MD workload through 2 CPU
-# replicas (405.6 s vs round_robin's 451.3 s, hit rate 22.1 vs 20.1 %; README "Replicas behind the vLLM router").
+# The router's own default. Against round_robin on one replayed 6-case CRAFT-MD workload through 2 CPU replicas,
+# 6 replays each, alternated: 62.0 +- 13.4 s vs 68.7 +- 5.8 s, within noise (docs/measurements.md, "Routing policy A/B").
 DEFAULT_POLICY = "cache_aware"
 # A dead replica is found by the router's own health check within about interval x threshold seconds;
 # until then a request that fails on it is retried by the router (and by our client).

@@ -1,10 +1,11 @@
 """Reading JSON text fast, with the standard library's meaning.
 
 :func:`loads` parses with orjson (several times faster than ``json``; used for every answer the client reads and
-every answer the response cache returns) and hands to ``json`` what only ``json`` reads or reads differently: NaN / Infinity, integers beyond
-64 bits, lone surrogates, UTF-16/32 bytes. For text both parse, both give the same value; for text neither
-parses, ``json``'s ``JSONDecodeError`` (a ``ValueError``) is raised, so error messages are the standard
-library's. Writes stay with ``json.dumps`` where the bytes on disk matter (records, cache keys).
+every answer the response cache returns) and hands to ``json`` what only ``json`` reads, or reads differently:
+NaN / Infinity, integers beyond 64 bits, lone surrogates, UTF-16/32 bytes. For text both parse, both give the
+same value; for text neither parses, ``json``'s ``JSONDecodeError`` (a ``ValueError``) is raised, so error
+messages are the standard library's. Writes stay with ``json.dumps`` where the bytes on disk matter (records,
+cache keys).
 """
 
 from __future__ import annotations

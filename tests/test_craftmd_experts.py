@@ -95,7 +95,7 @@ def test_import_writes_records_metrics_and_a_summary_beside_published_values(tmp
     out = tmp_path / "experts"
     m = import_experts(EXPERTS, out, n_boot=200)
     recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    assert len(recs) == 8 and recs[0]["transcript"] and recs[0]["expert_labels"].keys() == {"Q1", "Q2", "Q3"}
+    assert len(recs) == 8 and recs[0]["transcript"] and [recs[0][f"expert_label_{q}"] for q in ("Q1", "Q2", "Q3")] == ["yes", "yes", "no"]
     assert json.loads((out / "metrics.json").read_text())["rates"]["gpt-4"]["Q1"]["pct"] == 75.0
     s = (out / "summary.md").read_text()
     assert "| GPT-4 | 75.00 [" in s and "| 53.33 |" in s            # ours beside the paper's Fig. 3i value

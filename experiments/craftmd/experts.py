@@ -277,7 +277,8 @@ def to_record(c: ExpertConversation) -> dict:
         "question": c.question, "vignette": c.vignette, "correct_answer": c.correct_diagnosis,
         "final_diagnosis": c.final_diagnosis, "transcript": transcript,
         "n_doctor_turns": sum(t["agent"] == "doctor" and t["turn"] > 0 for t in transcript),
-        "expert_labels": {q: c.combined[q] for q in EXPERT_QUESTIONS},
+        # flat, so the report's case browser shows them among the grades: yes / no / null (no label)
+        **{f"expert_label_{q}": None if c.combined[q] is None else ("yes" if c.combined[q] else "no") for q in EXPERT_QUESTIONS},
         "expert_raters": {r: dict(v) for r, v in c.raters.items()}, "dual_labelled": c.dual,
     }
 

@@ -126,7 +126,7 @@
         const body = await r.json().catch(() => ({}));
         if (!r.ok) { status("not saved: " + (body.error || ("HTTP " + r.status)), false); return; }
       } else {
-        // the downloaded line names the item by number and the sample by its tag: calibrate finds the id in the run
+        // the downloaded line names the item by number and the sample by its tag: calibrate looks the id up in the sample file
         history.push({judge: D.judge, n: it.n, sample: D.sample, ...entry, reviewer: reviewer, at: new Date().toISOString().replace(/\.\d+Z$/, "Z")});
         localStorage.setItem(storeKey(), JSON.stringify(history));
       }

@@ -15,7 +15,7 @@ import pytest
 from experiments.calibrate.reviews import calibrate_reviews
 from experiments.review.judges import load_judge
 from experiments.review.labels import append_label, read_labels, sample_tag, stratified_sample, write_sample
-from experiments.review.page import make_app, page_data, render_page
+from experiments.review.page import _hosts, make_app, page_data, render_page
 from models.errors import DataError
 
 
@@ -345,6 +345,10 @@ async def test_server_takes_writes_only_from_its_own_page(run):
         own = await c.post("/api/label", data=body, headers={"Content-Type": "application/json", "X-Review-Token": token, "Origin": f"http://{here}"})
         assert own.status == 200
     assert [json.loads(x)["item"] for x in labels.read_text().splitlines()] == [s["items"][0]["id"]]
+    # off loopback: the interface's address (a wildcard bind is no name) or the name bound; never localhost
+    assert _hosts("0.0.0.0", ("10.1.2.3", 8765)) == {"10.1.2.3:8765"}
+    assert _hosts("review.lan", ("10.1.2.3", 8765)) == {"review.lan:8765", "10.1.2.3:8765"}
+    assert _hosts("::", ("fe80::1%eth0", 8765, 0, 2)) == {"[fe80::1]:8765"}
 
 
 def test_cli_bad_input_and_environment(run, cli, fixtures_dir, tmp_path):

@@ -94,8 +94,10 @@ def _hosts(bound: str, sockname) -> set[str]:
 def refusal(request, bound: str, key: str | None, token: str):
     """The guard every request passes: None, or the response refusing it (nothing is read or written)."""
     host = (request.headers.get("Host") or "").lower()
-    if host not in _hosts(bound, request.transport.get_extra_info("sockname") if request.transport else None):
-        return web.json_response({"error": f"this server does not answer to Host {host!r}"}, status=421)
+    answers_to = _hosts(bound, request.transport.get_extra_info("sockname") if request.transport else None)
+    if host not in answers_to:
+        return web.json_response({"error": f"this server does not answer to Host {host!r}: open the page at "
+                                           + " or ".join(f"http://{h}/" for h in sorted(answers_to))}, status=421)
     origin = request.headers.get("Origin")
     if origin is not None and origin.lower() != f"http://{host}":
         return web.json_response({"error": f"requests from {origin!r} are refused: only the review page itself may send them"}, status=403)

@@ -6,6 +6,9 @@ NaN / Infinity, integers beyond 64 bits, lone surrogates, UTF-16/32 bytes. For t
 same value; for text neither parses, ``json``'s ``JSONDecodeError`` (a ``ValueError``) is raised, so error
 messages are the standard library's. Writes stay with ``json.dumps`` where the bytes on disk matter (records,
 cache keys).
+
+:func:`for_script` writes JSON that an HTML page embeds in a ``<script>`` element: whatever text the data
+holds (model output is untrusted input), the element cannot end early and the JSON parses back to the same data.
 """
 
 from __future__ import annotations
@@ -30,3 +33,16 @@ def loads(data: bytes | str):
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return json.loads(data)
+
+
+# inside <script> the HTML parser looks for "</script", "<!--" and "-->"; U+2028/U+2029 end a line in older JS
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def for_script(data) -> str:
+    """JSON text of ``data`` safe inside an HTML ``<script>`` element (``type="application/json"`` or code):
+    ``<``, ``>``, ``&``, U+2028 and U+2029 are written as ``\\u003c`` etc. -- only inside JSON strings
+    (nowhere else can they occur), so ``JSON.parse`` gives back every character as it was."""
+    # ASCII out: any other character (a lone surrogate from a model's JSON too) is a \uXXXX escape, so the page
+    # is valid UTF-8 whatever the data holds
+    return json.dumps(data, ensure_ascii=True).translate(_SCRIPT_SAFE)

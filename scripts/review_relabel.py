@@ -10,8 +10,10 @@ the dermatologist saw -- on the count scale 0-5, and the judge's decision is its
 (``grader``: the judge model's; ``published``: the authors' grader's, for the cases matched in their
 release). The whole set is the sample (every stratum at rate 1, no weights), so the agreement must equal
 today's figures exactly. The script starts `medstack review` on a free loopback port, opens the page in
-headless Chromium (Playwright, /usr/bin/chromium), types each case's count with the keyboard, stops the
-server, runs the calibration on the label file and compares. Exit 0 when every figure is equal.
+headless Chromium (Playwright driving Debian's `chromium`), types each case's count with the keyboard, stops the
+server, runs the calibration on the label file and compares. Exit 0 when every figure is equal. The page
+knows each case only by its number in the sample (blind); the script, on the researcher's side, reads the
+sample file to know which case a number is.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,7 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_NAMES = ("chromium", "chromium-browser")  # Debian's package (scripts/setup.sh installs it); never a downloaded build
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 FIGURES = ("n", "exact_agreement", "mean_abs_diff", "trial_agreement_bound", "weighted_kappa_linear", "confusion")
@@ -66,12 +69,31 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def chromium_path() -> str | None:
+    """The system Chromium Playwright drives (``playwright install`` downloads browsers, which this project never does)."""
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
 def launch(playwright):
-    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    exe = chromium_path()
+    if exe is None:
+        raise RuntimeError("Chromium is not installed (no `chromium` command): run `make setup` as root, or `apt-get install chromium`")
+    return playwright.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
 
 
-def current(page) -> str:
-    return page.evaluate("document.body.dataset.item")
+def item_ids(run_dir: Path, judge: str) -> list[str]:
+    """The record ids of the sample in the order shown: item number k of the page is ids[k - 1]."""
+    return [it["id"] for it in json.loads((Path(run_dir) / "reviews" / f"sample-{judge}.json").read_text())["items"]]
+
+
+def current(page) -> int | None:
+    """The number (1..N) of the item the page shows; None when every item is done."""
+    v = page.evaluate("document.body.dataset.item")
+    return int(v) if v else None
 
 
 def wait_until(page, expression: str, timeout: float = 30) -> None:
@@ -95,7 +117,7 @@ def press_label(page, key: str) -> None:
 
 
 def enter_all(page, label_of) -> int:
-    """Label every open item with ``label_of(item id)`` (a key to press); returns how many."""
+    """Label every open item with ``label_of(item number)`` (a key to press); returns how many."""
     n = 0
     while current(page):
         press_label(page, str(label_of(current(page))))
@@ -128,7 +150,8 @@ def main(argv=None) -> int:
             page.wait_for_selector('body[data-ready="1"]')
             if a.screenshot:
                 page.screenshot(path=str(a.screenshot), full_page=True)
-            n = enter_all(page, lambda item: derm[item])
+            ids = item_ids(a.run_dir, a.judge)
+            n = enter_all(page, lambda k: derm[ids[k - 1]])
             browser.close()
     finally:
         stop(proc)

@@ -45,11 +45,16 @@ else
   echo "$WANT" > "$STAMP"
 fi
 
-step "checking Chromium (headless; the report test renders the HTML report with it)"
-if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+# Debian's Chromium, driven headless by the pinned Playwright package (requirements.txt) in the browser tests
+# (tests/test_review_chromium.py, tests/test_report_chromium.py: they FAIL without it). Playwright's own browser
+# download is never used. MEDSTACK_SKIP_CHROMIUM=1 leaves this step out.
+step "checking Chromium (headless; the review-page and report tests drive it)"
+if [ "${MEDSTACK_SKIP_CHROMIUM:-0}" = 1 ]; then
+  echo "skipped (MEDSTACK_SKIP_CHROMIUM=1): the browser tests fail until a \`chromium\` command exists"
+elif command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
   echo "chromium present"
 elif ! command -v apt-get >/dev/null 2>&1; then
-  echo "note: apt-get is not available here; install Chromium yourself (tests/test_report_chromium.py needs a \`chromium\` command)"
+  echo "note: apt-get is not available here; install Chromium yourself (the browser tests need a \`chromium\` command)"
 elif [ "$(id -u)" = 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
@@ -59,7 +64,7 @@ elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
   sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
   echo "installed $(chromium --version 2>/dev/null || echo chromium)"
 else
-  echo "note: Chromium is missing and installing it needs root: run \`sudo apt-get install chromium\` (used by tests/test_report_chromium.py)"
+  echo "note: Chromium is missing and installing it needs root: run \`sudo apt-get install chromium\` (the browser tests need it)"
 fi
 
 step "preparing the embedded default model"

@@ -116,3 +116,22 @@ def fixtures_dir() -> Path:
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium under Playwright: Debian's `chromium`, never a downloaded build. A missing Playwright or
+    Chromium FAILS the test that asks for it, with the reason (`make setup` installs both)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        pytest.fail(f"Playwright is not installed ({e}): run `make setup` (requirements.txt pins it)")
+    from scripts.review_relabel import chromium_path, launch
+
+    if chromium_path() is None:
+        pytest.fail("Chromium is not installed (no `chromium` command): run `make setup` as root (it runs `apt-get install chromium`), "
+                    "or `apt-get install chromium`")
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()

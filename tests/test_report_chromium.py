@@ -5,7 +5,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import json
+
 import numpy as np
+
+from tests.test_review_chromium import HOSTILE
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
 
@@ -68,3 +72,26 @@ def test_report_renders_in_headless_chromium(fixtures_dir, tmp_path, cli):
     img = matplotlib.image.imread(str(shot))
     assert img.shape[0] == 2000 and img.shape[1] == 1280
     assert float(np.std(img[..., :3])) > 0.05  # not a blank page
+
+
+def test_hostile_transcripts_show_literally_and_run_nothing(fixtures_dir, tmp_path, cli, browser):
+    """The report's rule is the review page's: any text a model wrote shows as written. The report puts text in
+    HTML (escaped by the template), none in script data; a case whose transcript and answer hold a comment
+    opener, a closing script tag, an injected image with onerror and U+2028/U+2029 loads, shows each, runs none."""
+    runs = tmp_path / "runs"
+    shutil.copytree(fixtures_dir / "report" / "craftmd_run", runs / "craftmd_run")
+    rec = {"id": "case-hostile", "model": "embedded", "correct": 0, "answer": HOSTILE[1], "extracted_diagnosis": HOSTILE[2],
+           "transcript": [{"agent": "doctor" if k % 2 else "patient", "content": text, "turn": k} for k, text in enumerate(HOSTILE)]}
+    with open(runs / "craftmd_run" / "records.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    html = tmp_path / "report.html"
+    cli("report", str(runs), "--out", str(html), check=True)
+    page = browser.new_page()
+    page.goto(html.as_uri())
+    page.wait_for_selector('body[data-ready="1"]')  # the report's script ran to its end
+    case = page.locator("details.case", has_text="case-hostile")
+    text = case.evaluate("e => e.textContent")
+    for t in HOSTILE:
+        assert t in text, t
+    assert page.evaluate("window.__pwned") is None and "PWNED" not in page.title()
+    assert case.evaluate("e => e.querySelectorAll('img, script').length") == 0

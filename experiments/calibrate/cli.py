@@ -83,13 +83,16 @@ def reviews_cmd(
     labels: Path = typer.Option(..., "--labels", help="RUN_DIR/reviews (every <reviewer>.jsonl in it) or one label file downloaded from the offline page."),
     judge: Optional[str] = typer.Option(None, "--judge", help="The judge step, when the labels cover several."),
     n_boot: int = typer.Option(2000, "--n-boot", min=100, help="Bootstrap resamples for the CIs."),
+    tiebreak: Optional[str] = typer.Option(None, "--tiebreak", help="A third reviewer whose label decides the items the others disagree on "
+                                                                    "(otherwise those items are set aside from the consensus, and counted)."),
 ) -> None:
-    """The judge against each reviewer and their consensus (exact agreement, kappa -- linear-weighted for
+    """The judge against each reviewer, the reviewers' inter-rater agreement, then the judge against their
+    consensus with the count of items set aside for disagreement (exact agreement, kappa -- linear-weighted for
     ordered scales --, mean |diff|, trial agreement bound, Spearman; stratified bootstrap CIs; sampling weights
-    undone) and the reviewers' inter-rater agreement. Writes RUN_DIR/reviews/calibration-<judge>.json and .md."""
+    undone). Writes RUN_DIR/reviews/calibration-<judge>.json and .md. Exit 2 for bad labels (named by file and line)."""
     from experiments.calibrate.reviews import calibrate_reviews, summary
 
-    r = calibrate_reviews(run_dir, labels, judge, n_boot=n_boot)
+    r = calibrate_reviews(run_dir, labels, judge, n_boot=n_boot, tiebreak=tiebreak)
     typer.echo(summary(r).rstrip("\n"))
     _log(f"results in {run_dir / 'reviews' / ('calibration-' + r['judge'] + '.json')}")
 

@@ -14,9 +14,16 @@ estimate the judge's agreement over the whole run, not over the oversampled rare
 stratum has the same weight the unweighted formulas are used (identical figures to the dermatologist
 check on the same labels).
 
-Consensus: per item the label more than half of the reviewers gave (items without such a majority are
-counted and left out); on the 0-1 scale, the mean. Two or more reviewers also give their inter-rater
-agreement (kappa as above) on the items both labelled.
+Reported in this order: the judge against each reviewer, the reviewers' inter-rater agreement (kappa as
+above) on the items both labelled, then the judge against their consensus. Consensus: per item the label
+more than half of the reviewers gave; on the 0-1 scale, the mean. An item without such a majority (with two
+reviewers: any disagreement) is set aside -- which leaves the hard items out and flatters the judge -- and
+the count set aside is stated with the figure. ``tiebreak``: a third reviewer whose label decides those
+items (as in the CRAFT-MD authors' expert assessment of conversations, where a third dermatologist broke the
+two's ties); they take no part in the majority or the inter-rater figures, and an item they did not label
+stays set aside. Consensus items keep their sampling weight N_h / n_h: the items set aside are the disputed
+ones, not like the rest of their stratum, so their weight is not spread over it (nor are the tiebreaker's
+items in the tiebreaker's own row: they are the disputed ones too).
 """
 
 from __future__ import annotations
@@ -71,9 +78,10 @@ def _consensus(labels: list, scale: dict):
     return value if count * 2 > len(labels) else None
 
 
-def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | None = None, *, n_boot: int = N_BOOT) -> dict:
+def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | None = None, *, n_boot: int = N_BOOT,
+                      tiebreak: str | None = None) -> dict:
     run_dir = Path(run_dir)
-    by_reviewer = read_labels(labels_src)
+    by_reviewer = read_labels(labels_src, run_dir)
     steps = sorted({j for rows in by_reviewer.values() for (j, _) in rows})
     if judge is None:
         if len(steps) != 1:
@@ -105,29 +113,33 @@ def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | 
     per = {w: v for w, v in per.items() if v}
     if not per:
         raise DataError(f"{labels_src}: no label for judge {judge}")
+    if tiebreak is not None:
+        if tiebreak not in per:
+            raise DataError(f"--tiebreak {tiebreak}: no label of judge {judge} by {tiebreak} (reviewers: {', '.join(sorted(per))})")
+        if len(per) < 3:
+            raise DataError(f"--tiebreak {tiebreak}: needs two other reviewers whose disagreements {tiebreak} decides")
+        if scale["kind"] == "unit":
+            raise DataError(f"--tiebreak {tiebreak}: the 0-1 scale has no ties to break (its consensus is the mean)")
 
     order = [it["id"] for it in j["items"] if it["id"] in stratum]  # the run's order: the same sums as today's calibrate
 
-    def vs_judge(labels: dict) -> dict:
+    def vs_judge(labels: dict, sampled_weights: bool = False) -> dict:
         ids = [i for i in order if i in labels]
-        return compare([labels[i] for i in ids], [verdict[i] for i in ids], [stratum[i] for i in ids], population, scale, n_boot=n_boot)
+        h = [stratum[i] for i in ids]
+        pop = population
+        if sampled_weights:  # each item keeps its weight N_h / n_h: what was set aside is not spread over the rest of its stratum
+            m = Counter(h)
+            pop = {k: population[k] * m[k] / sample["strata"][k]["n"] for k in m}
+        return compare([labels[i] for i in ids], [verdict[i] for i in ids], h, pop, scale, n_boot=n_boot)
 
     result = {"judge": judge, "experiment": j["experiment"], "scale": scale, "run": str(run_dir), "labels": str(labels_src),
               "sample": {"size": len(sample["items"]), "population": sample["population"], "seed": sample["seed"], "strata": sample["strata"]},
               "reviewers": {w: {**counts[w], "strata_without_label": sorted(set(stratum.values()) - {stratum[i] for i in per[w]}),
-                                "vs_judge": vs_judge(per[w])} for w in per}, "n_boot": n_boot}
-    if len(per) >= 2:
-        names = sorted(per)
-        both = [i for i in order if all(i in per[w] for w in names)]
-        cons, no_majority = {}, 0
-        for i in both:
-            c = _consensus([per[w][i] for w in names], scale)
-            if c is None:
-                no_majority += 1
-            else:
-                cons[i] = c
-        result["consensus"] = {"reviewers": names, "items_all_labelled": len(both), "no_majority": no_majority,
-                               "vs_judge": vs_judge(cons) if cons else None}
+                                "vs_judge": vs_judge(per[w], sampled_weights=w == tiebreak)} for w in per}, "n_boot": n_boot}
+    if tiebreak is not None:
+        result["reviewers"][tiebreak]["tiebreaker"] = True
+    names = sorted(w for w in per if w != tiebreak)
+    if len(names) >= 2:
         result["inter_rater"] = []
         for x in range(len(names)):
             for y in range(x + 1, len(names)):
@@ -136,6 +148,18 @@ def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | 
                 if ids:
                     result["inter_rater"].append({"a": names[x], "b": names[y], **compare([a[i] for i in ids], [b[i] for i in ids],
                                                                                           [stratum[i] for i in ids], population, scale, n_boot=n_boot)})
+        both = [i for i in order if all(i in per[w] for w in names)]
+        cons, agreed, broken, set_aside = {}, 0, 0, 0
+        for i in both:
+            c = _consensus([per[w][i] for w in names], scale)
+            if c is not None:
+                cons[i], agreed = c, agreed + 1
+            elif tiebreak is not None and i in per[tiebreak]:
+                cons[i], broken = per[tiebreak][i], broken + 1
+            else:
+                set_aside += 1
+        result["consensus"] = {"reviewers": names, "tiebreak": tiebreak, "items_all_labelled": len(both), "majority": agreed,
+                               "tie_broken": broken, "set_aside": set_aside, "vs_judge": vs_judge(cons, sampled_weights=True) if cons else None}
     write(run_dir, result)
     return result
 
@@ -163,13 +187,23 @@ def table_rows(r: dict) -> list[list[str]]:
                      _f((m.get("spearman") or {}).get("rho"))])
 
     for w, v in r["reviewers"].items():
-        row(f"judge vs {w}", v["vs_judge"])
-    c = r.get("consensus")
-    if c and c.get("vs_judge"):
-        row(f"judge vs consensus of {', '.join(c['reviewers'])}", c["vs_judge"])
+        row(f"judge vs {w}" + (" (tiebreaker)" if v.get("tiebreaker") else ""), v["vs_judge"])
     for p in r.get("inter_rater") or []:
         row(f"{p['a']} vs {p['b']} (inter-rater)", p)
+    c = r.get("consensus")
+    if c and c.get("vs_judge"):
+        row(f"judge vs consensus of {', '.join(c['reviewers'])} ({consensus_note(c)})", c["vs_judge"])
     return rows
+
+
+def consensus_note(c: dict) -> str:
+    """How the consensus row was made: the items it stands on and those it set aside."""
+    aside = c.get("set_aside", c.get("no_majority", 0))  # a calibration file written before the tiebreak named it so
+    parts = [f"{c.get('majority', c['items_all_labelled'] - aside)} of {c['items_all_labelled']} items by majority"]
+    if c.get("tiebreak"):
+        parts.append(f"{c['tie_broken']} decided by {c['tiebreak']}")
+    parts.append(f"{aside} set aside for disagreement" if aside else "none set aside")
+    return "; ".join(parts)
 
 
 def summary(r: dict) -> str:
@@ -189,7 +223,9 @@ def summary(r: dict) -> str:
                  + (f"; {len(gap)} stratum/strata without a label yet, left out of the estimates: {', '.join(gap)}" if gap else ""))
     if r.get("consensus"):
         c = r["consensus"]
-        L.append(f"\nconsensus: {c['items_all_labelled']} items labelled by all, {c['no_majority']} without a majority label (left out)")
+        L.append(f"\nconsensus of {', '.join(c['reviewers'])}: {c['items_all_labelled']} items labelled by all; {consensus_note(c)}"
+                 + (" -- the judge vs consensus row leaves out the items the reviewers disagree on, which flatters the judge; "
+                    "read the rows per reviewer first (a third reviewer can decide them: --tiebreak NAME)" if c.get("set_aside") else ""))
     return "\n".join(L) + "\n"
 
 

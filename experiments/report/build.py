@@ -18,7 +18,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from experiments.bench.measure import FIGURES
 from experiments.bench.summary import RATIO_HEADS
-from experiments.calibrate.reviews import COLUMNS, table_rows
+from experiments.calibrate.reviews import COLUMNS, consensus_note, table_rows
 from experiments.report.collect import find_runs, full_record, load_run_dir
 from experiments.tables.build import experiment_of, study_tables
 from experiments.tables.declare import declaration_for, declarations
@@ -219,7 +219,8 @@ def review_calibration_view(c: dict) -> dict:
             "caption": f"judge decisions vs clinicians' blind review labels, {scale.get('kind')} scale {scale.get('values') or '0-1'}; 95% CIs (stratified bootstrap)",
             "note": f"sample {s.get('size')} of {s.get('population')} decisions, {len(s.get('strata') or {})} strata, seed {s.get('seed')}; "
                     + ("weights N_h/m_h undo the stratified sampling" if weighted else "every stratum sampled at the same rate (no weights)")
-                    + ("; consensus: the label more than half the reviewers gave" if c.get("consensus") else "")}
+                    + (f"; consensus: the label more than half of {', '.join(c['consensus']['reviewers'])} gave ({consensus_note(c['consensus'])})"
+                       if c.get("consensus") else "")}
 
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:

@@ -36,7 +36,9 @@ def review(
     """Serve a local page where a clinician labels a blind, stratified, reproducible sample of one judge's
     decisions on the judge's own scale (keyboard shortcuts, progress bar, skip, back). The sample is written to
     RUN_DIR/reviews/sample-<judge>.json first; each label is appended to RUN_DIR/reviews/<reviewer>.jsonl as it
-    is entered, so a reload or a new server resumes. Exit 2 bad input, 3 the port cannot be bound."""
+    is entered, so a reload or a new server resumes. The page shows items by number only (no record id, model,
+    arm or run name); the server takes labels only from its own page (its Host, its Origin, its per-server token,
+    JSON). Exit 2 bad input, 3 the port cannot be bound."""
     from experiments.review.judges import load_judge
     from experiments.review.labels import check_reviewer, write_sample
     from experiments.review.page import PortBusy, export as export_page, serve

@@ -8,6 +8,11 @@
                         ``{"judge", "item", "label", "skipped", "comment", "reviewer", "at"}``.
                         The last line per (judge, item) wins: "back" and a new label overwrite.
 
+Blind: the page knows the items only by their number in the sample (1..N, the order shown), never by
+their record id (ids name the model, the arm, the format). The server writes the id; a file downloaded
+from the offline page holds ``"n"`` and the sample's tag (:func:`sample_tag`) instead of ``"item"``, and
+:func:`read_labels` turns them back into ids with the run's sample file.
+
 Stratified sampling: every stratum (the judge's verdict, and format / arm / criterion / model)
 gets an equal share of the sample (capped at its size, the rest going to the strata that still
 have items), so rare verdicts -- where disagreements hide -- are seen with few labels; the
@@ -17,6 +22,7 @@ with weight 1.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -105,12 +111,34 @@ def write_sample(run_dir: str | Path, judge: dict, n: int, seed: int) -> dict:
 
 def read_sample(path: Path) -> dict:
     try:
-        s = json.loads(path.read_text(encoding="utf-8"))
+        s = json.loads(_utf8_lines(path)[1])
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(s, dict) or not isinstance(s.get("items"), list):
         raise DataError(f"{path}: not a review sample (no items list)")
     return s
+
+
+def sample_tag(sample: dict) -> str:
+    """A short opaque name of one sample (its judge and ids in the order shown): an offline page's labels
+    say which sample their item numbers count in, without naming anything."""
+    text = json.dumps([sample.get("judge"), [it["id"] for it in sample["items"]]])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _utf8_lines(f: Path) -> tuple[list[str], str]:
+    """The file's lines and text; bytes that are not UTF-8 are bad input naming the file and line."""
+    try:
+        raw = f.read_bytes()
+    except OSError as e:
+        raise StorageError.from_os(f, e) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{f}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}); save the file as UTF-8") from None
+    return text.splitlines(), text
 
 
 def check_label(value, scale: dict, where: str):
@@ -143,10 +171,11 @@ def append_label(run_dir: str | Path, reviewer: str, entry: dict) -> dict:
     return line
 
 
-def read_labels(source: str | Path) -> dict[str, dict[tuple[str, str], dict]]:
+def read_labels(source: str | Path, run_dir: str | Path | None = None) -> dict[str, dict[tuple[str, str], dict]]:
     """reviewer -> {(judge, item): last line} from a reviews folder (every *.jsonl) or one file (a
     download from the offline page). A torn last line (a kill mid-write) is ignored; anything else
-    unreadable is an error naming the file and line."""
+    unreadable is an error naming the file and line. Lines that name their item by number (the offline
+    page's) are resolved with ``run_dir``'s sample of that judge, which must be the one they were entered on."""
     p = Path(source)
     if p.is_dir():
         files = sorted(p.glob("*.jsonl"))
@@ -157,19 +186,45 @@ def read_labels(source: str | Path) -> dict[str, dict[tuple[str, str], dict]]:
     else:
         raise DataError(f"{p}: no such file or directory")
     out: dict[str, dict] = {}
+    samples: dict[str, tuple[str, list[str]]] = {}
     for f in files:
         for lineno, row in _label_lines(f):
-            for k in ("judge", "item", "reviewer"):
+            where = f"{f}:{lineno}"
+            for k in ("judge", "reviewer"):
                 if not isinstance(row.get(k), str) or not row[k]:
-                    raise DataError(f"{f}:{lineno}: label line without a {k!r}")
-            check_reviewer(row["reviewer"], f"{f}:{lineno}")
+                    raise DataError(f"{where}: label line without a {k!r}")
+            if "item" not in row and "n" in row:
+                row = {**row, "item": _numbered(row, run_dir, samples, where)}
+            if not isinstance(row.get("item"), str) or not row["item"]:
+                raise DataError(f"{where}: label line without an 'item' (or an item number 'n')")
+            check_reviewer(row["reviewer"], where)
             out.setdefault(row["reviewer"], {})[(row["judge"], row["item"])] = row
     return out
 
 
+def _numbered(row: dict, run_dir, samples: dict, where: str) -> str:
+    """The record id of an item the offline page named by its number in the sample."""
+    judge, n = row["judge"], row.get("n")
+    if run_dir is None:
+        raise DataError(f"{where}: the item is named by its number; read it with the run whose sample it counts in")
+    if judge not in samples:
+        path = sample_path(run_dir, judge)
+        if not path.exists():
+            raise DataError(f"{where}: item number {n!r} of judge {judge}, but {path} does not exist")
+        s = read_sample(path)
+        samples[judge] = (sample_tag(s), [it["id"] for it in s["items"]])
+    tag, ids = samples[judge]
+    if row.get("sample") != tag:
+        raise DataError(f"{where}: these labels were entered on another sample of judge {judge} (tag {row.get('sample')!r}, "
+                        f"{sample_path(run_dir, judge)} has {tag}): their item numbers do not count in it")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ids):
+        raise DataError(f"{where}: item number {n!r} is not in 1..{len(ids)}")
+    return ids[n - 1]
+
+
 def _label_lines(f: Path):
     """(line number, object) per line; a torn LAST line (a kill mid-write) is left out, any other bad line is an error."""
-    lines = [(n, ln) for n, ln in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if ln.strip()]
+    lines = [(n, ln) for n, ln in enumerate(_utf8_lines(f)[0], 1) if ln.strip()]
     for k, (n, ln) in enumerate(lines):
         try:
             row = json.loads(ln)

@@ -7,17 +7,18 @@
   const key = params.get("key") || "";
   let reviewer = D.reviewer;
   const $ = (id) => document.getElementById(id);
-  const storeKey = () => "medstack-review:" + D.run + ":" + D.judge + ":" + reviewer;
+  // items are known by their number in the sample (1..N), never by a record id; D.sample names the sample opaquely
+  const storeKey = () => "medstack-review:" + D.sample + ":" + reviewer;
   let history = [];  // file mode: every line entered, downloaded as <reviewer>.jsonl
 
   function loadLocal() {
     history = JSON.parse(localStorage.getItem(storeKey()) || "[]");
     for (const k of Object.keys(labels)) delete labels[k];
-    for (const line of history) labels[line.item] = {label: line.label, skipped: line.skipped, comment: line.comment};
+    for (const line of history) labels[line.n] = {label: line.label, skipped: line.skipped, comment: line.comment};
   }
 
   function firstOpen() {
-    const i = items.findIndex((it) => !labels[it.id]);
+    const i = items.findIndex((it) => !labels[it.n]);
     return i < 0 ? items.length : i;
   }
 
@@ -40,8 +41,8 @@
   }
 
   function renderProgress() {
-    const done = items.filter((it) => labels[it.id] && !labels[it.id].skipped).length;
-    const skipped = items.filter((it) => labels[it.id] && labels[it.id].skipped).length;
+    const done = items.filter((it) => labels[it.n] && !labels[it.n].skipped).length;
+    const skipped = items.filter((it) => labels[it.n] && labels[it.n].skipped).length;
     $("bar").style.width = (100 * (done + skipped) / Math.max(items.length, 1)) + "%";
     $("progress-text").textContent = done + " of " + items.length + " labelled" + (skipped ? ", " + skipped + " skipped" : "") +
       (idx < items.length ? " · item " + (idx + 1) : " · all done");
@@ -61,8 +62,8 @@
       return;
     }
     const it = items[idx];
-    document.body.dataset.item = it.id;
-    box.append(el("p", "item " + it.id, "id"));
+    document.body.dataset.item = String(it.n);
+    box.append(el("p", "item " + it.n + " of " + items.length, "id"));
     if (scale.question) box.append(el("p", scale.question, "question"));
     for (const [name, value] of Object.entries(it.show)) {
       box.append(el("h2", name));
@@ -74,7 +75,7 @@
         box.append(el("p", value === null || value === undefined ? "" : String(value)));
       }
     }
-    const prev = labels[it.id];
+    const prev = labels[it.n];
     if (scale.kind === "unit") {
       const inp = el("input");
       inp.type = "number"; inp.min = "0"; inp.max = "1"; inp.step = "0.05"; inp.id = "unit";
@@ -115,21 +116,22 @@
   async function submit(value, skipped) {
     if (busy || idx >= items.length) return;
     const it = items[idx];
-    const entry = {judge: D.judge, item: it.id, label: skipped ? null : value, skipped: skipped, comment: $("comment").value};
+    const entry = {label: skipped ? null : value, skipped: skipped, comment: $("comment").value};
     busy = true;
     try {
       if (D.mode === "server") {
-        const headers = {"Content-Type": "application/json"};
+        const headers = {"Content-Type": "application/json", "X-Review-Token": D.token};
         if (key) headers["X-Review-Key"] = key;
-        const r = await fetch("api/label", {method: "POST", headers: headers, body: JSON.stringify({...entry, reviewer: reviewer})});
+        const r = await fetch("api/label", {method: "POST", headers: headers, body: JSON.stringify({...entry, item: it.n, reviewer: reviewer})});
         const body = await r.json().catch(() => ({}));
         if (!r.ok) { status("not saved: " + (body.error || ("HTTP " + r.status)), false); return; }
       } else {
-        history.push({...entry, reviewer: reviewer, at: new Date().toISOString().replace(/\.\d+Z$/, "Z")});
+        // the downloaded line names the item by number and the sample by its tag: calibrate looks the id up in the sample file
+        history.push({judge: D.judge, n: it.n, sample: D.sample, ...entry, reviewer: reviewer, at: new Date().toISOString().replace(/\.\d+Z$/, "Z")});
         localStorage.setItem(storeKey(), JSON.stringify(history));
       }
-      labels[it.id] = {label: entry.label, skipped: skipped, comment: entry.comment};
-      status(skipped ? "skipped " + it.id : "saved " + it.id + ": " + nameOf(value), true);
+      labels[it.n] = {label: entry.label, skipped: skipped, comment: entry.comment};
+      status(skipped ? "skipped item " + it.n : "saved item " + it.n + ": " + nameOf(value), true);
       idx = Math.min(idx + 1, items.length);
       render();
     } catch (e) {
@@ -175,7 +177,7 @@
     if (v !== undefined) { e.preventDefault(); submit(v, false); return; }
     if (e.key === "s") { e.preventDefault(); submit(null, true); }
     else if (e.key === "b" || e.key === "ArrowLeft") { e.preventDefault(); back(); }
-    else if (e.key === "ArrowRight" && idx < items.length && labels[items[idx].id]) { e.preventDefault(); idx += 1; render(); }
+    else if (e.key === "ArrowRight" && idx < items.length && labels[items[idx].n]) { e.preventDefault(); idx += 1; render(); }
     else if (e.key === "c") { e.preventDefault(); $("comment").focus(); }
     else if (e.key === "u" && scale.kind === "unit") { e.preventDefault(); const u = $("unit"); if (u) u.focus(); }
     else if (e.key === "d" && D.mode === "file") { e.preventDefault(); download(); }

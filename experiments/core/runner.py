@@ -35,7 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from experiments.core.concurrency import resolve_concurrency
 from experiments.core.config import ConfigError, RunSettings
-from experiments.core.deviations import call_protocol, protocol_lines, protocol_stats
+from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
 from experiments.core.results import CALL_LOG, RunDir
 from experiments.core.runlock import RunLock
@@ -217,6 +217,7 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     metrics["answers"] = settings.answers
     metrics["answer_formats"] = format_stats(finished)
     metrics["protocol"] = protocol_stats(finished)
+    metrics["deviations"] = settings_deviations(settings)  # every setting unlike the authors' (its study's table)
     return metrics, failed
 
 
@@ -311,6 +312,9 @@ def answers_line(metrics: dict) -> str:
     text += "."
     for line in protocol_lines(metrics.get("protocol")):  # what this run sent less of than the protocol asks
         text += f"\n\n**{line[0].upper() + line[1:]}.**"
+    if "deviations" in metrics:  # the run's settings against the authors' (absent in metrics written before the table)
+        line = deviations_line(metrics["deviations"])
+        text += f"\n\n**{line[0].upper() + line[1:]}**"
     return text
 
 

@@ -258,7 +258,7 @@ def test_paper_table_footnotes_name_the_deviations_and_the_loop():
                 "records": records}
 
     emb = load_settings(CraftSettings, CONFIGS / "embedded-small.yaml", {}).model_dump()
-    old = {k: v for k, v in emb.items() if k not in ("loop", "turn_stops", "summary_stops", "grader_reasks")}  # a run before issue 29
+    old = {k: v for k, v in emb.items() if k not in ("loop", "turn_stops", "summary_stops", "grader_reasks")}  # a run from before the loop setting
     md = paper_tables_markdown([run("/x/paper", paper().model_dump()), run("/x/emb", emb), run("/x/gpt", paper(loop="gpt").model_dump()),
                                 run("/x/old", old)])
     mcq = md.split("### ")[1]  # the MCQ table: its rows, then its footnotes

@@ -102,7 +102,7 @@ class RunSettings(BaseModel):
     max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
     roles: dict[str, str] = {}
     lora: dict[str, str] = Field({}, description="NAME=PATH: a peft LoRA adapter served for the model under test (repeatable).")
-    # SPEC 9: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
+    # docs/constrained-answers.md: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
     # format (prompts/constraints.yaml) is sent with vLLM structured outputs. Named in every results file and table.
     answers: Literal["free", "constrained"] = "free"
     startup_timeout: float | None = Field(None, gt=0)  # seconds a server started for the run may take (None: scales with model and device)

@@ -8,7 +8,7 @@
          each record appended (fsync'ed) as soon as it finishes
       5. metrics and summary over the finished records only
 
-Failure policy (SPEC 7): a case whose call failed after the client's retries is recorded as
+Failure policy (docs/protocols.md, Runs): a case whose call failed after the client's retries is recorded as
 ``status: failed`` with the error, left out of every metric, counted in metrics.json and
 summary.md, and run again by the next resume; :class:`RunOutcome.failed` > 0 makes the command
 exit 3. When the endpoint stops answering (``max_consecutive_failures`` cases in a row failed in
@@ -304,7 +304,7 @@ def answers_line(metrics: dict) -> str:
     """The line every summary.md carries under its title: the answer mode and how many replies kept their format."""
     mode = metrics.get("answers", "free")
     f = metrics.get("answer_formats") or {}
-    text = (f"**answers: {mode}** — " + ("steps with a fixed format were decoded under vLLM structured outputs (SPEC 9)"
+    text = (f"**answers: {mode}** — " + ("steps with a fixed format were decoded under vLLM structured outputs (docs/constrained-answers.md)"
                                         if mode == "constrained" else "free text parsed afterwards (the papers' protocol)"))
     if f.get("replies"):
         text += (f"; replies of fixed-format steps in their declared format: {f['replies_in_format']} of {f['replies']}"

@@ -3,8 +3,8 @@
 FRQ grading has two grader-AI steps; this module turns their replies into scores:
 1. extraction reply -> (diagnosis, status); status ``multiple`` (alternatives: "a or b") or
    ``none`` scores 0 without step 2. Status ``concurrent`` ("a, b": several diagnoses named as
-   present together) depends on the concurrent-diagnosis rule (SPEC section 3):
-   ``zero`` (SPEC's grader; the default) scores it 0 like "Multiple"; ``any`` (the authors'
+   present together) depends on the concurrent-diagnosis rule (docs/protocols.md, CRAFT-MD):
+   ``zero`` (the paper's grader; the default) scores it 0 like "Multiple"; ``any`` (the authors'
    released grades) grades each named diagnosis and scores 1 when any matches.
 2. equivalence reply -> verdict (one per given diagnosis). Only an answer equal to the correct
    one after normalization (case, punctuation, apostrophes, whitespace) is scored without asking:

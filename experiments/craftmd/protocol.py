@@ -136,7 +136,7 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
 
 def context_turns(transcript: list[dict]) -> list[dict]:
     """The conversation shown when asking in multi-turn form: the clinical LLM's closing turn is
-    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; SPEC 3:
+    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; docs/protocols.md, CRAFT-MD:
     the authors always remove it). A transcript ending on a patient turn is shown whole."""
     if transcript and transcript[-1]["agent"] == "doctor":
         return transcript[:-1]

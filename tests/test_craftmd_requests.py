@@ -14,7 +14,7 @@ from pathlib import Path
 
 from experiments.core.config import load_settings
 from experiments.core.dryrun import dry_run
-from experiments.core.runner import prepare_run
+from experiments.core.runner import prepare_run, with_answers_line
 from experiments.core.study import CaseContext
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.metrics import run_metrics, summary_markdown
@@ -157,7 +157,7 @@ def test_paper_config_sends_no_stops_and_the_embedded_ones_are_named():
 
 # 6. the grader: max_tokens 150, temperature 1.0, both steps re-asked while the verdict is neither yes nor no
 def test_grader_sampling_and_bounded_reask_loop():
-    rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=("I am not sure", "Possibly", "Verdict: Yes")))
+    rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=("Unclear", "Possibly", "Verdict: Yes")))
     frq = rec["answers"]["vignette"]["frq"]
     assert [c["gen"]["temperature"] for c in steps["vignette_extract"] + steps["vignette_match"]] == [1.0] * 6
     assert all(roles(c) == ["system"] for c in steps["vignette_extract"] + steps["vignette_match"])
@@ -171,6 +171,35 @@ def test_grader_sampling_and_bounded_reask_loop():
     frq = rec["answers"]["vignette"]["frq"]
     assert len(steps["vignette_match"]) == 12 and frq["grader_reasks"] == 11  # the authors' bound: depth 0..10 re-asks
     assert frq["correct"] is None and frq["grade_source"] == "unscored_verdict"  # still no verdict: unscored, counted
+
+
+# 6b. the authors' verdict rule (paper.yaml): "yes" anywhere, else "no" anywhere, else asked again; first_word is named
+def test_verdict_rule_decides_the_grade_and_the_reasks():
+    hedged = ("I am not sure", "Verdict: Yes")  # "not" holds "no": the authors read a verdict of no, and ask nothing again
+    rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=hedged))
+    frq = rec["answers"]["vignette"]["frq"]
+    assert len(steps["vignette_match"]) == 1 and frq["grader_reasks"] == 0 and (frq["correct"], frq["grade_source"]) == (0, "grader")
+    rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False, verdict_rule="first_word"), Stand(verdicts=hedged))
+    frq = rec["answers"]["vignette"]["frq"]
+    assert len(steps["vignette_match"]) == 2 and frq["grader_reasks"] == 1 and (frq["correct"], frq["grade_source"]) == (1, "grader")
+    assert "grader verdict read from the reply's first word" in deviations(paper(verdict_rule="first_word"))[0]
+    rec, _ = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=("The diagnoses differ, yes they are the same",)))
+    assert rec["answers"]["vignette"]["frq"]["correct"] == 1  # "yes" anywhere wins over "no" (in "diagnoses")
+
+
+# 6c. an empty turn is sent empty, as the authors send it; another text is a named deviation
+def test_empty_turn_sent_as_the_authors_send_it():
+    class Mute(Stand):
+        async def chat(self, messages, role="default", gen=None):
+            r = await super().chat(messages, role, gen)
+            return ChatResult(texts=[""], prompt_tokens=10, completion_tokens=0) if role == "patient" and self.n_patient == 1 else r
+
+    _, steps = calls_of(OTHER, paper(), Mute())
+    assert steps["doctor_turn_1"][0]["messages"][-1] == {"role": "user", "content": ""}
+    assert steps["multiturn_frq"][0]["messages"][2]["content"] == ""  # the empty patient turn kept empty in the answer request too
+    _, steps = calls_of(OTHER, paper(empty_turn="..."), Mute())
+    assert steps["doctor_turn_1"][0]["messages"][-1] == {"role": "user", "content": "..."}
+    assert deviations(paper(empty_turn="...")) == ["an empty turn sent as ... (authors: sent empty)"]
 
 
 # 7. the question split off the vignette as get_case_without_question does, asked where the authors ask it
@@ -211,12 +240,13 @@ def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
 def test_summary_md_names_the_loop_and_every_deviation(tmp_path):
     emb = load_settings(CraftSettings, CONFIGS / "embedded-small.yaml", {})
     rec, _ = calls_of(OTHER, emb)
-    metrics = run_metrics([rec])
-    metrics.update(cases=1, requests=requests_line(emb))
-    md = summary_markdown("embedded", metrics)
-    assert "open-model loop (craftmd_opensource)" in md
+    metrics = CraftmdStudy().metrics([rec], emb)
+    metrics.update(cases=1, deviations=deviations(emb))  # the runner's: every setting against the authors' table
+    md = with_answers_line(summary_markdown("embedded", metrics), metrics)
+    assert "open-model loop (craftmd_opensource)" in md and f"**Settings unlike the authors' (docs/protocols.md): {len(deviations(emb))} — " in md
+    assert len(deviations(emb)) >= 10
     for d in deviations(emb):
-        assert d in md
+        assert md.count(d) == 1
 
 
 def test_paper_table_footnotes_name_the_deviations_and_the_loop():
@@ -228,7 +258,7 @@ def test_paper_table_footnotes_name_the_deviations_and_the_loop():
                 "records": records}
 
     emb = load_settings(CraftSettings, CONFIGS / "embedded-small.yaml", {}).model_dump()
-    old = {k: v for k, v in emb.items() if k not in ("loop", "turn_stops", "summary_stops", "grader_reasks")}  # a run before issue 29
+    old = {k: v for k, v in emb.items() if k not in ("loop", "turn_stops", "summary_stops", "grader_reasks")}  # a run from before the loop setting
     md = paper_tables_markdown([run("/x/paper", paper().model_dump()), run("/x/emb", emb), run("/x/gpt", paper(loop="gpt").model_dump()),
                                 run("/x/old", old)])
     mcq = md.split("### ")[1]  # the MCQ table: its rows, then its footnotes
@@ -236,6 +266,7 @@ def test_paper_table_footnotes_name_the_deviations_and_the_loop():
     marks = {ln.split("**")[1]: set(ln.split("**")[2].split("|")[0].split("^")[1:]) for ln in mcq.splitlines() if ln.startswith("| **")}
     of = lambda label: " ".join(notes[int(n)] for n in marks[f"embedded ({label})"])
     assert "Sent unlike the authors' requests" not in of("paper") and "GPT loop" not in of("paper")
-    assert "Sent unlike the authors' requests (named settings): turn_stops" in of("emb") and "grader re-asked at most 0" in of("emb")
+    assert "Sent unlike the authors' requests (named settings): turn cap 4 doctor turns (authors: 14); turn_stops" in of("emb")
+    assert "grader re-asked at most 0" in of("emb") and "an empty turn sent as ..." in of("emb")
     assert "GPT loop (craftmd_gpt" in of("gpt") and "doctor max_tokens 250 (authors: 150)" in of("gpt")  # their GPT calls: 150
     assert "Sent unlike" not in of("old")  # its config does not say how its requests were built: no claim either way

@@ -1,1 +1,1 @@
-"""Rubric auto-evaluation of dialogues (AMIE-style self-CoT judge, SPEC 3.1)."""
+"""Rubric auto-evaluation of dialogues (AMIE-style self-CoT judge, docs/protocols.md, Auto-evaluation)."""

@@ -1,4 +1,4 @@
-"""The self-CoT rubric judge (SPEC 3.1): criteria, example dialogues, prompts, and the two judge steps.
+"""The self-CoT rubric judge (docs/protocols.md, Auto-evaluation): criteria, example dialogues, prompts, and the two judge steps.
 
 (a) ``explain_example``: for an example dialogue with a known rating, the judge writes why
     that rating fits, as ``Good: … Bad: … Summary: …``.

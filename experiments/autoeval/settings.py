@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from experiments.core.config import Flag, RunSettings, Sampling, role_flag
+from experiments.core.deviations import Authors, Unpaired
 
 CRITERIA = ["empathy", "concerns", "welfare", "understanding"]
 
@@ -18,6 +19,19 @@ class AutoevalSettings(RunSettings):
         role_flag("judge", "Judge model (alias of --role judge=REF): registry alias, or ALIAS@URL of a running server.", "-j"),
         Flag(("--max-tokens",), int, "Override max_tokens of both judge steps (explain and rate; >= 1).", ("explain.max_tokens", "rate.max_tokens")),
     )
+
+    # every field against the paper's (experiments/core/deviations.py; docs/protocols.md, Auto-evaluation): the paper
+    # fixes the protocol (self-CoT, one explained example per rating point, 1-5) but states no sampling or bounds
+    authors_table: ClassVar[dict] = {
+        "criteria": Unpaired("which of the paper's four criteria are rated: the run's scope"),
+        **dict.fromkeys(("criteria_file", "examples", "reference"), Unpaired("the rubric texts, explained examples and reference ratings: "
+                                                                             "inputs the paper did not release")),
+        "api": Authors("chat", says="the judge asked as a text completion (authors: chat)"),
+        **{f"{step}.{f}": Unpaired("the paper states no sampling for its judge") for step in ("explain", "rate") for f in Sampling.model_fields},
+        "stop": Unpaired("the paper states no stop sequences for its judge"),
+        "max_dialogue_chars": Unpaired("a bound the paper did not need; each dialogue it cuts is counted as a protocol deviation"),
+        "max_note_chars": Unpaired("a bound on each example's explanation, the paper states none"),
+    }
 
     experiment: str = "autoeval"
     roles: dict[str, str] = {"judge": "embedded"}

@@ -1,4 +1,4 @@
-"""Replay a real run's calls (SPEC §6): the speed-up a user gets on their own experiment.
+"""Replay a real run's calls: the speed-up a user gets on their own experiment.
 
 A results directory holds ``config.yaml`` (with ``concurrency``) and ``records.jsonl``: one
 JSON object per case (the last line per ``id`` wins), each with a ``calls`` list. A call:

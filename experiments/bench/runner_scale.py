@@ -1,4 +1,4 @@
-"""`medstack bench --runner-scale`: our own cost at paper scale (SPEC 8), the model's time taken out.
+"""`medstack bench --runner-scale`: our own cost at paper scale (docs/protocols.md, Paper scale), the model's time taken out.
 
 A CRAFT-MD-shaped workload — by default 10,000 case-trials (2,000 synthetic cases x 5 trials),
 all four formats, MCQ and FRQ, the real CRAFT-MD protocol (``experiments.craftmd.protocol``:
@@ -158,7 +158,7 @@ async def _run(study, settings, cache_path: Path, url: str, log):
 
 
 def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Path, profile: Path | None = None, log=print) -> dict:
-    """Run the workload once (fresh directory), then resume it; the figures of SPEC 8."""
+    """Run the workload once (fresh directory), then resume it; the figures of docs/protocols.md, Paper scale."""
     if out.exists() and any(out.iterdir()):
         raise MedstackError(f"--out {out} is not empty: the scale benchmark needs a fresh directory")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,1 +1,1 @@
-"""`medstack calibrate`: LLM judges against clinicians' ratings (SPEC 3.1, 3.2). ``run`` computes, ``cli`` declares the commands."""
+"""`medstack calibrate`: LLM judges against clinicians' ratings (docs/protocols.md, Judge calibration and Auto-evaluation). ``run`` computes, ``cli`` declares the commands."""

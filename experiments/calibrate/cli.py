@@ -1,4 +1,4 @@
-"""`medstack calibrate craftmd-grader` and `medstack calibrate autoeval`: LLM judges against clinicians (SPEC 3.1, 3.2)."""
+"""`medstack calibrate craftmd-grader` and `medstack calibrate autoeval`: LLM judges against clinicians (docs/protocols.md, Judge calibration and Auto-evaluation)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class _CalibrateGroup(TyperGroup):
 
 
 calibrate_app = typer.Typer(cls=_CalibrateGroup, no_args_is_help=True,
-                            help="Calibrate LLM judges against clinicians' ratings (SPEC 3.1, 3.2). "
+                            help="Calibrate LLM judges against clinicians' ratings (docs/protocols.md, Judge calibration and Auto-evaluation). "
                                  "`medstack calibrate RUN_DIR --labels RUN_DIR/reviews` is the `reviews` command.")
 
 
@@ -33,7 +33,7 @@ def _log(msg: str) -> None:
 def craftmd_grader(
     judge_model: str = typer.Option(..., "--judge-model", help="Judge in the grader role (alias or ALIAS@URL)."),
     labels: str = typer.Option("craftmd-expert-labels", "--labels", help="The authors' dermatologist check (validation_graderai.csv format, or a folder holding it): a path or a registered data set name."),
-    rule: str = typer.Option("zero", "--rule", help="Concurrent-diagnosis rule: zero (SPEC: several diagnoses score 0) or any (the authors' release)."),
+    rule: str = typer.Option("zero", "--rule", help="Concurrent-diagnosis rule: zero (the paper: several diagnoses score 0) or any (the authors' release)."),
     published: Optional[str] = typer.Option(None, "--published", help="A folder of the authors' per-case JSON files (or a registered name, e.g. craftmd-published-gpt3_1106): also score their own grader's decisions."),
     out: Path = typer.Option(..., "--out", help="Results directory to write."),
     completion: Optional[bool] = typer.Option(None, "--completion/--chat", help="Send the grader prompt as a text completion (default: for the embedded base model) or as chat."),
@@ -70,7 +70,7 @@ def autoeval_cmd(
     out: Path = typer.Option(..., "--out", help="Results directory to write."),
 ) -> None:
     """Rubric judge vs reference ratings on the same (id, criterion) items: Spearman, Kendall tau-b,
-    exact agreement, mean |diff|, linear-weighted kappa over 1-5, confusion matrix (SPEC 3.2)."""
+    exact agreement, mean |diff|, linear-weighted kappa over 1-5, confusion matrix (docs/protocols.md, Auto-evaluation)."""
     from experiments.calibrate.run import calibrate_autoeval
 
     calibrate_autoeval(str(ratings), str(reference), out)

@@ -1,4 +1,4 @@
-"""`medstack calibrate RUN_DIR --labels RUN_DIR/reviews`: a judge against clinicians' review labels (SPEC 3.1).
+"""`medstack calibrate RUN_DIR --labels RUN_DIR/reviews`: a judge against clinicians' review labels (docs/protocols.md, Judge calibration).
 
 The labels come from ``medstack review`` (a reviews folder, or one ``<reviewer>.jsonl`` downloaded from
 the offline page); the judge's decisions are read again from the run (:mod:`experiments.review.judges`),
@@ -210,7 +210,7 @@ def summary(r: dict) -> str:
     s = r["sample"]
     kind = r["scale"]["kind"]
     kappa = {"binary": "unweighted (two categories)", "unit": "not defined for a 0-1 score"}.get(kind, "linear weights")
-    L = [f"# Judge `{r['judge']}` of {r['run']} against clinicians' review labels (SPEC 3.1)", "",
+    L = [f"# Judge `{r['judge']}` of {r['run']} against clinicians' review labels (docs/protocols.md, Judge calibration)", "",
          f"scale: {kind} {r['scale'].get('values') or '0-1'}; kappa: {kappa}; sample {s['size']} of {s['population']} items, "
          f"{len(s['strata'])} strata, seed {s['seed']}; labels: {r['labels']}",
          "weights: " + ("N_h / m_h per stratum (the sample's oversampling undone)" if any(v["vs_judge"].get("weighted") for v in r["reviewers"].values())

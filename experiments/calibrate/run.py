@@ -1,4 +1,4 @@
-"""Judge calibration against clinicians (SPEC 3.1) and rubric-judge rank agreement (SPEC 3.2).
+"""Judge calibration against clinicians (docs/protocols.md, Judge calibration) and rubric-judge rank agreement (docs/protocols.md, Auto-evaluation).
 
 ``medstack calibrate craftmd-grader``: the CRAFT-MD authors' dermatologist check of their grader
 (``validation_graderai.csv``: per case, the diagnosis the grader extracted in each of 5 trials, the
@@ -341,7 +341,7 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
 
 
 def grader_summary(m: dict) -> str:
-    L = ["# CRAFT-MD grader calibration against a dermatologist (SPEC 3.1)", "",
+    L = ["# CRAFT-MD grader calibration against a dermatologist (docs/protocols.md, Judge calibration)", "",
          f"judge: `{m['judge']}`; concurrent-diagnosis rule: `{m['concurrent_rule']}`; kappa weights: {m['kappa_weights']} over counts 0-5",
          f"cases: {m['cases_labelled']} labelled, {m['cases_blank_skipped']} with a blank dermatologist count skipped, {m['cases']} graded; "
          f"{m['pairs']} distinct (diagnosis, gold) pairs, {m['requests']} judge requests; pair grade sources: {m['pair_grade_source']}",
@@ -452,7 +452,7 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     metrics = {"items_judge": len(judge), "items_reference": len(ref), "items_matched": len(keys), "overall": overall, "per_criterion": per, "kappa_weights": "linear"}
     confusion_png(cm, rundir.path / "confusion_autoeval.png", f"rubric judge vs reference, n={len(keys)}", "judge rating", "reference rating", labels=cats)
     rundir.write_metrics(metrics)
-    L = ["# Rubric judge calibration against reference ratings (SPEC 3.2)", "", f"judge ratings: {ratings}; reference: {reference}; "
+    L = ["# Rubric judge calibration against reference ratings (docs/protocols.md, Auto-evaluation)", "", f"judge ratings: {ratings}; reference: {reference}; "
          f"{len(keys)} matched items ({len(judge)} judge, {len(ref)} reference)", "",
          "| criterion | n | Spearman rho | Kendall tau-b | exact agreement | weighted kappa (linear) |", "| --- | --- | --- | --- | --- | --- |"]
     for crit, m in [("all", overall)] + list(per.items()):

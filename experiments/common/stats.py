@@ -123,7 +123,7 @@ def mcnemar_test(a, b, *, exact: bool | None = None) -> dict:
     return {"table": table, "statistic": float(res.statistic), "p_value": float(res.pvalue), "exact": exact}
 
 
-# -- agreement between raters (judge calibration, SPEC 3.1 / 3.2) ---------------------------------
+# -- agreement between raters (judge calibration, docs/protocols.md, Judge calibration and Auto-evaluation) ---------------------------------
 
 def weighted_kappa(a, b, categories=None, weights: str = "linear", item_weights=None) -> float:
     """Cohen's kappa with linear (|i-j|/(k-1)) or quadratic weights over ordered ``categories``

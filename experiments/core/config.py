@@ -15,6 +15,7 @@ import yaml
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from experiments.core.deviations import Authors, Unpaired
 from models.errors import MedstackError
 from serving.types import DTYPES, GenConfig
 
@@ -70,6 +71,21 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     cli_flags: ClassVar[tuple[Flag, ...]] = ()
+    # each field against the authors' (experiments/core/deviations.py): these rows hold for every study; a study's
+    # settings class adds the rows of its own fields
+    authors_table: ClassVar[dict] = {
+        **dict.fromkeys(("version", "experiment", "out"), Unpaired("what the settings are and where results go")),
+        "data": Unpaired("where the cases are read from; the data set is named in identity.json"),
+        "limit": Unpaired("how many of the cases a run takes: its scope, stated with the results"),
+        **dict.fromkeys(("concurrency", "timeout", "retries", "max_consecutive_failures", "use_cache", "allow_remote", "startup_timeout"),
+                        Unpaired("how the run reaches its servers; no request changes")),
+        **dict.fromkeys(("seed", "send_seed"), Unpaired("per-call seeds make a run's samples repeatable; the authors seeded nothing, which a seed "
+                                                       "does not change (a fresh sample per call)")),
+        "roles": Unpaired("which model plays each role: what a run measures; summary.md's role map names them"),
+        "lora": Unpaired("adapters of the model under test: part of which model is measured"),
+        "dtype": Unpaired("the servers' number format; identity.json and every cache key record it"),
+        "answers": Authors("free", says="answers {ours}: steps with a declared format decoded under structured outputs (authors: free text, parsed after)"),
+    }
 
     version: int = 1
     experiment: str = ""
@@ -86,7 +102,7 @@ class RunSettings(BaseModel):
     max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
     roles: dict[str, str] = {}
     lora: dict[str, str] = Field({}, description="NAME=PATH: a peft LoRA adapter served for the model under test (repeatable).")
-    # SPEC 9: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
+    # docs/constrained-answers.md: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
     # format (prompts/constraints.yaml) is sent with vLLM structured outputs. Named in every results file and table.
     answers: Literal["free", "constrained"] = "free"
     startup_timeout: float | None = Field(None, gt=0)  # seconds a server started for the run may take (None: scales with model and device)

@@ -1,4 +1,4 @@
-"""Constrained answers (SPEC 9): the declared output format of a protocol step, as vLLM structured outputs.
+"""Constrained answers (docs/constrained-answers.md): the declared output format of a protocol step, as vLLM structured outputs.
 
 A step whose reply has a fixed format declares it ONCE, beside its prompt: a ``constraints.yaml``
 in the study's ``prompts/`` folder maps a template name to one constraint, of one kind::

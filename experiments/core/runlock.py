@@ -1,4 +1,4 @@
-"""One process per results directory (SPEC 8): an exclusive lock held for the whole run.
+"""One process per results directory (docs/protocols.md, Runs): an exclusive lock held for the whole run.
 
 ``with RunLock(out):`` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``<out>/.medstack.lock`` and
 writes who holds it (host, pid, start time, command line) into the file. A second process on the

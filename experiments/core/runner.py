@@ -8,7 +8,7 @@
          each record appended (fsync'ed) as soon as it finishes
       5. metrics and summary over the finished records only
 
-Failure policy (SPEC 7): a case whose call failed after the client's retries is recorded as
+Failure policy (docs/protocols.md, Runs): a case whose call failed after the client's retries is recorded as
 ``status: failed`` with the error, left out of every metric, counted in metrics.json and
 summary.md, and run again by the next resume; :class:`RunOutcome.failed` > 0 makes the command
 exit 3. When the endpoint stops answering (``max_consecutive_failures`` cases in a row failed in
@@ -35,7 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from experiments.core.concurrency import resolve_concurrency
 from experiments.core.config import ConfigError, RunSettings
-from experiments.core.deviations import call_protocol, protocol_lines, protocol_stats
+from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
 from experiments.core.results import CALL_LOG, RunDir
 from experiments.core.runlock import RunLock
@@ -217,6 +217,7 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     metrics["answers"] = settings.answers
     metrics["answer_formats"] = format_stats(finished)
     metrics["protocol"] = protocol_stats(finished)
+    metrics["deviations"] = settings_deviations(settings)  # every setting unlike the authors' (its study's table)
     return metrics, failed
 
 
@@ -303,7 +304,7 @@ def answers_line(metrics: dict) -> str:
     """The line every summary.md carries under its title: the answer mode and how many replies kept their format."""
     mode = metrics.get("answers", "free")
     f = metrics.get("answer_formats") or {}
-    text = (f"**answers: {mode}** — " + ("steps with a fixed format were decoded under vLLM structured outputs (SPEC 9)"
+    text = (f"**answers: {mode}** — " + ("steps with a fixed format were decoded under vLLM structured outputs (docs/constrained-answers.md)"
                                         if mode == "constrained" else "free text parsed afterwards (the papers' protocol)"))
     if f.get("replies"):
         text += (f"; replies of fixed-format steps in their declared format: {f['replies_in_format']} of {f['replies']}"
@@ -311,6 +312,9 @@ def answers_line(metrics: dict) -> str:
     text += "."
     for line in protocol_lines(metrics.get("protocol")):  # what this run sent less of than the protocol asks
         text += f"\n\n**{line[0].upper() + line[1:]}.**"
+    if "deviations" in metrics:  # the run's settings against the authors' (absent in metrics written before the table)
+        line = deviations_line(metrics["deviations"])
+        text += f"\n\n**{line[0].upper() + line[1:]}**"
     return text
 
 

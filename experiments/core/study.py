@@ -20,7 +20,7 @@ retries raises :class:`RequestFailed`: the case is then recorded as failed, neve
 Sampled calls get a seed derived from (run seed, case id, step, occurrence), which makes them
 cacheable: a killed run replays every answered call from the cache and continues mid-conversation.
 
-Constrained answers (SPEC 9, setting ``answers: free | constrained``, default ``free``): one
+Constrained answers (docs/constrained-answers.md, setting ``answers: free | constrained``, default ``free``): one
 mechanism for every study, here. A step whose reply has a fixed format declares that format once,
 beside its prompt template, in the study's ``prompts/constraints.yaml`` (template name ->
 ``{choice | regex | json | grammar: spec}``, ``$name`` placeholders filled at the call; see

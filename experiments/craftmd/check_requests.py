@@ -6,7 +6,8 @@ CRAFTMD_REPO is a clone of github.com/rajpurkarlab/craft-md (its ``src/`` is imp
 are replaced by a scripted stand-in, so nothing is sent anywhere). For every case (the first LIMIT) and
 both loops (``craftmd_opensource`` against ``loop: opensource``, ``craftmd_gpt`` against ``loop: gpt``),
 one trial is run on each side with the same scripted replies (the patient answers, the doctor asks once
-and then gives a final diagnosis); every request but the grader's is reduced to its shape: agent role,
+and then gives a final diagnosis; in the open-model loop also a doctor that never stops asking, so the
+turn cap ends the conversation); every request but the grader's is reduced to its shape: agent role,
 message roles, and which messages hold the question, all four choices, the specialty and the patient's
 replies; plus max_tokens per role (open-model loop) and stop sequences (none). The shapes are compared
 as multisets per case. Prints each differing case, then the counts; exit 0 when none differ.
@@ -35,10 +36,12 @@ CONFIG = config_dir(__file__) / "paper.yaml"
 
 
 class Script:
-    """The same replies for both sides: numbered patient replies, doctor: one question then a final diagnosis."""
+    """The same replies for both sides: numbered patient replies; the doctor asks ``questions`` questions, then gives
+    a final diagnosis (``None``: it never stops asking, so the turn cap ends the conversation)."""
 
-    def __init__(self):
+    def __init__(self, questions: int | None = 1):
         self.patient = self.doctor = 0
+        self.questions = questions
 
     def reply(self, agent: str, convo: list[dict]) -> str:
         if agent == "patient":
@@ -50,7 +53,10 @@ class Script:
         if len(convo) == 1 or last["role"] == "system" or "No more questions now." in last["content"] or "Stop asking" in last["content"]:
             return "Gout"  # an answer request
         self.doctor += 1
-        return "Where is it?" if self.doctor % 2 else "**Final Diagnosis:** X"
+        if self.questions is None or self.doctor <= self.questions:
+            return f"Question {self.doctor}: where is it?"
+        self.doctor = 0  # the next trial's doctor starts again
+        return "**Final Diagnosis:** X"
 
 
 class Recorder:
@@ -60,8 +66,8 @@ class Recorder:
     log: list = []
 
     @classmethod
-    def reset(cls) -> None:
-        cls.script, cls.log = Script(), []
+    def reset(cls, questions: int | None = 1) -> None:
+        cls.script, cls.log = Script(questions), []
 
     @classmethod
     def call(cls, agent: str, convo: list[dict], max_tokens: int) -> str:
@@ -103,9 +109,23 @@ def shape(agent: str, convo: list[dict], case: dict) -> str:
                        "patient_replies": where(lambda c: c.startswith("patient reply"))})
 
 
-def compare_case(theirs, row: dict, case: dict, loop: str, out_dir: Path) -> list[str]:
-    """What differs between the two sides' requests for one case (empty: the same structure)."""
-    Recorder.reset()
+def differences(their_calls: list[tuple], ours: list[dict], case: dict, loop: str) -> list[str]:
+    """What differs between their requests ((agent, messages, max_tokens) each) and ours (call-log entries, the
+    grader's left out) for one case: the request shapes as multisets, max_tokens per role (open-model loop), stops."""
+    diffs = []
+    if sorted(shape(a, c, case) for a, c, _ in their_calls) != sorted(shape(c["role"], c["messages"], case) for c in ours):
+        diffs.append("request structure")
+    if loop == "opensource" and sorted((a, t) for a, _, t in their_calls) != sorted((c["role"], c["gen"]["max_tokens"]) for c in ours):
+        diffs.append("max_tokens per role")
+    if any(c["gen"]["stop"] for c in ours):
+        diffs.append("stop sequences")
+    return diffs
+
+
+def compare_case(theirs, row: dict, case: dict, loop: str, out_dir: Path, questions: int | None = 1, client=None) -> list[str]:
+    """What differs between the two sides' requests for one case (empty: the same structure). ``questions``: the
+    scripted doctor's (:class:`Script`); ``client``: our side's client (default: the same script, in process)."""
+    Recorder.reset(questions)
     for f in out_dir.glob("*.json"):
         f.unlink()  # their loop resumes from a file it finds
     choices = ", ".join(row[f"choice_{i}"] for i in range(1, 5))
@@ -116,17 +136,10 @@ def compare_case(theirs, row: dict, case: dict, loop: str, out_dir: Path) -> lis
         theirs.craftmd_gpt(*args, "gpt3_1106", num_runs=2)
     their_calls = Recorder.log[: len(Recorder.log) // 2]
     s = load_settings(CraftSettings, CONFIG, {"trials": 1, "loop": loop})
-    ctx = CaseContext(Ours(Script()), f"{case['case_id']}/t0")
+    ctx = CaseContext(client or Ours(Script(questions)), f"{case['case_id']}/t0")
     asyncio.run(solve(ctx, {"id": f"{case['case_id']}/t0", "case": case, "trial": 0}, s))
     ours = [c for c in ctx.calls if c["role"] != "grader"]  # their grader is a separate script (graderai_eval)
-    diffs = []
-    if sorted(shape(a, c, case) for a, c, _ in their_calls) != sorted(shape(c["role"], c["messages"], case) for c in ours):
-        diffs.append("request structure")
-    if loop == "opensource" and sorted((a, t) for a, _, t in their_calls) != sorted((c["role"], c["gen"]["max_tokens"]) for c in ours):
-        diffs.append("max_tokens per role")
-    if any(c["gen"]["stop"] for c in ours):
-        diffs.append("stop sequences")
-    return diffs
+    return differences(their_calls, ours, case, loop)
 
 
 def main(argv: list[str]) -> int:
@@ -140,14 +153,16 @@ def main(argv: list[str]) -> int:
     cases = {c["case_id"]: c for c in load_csv(Path(argv[1]))}
     differing = 0
     with tempfile.TemporaryDirectory(prefix="craftmd-theirs-") as tmp:
-        for loop in ("opensource", "gpt"):
+        # the GPT loop has no turn cap: a doctor that never stops asking would never end there
+        for loop, questions in (("opensource", 1), ("opensource", None), ("gpt", 1)):
             n = 0
             for row in rows:
-                diffs = compare_case(theirs, row, cases[row["case_id"]], loop, Path(tmp))
+                diffs = compare_case(theirs, row, cases[row["case_id"]], loop, Path(tmp), questions)
                 if diffs:
                     n += 1
                     print(f"{loop} {row['case_id']}: {', '.join(diffs)} differ")
-            print(f"loop {loop}: {len(rows)} case(s) compared, {n} differ")
+            doctor = "one question" if questions else "never stops asking (the turn cap ends it)"
+            print(f"loop {loop}, doctor {doctor}: {len(rows)} case(s) compared, {n} differ")
             differing += n
     return 1 if differing else 0
 

@@ -33,7 +33,7 @@ def grading_of(run: dict) -> dict:
     metrics = run.get("metrics") or {}
     grades = cfg.get("grades") or metrics.get("grades") or ("published" if cfg.get("imported_from") else "local")
     rule = cfg.get("concurrent_rule") or metrics.get("concurrent_rule") or ("any" if grades == "published" else "zero")
-    # SPEC 9: free text (the papers' protocol; published runs, and local runs from before the setting) or constrained
+    # docs/constrained-answers.md: free text (the papers' protocol; published runs, and local runs from before the setting) or constrained
     answers = cfg.get("answers") or metrics.get("answers") or "free"
     return {"grades": grades, "concurrent_rule": rule, "answers": answers}
 

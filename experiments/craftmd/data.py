@@ -2,7 +2,7 @@
 
 A case is a dict: ``case_id``, ``vignette`` (the case text WITHOUT its closing question: what the
 patient-AI gets and the vignette format shows), ``vignette_full`` (the text as published),
-``question`` (the case's own question, SPEC section 3: the last question sentence, "of the following"
+``question`` (the case's own question, docs/protocols.md, CRAFT-MD: the last question sentence, "of the following"
 dropped, e.g. "Which is the most likely diagnosis?"; a default when the text asks none),
 ``question_source`` (``vignette`` | ``default``), ``choices`` (list of 4, or [] when the source has
 none), ``answer`` (correct diagnosis text), ``answer_index`` (0-based index into choices, or None),

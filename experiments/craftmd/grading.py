@@ -3,8 +3,8 @@
 FRQ grading has two grader-AI steps; this module turns their replies into scores:
 1. extraction reply -> (diagnosis, status); status ``multiple`` (alternatives: "a or b") or
    ``none`` scores 0 without step 2. Status ``concurrent`` ("a, b": several diagnoses named as
-   present together) depends on the concurrent-diagnosis rule (SPEC section 3):
-   ``zero`` (SPEC's grader; the default) scores it 0 like "Multiple"; ``any`` (the authors'
+   present together) depends on the concurrent-diagnosis rule (docs/protocols.md, CRAFT-MD):
+   ``zero`` (the paper's grader; the default) scores it 0 like "Multiple"; ``any`` (the authors'
    released grades) grades each named diagnosis and scores 1 when any matches.
 2. equivalence reply -> verdict (one per given diagnosis). Only an answer equal to the correct
    one after normalization (case, punctuation, apostrophes, whitespace) is scored without asking:
@@ -154,8 +154,27 @@ def needs_verdict(extracted: str | None, status: str, correct: str, rule: str = 
     return bool(match_targets(extracted, status, correct, rule))
 
 
-def _one_verdict(given: str, correct: str, reply: str | None) -> tuple[int | None, str]:
-    verdict = extract_verdict(reply) if reply is not None else None
+VERDICT_RULES = ("anywhere", "first_word")
+
+
+def read_verdict(reply: str | None, verdict_rule: str = "first_word") -> bool | None:
+    """A grader verdict reply -> True / False / None (no verdict: the grader is asked again).
+
+    ``anywhere`` is the authors' reading: yes when "yes" occurs anywhere in the reply (case-insensitive, also
+    inside a word), else no when "no" does ("not sure", "diagnosis" included), else none. ``first_word``: the
+    reply's first word, or the one after a ``Verdict:`` label, must be a yes or no word
+    (:func:`experiments.common.parsing.extract_verdict`)."""
+    if reply is None:
+        return None
+    if verdict_rule == "anywhere":
+        return extract_verdict(reply, ("yes",), ("no",), anywhere=True)
+    if verdict_rule == "first_word":
+        return extract_verdict(reply)
+    raise ValueError(f"unknown verdict rule {verdict_rule!r}; valid: {', '.join(VERDICT_RULES)}")
+
+
+def _one_verdict(given: str, correct: str, reply: str | None, verdict_rule: str = "first_word") -> tuple[int | None, str]:
+    verdict = read_verdict(reply, verdict_rule)
     if verdict is not None:
         return int(verdict), "grader"
     rel = lexical_relation(given, correct)
@@ -164,11 +183,12 @@ def _one_verdict(given: str, correct: str, reply: str | None) -> tuple[int | Non
     return None, "unscored_verdict"
 
 
-def grade_frq(extracted: str | None, status: str, correct: str, verdict_reply=None, rule: str = "zero") -> dict:
+def grade_frq(extracted: str | None, status: str, correct: str, verdict_reply=None, rule: str = "zero", verdict_rule: str = "first_word") -> dict:
     """Final FRQ score from the grader's replies.
 
     ``verdict_reply``: None when step 2 was not asked; a reply string (one target); or, for several
     targets (rule ``any``), a list aligned with :func:`match_targets` or a dict target -> reply.
+    ``verdict_rule``: how a verdict reply is read (:func:`read_verdict`).
     """
     check_rule(rule)
     if status in ("multiple", "none"):
@@ -186,7 +206,7 @@ def grade_frq(extracted: str | None, status: str, correct: str, verdict_reply=No
         replies = list(verdict_reply) + [None] * (len(parts) - len(verdict_reply))
     else:
         replies = [verdict_reply] + [None] * (len(parts) - 1)
-    results = [_one_verdict(p, correct, r) for p, r in zip(parts, replies)]
+    results = [_one_verdict(p, correct, r, verdict_rule) for p, r in zip(parts, replies)]
     for score, source in results:
         if score == 1:
             return {"correct": 1, "grade_source": source}

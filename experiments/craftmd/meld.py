@@ -1,4 +1,4 @@
-"""`medstack meld`: the MELD contamination check (SPEC 3).
+"""`medstack meld`: the MELD contamination check (docs/protocols.md, CRAFT-MD).
 
 The model gets the first half of a vignette (by words) and is asked for the second half with its
 word count; the reply is cut to that many words and compared with the true second half:

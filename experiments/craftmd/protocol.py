@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from experiments.common.parsing import extract_verdict
 from experiments.craftmd import grading
 from experiments.craftmd.data import DEFAULT_QUESTION
 from experiments.craftmd.prompts import PROMPTS, render
@@ -80,22 +79,24 @@ def identity(specialty: str) -> str:
     return render("identity_specialist", specialty=specialty)
 
 
-def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource") -> list[dict]:
+def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource", empty: str = "") -> list[dict]:
     """The doctor's chat as the authors keep it: instructions (a user message in the open-model loop, a
-    system message in the GPT loop), the doctor's own greeting, then the patient's and doctor's turns."""
+    system message in the GPT loop), the doctor's own greeting, then the patient's and doctor's turns
+    (an empty turn sent as ``empty``: the setting ``empty_turn``, empty as the authors send it)."""
     msgs = [{"role": "system" if loop == "gpt" else "user", "content": render("doctor_system", identity=identity(case["specialty"]))},
             {"role": "assistant", "content": render("greeting")}]
     for t in transcript:
-        msgs.append({"role": "user" if t["agent"] == "patient" else "assistant", "content": t["content"] or "..."})
+        msgs.append({"role": "user" if t["agent"] == "patient" else "assistant", "content": t["content"] or empty})
     return msgs
 
 
-def patient_view(transcript: list[dict], case: dict) -> list[dict]:
-    """The patient's chat: instructions with the vignette (system), the doctor's greeting, then the turns."""
+def patient_view(transcript: list[dict], case: dict, empty: str = "") -> list[dict]:
+    """The patient's chat: instructions with the vignette (system), the doctor's greeting, then the turns
+    (an empty one sent as ``empty``)."""
     msgs = [{"role": "system", "content": render("patient_system", vignette=case["vignette"])},
             {"role": "user", "content": render("greeting")}]
     for t in transcript:
-        msgs.append({"role": "assistant" if t["agent"] == "patient" else "user", "content": t["content"] or "..."})
+        msgs.append({"role": "assistant" if t["agent"] == "patient" else "user", "content": t["content"] or empty})
     return msgs
 
 
@@ -123,19 +124,19 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
     turn = 0
     while True:
         turn += 1
-        r = await ctx.chat(doctor_view(transcript, case, settings.loop), role="clinical", gen=_gen(settings, "doctor", stops), step=f"doctor_turn_{turn}")
+        r = await ctx.chat(doctor_view(transcript, case, settings.loop, settings.empty_turn), role="clinical", gen=_gen(settings, "doctor", stops), step=f"doctor_turn_{turn}")
         doctor = clean_turn(r.text)
         transcript.append({"agent": "doctor", "content": doctor, "turn": turn})
         reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
         if reason:
             return transcript, reason
-        r = await ctx.chat(patient_view(transcript, case), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
+        r = await ctx.chat(patient_view(transcript, case, settings.empty_turn), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
         transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": turn})
 
 
 def context_turns(transcript: list[dict]) -> list[dict]:
     """The conversation shown when asking in multi-turn form: the clinical LLM's closing turn is
-    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; SPEC 3:
+    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; docs/protocols.md, CRAFT-MD:
     the authors always remove it). A transcript ending on a patient turn is shown whole."""
     if transcript and transcript[-1]["agent"] == "doctor":
         return transcript[:-1]
@@ -164,7 +165,7 @@ def case_question(case: dict) -> str:
     return case.get("question") or DEFAULT_QUESTION
 
 
-def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summary: str, loop: str = "opensource") -> list[dict]:
+def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summary: str, loop: str = "opensource", empty: str = "") -> list[dict]:
     """The clinical model's request for one format and mode, built as the authors' code builds it.
 
     vignette / summarized: one message holding the doctor's identity (specialty), the case text (the
@@ -181,7 +182,7 @@ def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summ
         role = "system" if loop == "gpt" and fmt == "vignette" else "user"
         return [{"role": role, "content": render(f"ask_{mode}", **values)}]
     turns = context_turns(transcript) if fmt == "multiturn" else transcript[:1]
-    chat = doctor_view(turns, case, loop)
+    chat = doctor_view(turns, case, loop, empty)
     prompt = render(f"ask_{mode}_after", question=case_question(case), **({"choices": choices} if mode == "mcq" else {}))
     if loop == "gpt":
         return chat + [{"role": "system", "content": prompt}]
@@ -192,14 +193,15 @@ def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summ
 async def ask_mcq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
     c = case["choices"]
     name = "ask_mcq" if fmt in ("vignette", "summarized") else "ask_mcq_after"
-    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", answer_request(fmt, "mcq", case, transcript, summary, settings.loop),
+    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", answer_request(fmt, "mcq", case, transcript, summary, settings.loop, settings.empty_turn),
                      constraint=PROMPTS.constraint(name, choices=list(c)))
     return grading.parse_mcq(text.strip(), c, case["answer_index"])
 
 
-def settled(status: str, replies: dict) -> bool:
-    """The grader's replies hold a verdict: the extraction parsed and every verdict reply says yes or no."""
-    return status != "unparsed" and all(extract_verdict(r) is not None for r in replies.values())
+def settled(status: str, replies: dict, verdict_rule: str = "anywhere") -> bool:
+    """The grader's replies hold a verdict: the extraction parsed and every verdict reply says yes or no, read
+    by ``verdict_rule`` (:func:`experiments.craftmd.grading.read_verdict`)."""
+    return status != "unparsed" and all(grading.read_verdict(r, verdict_rule) is not None for r in replies.values())
 
 
 async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str) -> dict:
@@ -224,16 +226,16 @@ async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fm
                 step = f"{fmt}_match" + (f"_{i}" if i else "")
                 replies[given] = await ask(ctx, settings, "grader", "grader", step, single(render("grader_match", correct=correct, given=given), settings),
                                            constraint=PROMPTS.constraint("grader_match"))
-            if settled(status, replies):
+            if settled(status, replies, settings.verdict_rule):
                 break
-    grade = grading.grade_frq(extracted, status, correct, replies or None, rule)
+    grade = grading.grade_frq(extracted, status, correct, replies or None, rule, settings.verdict_rule)
     raw2 = next(iter(replies.values())) if len(replies) == 1 else (replies or None)
     return {"extracted": extracted, "extraction_status": status, "grader_extract_reply": raw1, "grader_match_reply": raw2,
             "concurrent_rule": rule, "grader_reasks": reasks, **grade}
 
 
 async def ask_frq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
-    request = answer_request(fmt, "frq", case, transcript, summary, settings.loop)
+    request = answer_request(fmt, "frq", case, transcript, summary, settings.loop, settings.empty_turn)
     answer = (await ask(ctx, settings, "clinical", "answer", f"{fmt}_frq", request)).strip()
     return {"answer": answer, **await grade_answer(ctx, answer, case["answer"], settings, fmt)}
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from experiments.core.config import RunSettings, Sampling, role_flag
+from experiments.core.deviations import NOT_FIXED, Authors, Unpaired, settings_deviations
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
@@ -22,6 +23,18 @@ AUTHORS_MAX_TOKENS = {"opensource": {"doctor": 250, "answer": 250, "patient": 15
 AUTHORS_TEMPERATURE = {"opensource": {"patient": 1.0, "summarizer": 1.0, "grader": 1.0},
                        "gpt": {"doctor": 1.0, "answer": 1.0, "patient": 1.0, "summarizer": 1.0, "grader": 1.0}}
 AUTHORS_GRADER_REASKS = 11
+AUTHORS_TURN_CAP = {"opensource": 14, "gpt": "none"}  # doctor turns: their open-model loop stops at 30 messages; the GPT loop has no cap
+SCOPE = Unpaired("which of the authors' measurements a run makes (its scope, stated with the results); each is made as theirs")
+
+
+def _authors_sampling(table: dict):
+    """The authors' value of one sampling field of one role under the run's loop (NOT_FIXED: an open model's own)."""
+    return lambda s, role: table[s.loop].get(role, NOT_FIXED)
+
+
+def _api_default(value):
+    """A sampling field the authors' GPT calls left at the API default: fixed where their temperature is."""
+    return lambda s, role: value if role in AUTHORS_TEMPERATURE[s.loop] else NOT_FIXED
 
 
 class CraftSettings(RunSettings):
@@ -29,6 +42,31 @@ class CraftSettings(RunSettings):
                  role_flag("patient", "Patient-AI model (alias of --role patient=REF)."),
                  role_flag("grader", "Grader-AI model; also summarizes unless --summarizer-model."),
                  role_flag("summarizer", "Model that turns the patient's statements into a summary (default: the grader)."))
+
+    # every field against the authors' released code (experiments/core/deviations.py; docs/protocols.md, CRAFT-MD)
+    authors_table: ClassVar[dict] = {
+        "name": Unpaired("the run's label in tables"),
+        **dict.fromkeys(("formats", "mcq", "frq", "trials", "specialty"), SCOPE),
+        "max_turns": Authors(lambda s: AUTHORS_TURN_CAP[s.loop], says="turn cap {ours} doctor turns (authors: {authors})"),
+        "final_marker": Authors("Final Diagnosis", says="final-diagnosis marker {ours} (authors: {authors})"),
+        "concurrent_rule": Unpaired("the authors' paper scores an answer naming several diagnoses 0 (zero), their released grader "
+                                    "accepts any matching one (any): both are theirs, and every table names the rule it used"),
+        "loop": Unpaired("which of the authors' two loops the requests are built as (both theirs); summary.md names it"),
+        "turn_stops": Authors(False, says="turn_stops: doctor and patient turns cut at the next speaker label"),
+        "summary_stops": Authors(False, says="summary_stops: the summary cut at a blank line"),
+        "grader_reasks": Authors(AUTHORS_GRADER_REASKS, says="grader re-asked at most {ours} time(s) (authors: {authors})"),
+        "verdict_rule": Authors("anywhere", says="grader verdict read from the reply's first word (authors: yes anywhere in the reply, "
+                                "else no anywhere; so a re-ask also follows a reply that holds no verdict word first)"),
+        "empty_turn": Authors("", says="an empty turn sent as {ours} (authors: sent empty)"),
+        "lone_system_as_user": Authors(False, says="lone_system_as_user: grader and summarizer prompts sent as user messages (authors: system)"),
+        "completion_steps": Authors([], says="{ours} sent as text completions (authors: chat)"),
+        "sampling.*.stop": Authors(None, says="sampling.{key}.stop: {ours}"),
+        "sampling.*.max_tokens": Authors(_authors_sampling(AUTHORS_MAX_TOKENS), says="{key} max_tokens {ours} (authors: {authors})"),
+        "sampling.*.temperature": Authors(_authors_sampling(AUTHORS_TEMPERATURE), says="{key} temperature {ours} (authors: {authors})"),
+        "sampling.*.top_p": Authors(_api_default(1.0), says="{key} top_p {ours} (authors: {authors}, the API default)"),
+        "sampling.*.frequency_penalty": Authors(_api_default(0.0), says="{key} frequency_penalty {ours} (authors: {authors}, the API default)"),
+        "sampling.*.n": Authors(1, says="{key} sampled {ours} times per request (authors: {authors})"),
+    }
 
     experiment: str = "craftmd"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the clinical model alias).")
@@ -39,7 +77,7 @@ class CraftSettings(RunSettings):
     specialty: str | None = Field(None, description="Only cases of this specialty (the CSV's category column).")
     max_turns: int = Field(14, ge=1, description="Turn cap: doctor turns per conversation.")
     final_marker: str = "Final Diagnosis"
-    # concurrent-diagnosis rule of the FRQ grade (SPEC section 3): "zero" = an answer naming several
+    # concurrent-diagnosis rule of the FRQ grade (docs/protocols.md, CRAFT-MD): "zero" = an answer naming several
     # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
     concurrent_rule: Literal["zero", "any"] = "zero"
     # How the clinical model's requests are built: "opensource" = the authors' open-model loop (craftmd_opensource:
@@ -47,14 +85,20 @@ class CraftSettings(RunSettings):
     # question appended to the last patient message); "gpt" = their GPT loop (craftmd_gpt: instructions and the
     # vignette prompts as system messages, the multi-/single-turn question as a system message after the chat).
     loop: Literal["opensource", "gpt"] = "opensource"
-    # Named deviations from the authors' requests (all off in paper.yaml; each one is listed in summary.md and the
-    # paper table's footnote, see deviations()):
+    # Switches a base model needs, each a deviation from the authors' requests when on (all off in paper.yaml; the
+    # table above names every one in summary.md and the paper table's footnote):
     turn_stops: bool = False     # doctor and patient turns stop at the next speaker label (a base model writes both sides)
     summary_stops: bool = False  # the summary stops at a blank line or a new example label (a base model runs on)
-    grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0)
+    grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0)  # re-asks of the grader while its verdict is neither yes nor no
+    # how a grader verdict reply is read: "anywhere" = the authors' (yes if "yes" occurs anywhere in the reply, else no
+    # if "no" does, else none: re-asked); "first_word" = the reply's first word (or the one after "Verdict:") must be
+    # a yes or no word. It also decides when the grader is re-asked (a reply without a verdict).
+    verdict_rule: Literal["anywhere", "first_word"] = "anywhere"
+    # what is sent in place of an empty conversation turn (the authors send it as it is: empty)
+    empty_turn: str = ""
     # the grader's and summarizer's one-message prompts as a user message instead of the authors' system message
     # (chat templates such as Gemma 3's drop a conversation that is only a system message)
-    lone_system_as_user: bool = False  # re-asks of the grader while its verdict is neither yes nor no
+    lone_system_as_user: bool = False
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[str, Sampling] = {
         "doctor": Sampling(temperature=1.0, max_tokens=250),
@@ -89,39 +133,31 @@ class CraftSettings(RunSettings):
 
 
 def deviations(s: CraftSettings) -> list[str]:
-    """Every way this run's requests differ from the authors' (empty for paper.yaml), one phrase each."""
-    out = []
-    if s.turn_stops:
-        out.append("turn_stops: doctor and patient turns cut at the next speaker label")
-    if s.summary_stops:
-        out.append("summary_stops: the summary cut at a blank line")
-    for role, sampling in s.sampling.items():
-        if sampling.stop:
-            out.append(f"sampling.{role}.stop: {sampling.stop}")
-        want = AUTHORS_MAX_TOKENS[s.loop].get(role)
-        if want is not None and sampling.max_tokens != want:
-            out.append(f"{role} max_tokens {sampling.max_tokens} (authors: {want})")
-        temp = AUTHORS_TEMPERATURE[s.loop].get(role)
-        if temp is not None and sampling.temperature != temp:
-            out.append(f"{role} temperature {sampling.temperature:g} (authors: {temp:g})")
-    if s.grader_reasks != AUTHORS_GRADER_REASKS:
-        out.append(f"grader re-asked at most {s.grader_reasks} time(s) (authors: {AUTHORS_GRADER_REASKS})")
-    if s.lone_system_as_user:
-        out.append("lone_system_as_user: grader and summarizer prompts sent as user messages (authors: system)")
-    if s.completion_steps:
-        out.append(f"{', '.join(s.completion_steps)} sent as text completions (authors: chat)")
-    return out
+    """Every way this run's settings differ from the authors' (empty for paper.yaml), one phrase each: the rows of
+    :attr:`CraftSettings.authors_table`."""
+    return settings_deviations(s)
+
+
+def loop_line(s: CraftSettings) -> str:
+    loop = "open-model loop (craftmd_opensource)" if s.loop == "opensource" else "GPT loop (craftmd_gpt)"
+    return f"requests: built as the authors' {loop}"
 
 
 def requests_line(s: CraftSettings) -> str:
     """How the requests were built, for summary.md and --dry-run."""
-    loop = "open-model loop (craftmd_opensource)" if s.loop == "opensource" else "GPT loop (craftmd_gpt)"
     devs = deviations(s)
-    return (f"requests: built as the authors' {loop}; deviations from the authors' requests: "
+    return (f"{loop_line(s)}; deviations from the authors' requests: "
             + ("; ".join(devs) if devs else "none"))
 
 
 class MeldSettings(RunSettings):
+    # the authors' MELD script (src/meld_distance.py): one GPT-4 call at the API defaults (temperature 1, max_tokens 150)
+    authors_table: ClassVar[dict] = {
+        "threshold": Authors(0.95, says="memorization threshold {ours} (authors: {authors})"),
+        "temperature": Authors(1.0, says="temperature {ours} (authors: {authors}, the API default)"),
+        "max_tokens": Authors(150, says="max_tokens {ours}, capped per case at twice the second half's words + 16 (authors: {authors})"),
+    }
+
     experiment: str = "craftmd-meld"
     roles: dict[str, str] = {"model": "embedded"}
     threshold: float = Field(0.95, ge=0.0, le=1.0, description="Similarity treated as memorized (default 0.95).")

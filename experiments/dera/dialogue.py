@@ -1,4 +1,4 @@
-"""DERA for summaries and care plans (SPEC 2.1, 2.2) and the corruption study.
+"""DERA for summaries and care plans (docs/protocols.md, DERA) and the corruption study.
 
     1. Decider writes the initial output from the chat (or, for the corruption study, the
        reference is written and then corrupted at a level, and DERA starts from that).

@@ -1,4 +1,4 @@
-"""DERA for open-ended (and multiple-choice) MedQA, SPEC 2.3, with the 1-shot baseline in the same run.
+"""DERA for open-ended (and multiple-choice) MedQA, docs/protocols.md, DERA, with the 1-shot baseline in the same run.
 
     1. One-shot prompt sampled ``answer.n`` (5) times in one request; majority vote over the
        exact answer strings = the 1-shot baseline (tie: the first completion among the top answers).

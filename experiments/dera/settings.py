@@ -5,11 +5,12 @@ Every paper number lives in the YAML files; these classes only give types and de
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from experiments.core.config import RunSettings, Sampling, cli, role_flag  # the one sampling type (keeps n)
+from experiments.core.deviations import Authors, Unpaired, unset_as
 
 SUMMARY_SECTIONS = [
     "Demographics and Social Determinants of Health",
@@ -22,6 +23,16 @@ SUMMARY_SECTIONS = [
 REVIEWED_SUMMARY_SECTIONS = ["Pertinent Positives", "Pertinent Negatives", "Pertinent Unknowns", "Medical History"]
 SCORED_SUMMARY_SECTIONS = ["Pertinent Positives", "Pertinent Unknowns", "Pertinent Negatives", "Medical History"]  # the paper's table order
 CAREPLAN_SECTIONS = ["Medications", "Referrals", "Tests", "Lifestyle", "Supportive Care"]
+
+
+UNSTATED = Unpaired("the paper states no value")
+
+
+def sampling_rows(path: str, **theirs) -> dict:
+    """The rows of one Sampling field against the paper's values (``theirs``: field -> value; the others unstated)."""
+    return {f"{path}.{f}": Authors(theirs[f], says=f"{path} {f} {{ours}} (authors: {{authors}})") if f in theirs else UNSTATED
+            for f in Sampling.model_fields}
+
 
 
 class GptF1Settings(BaseModel):
@@ -43,6 +54,22 @@ class DialogueSettings(RunSettings):
     """dera-summarize (and the base of dera-careplan and dera-corrupt)."""
 
     cli_flags = ROLE_FLAGS
+    # every field against the paper's (experiments/core/deviations.py; docs/protocols.md, DERA)
+    authors_table: ClassVar[dict] = {
+        "task": Unpaired("which of the paper's tasks the run is"),
+        "sections": Authors(lambda s: CAREPLAN_SECTIONS if s.task == "careplan" else SUMMARY_SECTIONS, says="sections: {ours} (authors: {authors})"),
+        "review_sections": Authors(lambda s: CAREPLAN_SECTIONS if s.task == "careplan" else REVIEWED_SUMMARY_SECTIONS,
+                                   says="sections the Researcher reviews: {ours} (authors: {authors})"),
+        "corrupt_sections": Authors(SCORED_SUMMARY_SECTIONS, same=lambda ours, theirs: sorted(ours) == sorted(theirs),
+                                    says="sections corrupted: {ours} (authors: {authors})"),
+        "score_sections": Unpaired("which sections are scored and in which order: the table's scope"),
+        "max_turns": Authors(15, says="dialogue cap {ours} messages (authors: {authors})"),
+        **sampling_rows("sampling", temperature=1.0, top_p=1.0, max_tokens=512, frequency_penalty=0.0, n=1),
+        "corruption_level": Unpaired("the condition a corruption run measures (the paper: 3 low, 5 medium, 7 high)"),
+        **sampling_rows("gptf1.extraction", temperature=0.0, max_tokens=200),
+        **sampling_rows("gptf1.verification", temperature=0.0, max_tokens=200),
+        "gptf1.max_concepts": Unpaired("a bound the paper did not need; each request it cuts is counted as a protocol deviation"),
+    }
 
     experiment: str = "dera-summarize"
     task: Literal["summarize", "careplan", "corrupt"] = "summarize"
@@ -79,6 +106,20 @@ class QASettings(RunSettings):
     """dera-qa (open-ended and multiple-choice)."""
 
     cli_flags = ROLE_FLAGS
+    authors_table: ClassVar[dict] = {
+        "mcq": Unpaired("which of the paper's variants the run is (open-ended or multiple choice)"),
+        "split": Unpaired("which file of the data set: the run's scope"),
+        **sampling_rows("answer", temperature=0.7, max_tokens=50, n=5),
+        **sampling_rows("explain", temperature=0.0, max_tokens=400),
+        **sampling_rows("dialogue", temperature=0.3, max_tokens=250, frequency_penalty=0.5),
+        "max_turns": Authors(3, says="dialogue cap {ours} turns (authors: {authors})"),
+        **sampling_rows("final", temperature=0.0, max_tokens=100, n=5),
+        **sampling_rows("judge_exact", temperature=0.0),
+        **sampling_rows("judge_similarity", temperature=0.0, max_tokens=100),
+        "bertscore_model": Authors("scibert-basevocab-uncased", same=lambda ours, theirs: theirs in (ours or ""),
+                                   says="BERTScore encoder {ours} (authors: {authors})", show=unset_as("all-MiniLM-L6-v2, the default")),
+        "bertscore_layer": Unpaired("follows the encoder (bert_score's own table for a known one)"),
+    }
 
     experiment: str = "dera-qa"
     mcq: bool = Field(False, json_schema_extra=cli("--mcq"), description="Multiple-choice variant (default config qa-mcq.yaml): the Decider "

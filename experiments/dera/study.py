@@ -76,14 +76,14 @@ class DeraDialogueStudy(Study):
 
 
 class SummarizeStudy(DeraDialogueStudy):
-    """DERA summarization (SPEC 2.1): initial summary, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite; GPT-F1 of DERA vs initial."""
+    """DERA summarization (docs/protocols.md, DERA): initial summary, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite; GPT-F1 of DERA vs initial."""
 
     name = "dera-summarize"
     task = "summarize"
 
 
 class CareplanStudy(DeraDialogueStudy):
-    """DERA care plans (SPEC 2.2): one-shot initial plan, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite."""
+    """DERA care plans (docs/protocols.md, DERA): one-shot initial plan, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite."""
 
     name = "dera-careplan"
     task = "careplan"
@@ -91,7 +91,7 @@ class CareplanStudy(DeraDialogueStudy):
 
 
 class CorruptStudy(DeraDialogueStudy):
-    """Corruption study (SPEC 2.1): write reference summaries, corrupt them at --level, run DERA from the corrupted version, and score
+    """Corruption study (docs/protocols.md, DERA): write reference summaries, corrupt them at --level, run DERA from the corrupted version, and score
     both against the reference with GPT-F1 per section. Default --out: runs/dera-corrupt-<model>-level<L>."""
 
     name = "dera-corrupt"
@@ -108,7 +108,7 @@ class CorruptStudy(DeraDialogueStudy):
 
 
 class QAStudy(Study):
-    """The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (SPEC 2.3).
+    """The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (docs/protocols.md, DERA).
 
     --data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
     default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq]."""

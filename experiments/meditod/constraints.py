@@ -1,4 +1,4 @@
-"""JSON schemas of the MediTOD in-context outputs (SPEC 4, 9), built from the dataset's ontology.
+"""JSON schemas of the MediTOD in-context outputs (docs/protocols.md, MediTOD; docs/constrained-answers.md), built from the dataset's ontology.
 
 Pure functions; the run applies them as constrained answers (``answers: constrained``) by passing
 ``Constraint.make("json", nlu_schema(ontology), "meditod/nlu")`` with the prediction call (see
@@ -12,7 +12,7 @@ experiments/core/study.py). ``ontology`` is the mapping of ``experiments/meditod
         statuses: [positive, negative, unknown]   # allowed `status` values; [] = no status
         attributes: {ATTR: meaning, ...}          # value, onset, location, ...
 
-Shapes (SPEC 4, in-context):
+Shapes (docs/protocols.md, MediTOD, in-context):
 
 - NLU: ``[{"intent": I, "slots": {SLOT: [{ATTR: text or [text, ...], ..., "status": S}]}}]`` —
   slots without their status prefix, a ``status`` on each item of a slot that has statuses (required

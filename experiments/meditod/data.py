@@ -9,7 +9,7 @@ Stable interface (the LoRA fine-tuning code builds on it):
   ``<splits_dir>/<split>_ids.json`` (``train``, ``valid``, ``test``, or any other name such as an
   out-of-domain ``ood``); with ``dialogs`` given, an id absent from the data is an error.
 
-File format (SPEC 4): every utterance has ``speaker`` (doctor | patient), ``uttr_id`` and
+File format (docs/protocols.md, MediTOD): every utterance has ``speaker`` (doctor | patient), ``uttr_id`` and
 ``text``; patient turns carry ``nlu`` (list of ``{intent, slots}``) and ``dialog_state`` (dict);
 doctor turns carry ``actions`` (list of ``{action, <slot>: [...]}``).
 """

@@ -1,4 +1,4 @@
-"""MediTOD scorers (SPEC 4), pure functions equal to the dataset authors' scorer.
+"""MediTOD scorers (docs/protocols.md, MediTOD), pure functions equal to the dataset authors' scorer.
 
 Stable interface: ``score(task, golds, preds, **options) -> dict`` with ``task`` in
 {"nlu", "pol", "nlg"}. ``golds``/``preds`` are aligned lists: for NLU/POL each element is a
@@ -12,7 +12,7 @@ NLU tuples (per intent entry): no slots -> ``(intent,)``; medical slots (name co
 "dummy"), canonical only for the slot family's canonical attributes; occupation / residence /
 travel -> ``(intent, slot, attr, v)``, canonical only for ``status``; basic_information ->
 ``(intent, slot, attr, v)``, all canonical; other slots contribute nothing.
-Edge shapes (SPEC 4, as the authors' scorer treats them): an entry whose ``slots`` is empty
+Edge shapes (docs/protocols.md, MediTOD, as the authors' scorer treats them): an entry whose ``slots`` is empty
 (``[]``, ``{}``, ``""``) or missing is its bare ``(intent,)``; ``"slots": null`` or a non-empty
 non-object, and a known slot whose value is not a list of attribute objects (null, a non-empty
 string, a number, a non-empty object), make the whole turn a format error (scored as empty).

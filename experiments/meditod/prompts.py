@@ -1,4 +1,4 @@
-"""MediTOD requests, built as the dataset authors' released code builds them (SPEC 4); wording ours.
+"""MediTOD requests, built as the dataset authors' released code builds them (docs/protocols.md, MediTOD); wording ours.
 
 The instructions are template files in ``prompts/`` (``icl_<task>_system.txt`` with the rendered
 ontology, ``sft_<task>_system.txt``); the block layout below is the protocol.

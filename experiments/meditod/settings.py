@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from experiments.core.config import RunSettings, cli
+from experiments.core.deviations import NOT_FIXED, Authors, Unpaired, unset_as
 
 BERTSCORE_ENCODER_HELP = "NLG: local encoder dir for BERTScore (default: all-MiniLM-L6-v2; the MediTOD authors: roberta-large)."
 BERTSCORE_LAYER_HELP = "NLG: encoder layer for BERTScore (default: bert_score's table for a known encoder, e.g. roberta-large 17; else the last)."
 TASK_DEFAULTS = {"pol": {"max_tokens": 192}}  # defaults that differ by task (besides experiment: meditod-<task>)
 
 
+
 class MeditodSettings(RunSettings):
+    # every field against the dataset authors' released code and configs (experiments/core/deviations.py; docs/protocols.md, MediTOD)
+    authors_table: ClassVar[dict] = {
+        **dict.fromkeys(("task", "mode"), Unpaired("which of the authors' tasks and baselines the run is")),
+        **dict.fromkeys(("splits_dir", "split", "train_split"), Unpaired("which dialogues are evaluated and where exemplars come from: the run's scope")),
+        "k": Authors(lambda s: 5 if s.mode == "icl" else NOT_FIXED, says="{ours} in-context exemplars per turn (authors: {authors})"),
+        "encoder": Authors(lambda s: "bge-large-en-v1.5" if s.mode == "icl" else NOT_FIXED, same=lambda ours, theirs: theirs in (ours or ""),
+                           says="exemplar retrieval encoder {ours} (authors: {authors})", show=unset_as("all-MiniLM-L6-v2, the default")),
+        "history_size": Authors(4, says="history_size {ours} (authors: {authors})"),
+        "prompt_format": Unpaired("the fine-tuning rendering of the adapter's base model, recorded with the adapter"),
+        "temperature": Authors(0.0, says="temperature {ours} (authors: {authors}, greedy)"),
+        "max_tokens": Unpaired("a generation bound; a reply it cuts is a format error, counted"),
+        "context_margin": Unpaired("tokens kept free in the model's context; a turn that does not fit is counted"),
+        **dict.fromkeys(("adjudicate_model", "adjudicate_max_tokens"), Unpaired("the paper's optional LLM adjudication, scored beside exact match")),
+        "bertscore": Unpaired("whether NLG also computes BERTScore: which metrics a run reports"),
+        "bertscore_encoder": Authors(lambda s: "roberta-large" if s.task == "nlg" and s.bertscore else NOT_FIXED,
+                                     same=lambda ours, theirs: theirs in (ours or ""), says="BERTScore encoder {ours} (authors: {authors})", show=unset_as("all-MiniLM-L6-v2, the default")),
+        "bertscore_layer": Unpaired("follows the encoder (bert_score's own table: roberta-large 17, the authors')"),
+        "compare": Unpaired("another run put beside this one in summary.md"),
+    }
+
     task: Literal["nlu", "pol", "nlg"] = "nlu"
     splits_dir: str | None = Field(None, description="Folder with <split>_ids.json (default: the folder of --data).")
     split: str = Field("test", description="Split to evaluate: test (default), valid, or any <name>_ids.json, e.g. an out-of-domain set.")

@@ -48,7 +48,7 @@ MODES = ("icl", "supervised")
 
 
 def icl_constraint(task: str):
-    """The declared format of an in-context prediction (SPEC 9): NLU and POL answer JSON of the schema built from
+    """The declared format of an in-context prediction (docs/constrained-answers.md): NLU and POL answer JSON of the schema built from
     ontology.yaml (experiments/meditod/constraints.py); NLG is free text. Applied only under answers: constrained."""
     if task == "nlg":
         return None
@@ -252,7 +252,7 @@ def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) ->
 
 
 async def adjudicate_turn(ctx: CaseContext, s: MeditodSettings, gold, pred) -> list[dict]:
-    """The grader judges each non-canonical (gold value, predicted value) pair of one turn (SPEC 4 adjudication)."""
+    """The grader judges each non-canonical (gold value, predicted value) pair of one turn (docs/protocols.md, MediTOD: adjudication)."""
     tmpl = Template(template("adjudicate.txt"))
     gen = Sampling(temperature=0.0, max_tokens=s.adjudicate_max_tokens).gen()
     out = []

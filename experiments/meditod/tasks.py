@@ -1,4 +1,4 @@
-"""MediTOD task samples, windowed as the dataset authors' released code windows them (SPEC 4).
+"""MediTOD task samples, windowed as the dataset authors' released code windows them (docs/protocols.md, MediTOD).
 
 Two builders, one per baseline family; ``history_size`` (the authors' parameter, 4 in every
 config) gives each its own window. Utterances are ``"speaker: text"`` lines (speaker as in the

@@ -1,1 +1,1 @@
-"""`medstack review`: clinicians label a blind sample of an LLM judge's decisions (SPEC 3.1). ``judges`` reads the decisions, ``labels`` the sample and label files, ``page`` serves or exports the page."""
+"""`medstack review`: clinicians label a blind sample of an LLM judge's decisions (docs/protocols.md, Judge calibration). ``judges`` reads the decisions, ``labels`` the sample and label files, ``page`` serves or exports the page."""

@@ -1,4 +1,4 @@
-"""`medstack review RUN_DIR --judge STEP --sample N`: clinicians label a blind sample of a judge's decisions (SPEC 3.1)."""
+"""`medstack review RUN_DIR --judge STEP --sample N`: clinicians label a blind sample of a judge's decisions (docs/protocols.md, Judge calibration)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The judge decisions a clinician can review, per kind of results directory (SPEC 3.1).
+"""The judge decisions a clinician can review, per kind of results directory (docs/protocols.md, Judge calibration).
 
 A judge *step* names one LLM-judge decision of a run. Each step turns the run's records into
 items: ``{"id", "verdict", "stratum", "show"}`` where ``verdict`` is the judge's decision on its

@@ -1,4 +1,4 @@
-"""The review sample and the reviewers' labels, as files in ``RUN_DIR/reviews/`` (SPEC 3.1).
+"""The review sample and the reviewers' labels, as files in ``RUN_DIR/reviews/`` (docs/protocols.md, Judge calibration).
 
 ``sample-<step>.json``  the stratified, reproducible sample of one judge's items, written before the
                         first item is shown: seed, requested size, per stratum the population N_h,

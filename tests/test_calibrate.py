@@ -72,6 +72,16 @@ def test_read_labels_skips_blank_counts(labels):
     assert d["cases"][2]["trials"][0] == "tinea manuum, tinea pedis" and d["cases"][1]["dermatologist"] == 5
 
 
+def test_labels_folder_is_the_registered_expert_annotations(tmp_path, labels):
+    """craftmd-expert-labels is the authors' whole expert_annotations folder: the grader check is found in it."""
+    (tmp_path / "validation_graderai.csv").write_bytes(labels.read_bytes())
+    assert read_labels(tmp_path) == read_labels(labels)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="empty/validation_graderai.csv: no such file"):
+        read_labels(empty)
+
+
 def test_bad_labels_name_file_and_line(tmp_path, labels):
     bad = tmp_path / "bad.csv"
     bad.write_text(labels.read_text().replace("dermatologist_accuracy,2,", "dermatologist_accuracy,7,"))

@@ -45,6 +45,9 @@ CONTENT = {
     "valid_ids.json": lambda: (FIX / "meditod" / "valid_ids.json").read_bytes(),
     "test_ids.json": lambda: (FIX / "meditod" / "test_ids.json").read_bytes(),
     "agentclinic_medqa.jsonl": lambda: (FIX / "craftmd" / "osce.jsonl").read_bytes(),
+    **{name: (lambda name=name: (FIX / "craftmd" / "experts" / name).read_bytes())
+       for name in ("validation_clinicalllm_patientai_d1.xlsx", "validation_clinicalllm_patientai_d2.xlsx",
+                    "validation_clinicallm_patientai_tiebreak_d3.xlsx")},
 }
 
 

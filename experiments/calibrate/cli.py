@@ -32,7 +32,7 @@ def _log(msg: str) -> None:
 @calibrate_app.command("craftmd-grader")
 def craftmd_grader(
     judge_model: str = typer.Option(..., "--judge-model", help="Judge in the grader role (alias or ALIAS@URL)."),
-    labels: str = typer.Option("craftmd-expert-labels", "--labels", help="The authors' dermatologist check (validation_graderai.csv format): a path or a registered data set name."),
+    labels: str = typer.Option("craftmd-expert-labels", "--labels", help="The authors' dermatologist check (validation_graderai.csv format, or a folder holding it): a path or a registered data set name."),
     rule: str = typer.Option("zero", "--rule", help="Concurrent-diagnosis rule: zero (SPEC: several diagnoses score 0) or any (the authors' release)."),
     published: Optional[str] = typer.Option(None, "--published", help="A folder of the authors' per-case JSON files (or a registered name, e.g. craftmd-published-gpt3_1106): also score their own grader's decisions."),
     out: Path = typer.Option(..., "--out", help="Results directory to write."),

@@ -57,6 +57,8 @@ def read_labels(path: str | Path) -> dict:
     (0-5, blank for a few). Rows are found by their first cell; anything else is ignored.
     """
     p = Path(path)
+    if p.is_dir():  # the registered set craftmd-expert-labels is the authors' whole expert_annotations folder
+        p = p / "validation_graderai.csv"
     if not p.exists():
         raise DataError(f"{p}: no such file")
     with open(p, newline="", encoding="utf-8-sig") as f:

@@ -6,7 +6,7 @@
   p = (extreme + 1) / (B + 1)), plus a CI of the mean difference.
 - ``holm``: Holm–Bonferroni adjusted p-values (statsmodels).
 - ``mcnemar_test``: McNemar's test on paired binary outcomes (statsmodels; exact
-  binomial when the discordant count is small).
+  binomial when the discordant count is small, or when asked).
 - ``prf``: precision / recall / F1 from match counts (DERA's GPT-F1, MediTOD's micro F1).
 """
 
@@ -106,8 +106,11 @@ def holm(p_values) -> list[float]:
     return [float(x) for x in multipletests(p, method="holm")[1]]
 
 
-def mcnemar_test(a, b) -> dict:
-    """McNemar's test for paired 0/1 outcomes. Returns the 2x2 table, statistic and p."""
+def mcnemar_test(a, b, *, exact: bool | None = None) -> dict:
+    """McNemar's test for paired 0/1 outcomes. Returns the 2x2 table, statistic and p.
+
+    ``exact``: True = the exact binomial test on the discordant pairs; False = chi-square with continuity
+    correction; None = exact when fewer than 25 pairs are discordant."""
     from statsmodels.stats.contingency_tables import mcnemar
 
     a = np.asarray(list(a), dtype=int)
@@ -115,7 +118,7 @@ def mcnemar_test(a, b) -> dict:
     table = [[int(np.sum((a == 1) & (b == 1))), int(np.sum((a == 1) & (b == 0)))],
              [int(np.sum((a == 0) & (b == 1))), int(np.sum((a == 0) & (b == 0)))]]
     discordant = table[0][1] + table[1][0]
-    exact = discordant < 25
+    exact = discordant < 25 if exact is None else exact
     res = mcnemar(table, exact=exact, correction=True)
     return {"table": table, "statistic": float(res.statistic), "p_value": float(res.pvalue), "exact": exact}
 

@@ -1,4 +1,4 @@
-"""CRAFT-MD's other commands: `import craftmd`, `compare` (`run craftmd` and `meld`: study.py)."""
+"""CRAFT-MD's other commands: `import craftmd`, `import craftmd-experts`, `compare` (`run craftmd` and `meld`: study.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,23 @@ def import_craftmd(
     log(f"imported {metrics['records']} records into {out}")
 
 
+def import_experts_cmd(
+    src: str = typer.Argument("craftmd-expert-labels", help="Folder of the authors' three expert workbooks (validation_clinicalllm_patientai_d1.xlsx, _d2.xlsx, validation_clinicallm_patientai_tiebreak_d3.xlsx), or the registered name craftmd-expert-labels."),
+    out: Path = typer.Option(..., "--out", help="Results directory to write (records: one per conversation; metrics.json; summary.md)."),
+) -> None:
+    """Import the CRAFT-MD authors' expert assessment of 180 conversations: Q1 and Q2 per model, Q3,
+    exact McNemar tests between models and the raters' agreement, each beside the published value.
+
+    Labels are combined as the authors did: the two raters' shared label, the tie-breaker's where they
+    disagree. The conversations become records the report's case browser shows (docs/protocols.md)."""
+    from experiments.core.commands import resolve_data
+    from experiments.craftmd.experts import import_experts
+
+    metrics = import_experts(Path(resolve_data(src)), out)
+    _print((Path(out) / "summary.md").read_text())
+    log(f"imported {metrics['conversations']} expert-labelled conversations into {out}")
+
+
 def compare_cmd(
     results: List[Path] = typer.Argument(..., help="Results directories (local runs and/or imported ones)."),
     out: Path = typer.Option(Path("compare-out"), "--out", help="Where to write summary.md, compare.json, accuracy.png."),
@@ -52,4 +69,5 @@ def compare_cmd(
 
 def register(app, import_app, **_) -> None:
     import_app.command("craftmd")(import_craftmd)
+    import_app.command("craftmd-experts")(import_experts_cmd)
     app.command("compare")(compare_cmd)

@@ -56,7 +56,7 @@ def is_doctor_instruction(text: str) -> bool:
 
 
 def parse_conversation(conv, where: str) -> list[dict]:
-    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' lines) -> transcript.
+    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' / 'Doctor-AI : ...' lines) -> transcript.
 
     The doctor's instructions are dropped: a ``system`` message, or a first message "You are an AI
     doctor ..." under role ``user`` (the open-model release). Doctor messages before the patient's
@@ -68,7 +68,7 @@ def parse_conversation(conv, where: str) -> list[dict]:
     turns: list[tuple[str, str]] = []
     if isinstance(conv, str):
         for line in conv.splitlines():
-            m = re.match(r"^\s*\**\s*(doctor|patient|assistant|user|clinician)\s*\**\s*:\s*(.*)$", line, flags=re.I)
+            m = re.match(r"^\s*\**\s*(doctor|patient|assistant|user|clinician)(?:[- ]?ai)?\s*\**\s*:\s*(.*)$", line, flags=re.I)
             if m:
                 turns.append((ROLE_TO_AGENT[m.group(1).lower()], m.group(2).strip()))
             elif turns and line.strip():

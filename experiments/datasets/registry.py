@@ -107,7 +107,9 @@ def main_path(ds: DataSet) -> Path:
 
 
 def is_fetched(ds: DataSet) -> bool:
-    return (set_dir(ds.name) / MARKER).is_file() and main_path(ds).exists()
+    folder = set_dir(ds.name)
+    # every plain file too: a set that gained files (e.g. craftmd-expert-labels) is fetched again
+    return (folder / MARKER).is_file() and main_path(ds).exists() and all((folder / f.name).is_file() for f in ds.files if not f.unpack)
 
 
 def _from_what(ds: DataSet) -> str:

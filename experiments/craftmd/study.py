@@ -15,7 +15,7 @@ from experiments.craftmd.meld import MeldStudy
 from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.paper_values import ADAPTER
 from experiments.craftmd.patient_checks import check_conversation, count_checks
-from experiments.craftmd.prompts import PROMPTS
+from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings, additions, deviations, requests_line
 from experiments.core.study import CaseContext, Study
@@ -41,7 +41,8 @@ async def check_conversation_record(ctx: CaseContext, case: dict, record: dict, 
         record["patient_checks"] = check_conversation(turns, vignette=case["vignette"], correct=case["answer"], choices=case["choices"] if mcq else None,
                                                       stop_reason=record.get("stop_reason"), n_words=s.copy_span_words)
     if s.assess_conversations:
-        record["assessment"] = await assess_conversation(ctx, turns, case["vignette"], s)
+        # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
+        record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
         record["prompt_hashes"] = {**record.get("prompt_hashes", {}), **PROMPTS.hashes(TEMPLATES.values())}
     return record
 

@@ -138,3 +138,30 @@ def test_calibrate_conversations_with_the_real_embedded_server(cli, embedded_ser
         assert x["n"] + x["assessor_unscored"] == 2  # every verdict is a pair or counted unscored
     proc = cli(*args, check=True)  # the same command resumes: nothing asked again
     assert json.loads((out / "metrics.json").read_text())["run"]["cases_run"] == 0
+
+
+def test_clinicians_review_the_assessor_on_the_same_blind_page_and_calibrate_reads_their_labels(convs, fixtures_dir, tmp_path):
+    """`review --judge assess-Q1` over the calibration's conversations, then `calibrate RUN --labels RUN/reviews`."""
+    from experiments.calibrate.reviews import calibrate_reviews
+    from experiments.review.judges import load_judge
+    from experiments.review.labels import append_label, write_sample
+
+    respond, _ = scripted(convs, {"case_1": {"Q1": "Verdict: No"}, "case_4": {"Q1": "unsure"}})
+    study = ConversationCalibration()
+    s, cases = prepare_run(study, settings(tmp_path, fixtures_dir))
+    asyncio.run(run_study(study, s, cases, client=ScriptedLLM(respond, roles=("assessor",)), log=lambda m: None))
+    run = tmp_path / "cal"
+    j = load_judge(run, "assess-Q1")
+    assert j["scale"]["names"] == {"1": "yes", "0": "no"} and "one most likely diagnosis" in j["scale"]["question"]
+    assert len(j["items"]) == 6  # case_4's unreadable reply (both models) is no decision to review
+    it = next(i for i in j["items"] if i["id"] == "gpt-4/case_1")
+    assert it["verdict"] == 0 and set(it["show"]) == {"case notes", "conversation"}  # what the assessor was given, never the verdict
+    assert it["show"]["conversation"][0] == "Doctor-AI: Hi! What symptoms are you facing today?" and "itchy silver" in it["show"]["case notes"]
+    sample = write_sample(run, j, 6, 0)
+    assert "verdict" not in json.dumps(sample["items"])
+    # the clinician agrees except on one item
+    for x in sample["items"]:
+        v = next(i["verdict"] for i in j["items"] if i["id"] == x["id"])
+        append_label(run, "derm", {"judge": "assess-Q1", "item": x["id"], "label": 1 - v if x["id"] == "gpt-3.5/case_2" else v, "skipped": False, "comment": ""})
+    r = calibrate_reviews(run, run / "reviews", n_boot=200)["reviewers"]["derm"]["vs_judge"]
+    assert r["n"] == 6 and r["exact_agreement"] == pytest.approx(5 / 6)

@@ -222,3 +222,15 @@ def test_assessor_step_resumes_from_the_cache(tmp_path):
     client = ScriptedLLM(respond, roles=ROLES, cache=cache)
     asyncio.run(run_study(CraftmdStudy(), s, cases, client=client, log=lambda m: None))
     assert client.sent == []
+
+
+def test_review_of_a_live_runs_assessor(tmp_path):
+    from experiments.review.judges import load_judge
+
+    respond, _ = backend(lambda text: "Verdict: No" if "medical terminology" in text else "Verdict: Yes")
+    cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
+    asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
+    j = load_judge(tmp_path / "run", "assess-Q3")
+    assert [i["verdict"] for i in j["items"]] == [0, 0] and j["items"][0]["show"]["case notes"] == VIGNETTE
+    conv = j["items"][0]["show"]["conversation"]
+    assert conv[0].startswith("Doctor-AI: ") and conv[1] == "Patient-AI: On my elbows, it's plaque psoriasis."

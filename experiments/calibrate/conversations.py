@@ -69,7 +69,7 @@ class ConversationCalibration(Study):
         c = unit["conversation"]
         transcript = c.transcript
         assessment = await assess_conversation(ctx, transcript_turns(transcript), c.vignette, s)
-        return {"id": c.id, "case_id": c.case_id, "model": c.model, "correct_answer": c.correct_diagnosis, "final_diagnosis": c.final_diagnosis,
+        return {"id": c.id, "case_id": c.case_id, "model": c.model, "vignette": c.vignette, "correct_answer": c.correct_diagnosis, "final_diagnosis": c.final_diagnosis,
                 "transcript": transcript, "experts": dict(c.combined), "expert_raters": {r: dict(v) for r, v in c.raters.items()},
                 "assessment": assessment, "prompt_hashes": PROMPTS.hashes(f"assess_{q.lower()}" for q in QUESTIONS)}
 

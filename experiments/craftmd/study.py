@@ -43,6 +43,7 @@ async def check_conversation_record(ctx: CaseContext, case: dict, record: dict, 
     if s.assess_conversations:
         # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
         record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
+        record["vignette"] = case["vignette"]  # what the assessor (and a clinician reviewing it) was given
         record["prompt_hashes"] = {**record.get("prompt_hashes", {}), **PROMPTS.hashes(TEMPLATES.values())}
     return record
 

@@ -234,3 +234,17 @@ def test_review_of_a_live_runs_assessor(tmp_path):
     assert [i["verdict"] for i in j["items"]] == [0, 0] and j["items"][0]["show"]["case notes"] == VIGNETTE
     conv = j["items"][0]["show"]["conversation"]
     assert conv[0].startswith("Doctor-AI: ") and conv[1] == "Patient-AI: On my elbows, it's plaque psoriasis."
+
+
+def test_report_shows_the_rates_the_checks_and_each_cases_checks(tmp_path):
+    from experiments.report.build import build_report
+
+    respond, _ = backend(lambda text: "Verdict: No. Invented: a fever" if "grounded in the case notes" in text else "Verdict: Yes")
+    cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
+    asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
+    html = build_report([str(tmp_path / "run")], tmp_path / "report.html").read_text()
+    assert "Conversation checks" in html and "Patient checks (no model)" in html
+    assert "<td>Q1: one most likely diagnosis could be reached</td><td>100.0</td>" in html
+    assert "<td>case_0/t0, case_1/t0</td>" in html  # the cases the diagnosis-naming check flagged
+    assert "assessor: patient-AI answers grounded in the vignette (nothing invented)</th><td>no (invented: a fever)" in html
+    assert "patient turn 1: Plaque psoriasis" in html

@@ -97,6 +97,12 @@ def test_calibration_through_the_runner_by_hand_and_resume(convs, fixtures_dir, 
     # the records carry the experts' labels beside the assessor's verdicts, for the report's case browser
     rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[0])
     assert rec["experts"] and rec["assessment"]["Q1"]["verdict"] is True and rec["transcript"]
+    # the report: beside the grader calibration (judge-calibration table), and each conversation's verdicts beside the experts'
+    from experiments.report.build import build_report
+
+    html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
+    assert "CRAFT-MD conversation assessors vs the paper&#39;s dermatologists" in html
+    assert "confusion [[0, 3], [2, 1]]" in html and "no; experts: yes" in html
 
 
 def test_interleaved_and_bad_labels(convs, tmp_path):

@@ -32,6 +32,13 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
         assert a["frq"]["correct"] in (0, 1, None) and "extraction_status" in a["frq"]
     assert r["usage"]["clinical"]["completion_tokens"] > 0 and r["usage"]["total"]["failed"] == 0
     assert all(c["t_end"] >= c["t_start"] and c["step"] for c in r["calls"])  # the call log, for replay
+    # the config's conversation checks: the assessor's five questions (real replies, unreadable ones unscored) and the patient checks
+    assert set(r["assessment"]) == {"Q1", "Q2", "Q3", "grounded", "complete"}
+    assert all(a["verdict"] in (True, False, None) and isinstance(a["reply"], str) for a in r["assessment"].values())
+    assert sorted(c["step"] for c in r["calls"] if c["role"] == "assessor") == sorted(f"assess_{q}" for q in r["assessment"])
+    assert r["patient_checks"]["patient_turns"] >= 1 and r["patient_checks"]["turn_cap"] == (r["stop_reason"] == "turn_cap")
+    summary = (out / "summary.md").read_text()
+    assert "## Conversation quality" in summary and "## Patient checks" in summary and "additions to the protocol" in summary
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["records"] == 1 and metrics["run"]["requests"] > 0 and "parse_error_rate" in metrics
     assert "server" in metrics["run"]  # the server's own view (/metrics): prefix-cache hit rate, queueing vs prefill

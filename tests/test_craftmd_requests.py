@@ -224,9 +224,13 @@ def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
         s, units = prepare_run(study, s)
         path = asyncio.run(dry_run(study, s, units, log=lines.append))
         rows = [json.loads(x) for x in path.read_text().splitlines()]
-        # empty replies: the patient answers the greeting, the doctor's empty turn ends the talk, the summary, 8 answers
+        # empty replies: the patient answers the greeting, the doctor's empty turn ends the talk, the summary, 8 answers,
+        # then (assess_conversations, on in the embedded config only) the assessor's five questions of the conversation
+        assess = [f"assess_{q}" for q in ("Q1", "Q2", "Q3", "grounded", "complete")] if name == "embedded-small.yaml" else []
         assert [r["step"] for r in rows[:3]] == ["patient_opening", "doctor_turn_1", "summary"]
-        assert sorted(r["step"] for r in rows[3:]) == sorted(f"{f}_{m}" for f in FORMATS for m in ("mcq", "frq"))
+        assert sorted(r["step"] for r in rows[3:len(rows) - len(assess)]) == sorted(f"{f}_{m}" for f in FORMATS for m in ("mcq", "frq"))
+        assert sorted(r["step"] for r in rows[len(rows) - len(assess):]) == sorted(assess)
+        assert all(r["role"] == "assessor" and r["kind"] == "completion" and "Patient-AI: " in r["prompt"] for r in rows[len(rows) - len(assess):])
         doctor = rows[1]
         if name == "paper.yaml":
             assert [m["role"] for m in doctor["messages"]] == ["user", "assistant", "user"] and all(r["gen"]["stop"] is None for r in rows)
@@ -234,7 +238,10 @@ def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
         else:  # the base model's answers as text completions, the chat flattened, the question in it
             assert rows[3]["kind"] == "completion" and rows[1]["gen"]["stop"] == list(TURN_STOPS)
     assert lines[0] == requests_line(paper()) and "none" in lines[0]
-    assert "turn_stops" in lines[2] and "sent as text completions" in lines[2]
+    assert lines[1].startswith("additions to the protocol: patient_checks") and "assess_conversations" not in lines[1]
+    emb = [x for x in lines if x.startswith("requests:")][1]
+    assert "turn_stops" in emb and "sent as text completions" in emb
+    assert any(x.startswith("additions to the protocol: assess_conversations") for x in lines)
 
 
 def test_summary_md_names_the_loop_and_every_deviation(tmp_path):

@@ -234,9 +234,10 @@ def test_sweep_roles_not_called_stay_on_the_swept_model(monkeypatch, tmp_path):
     """Vignette MCQ only: CRAFT-MD calls no patient, grader or summarizer; they go with each run's model (no
     server is started for them) and the summary says they were not called."""
     roles, _ = _planned_roles(monkeypatch, tmp_path, "craftmd", ["embedded", "llama2-7b-chat"], SMALL)
-    assert roles["llama2-7b-chat"] == dict.fromkeys(("clinical", "patient", "grader", "summarizer"), "llama2-7b-chat")
+    # (the embedded config asks the conversation assessor: with no conversation in these formats it is not called either)
+    assert roles["llama2-7b-chat"] == dict.fromkeys(("clinical", "patient", "grader", "summarizer", "assessor"), "llama2-7b-chat")
     summary = (tmp_path / "sweep" / "summary.md").read_text()
-    assert "Roles: clinical: the model of each run (patient, grader, summarizer: not called with these settings)." in summary
+    assert "Roles: clinical: the model of each run (patient, grader, summarizer, assessor: not called with these settings)." in summary
 
 
 def test_report_says_which_roles_were_fixed():

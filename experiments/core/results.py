@@ -327,7 +327,8 @@ class RunDir:
 
 
 # settings added after runs were made: an older config.yaml without them is read with this value (their default then)
-ADDED_SETTINGS = {"answers": "free"}
+ADDED_SETTINGS = {"answers": "free",
+                  "assess_conversations": False, "patient_checks": True, "copy_span_words": 12}  # CRAFT-MD's conversation checks
 # settings that may change between a run and its resumption without changing results
 RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures",
                   "startup_timeout"}

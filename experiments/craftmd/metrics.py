@@ -13,6 +13,8 @@ from collections import Counter, defaultdict
 
 from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci
+from experiments.craftmd.assess import LABELS, QUESTIONS
+from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
 from experiments.craftmd.settings import FORMATS, MODES
 
 
@@ -91,7 +93,9 @@ def grading_label(metrics_or_config: dict) -> str:
 
 def summary_markdown(name: str, metrics: dict) -> str:
     lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}, case errors: {metrics['case_errors']}",
-             grading_label(metrics), *([metrics["requests"]] if metrics.get("requests") else []), "",
+             grading_label(metrics), *([metrics["requests"]] if metrics.get("requests") else []),
+             *([f"additions to the protocol (not deviations: the paper's requests are unchanged): {'; '.join(metrics['additions'])}"]
+               if metrics.get("additions") else []), "",
              "| format | MCQ accuracy [95% CI] | FRQ accuracy [95% CI] |", "| --- | --- | --- |"]
     acc = metrics["accuracy"]
     for f in FORMATS:
@@ -124,3 +128,50 @@ def summary_markdown(name: str, metrics: dict) -> str:
     if run:
         lines.append(f"wall time: {run.get('wall_seconds')} s; output tokens/s: {run.get('output_tokens_per_s')}; requests: {run.get('requests')}; cache hits: {run.get('cache_hits')}")
     return "\n".join(lines) + "\n"
+
+
+PAPER_LABELS = {"gpt-4": "GPT-4", "gpt-3.5": "GPT-3.5", "mistral-v2-7b": "Mistral-v2-7b", "llama-2-7b": "LLaMA-2-7b"}
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None or x != x else f"{100 * x:.1f}"
+
+
+def published_expert_value(published: dict | None, question: str, paper_model: str | None) -> str:
+    """The paper's dermatologists' % yes for this question beside a run (Fig. 3i: Q1, Fig. 3j: Q2, per model; Q3 over
+    all 180 conversations), or '' where the paper has none (the two patient-AI questions were not released)."""
+    if not published:
+        return ""
+    if question == "Q3" and published.get("Q3_overall") is not None:
+        return f"{published['Q3_overall']:.2f} (all four models)"
+    per = published.get(question)
+    if isinstance(per, dict) and paper_model and per.get(paper_model) is not None:
+        return f"{per[paper_model]:.2f} ({PAPER_LABELS.get(paper_model, paper_model)})"
+    return ""
+
+
+def conversation_markdown(metrics: dict, published: dict | None = None, paper_model: str | None = None) -> str:
+    """summary.md's "Conversation quality" table (assessors) and the patient-check lines; '' when the run has neither."""
+    lines: list[str] = []
+    q = metrics.get("conversation_quality") or {}
+    if q:
+        lines += ["", "## Conversation quality (an addition to the paper's protocol: LLM assessors, role assessor)", "",
+                  "| question | assessor: % yes [95% CI] (n cases) | conversations: yes / no / unscored | paper's dermatologists: % yes |",
+                  "| --- | --- | --- | --- |"]
+        for name in QUESTIONS:
+            if name in q:
+                x = q[name]
+                lines.append(f"| {LABELS[name]} | {_pct(x['rate'])} [{_pct(x['ci_low'])}, {_pct(x['ci_high'])}] (n={x['n']}) | "
+                             f"{x['yes']} / {x['no']} / {x['unscored']} | {published_expert_value(published, name, paper_model) or '–'} |")
+        lines += ["", "One yes/no request per question and conversation; an unreadable reply is unscored (left out of the rate, never a No). "
+                  "The paper's values (Fig. 3i: Q1, Fig. 3j: Q2, per clinical LLM; Q3 over all 180 conversations) are dermatologists' labels "
+                  "of the paper's own conversations" + ("" if paper_model else "; this run's doctor model is none of the paper's four") + "."]
+    c = metrics.get("patient_checks")
+    if c:
+        n = c.get("conversations", 0)
+        lines += ["", f"## Patient checks (no model; {n} conversation(s); rules in experiments/craftmd/README.md)", ""]
+        for name in CHECKS:
+            x = c.get(name) or {}
+            turns = f" ({x['turns']} patient turn(s))" if "turns" in x else ""
+            lines.append(f"- {DESCRIPTIONS[name].format(n=c.get('span_words', 12))}: {x.get('conversations', 0)} of {n}{turns}")
+    return "\n".join(lines) + ("\n" if lines else "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from experiments.core.config import RunSettings, Sampling, role_flag
 from experiments.core.deviations import NOT_FIXED, Authors, Unpaired, settings_deviations
@@ -41,7 +41,8 @@ class CraftSettings(RunSettings):
     cli_flags = (role_flag("clinical", "Model under test (alias of --role clinical=REF)."),
                  role_flag("patient", "Patient-AI model (alias of --role patient=REF)."),
                  role_flag("grader", "Grader-AI model; also summarizes unless --summarizer-model."),
-                 role_flag("summarizer", "Model that turns the patient's statements into a summary (default: the grader)."))
+                 role_flag("summarizer", "Model that turns the patient's statements into a summary (default: the grader)."),
+                 role_flag("assessor", "Model that asks the conversation-quality questions with --assess-conversations (default: the grader)."))
 
     # every field against the authors' released code (experiments/core/deviations.py; docs/protocols.md, CRAFT-MD)
     authors_table: ClassVar[dict] = {
@@ -66,6 +67,9 @@ class CraftSettings(RunSettings):
         "sampling.*.top_p": Authors(_api_default(1.0), says="{key} top_p {ours} (authors: {authors}, the API default)"),
         "sampling.*.frequency_penalty": Authors(_api_default(0.0), says="{key} frequency_penalty {ours} (authors: {authors}, the API default)"),
         "sampling.*.n": Authors(1, says="{key} sampled {ours} times per request (authors: {authors})"),
+        **dict.fromkeys(("assess_conversations", "patient_checks", "copy_span_words"),
+                        Unpaired("an addition to the protocol (conversation checks): the paper's requests are unchanged; "
+                                 "summary.md names it on its additions line")),
     }
 
     experiment: str = "craftmd"
@@ -99,6 +103,12 @@ class CraftSettings(RunSettings):
     # the grader's and summarizer's one-message prompts as a user message instead of the authors' system message
     # (chat templates such as Gemma 3's drop a conversation that is only a system message)
     lone_system_as_user: bool = False
+    # Additions to the protocol (not deviations: the paper's requests are unchanged; named in summary.md, additions()):
+    assess_conversations: bool = Field(False, description="Conversation assessors (an addition to the paper's protocol): the assessor model "
+                                       "answers Q1-Q3 and two patient-AI questions (grounded, complete) of each conversation, yes/no.")
+    patient_checks: bool = Field(True, description="Deterministic patient checks, no model: diagnosis named before the doctor's final "
+                                 "turn, vignette copied, empty turn, turn cap (default: on).")
+    copy_span_words: int = Field(12, ge=2, description="Patient check: consecutive vignette words a patient turn must share to count as copied.")
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[str, Sampling] = {
         "doctor": Sampling(temperature=1.0, max_tokens=250),
@@ -109,7 +119,7 @@ class CraftSettings(RunSettings):
     }
     # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
-    completion_steps: list[Literal["answer", "grader", "summarizer"]] = []
+    completion_steps: list[Literal["answer", "grader", "summarizer", "assessor"]] = []
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"  # "auto": 256 per GPU, 16 on CPU (experiments/core/concurrency.py)
 
     @field_validator("formats", mode="before")
@@ -130,6 +140,17 @@ class CraftSettings(RunSettings):
             raise ValueError(f"sampling needs entries for: {', '.join(sorted(missing))}")
         return v
 
+    @model_validator(mode="after")
+    def _assessor(self):
+        """With assess_conversations, the assessor defaults to the grader's model and sampling (set either to change it);
+        without, neither the role nor its sampling is added (the settings of earlier runs stay as they were)."""
+        if self.assess_conversations:
+            if "assessor" not in self.roles and "grader" in self.roles:
+                self.roles = {**self.roles, "assessor": self.roles["grader"]}
+            if "assessor" not in self.sampling:
+                self.sampling = {**self.sampling, "assessor": self.sampling["grader"]}
+        return self
+
 
 
 def deviations(s: CraftSettings) -> list[str]:
@@ -141,6 +162,16 @@ def deviations(s: CraftSettings) -> list[str]:
 def loop_line(s: CraftSettings) -> str:
     loop = "open-model loop (craftmd_opensource)" if s.loop == "opensource" else "GPT loop (craftmd_gpt)"
     return f"requests: built as the authors' {loop}"
+
+
+def additions(s: CraftSettings) -> list[str]:
+    """What this run does beyond the paper's protocol without changing its requests (empty for paper.yaml but the patient checks)."""
+    out = []
+    if s.assess_conversations:
+        out.append("assess_conversations: LLM assessors (role assessor) answer Q1-Q3 and two patient-AI questions of each conversation")
+    if s.patient_checks:
+        out.append(f"patient_checks: deterministic checks of the patient-AI, no model (copied span: {s.copy_span_words} words)")
+    return out
 
 
 def requests_line(s: CraftSettings) -> str:

@@ -3,17 +3,21 @@ summary; resumable) and `medstack meld` (experiments/craftmd/meld.py), registere
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.registry import register_study, register_tables
+from experiments.craftmd import paper_values
+from experiments.craftmd.assess import TEMPLATES, assess_conversation, question_rates, transcript_turns
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.meld import MeldStudy
-from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
+from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.paper_values import ADAPTER
-from experiments.craftmd.prompts import PROMPTS
+from experiments.craftmd.patient_checks import check_conversation, count_checks
+from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
-from experiments.craftmd.settings import CraftSettings, loop_line, requests_line
+from experiments.craftmd.settings import CraftSettings, additions, loop_line, requests_line
 from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
@@ -26,18 +30,51 @@ def units_for(cases: list[dict], trials: int) -> list[dict]:
     return [{"id": f"{c['case_id']}/t{t}", "case": c, "trial": t} for c in cases for t in range(trials)]
 
 
+async def check_conversation_record(ctx: CaseContext, case: dict, record: dict, s: CraftSettings) -> dict:
+    """A record with its conversation checked: ``patient_checks`` (no model) and, with ``assess_conversations``,
+    ``assessment`` (the assessor's five verdicts). Nothing is added to a record without a conversation."""
+    turns = transcript_turns(record.get("transcript"))
+    if not turns:
+        return record
+    if s.patient_checks:
+        mcq = s.mcq and len(case.get("choices") or []) == 4
+        record["patient_checks"] = check_conversation(turns, vignette=case["vignette"], correct=case["answer"], choices=case["choices"] if mcq else None,
+                                                      stop_reason=record.get("stop_reason"), n_words=s.copy_span_words)
+    if s.assess_conversations:
+        # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
+        record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
+        record["vignette"] = case["vignette"]  # what the assessor (and a clinician reviewing it) was given
+        record["prompt_hashes"] = {**record.get("prompt_hashes", {}), **PROMPTS.hashes(TEMPLATES.values())}
+    return record
+
+
+def paper_model(alias: str) -> str | None:
+    """The paper's model (a normalised name of experts.PAPER_MODELS) a doctor-model alias is, or None."""
+    a = re.sub(r"[^a-z0-9.]", "", (alias or "").lower())
+    if a.startswith("gpt4") and not a.startswith("gpt4o"):
+        return "gpt-4"
+    if a.startswith(("gpt3.5", "gpt35")):
+        return "gpt-3.5"
+    if "mistral" in a and "7b" in a and ("v0.2" in a or "v2" in a):
+        return "mistral-v2-7b"
+    if ("llama2" in a or "llama-2" in a) and "7b" in a:
+        return "llama-2-7b"
+    return None
+
+
 class CraftmdStudy(Study):
     name = "craftmd"
     settings_cls = CraftSettings
-    roles = ("clinical", "patient", "grader", "summarizer")
+    roles = ("clinical", "patient", "grader", "summarizer", "assessor")
     primary_role = "clinical"
     prompts = PROMPTS
     sweep_roles = ("clinical",)  # the doctor-AI varies; patient-AI and grader-AI stay fixed (Johri et al.)
-    role_follows = {"summarizer": "grader"}
+    role_follows = {"summarizer": "grader", "assessor": "grader"}
 
     def fixed_roles(self, s: CraftSettings) -> tuple[str, ...]:
         talks = any(f != "vignette" for f in s.formats)  # every format but the vignette has a patient-AI
-        return (("patient",) if talks else ()) + (("grader",) if s.frq else ()) + (("summarizer",) if "summarized" in s.formats else ())
+        return ((("patient",) if talks else ()) + (("grader",) if s.frq else ()) + (("summarizer",) if "summarized" in s.formats else ())
+                + (("assessor",) if talks and s.assess_conversations else ()))
 
     def default_config(self, overrides: dict) -> Path:
         return CONFIGS / "paper.yaml"
@@ -47,13 +84,16 @@ class CraftmdStudy(Study):
             raise ConfigError("no case file: pass --data CASES.csv (or a registered name such as craftmd-cases), or an AgentClinic OSCE .jsonl")
         if not (s.mcq or s.frq):
             raise ConfigError("nothing to ask: --no-mcq and --no-frq together leave no question")
-        return s.model_copy(update={"name": s.name or model_name(s.roles["clinical"])})
+        roles = dict(s.roles)
+        if not s.assess_conversations:  # the assessor is not called: not a role of this run (earlier runs' settings unchanged)
+            roles.pop("assessor", None)
+        return s.model_copy(update={"name": s.name or model_name(s.roles["clinical"]), "roles": roles})
 
     def load_cases(self, s: CraftSettings) -> list[dict]:
         return units_for(load_cases(s.data, specialty=s.specialty, limit=s.limit), s.trials)
 
     async def solve(self, ctx: CaseContext, unit: dict, s: CraftSettings) -> dict:
-        return await solve(ctx, unit, s)
+        return await check_conversation_record(ctx, unit["case"], await solve(ctx, unit, s), s)
 
     def metrics(self, records: list[dict], s: CraftSettings) -> dict:
         metrics = run_metrics(records)
@@ -61,13 +101,24 @@ class CraftmdStudy(Study):
         metrics["grades"] = "local grader"
         metrics["concurrent_rule"] = s.concurrent_rule
         metrics["requests"] = loop_line(s)  # the settings unlike the authors' follow under the title (the runner's metrics["deviations"])
+        metrics["additions"] = additions(s)
+        checked = [r["patient_checks"] for r in records if isinstance(r.get("patient_checks"), dict)]
+        if checked:
+            metrics["patient_checks"] = {**count_checks(checked), "span_words": s.copy_span_words}
+        quality = question_rates(records)
+        if quality:
+            metrics["conversation_quality"] = quality
         return metrics
 
     def describe(self, s: CraftSettings) -> list[str]:
-        return [requests_line(s)]
+        adds = additions(s)
+        return [requests_line(s)] + ([f"additions to the protocol: {'; '.join(adds)}"] if adds else [])
 
     def summary(self, metrics: dict, s: CraftSettings) -> str:
-        return summary_markdown(s.name, metrics) + "\n" + run_paper_tables(s.out, metrics)
+        paper = paper_model(model_name(s.roles["clinical"]))
+        published = getattr(paper_values, "EXPERT_PUBLISHED", None)
+        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper)
+                + "\n" + run_paper_tables(s.out, metrics))
 
 
 register_study("craftmd", CraftmdStudy, help="""CRAFT-MD: simulated doctor–patient conversations, summaries, MCQ/FRQ in 4 formats, two-step grading, N trials.

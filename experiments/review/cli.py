@@ -19,7 +19,8 @@ def _default_reviewer() -> str:
 
 def review(
     run_dir: Path = typer.Argument(..., help="A results directory (CRAFT-MD, DERA-QA, autoeval run, or a CRAFT-MD grader calibration)."),
-    judge: str = typer.Option(..., "--judge", help="The judge step to review: frq, frq-count (CRAFT-MD); grader, published (grader calibration); "
+    judge: str = typer.Option(..., "--judge", help="The judge step to review: frq, frq-count, assess-Q1, assess-Q2, assess-Q3, assess-grounded, assess-complete "
+                                                   "(CRAFT-MD; the assess-* steps also on `calibrate conversations` results); grader, published (grader calibration); "
                                                    "llm-exact, llm-similarity (DERA-QA); rubric (autoeval)."),
     sample: int = typer.Option(..., "--sample", min=1, help="How many items to review (stratified by the judge's verdict and format/arm/model; all when N >= the items)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sample (the same seed and N give the same sample)."),

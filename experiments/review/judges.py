@@ -10,6 +10,9 @@ CRAFT-MD runs (``experiment: craftmd``)
   ``frq``        one trial's FRQ answer in one format: the grader's match (1) / no match (0).
   ``frq-count``  the trials of one case in one format: how many of them the grader judged correct
                  (0..trials), the design of the authors' dermatologist check.
+  ``assess-Q1`` ``assess-Q2`` ``assess-Q3`` ``assess-grounded`` ``assess-complete``
+                 one conversation: the conversation assessor's yes (1) / no (0) to that question (runs with
+                 ``assess_conversations``; also ``calibrate conversations`` results, the released conversations).
 Grader calibrations (``experiment: calibrate-craftmd-grader``)
   ``grader``     per case, how many of the 5 extracted diagnoses the judge found correct (0-5).
   ``published``  the same count by the authors' own grader (cases matched in the release).
@@ -29,6 +32,7 @@ import yaml
 from experiments.autoeval import judge as J
 from experiments.autoeval.study import load_dialogues
 from experiments.core.results import load_run
+from experiments.craftmd.assess import QUESTIONS as ASSESS_QUESTIONS
 from experiments.dera.qa_metrics import ARMS, normalize_similarity
 from models.errors import DataError
 
@@ -55,10 +59,19 @@ QUESTIONS = {
     "llm-exact": "Does the prediction give the same answer as the gold answer?",
     "llm-similarity": "How close is the prediction to the gold answer, from 0 (unrelated) to 1 (the same answer)?",
     "rubric": "Rate the doctor in this dialogue on the criterion, from 1 to 5 (the definitions of 5 and 1 are given).",
+    # the conversation assessor's questions (experiments/craftmd/prompts/assess_*.txt), asked of the same case notes and conversation
+    "assess-Q1": "From this conversation alone, could one most likely diagnosis be reached (did the doctor-AI stop asking when only one was left)?",
+    "assess-Q2": "Does the conversation cover the key information of the case notes (the history; examination and test results are not expected)?",
+    "assess-Q3": "Does the patient-AI use medical terminology where a patient would use everyday words?",
+    "assess-grounded": "Is every answer of the patient-AI grounded in the case notes, with nothing invented?",
+    "assess-complete": "Is each answer of the patient-AI complete for what the doctor-AI asked?",
 }
+YES_NO = {"kind": "binary", "values": [1, 0], "names": {"1": "yes", "0": "no"}}
 
+ASSESS_STEPS = tuple(f"assess-{q}" for q in ASSESS_QUESTIONS)
 STEPS = {
-    "craftmd": ("frq", "frq-count"),
+    "craftmd": ("frq", "frq-count", *ASSESS_STEPS),
+    "calibrate-craftmd-conversations": ASSESS_STEPS,
     "calibrate-craftmd-grader": ("grader", "published"),
     "dera-qa": ("llm-exact", "llm-similarity"),
     "autoeval": ("rubric",),
@@ -152,6 +165,29 @@ def _calibration_items(key: str):
     return build
 
 
+def _assess_items(question: str):
+    """One conversation per item: the assessor's verdict on ``question``; the page shows what the assessor was given,
+    the case notes and the conversation (a live run's with the doctor's fixed greeting first, as the assessor reads it)."""
+    def build(records, cfg, p):
+        from experiments.craftmd.assess import conversation_text, transcript_turns
+        from experiments.craftmd.prompts import render
+
+        live = cfg.get("experiment") == "craftmd"
+        items = []
+        for r in records:
+            v = (((r.get("assessment") or {}).get(question)) or {}).get("verdict")
+            if v not in (True, False):
+                continue  # not asked, or an unreadable reply (unscored): no decision to check
+            turns = transcript_turns(r.get("transcript"))
+            if live:
+                turns = [("doctor", render("greeting"))] + turns
+            items.append({"id": str(r["id"]), "verdict": int(v), "stratum": f"{int(v)}|{r.get('model', '')}",
+                          "show": {"case notes": r.get("vignette") or "",
+                                   "conversation": conversation_text(turns).splitlines()}})
+        return YES_NO, items
+    return build
+
+
 # ------------------------------------------------------------------ DERA open QA
 
 def _dera_items(kind: str):
@@ -199,4 +235,5 @@ def _rubric_items(records, cfg, p):
 
 BUILDERS = {"frq": _frq_items, "frq-count": _frq_count_items, "grader": _calibration_items("judge"),
             "published": _calibration_items("published"), "llm-exact": _dera_items("exact"),
-            "llm-similarity": _dera_items("similarity"), "rubric": _rubric_items}
+            "llm-similarity": _dera_items("similarity"), "rubric": _rubric_items,
+            **{f"assess-{q}": _assess_items(q) for q in ASSESS_QUESTIONS}}

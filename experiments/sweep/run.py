@@ -247,7 +247,8 @@ def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> l
 def roles_line(outcome: SweepOutcome) -> str:
     """'Roles: clinical: the model of each run; patient: X, grader: Y, summarizer: Y for every run'."""
     first = next((r.roles for r in outcome.runs if r.roles), {})
-    return f"Roles: {fixed_roles_line(first, outcome.varied, outcome.idle)}." if first else ""
+    idle = tuple(x for x in outcome.idle if x in first)  # a role these settings leave out of the run (CRAFT-MD's assessor, off) is not named
+    return f"Roles: {fixed_roles_line(first, outcome.varied, idle)}." if first else ""
 
 
 def write_summary(outcome: SweepOutcome, sweep_dir: Path, study: str) -> Path:

@@ -1,0 +1,173 @@
+"""`calibrate conversations`: the CRAFT-MD assessors against the released expert labels (fixture in the release's
+layout), with a scripted assessor: agreement, kappa and confusion worked by hand, unscored replies, resume;
+and one end-to-end run against the real embedded server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from experiments.calibrate.conversations import (ConversationCalibration, ConversationCalibrationSettings, agreement,
+                                                 calibration_metrics, interleaved)
+from experiments.core.runner import prepare_run, run_study
+from experiments.craftmd.assess import conversation_text, transcript_turns
+from experiments.craftmd.experts import load_expert_labels
+from serving.cache import ResponseCache
+from tests.scripted import ScriptedLLM
+
+
+def test_agreement_and_kappa_by_hand():
+    # experts (No, No, No, Yes, Yes, Yes, Yes) vs assessor (No, No, Yes, No, Yes, Yes, Yes): 5 of 7 agree;
+    # marginals 3/7 and 4/7 on both sides: p_e = 25/49, kappa = (35/49 - 25/49) / (24/49) = 10/24
+    a = agreement([False, False, False, True, True, True, True], [False, False, True, False, True, True, True], n_boot=500)
+    assert a["n"] == 7 and a["exact_agreement"] == pytest.approx(5 / 7) and a["kappa"] == pytest.approx(10 / 24)
+    assert a["confusion"] == [[2, 1], [1, 3]]
+    lo, hi = a["ci95"]["kappa"]
+    assert lo <= 10 / 24 <= hi and a["ci95"]["exact_agreement"][0] <= 5 / 7 <= a["ci95"]["exact_agreement"][1]
+    assert agreement([], [])["kappa"] is None
+    assert agreement([True, True], [True, True])["kappa"] is None  # one category on both sides: kappa undefined, not 1
+
+
+@pytest.fixture
+def convs(fixtures_dir):
+    return load_expert_labels(fixtures_dir / "craftmd" / "experts")
+
+
+def scripted(convs, plan: dict[str, dict[str, str]]):
+    """Replies by case (its conversation found by its text in the prompt; the fixture's two models share each
+    case's conversation, so their identical requests are answered once, then from the cache) and question."""
+    texts = {c.case_id: conversation_text(transcript_turns(c.transcript)) for c in convs}
+    wording = {"Q1": "one most likely diagnosis", "Q2": "key information", "Q3": "medical terminology", "grounded": "grounded in the case notes",
+               "complete": "complete for what"}
+    sent = []
+
+    def respond(role, content, gen):
+        text = content if isinstance(content, str) else "\n".join(m["content"] for m in content)
+        cid = next(i for i, t in texts.items() if t in text)
+        q = next(q for q, w in wording.items() if w in text)
+        sent.append((cid, q))
+        return plan.get(cid, {}).get(q, "Verdict: Yes")
+
+    return respond, sent
+
+
+# the assessor's Q2 per case: Yes, No, Yes and one unreadable; the experts' Q2 in the fixture:
+# gpt-4 case_1..4 Yes, Yes, No, Yes; gpt-3.5 case_1..4 No, Yes, No, No
+Q2 = {"case_1": "Verdict: Yes", "case_2": "Verdict: No", "case_3": "Verdict: Yes", "case_4": "I am not sure"}
+
+
+def settings(tmp_path, fixtures_dir, **kw):
+    return ConversationCalibrationSettings(**{"data": str(fixtures_dir / "craftmd" / "experts"), "out": str(tmp_path / "cal"),
+                                              "roles": {"assessor": "scripted"}, "n_boot": 500, "concurrency": 4, **kw})
+
+
+def test_calibration_through_the_runner_by_hand_and_resume(convs, fixtures_dir, tmp_path):
+    plan = {cid: {"Q2": v} for cid, v in Q2.items()}
+    respond, sent = scripted(convs, plan)
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    study = ConversationCalibration()
+    s, cases = prepare_run(study, settings(tmp_path, fixtures_dir, limit=4))
+    assert [c["id"] for c in cases] == ["gpt-4/case_1", "gpt-3.5/case_1", "gpt-4/case_2", "gpt-3.5/case_2"]  # models in turn
+    o = asyncio.run(run_study(study, s, cases, client=ScriptedLLM(respond, roles=("assessor",), cache=cache), log=lambda m: None))
+    assert o.finished == 4 and len(sent) == 10  # five questions per conversation; the second model's copy from the cache
+    # the whole set: the four done are resumed, only the other four are asked
+    s, cases = prepare_run(study, settings(tmp_path, fixtures_dir))
+    client = ScriptedLLM(respond, roles=("assessor",), cache=cache)
+    o = asyncio.run(run_study(study, s, cases, client=client, log=lambda m: None))
+    assert o.finished == 8 and len(sent) == 20 and len(set(sent)) == 20 and o.metrics["run"]["cases_resumed"] == 4
+    m = json.loads((tmp_path / "cal" / "metrics.json").read_text())
+    # Q2 pairs (experts, assessor), case_4 unscored for both models: gpt-4 (Y,Y) (Y,N) (N,Y); gpt-3.5 (N,Y) (Y,N) (N,Y):
+    # 1 of 6 agree; marginals experts 3/6 Yes, assessor 4/6 Yes: p_e = 1/2, kappa = (1/6 - 1/2) / (1/2) = -2/3
+    q2 = m["questions"]["Q2"]
+    assert (q2["n"], q2["assessor_unscored"], q2["confusion"]) == (6, 2, [[0, 3], [2, 1]])
+    assert q2["exact_agreement"] == pytest.approx(1 / 6) and q2["kappa"] == pytest.approx(-2 / 3)
+    # Q1: the assessor says Yes to all 8; the experts 4 Yes -> agreement 1/2, kappa 0
+    q1 = m["questions"]["Q1"]
+    assert q1["confusion"] == [[0, 4], [0, 4]] and q1["exact_agreement"] == 0.5 and q1["kappa"] == pytest.approx(0.0)
+    per = m["per_model"]
+    assert per["gpt-4"]["Q2"]["assessor"]["pct"] == pytest.approx(200 / 3) and per["gpt-4"]["Q2"]["experts"]["pct"] == pytest.approx(75.0)
+    assert per["gpt-3.5"]["Q2"]["assessor"]["yes"] == 2 and per["gpt-3.5"]["Q2"]["assessor"]["n"] == 3
+    assert per["gpt-3.5"]["Q2"]["experts"]["pct"] == pytest.approx(25.0)
+    assert per["gpt-4"]["grounded"]["experts"] is None and m["questions"]["grounded"]["experts_unlabelled"] is None
+    md = (tmp_path / "cal" / "summary.md").read_text()
+    assert "| Q2: the conversation covers the vignette's key information | 6 | 0.167 [" in md and "| [[0, 3], [2, 1]] | 2 | 0 |" in md
+    assert "| GPT-4 | Q1 | 100.0 (4/4) | 75.0 (3/4) | 53.33 |" in md and "not released" in md
+    # the records carry the experts' labels beside the assessor's verdicts, for the report's case browser
+    rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[0])
+    assert rec["experts"] and rec["assessment"]["Q1"]["verdict"] is True and rec["transcript"]
+    # the report: beside the grader calibration (judge-calibration table), and each conversation's verdicts beside the experts'
+    from experiments.report.build import build_report
+
+    html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
+    assert "CRAFT-MD conversation assessors vs the paper&#39;s dermatologists" in html
+    assert "confusion [[0, 3], [2, 1]]" in html and "no; experts: yes" in html
+
+
+def test_interleaved_and_bad_labels(convs, tmp_path):
+    order = [c.model for c in interleaved(convs)]
+    assert order[:4] == ["gpt-4", "gpt-3.5", "gpt-4", "gpt-3.5"]
+    from models.errors import DataError
+
+    with pytest.raises(DataError):
+        prepare_run(ConversationCalibration(), ConversationCalibrationSettings(data=str(tmp_path), out=str(tmp_path / "o")))
+
+
+def test_cli_help_and_metrics_without_labels(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from experiments.calibrate import cli as calibrate_cli
+
+    app = typer.Typer()
+    calibrate_cli.register(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer())
+    r = CliRunner().invoke(app, ["calibrate", "conversations", "--help"])
+    assert r.exit_code == 0 and "--labels" in r.output and "--limit" in r.output
+    assert calibration_metrics([])["questions"]["Q1"]["n"] == 0
+
+
+@pytest.mark.e2e
+def test_calibrate_conversations_with_the_real_embedded_server(cli, embedded_server, fixtures_dir, tmp_path):
+    out = tmp_path / "cal"
+    args = ["calibrate", "conversations", "--model", f"embedded@{embedded_server['base_url']}", "--labels", str(fixtures_dir / "craftmd" / "experts"),
+            "--limit", "2", "--out", str(out)]
+    proc = cli(*args, check=True)
+    assert "CRAFT-MD conversation assessors against the paper's dermatologists" in proc.stdout
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and all(r["status"] == "ok" for r in recs)
+    calls = [c for r in recs for c in r["calls"]]
+    assert len(calls) == 10 and {c["role"] for c in calls} == {"assessor"} and all(c["kind"] == "completion" for c in calls)
+    m = json.loads((out / "metrics.json").read_text())
+    for q in ("Q1", "Q2", "Q3"):
+        x = m["questions"][q]
+        assert x["n"] + x["assessor_unscored"] == 2  # every verdict is a pair or counted unscored
+    proc = cli(*args, check=True)  # the same command resumes: nothing asked again
+    assert json.loads((out / "metrics.json").read_text())["run"]["cases_run"] == 0
+
+
+def test_clinicians_review_the_assessor_on_the_same_blind_page_and_calibrate_reads_their_labels(convs, fixtures_dir, tmp_path):
+    """`review --judge assess-Q1` over the calibration's conversations, then `calibrate RUN --labels RUN/reviews`."""
+    from experiments.calibrate.reviews import calibrate_reviews
+    from experiments.review.judges import load_judge
+    from experiments.review.labels import append_label, write_sample
+
+    respond, _ = scripted(convs, {"case_1": {"Q1": "Verdict: No"}, "case_4": {"Q1": "unsure"}})
+    study = ConversationCalibration()
+    s, cases = prepare_run(study, settings(tmp_path, fixtures_dir))
+    asyncio.run(run_study(study, s, cases, client=ScriptedLLM(respond, roles=("assessor",)), log=lambda m: None))
+    run = tmp_path / "cal"
+    j = load_judge(run, "assess-Q1")
+    assert j["scale"]["names"] == {"1": "yes", "0": "no"} and "one most likely diagnosis" in j["scale"]["question"]
+    assert len(j["items"]) == 6  # case_4's unreadable reply (both models) is no decision to review
+    it = next(i for i in j["items"] if i["id"] == "gpt-4/case_1")
+    assert it["verdict"] == 0 and set(it["show"]) == {"case notes", "conversation"}  # what the assessor was given, never the verdict
+    assert it["show"]["conversation"][0] == "Doctor-AI: Hi! What symptoms are you facing today?" and "itchy silver" in it["show"]["case notes"]
+    sample = write_sample(run, j, 6, 0)
+    assert "verdict" not in json.dumps(sample["items"])
+    # the clinician agrees except on one item
+    for x in sample["items"]:
+        v = next(i["verdict"] for i in j["items"] if i["id"] == x["id"])
+        append_label(run, "derm", {"judge": "assess-Q1", "item": x["id"], "label": 1 - v if x["id"] == "gpt-3.5/case_2" else v, "skipped": False, "comment": ""})
+    r = calibrate_reviews(run, run / "reviews", n_boot=200)["reviewers"]["derm"]["vs_judge"]
+    assert r["n"] == 6 and r["exact_agreement"] == pytest.approx(5 / 6)

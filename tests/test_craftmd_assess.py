@@ -1,0 +1,250 @@
+"""CRAFT-MD conversation checks: the deterministic patient checks (hand-worked examples), the assessors' requests,
+parsing and unscored counting, their metrics and summary lines, and resume of the assessor step (scripted model)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from experiments.craftmd.assess import QUESTIONS, conversation_text, parse_reply, question_rates, request_prompt
+from experiments.craftmd.metrics import conversation_markdown
+from experiments.craftmd.patient_checks import (check_conversation, copies_vignette, count_checks, empty_turns, flagged,
+                                                longest_copied_run, names_diagnosis)
+from experiments.craftmd.settings import CraftSettings, additions
+from experiments.craftmd.study import CraftmdStudy, paper_model
+from experiments.core.runner import run_study
+from experiments.core.study import CaseContext
+from serving.cache import ResponseCache
+from tests.scripted import ScriptedLLM, down
+
+VIGNETTE = "A 30-year-old woman has silvery scaly plaques on her elbows and knees that began two months ago and itch at night."
+CHOICES = ["Plaque psoriasis", "Eczema", "Tinea corporis", "Lichen planus"]
+TURNS = [("patient", "I have itchy patches on my elbows."),
+         ("doctor", "How long have you had them?"),
+         ("patient", "My aunt said it's plaque psoriasis, or maybe eczema."),    # patient turn 2: names the answer and a choice
+         ("doctor", "Do they itch?"),
+         ("patient", "   "),                                                        # patient turn 3: empty
+         ("doctor", "Where else?"),
+         ("patient", "Well, silvery scaly plaques on her elbows and knees that began two months ago!"),  # turn 4: 13 copied words
+         ("doctor", "**Final Diagnosis:** Plaque psoriasis"),
+         ("patient", "Plaque psoriasis, thank you.")]                               # after the doctor's final turn: not checked
+
+
+# ------------------------------------------------------------------ patient checks, by hand
+
+def test_names_diagnosis_before_the_final_turn_and_choices_only_with_mcq():
+    assert names_diagnosis(TURNS, "Plaque psoriasis", CHOICES) == [
+        {"patient_turn": 2, "named": "Plaque psoriasis", "correct": True}, {"patient_turn": 2, "named": "Eczema", "correct": False}]
+    assert names_diagnosis(TURNS, "Plaque psoriasis") == [{"patient_turn": 2, "named": "Plaque psoriasis", "correct": True}]
+    # a part of the name is not the name; a word inside another word is not the word
+    assert names_diagnosis([("patient", "It might be psoriasis."), ("doctor", "Final Diagnosis: X")], "Plaque psoriasis") == []
+    assert names_diagnosis([("patient", "I eat eczematous food"), ("doctor", "?")], "x", ["Eczema"]) == []
+    # apostrophes and case do not matter
+    assert names_diagnosis([("patient", "crohns DISEASE runs in my family"), ("doctor", "ok")], "Crohn's disease") == [
+        {"patient_turn": 1, "named": "Crohn's disease", "correct": True}]
+    # no doctor turn after it: nothing the doctor could have used
+    assert names_diagnosis([("doctor", "Hi?"), ("patient", "Plaque psoriasis")], "Plaque psoriasis") == []
+
+
+def test_copied_vignette_span_counts_consecutive_words():
+    size, span = longest_copied_run(TURNS[6][1], VIGNETTE)
+    assert size == 13 and span == "silvery scaly plaques on her elbows and knees that began two months ago"
+    assert copies_vignette(TURNS, VIGNETTE, 13) == [{"patient_turn": 4, "words": 13, "span": span}]
+    assert copies_vignette(TURNS, VIGNETTE, 14) == []
+    assert copies_vignette(TURNS, VIGNETTE, 12)[0]["patient_turn"] == 4
+    # the 30-year-old: "30 year old woman has" is 5 words, far below
+    assert copies_vignette([("patient", "I am a 30-year-old woman, has it been long?")], VIGNETTE, 12) == []
+
+
+def test_empty_turns_and_the_whole_check():
+    assert empty_turns(TURNS) == [3]
+    assert empty_turns([("patient", ""), ("doctor", "?"), ("patient", "ok")]) == [1]
+    c = check_conversation(TURNS, vignette=VIGNETTE, correct="Plaque psoriasis", choices=CHOICES, stop_reason="final_diagnosis", n_words=12)
+    assert flagged(c) == ["names_diagnosis", "copies_vignette", "empty_turn"] and c["patient_turns"] == 5
+    capped = check_conversation([("patient", "fine"), ("doctor", "Q?")], vignette=VIGNETTE, correct="Plaque psoriasis", stop_reason="turn_cap")
+    assert flagged(capped) == ["turn_cap"]
+    counts = count_checks([c, capped])
+    assert counts == {"conversations": 2, "names_diagnosis": {"conversations": 1, "turns": 1}, "copies_vignette": {"conversations": 1, "turns": 1},
+                      "empty_turn": {"conversations": 1, "turns": 1}, "turn_cap": {"conversations": 1}}
+
+
+# ------------------------------------------------------------------ assessor requests and replies
+
+def test_request_holds_the_vignette_and_every_turn_and_replies_parse_with_the_one_verdict_parser():
+    p = request_prompt("Q2", TURNS, VIGNETTE)
+    assert VIGNETTE in p and p.rstrip().endswith("Verdict:")
+    assert "Doctor-AI: **Final Diagnosis:** Plaque psoriasis" in p and "Patient-AI: (no answer)" in p  # the closing turn, an empty turn
+    assert conversation_text([("doctor", "a\n b"), ("patient", "c")]) == "Doctor-AI: a b\nPatient-AI: c"
+    assert parse_reply("Q1", " Yes")["verdict"] is True
+    assert parse_reply("Q1", "Verdict: no")["verdict"] is False
+    assert parse_reply("Q1", "Decide whether the conversation")["verdict"] is None  # rambling: unscored, not No
+    assert parse_reply("Q1", "")["verdict"] is None
+    g = parse_reply("grounded", "No. Invented: a fever of 39 C")
+    assert g["verdict"] is False and g["invented"] == "a fever of 39 C"
+    assert "invented" not in parse_reply("grounded", "Yes")
+
+
+def test_rates_leave_unscored_out_and_count_them():
+    recs = [{"case_id": c, "assessment": {"Q1": {"verdict": v}}} for c, v in (("a", True), ("b", False), ("c", None), ("d", True))]
+    recs.append({"case_id": "e"})  # no assessment: not counted at all
+    r = question_rates(recs)
+    assert set(r) == {"Q1"}
+    q = r["Q1"]
+    assert (q["yes"], q["no"], q["unscored"], q["conversations"], q["n"]) == (2, 1, 1, 4, 3)
+    assert q["rate"] == pytest.approx(2 / 3) and 0 <= q["ci_low"] <= q["rate"] <= q["ci_high"] <= 1
+    # trials of one case average first (like accuracy): case a 1/2, case b 1 -> 0.75
+    r = question_rates([{"case_id": "a", "assessment": {"Q3": {"verdict": v}}} for v in (True, False)] + [{"case_id": "b", "assessment": {"Q3": {"verdict": True}}}])
+    assert r["Q3"]["rate"] == pytest.approx(0.75) and r["Q3"]["n"] == 2
+
+
+def test_summary_table_puts_the_papers_value_beside_the_run_where_it_has_one():
+    metrics = {"conversation_quality": question_rates([{"case_id": "a", "assessment": {q: {"verdict": True} for q in QUESTIONS}}]),
+               "patient_checks": {**count_checks([check_conversation(TURNS, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=12)]), "span_words": 12}}
+    published = {"Q1": {"gpt-4": 53.33}, "Q2": {"gpt-4": 71.11}, "Q3_overall": 7.22}
+    md = conversation_markdown(metrics, published, "gpt-4")
+    assert "## Conversation quality" in md and "| Q1: one most likely diagnosis could be reached | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | 53.33 (GPT-4) |" in md
+    assert "7.22 (all four models)" in md
+    assert "| patient-AI answers complete for what was asked | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | – |" in md
+    assert "- a patient turn copies 12 or more consecutive words of the vignette: 1 of 1 (1 patient turn(s))" in md
+    assert "- the conversation reached the turn cap: 0 of 1" in md
+    md = conversation_markdown(metrics, None, None)  # the published values absent: the column stays, empty
+    assert "| 1 / 0 / 0 | – |" in md and "none of the paper's four" in md
+    assert conversation_markdown({}, None, None) == ""
+    assert paper_model("llama-2-7b-chat") == "llama-2-7b" and paper_model("Mistral-7B-Instruct-v0.2") == "mistral-v2-7b"
+    assert paper_model("gpt-4-0613") == "gpt-4" and paper_model("embedded") is None and paper_model("gpt-4o") is None
+
+
+def test_settings_assessor_follows_the_grader_and_is_named_as_an_addition():
+    s = CraftSettings(assess_conversations=True, roles={"clinical": "a", "patient": "b", "grader": "g", "summarizer": "g"})
+    assert s.roles["assessor"] == "g" and s.sampling["assessor"] == s.sampling["grader"]
+    assert "assessor" not in CraftSettings().roles and "assessor" not in CraftSettings().sampling  # off: nothing added
+    assert additions(s)[0].startswith("assess_conversations") and additions(CraftSettings(patient_checks=False)) == []
+    prepared = CraftmdStudy().prepare(CraftSettings(data="x.csv", roles={"clinical": "a", "assessor": "embedded"}))
+    assert "assessor" not in prepared.roles  # off: not a role of the run
+
+
+# ------------------------------------------------------------------ through solve and the runner
+
+CASE = {"case_id": "case_x", "vignette": VIGNETTE, "question": "What is the diagnosis?", "choices": CHOICES, "answer": "Plaque psoriasis",
+        "answer_index": 0, "specialty": "Dermatology", "dataset": "fixture"}
+
+
+def backend(assessor_reply="Verdict: Yes", fail_assessor=False):
+    """Role-aware answers: two doctor questions then a diagnosis; the assessor's reply as given."""
+    state = {"doctor": 0, "assessor": 0}
+
+    def respond(role, content, gen):
+        text = content if isinstance(content, str) else "\n".join(m["content"] for m in content)
+        if role == "assessor":
+            state["assessor"] += 1
+            if fail_assessor:
+                raise down()
+            return assessor_reply(text) if callable(assessor_reply) else assessor_reply
+        if role == "clinical":
+            if "No more questions now." in text or len(content) == 1:
+                return "Plaque psoriasis"
+            state["doctor"] += 1
+            return "Where is the rash?" if state["doctor"] % 3 else "**Final Diagnosis:** Plaque psoriasis"
+        if role == "patient":
+            return "On my elbows, it's plaque psoriasis."
+        if role == "summarizer":
+            return "A woman with elbow plaques."
+        return "Diagnosis: Plaque psoriasis" if "copy out the diagnosis" in text else "Verdict: Yes"
+
+    return respond, state
+
+
+ROLES = ("clinical", "patient", "grader", "summarizer", "assessor")
+
+
+def settings(tmp_path, **kw):
+    return CraftSettings(**{"data": "x", "out": str(tmp_path / "run"), "trials": 1, "max_turns": 3, "concurrency": 2,
+                            "assess_conversations": True, "formats": ["vignette", "multiturn"], **kw})
+
+
+def test_solve_adds_five_assessor_requests_and_patient_checks(tmp_path):
+    respond, state = backend(lambda text: "Verdict: No. Invented: a fever" if "grounded in the case notes" in text else
+                             ("I cannot tell" if "medical terminology" in text else "Verdict: Yes"))
+    client = ScriptedLLM(respond, roles=ROLES)
+    s = settings(tmp_path)
+    ctx = CaseContext(client, "case_x/t0")
+    rec = asyncio.run(CraftmdStudy().solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0}, s))
+    steps = [c["step"] for c in ctx.calls if c["role"] == "assessor"]
+    assert sorted(steps) == sorted(f"assess_{q}" for q in QUESTIONS) and state["assessor"] == 5
+    a = rec["assessment"]
+    assert a["Q1"]["verdict"] is True and a["Q3"]["verdict"] is None and a["grounded"] == {"verdict": False, "reply": "Verdict: No. Invented: a fever", "invented": "a fever"}
+    assert rec["patient_checks"]["names_diagnosis"][0]["named"] == "Plaque psoriasis"
+    assert "assess_q1" in rec["prompt_hashes"]
+    m = CraftmdStudy().metrics([rec], s)
+    assert m["conversation_quality"]["Q3"]["unscored"] == 1 and m["conversation_quality"]["Q3"]["rate"] is None
+    assert m["patient_checks"]["names_diagnosis"]["conversations"] == 1 and m["additions"]
+
+
+def test_constrained_assessor_requests_carry_their_format_and_a_broken_reply_is_unscored(tmp_path):
+    respond, _ = backend("maybe")
+    client = ScriptedLLM(respond, roles=ROLES)
+    ctx = CaseContext(client, "case_x/t0", answers="constrained")
+    rec = asyncio.run(CraftmdStudy().solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0}, settings(tmp_path, answers="constrained")))
+    calls = [c for c in ctx.calls if c["role"] == "assessor"]
+    assert all(c["constraint"]["applied"] and c["gen"]["structured"] for c in calls)
+    assert all(v["verdict"] is None for v in rec["assessment"].values())  # out of format: handed over empty, unscored
+
+
+def test_no_assessor_request_when_off_and_checks_can_be_turned_off(tmp_path):
+    respond, state = backend()
+    ctx = CaseContext(ScriptedLLM(respond, roles=ROLES), "case_x/t0")
+    rec = asyncio.run(CraftmdStudy().solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0},
+                                           settings(tmp_path, assess_conversations=False, patient_checks=False)))
+    assert state["assessor"] == 0 and "assessment" not in rec and "patient_checks" not in rec
+
+
+def test_assessor_step_resumes_from_the_cache(tmp_path):
+    """The assessor's endpoint is down: the cases fail (never scored); the next run replays every conversation and
+    answer from the cache and sends only the assessor's requests."""
+    cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    s = settings(tmp_path)
+    respond, _ = backend(fail_assessor=True)
+    o = asyncio.run(run_study(CraftmdStudy(), s, cases, client=ScriptedLLM(respond, roles=ROLES, cache=cache), log=lambda m: None))
+    assert o.failed == 2 and o.finished == 0
+    respond, state = backend()
+    client = ScriptedLLM(respond, roles=ROLES, cache=cache)
+    o = asyncio.run(run_study(CraftmdStudy(), s, cases, client=client, log=lambda m: None))
+    assert o.finished == 2 and o.failed == 0
+    fresh = [role for role, _ in client.sent]
+    assert set(fresh) == {"assessor"} and len(fresh) == 10  # 5 per conversation; everything else came from the cache
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["conversation_quality"]["Q1"] == {**m["conversation_quality"]["Q1"], "yes": 2, "unscored": 0, "rate": 1.0}
+    assert "## Conversation quality" in (tmp_path / "run" / "summary.md").read_text()
+    # a third run resumes: nothing is sent
+    client = ScriptedLLM(respond, roles=ROLES, cache=cache)
+    asyncio.run(run_study(CraftmdStudy(), s, cases, client=client, log=lambda m: None))
+    assert client.sent == []
+
+
+def test_review_of_a_live_runs_assessor(tmp_path):
+    from experiments.review.judges import load_judge
+
+    respond, _ = backend(lambda text: "Verdict: No" if "medical terminology" in text else "Verdict: Yes")
+    cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
+    asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
+    j = load_judge(tmp_path / "run", "assess-Q3")
+    assert [i["verdict"] for i in j["items"]] == [0, 0] and j["items"][0]["show"]["case notes"] == VIGNETTE
+    conv = j["items"][0]["show"]["conversation"]
+    assert conv[0].startswith("Doctor-AI: ") and conv[1] == "Patient-AI: On my elbows, it's plaque psoriasis."
+
+
+def test_report_shows_the_rates_the_checks_and_each_cases_checks(tmp_path):
+    from experiments.report.build import build_report
+
+    respond, _ = backend(lambda text: "Verdict: No. Invented: a fever" if "grounded in the case notes" in text else "Verdict: Yes")
+    cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
+    asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
+    html = build_report([str(tmp_path / "run")], tmp_path / "report.html").read_text()
+    assert "Conversation checks" in html and "Patient checks (no model)" in html
+    assert "<td>Q1: one most likely diagnosis could be reached</td><td>100.0</td>" in html
+    assert "<td>case_0/t0, case_1/t0</td>" in html  # the cases the diagnosis-naming check flagged
+    assert "assessor: patient-AI answers grounded in the vignette (nothing invented)</th><td>no (invented: a fever)" in html
+    assert "patient turn 1: Plaque psoriasis" in html

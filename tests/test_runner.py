@@ -188,6 +188,41 @@ def test_edited_prompt_refuses_resume_naming_the_file(tmp_path):
         run(ToyStudy(prompts=PromptSet(folder)), ToySettings(out=str(tmp_path / "run"), turns=2), ScriptedLLM(respond, roles=ToyStudy.roles))
 
 
+def test_a_prompt_file_added_since_is_no_edit(tmp_path):
+    """A new step's template (e.g. CRAFT-MD's assessor prompts) does not stop earlier runs from resuming; a removed
+    prompt the run used does."""
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / "ask.txt").write_text("Ask $x\n")
+    s = ToySettings(out=str(tmp_path / "run"))
+    respond, _ = counter_backend()
+    run(ToyStudy(prompts=PromptSet(folder)), s, ScriptedLLM(respond, roles=ToyStudy.roles))
+    (folder / "new_step.txt").write_text("Check $x\n")
+    assert run(ToyStudy(prompts=PromptSet(folder)), s, ScriptedLLM(respond, roles=ToyStudy.roles)).finished >= 0
+    (folder / "ask.txt").unlink()
+    with pytest.raises(ResultsError, match="ask.txt changed"):
+        run(ToyStudy(prompts=PromptSet(folder)), s, ScriptedLLM(respond, roles=ToyStudy.roles))
+
+
+def test_a_craftmd_folder_from_before_the_new_settings_resumes_as_it_ran(tmp_path):
+    """A CRAFT-MD config.yaml written before verdict_rule / empty_turn / the conversation checks existed: the run read
+    verdicts by first word and sent "..." for an empty turn, so it resumes under those values and no others."""
+    import yaml
+
+    from experiments.core.results import RunDir
+    from experiments.craftmd.settings import CraftSettings
+
+    new = CraftSettings(out=str(tmp_path / "r"), verdict_rule="first_word", empty_turn="...").model_dump(mode="json")
+    old = {k: v for k, v in new.items() if k not in ("verdict_rule", "empty_turn", "assess_conversations", "patient_checks", "copy_span_words")}
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old))
+    (tmp_path / "r" / "records.jsonl").write_text('{"id": "c1"}\n')
+    RunDir(tmp_path / "r", new)  # resumes
+    (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ResultsError, match=r"different settings \(empty_turn, verdict_rule\)"):
+        RunDir(tmp_path / "r", CraftSettings(out=str(tmp_path / "r")).model_dump(mode="json"))
+
+
 def test_roles_are_checked_and_default_fills_the_rest():
     s = ToySettings(roles={"default": "llama3-8b-instruct", "answerer": "embedded@http://127.0.0.1:8001/v1"})
     assert resolve_roles(ToyStudy(), s) == {"asker": "llama3-8b-instruct", "answerer": "embedded@http://127.0.0.1:8001/v1"}

@@ -219,7 +219,8 @@ class RunDir:
                     "use another --out, or delete the folder to start over"
                 )
             old_prompts, new_prompts = old.get("prompt_files") or {}, config.get("prompt_files") or {}
-            edited = sorted(n for n in set(old_prompts) | set(new_prompts) if old_prompts.get(n) != new_prompts.get(n))
+            # a prompt file added since (a new step's template) is no edit: the run's own prompts are those it recorded
+            edited = sorted(n for n in old_prompts if old_prompts[n] != new_prompts.get(n))
             if old_prompts and edited:
                 raise ResultsError(
                     f"{self.path} was run with other prompt text: {', '.join(edited)} changed since; "
@@ -328,7 +329,9 @@ class RunDir:
 
 # settings added after runs were made: an older config.yaml without them is read with this value (their default then)
 ADDED_SETTINGS = {"answers": "free",
-                  "assess_conversations": False, "patient_checks": True, "copy_span_words": 12}  # CRAFT-MD's conversation checks
+                  "assess_conversations": False, "patient_checks": True, "copy_span_words": 12,  # CRAFT-MD's conversation checks
+                  # CRAFT-MD's grader verdict and empty turns as every run before these settings read and sent them
+                  "verdict_rule": "first_word", "empty_turn": "..."}
 # settings that may change between a run and its resumption without changing results
 RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures",
                   "startup_timeout"}

@@ -17,6 +17,7 @@ Importable in the vLLM server's process: standard library and :mod:`serving.type
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 from serving.types import DTYPES
@@ -58,13 +59,16 @@ def ask_dtype(url: str, api_key: str | None = None, timeout: float = 10.0) -> tu
     """(dtype, how it was learnt) from the server at ``url`` (``http://host:port`` or ``.../v1``); (None, why not)."""
     base = url.strip().rstrip("/")
     base = base[:-3] if base.endswith("/v1") else base
+    refused = None
     try:
         with _get(base + "/v1/models", api_key, timeout) as r:
             named = dtype_name(r.headers.get(HEADER))
         if named:
             return named, f"asked of the server: its /v1/models header {HEADER}"
-    except (OSError, ValueError):
-        pass
+    except urllib.error.HTTPError as e:
+        refused = f"its /v1/models answered HTTP {e.code}" + (" (the key)" if e.code in (401, 403) else "")
+    except (OSError, ValueError) as e:
+        refused = f"its /v1/models did not answer ({getattr(e, 'reason', e)})"
     try:
         with _get(base + "/server_info?config_format=json", api_key, timeout) as r:
             info = json.loads(r.read().decode("utf-8", errors="replace"))
@@ -73,4 +77,4 @@ def ask_dtype(url: str, api_key: str | None = None, timeout: float = 10.0) -> tu
             return named, "asked of the server: vLLM's /server_info (development mode)"
     except (OSError, ValueError, AttributeError):
         pass
-    return None, UNKNOWN_WHY
+    return None, refused or UNKNOWN_WHY

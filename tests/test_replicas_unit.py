@@ -305,10 +305,11 @@ def test_a_servers_dtype_is_asked_of_it(workers):
 
     keyed = workers([BASE], key="k1", dtype="bfloat16")
     assert ask_dtype(keyed + "/v1", "k1") == ("bfloat16", HOW)
-    assert ask_dtype(keyed, None) == (None, UNKNOWN_WHY)  # told only to a key holder, like the answer itself
+    assert ask_dtype(keyed, None) == (None, "its /v1/models answered HTTP 401 (the key)")  # told only to a key holder
     assert ask_dtype(workers([BASE], dev_dtype="torch.float16")) == ("float16", "asked of the server: vLLM's /server_info (development mode)")
     assert ask_dtype(workers([BASE])) == (None, UNKNOWN_WHY)  # a plain vLLM server names none
-    assert ask_dtype(f"http://127.0.0.1:{free_port()}", timeout=2)[0] is None
+    dead = ask_dtype(f"http://127.0.0.1:{free_port()}", timeout=2)
+    assert dead[0] is None and dead[1].startswith("its /v1/models did not answer"), dead
 
 
 def test_workers_must_compute_in_the_same_dtype():

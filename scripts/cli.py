@@ -197,7 +197,7 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
                              + (f", {m['requests_finished']} done, {m['running']} running, {m['waiting']} waiting" if m["requests_finished"] is not None else "")
                              for m in ms)
             members = f"{sum(m['healthy'] for m in ms)}/{len(ms)} healthy, {r['router']['policy']} ({each})"
-        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype", "-"), ",".join(r.get("adapters", {})) or "-",
+        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype") or "unknown", ",".join(r.get("adapters", {})) or "-",
                       str(healthy(r["base_url"], key)) + (" (keyed)" if r.get("api_key_sha256") else ""), members, r["log"])
     out.print(table)
 
@@ -214,16 +214,18 @@ def serve_router(
     router_arg: List[str] = typer.Option([], "--router-arg", help="One more argument to vllm-router as is (repeatable)."),
     startup_timeout: float = typer.Option(600.0, min=1, help="Seconds the router may take to answer."),
     detach: bool = typer.Option(False, help="Leave the router running and return."),
+    allow_mixed_dtype: bool = typer.Option(False, "--allow-mixed-dtype", help="Start even when the workers compute in different dtypes, or some name none (the dtypes are recorded, e.g. bfloat16+float32)."),
 ) -> None:
     """vllm-router in front of vLLM servers that already run (on this or other machines), as one endpoint.
 
-    Every worker must answer /v1/models with the key and serve the same model and adapter names, else nothing starts
-    (exit 2). `serve stop` stops the router; the workers keep running (stop them on their machines)."""
+    Every worker must answer /v1/models with the key, serve the same model and adapter names and compute in the same
+    dtype (asked of each worker), else nothing starts (exit 2). `serve stop` stops the router; the workers keep running
+    (stop them on their machines)."""
     from serving.launcher import stop_servers
     from serving.replicas import start_remote_router
 
     rec = start_remote_router(list(worker), host, port, api_key, router_policy, list(router_arg), no_auth=no_auth,
-                              timeout=startup_timeout, log=lambda m: console.print(m))
+                              timeout=startup_timeout, allow_mixed_dtype=allow_mixed_dtype, log=lambda m: console.print(m))
     out.print(rec["base_url"])
     if detach:
         console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop --port {port}`")

@@ -30,6 +30,8 @@ from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, 
 from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
 from serving.types import DTYPES
 
+DTYPE_MIDDLEWARE = "serving.served_dtype.announce_dtype"
+
 
 class ServeError(MedstackError):
     """The server could not be started (port taken, crashed during start-up, timed out)."""
@@ -234,6 +236,7 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
         raise ServeError("--vllm-arg --dtype: use medstack's own --dtype (settings key dtype), which is recorded in the "
                          "server identity and the response cache key")
     argv += ["--dtype", serving_dtype(s, on_gpu, spec.dtype)[0]]
+    argv += ["--middleware", DTYPE_MIDDLEWARE]  # /v1/models answers name the engine's dtype (serving/served_dtype.py)
     if on_gpu:
         if s.gpu_memory_utilization:
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]

@@ -21,8 +21,10 @@ a command line; the replicas enforce it (401 without), the router passes each cl
 
 ``medstack serve router --worker URL ...`` (``start_remote_router``) puts the same router in front of
 servers that already run, here or on other nodes: it first checks that every worker answers with the
-key and serves the same model and adapter names, then records itself like a group whose members have
-no pid (``serve stop`` stops the router only). Two-node recipe: docs/serving.md.
+key and serves the same model and adapter names, and asks each worker its dtype (``serving.served_dtype``):
+workers of different (or unknown) dtypes are refused unless ``--allow-mixed-dtype``. It then records itself like
+a group whose members have no pid, each with its dtype (``serve stop`` stops the router only). Two-node recipe:
+docs/serving.md.
 
 The runner, ``bench --replay`` and ``serve status`` read every replica's ``/metrics`` behind a group
 (``metrics_targets``, ``scrape_targets``), not the router's, so a prefix-cache hit rate is the replicas' own.
@@ -50,6 +52,7 @@ from serving.launcher import (
 )
 from serving.parallel import local_ranks, rank_binding
 from serving.secrets import SERVER_KEY_ENV, check_exposure, public_env, redact_argv
+from serving.served_dtype import ask_dtype
 
 # vllm-router's policies (vllm-router 0.1.17 --help); kv_aware and sticky_least_loaded need KV events / sessions we do not send.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")
@@ -171,7 +174,7 @@ def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, rout
                 logf.write("$ " + " ".join(redact_argv(argv)) + "\n")
                 logf.flush()
                 proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
-            started.append({"index": i, "pid": proc.pid, "port": s.port, "base_url": s.base_url, "log": str(log_path), "argv": redact_argv(argv),
+            started.append({"index": i, "pid": proc.pid, "port": s.port, "base_url": s.base_url, "dtype": dtype, "log": str(log_path), "argv": redact_argv(argv),
                             "env": public_env(env), **{k: v for k, v in placement.items() if k != "env"},
                             "serve_settings": effective_serve_settings(s, on_gpu)["settings"], "_proc": proc, "_settings": s})
         t0 = time.time()
@@ -245,11 +248,33 @@ def check_same_models(workers: dict[str, list[dict]]) -> tuple[str, list[str]]:
     return want
 
 
+def check_same_dtype(asked: dict[str, tuple[str | None, str]], allow_mixed: bool = False) -> tuple[str | None, str]:
+    """(the record's dtype, why) from each worker's asked (dtype, how): one dtype for all, else refused in one line
+    unless ``allow_mixed`` (then the dtypes joined with '+', e.g. 'bfloat16+float32'). A worker that names no dtype
+    cannot be compared: refused too among several workers; a lone one is recorded as unknown."""
+    dtypes = {w: d for w, (d, _) in asked.items()}
+    known = sorted({d for d in dtypes.values() if d})
+    if len(known) == 1 and None not in dtypes.values():
+        return known[0], "asked of each worker (" + next(how for _, how in asked.values()).removeprefix("asked of the server: ") + ")"
+    if len(dtypes) == 1:
+        return None, "the worker names none: " + next(iter(asked.values()))[1]
+    each = ", ".join(f"{w}/v1 {d or 'unknown'}" for w, d in dtypes.items())
+    if not allow_mixed:
+        unknown = [w for w, d in dtypes.items() if not d]
+        what, why = (("cannot be compared", f"--worker {unknown[0]}/v1 names none: {asked[unknown[0]][1]}") if unknown else
+                     ("differ", "a router sends any request to any worker, so one run's answers would mix number formats"))
+        raise ServeError(f"the workers' dtypes {what} ({each}): {why}; start every worker with medstack and the same --dtype, "
+                         f"or pass --allow-mixed-dtype (recorded)")
+    return "+".join(known + (["unknown"] if None in dtypes.values() else [])), f"mixed, allowed with --allow-mixed-dtype: {each}"
+
+
 def start_remote_router(workers: list[str], host: str, port: int, api_key: str | None, policy: str = DEFAULT_POLICY,
-                        router_args: list[str] = (), no_auth: bool = False, timeout: float = 600.0, log=print) -> dict:
+                        router_args: list[str] = (), no_auth: bool = False, timeout: float = 600.0, allow_mixed_dtype: bool = False,
+                        log=print) -> dict:
     """vllm-router on this machine in front of servers already running (here or on other nodes), recorded like a replica group.
 
-    Before it starts: every worker answers /v1/models with the key and serves the same model and adapter names.
+    Before it starts: every worker answers /v1/models with the key, serves the same model and adapter names, and
+    computes in the same dtype (asked of each; ``allow_mixed_dtype`` lets different or unknown ones through, recorded).
     ``serve stop`` stops the router only (the workers are not ours to stop)."""
     _require_router()
     check_exposure(host, api_key, no_auth)
@@ -259,15 +284,18 @@ def start_remote_router(workers: list[str], host: str, port: int, api_key: str |
     if not port_free(host, port):
         raise ServeError(f"port {port} on {host} is already in use; pick another with --port")
     alias, adapters = check_same_models({b: served_models(b, api_key) for b in bases})
+    asked = {b: ask_dtype(b, api_key) for b in bases}
+    dtype, why = check_same_dtype(asked, allow_mixed_dtype)
     log(f"{len(bases)} workers serve {alias!r}" + (f" with adapters {', '.join(adapters)}" if adapters else "")
-        + f"; starting vllm-router ({policy}) on port {port}")
+        + f"; dtype {dtype or 'unknown'}: {why}; starting vllm-router ({policy}) on port {port}")
     t0 = time.time()
     router = start_router(host, port, alias, bases, policy, list(router_args), api_key, timeout)
     rec = {
         "alias": alias, "base_url": ServerSettings(alias=alias, host=host, port=port).base_url, "port": port, "host": host,
         "adapters": {a: None for a in adapters}, "api_key": api_key, "env": {}, "device": "remote", "started": time.time(),
-        "runtime_lora": False, "machine": machine_facts(), "remote_workers": True, **router,
-        "replicas": [{"index": i, "pid": None, "base_url": b + "/v1", "remote": True} for i, b in enumerate(bases)],
+        "runtime_lora": False, "machine": machine_facts(), "remote_workers": True, "dtype": dtype, "dtype_reason": why, **router,
+        "replicas": [{"index": i, "pid": None, "base_url": b + "/v1", "remote": True, "dtype": asked[b][0], "dtype_reason": asked[b][1]}
+                     for i, b in enumerate(bases)],
         "startup_seconds": round(time.time() - t0, 1),
     }
     write_record(rec)

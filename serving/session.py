@@ -8,6 +8,10 @@ when the run is interrupted) or ``ALIAS@URL`` (an endpoint that is already up, e
 attached to a role with ``lora={NAME: DIR}``; requests then name the adapter. It is loaded into
 the server either way: at start for a server started here, at run time for ``ALIAS@URL``
 (the server must allow runtime LoRA updates, e.g. ``medstack serve --runtime-lora``).
+
+The dtype each role is served in is part of its cache key: from the server's record, else asked of an
+``ALIAS@URL`` endpoint (``serving.served_dtype``). An endpoint whose dtype stays unknown is said once, in one
+line, when the client opens, and its answers are cached under its URL, apart from any known dtype's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from serving.cache import ResponseCache
 from serving.client import Endpoint, LLMClient, check_local
 from serving.launcher import ensure_server, load_adapter, running_servers, server_identity
 from serving.refs import ModelRef, api_key_for
+from serving.served_dtype import ask_dtype, dtype_name
 
 
 async def _ensure_url_adapters(alias: str, url: str, adapters: dict[str, str], api_key: str) -> None:
@@ -38,12 +43,18 @@ async def _ensure_url_adapters(alias: str, url: str, adapters: dict[str, str], a
             load_adapter({"alias": alias, "base_url": url, "port": 0, "api_key": api_key}, name, path)
 
 
-def endpoint_identity(alias: str, ident: dict, suffix: str = "") -> str:
-    """The model identity in every response cache key: alias, weights hash, the dtype it is served in, adapters.
+def dtype_key(ident: dict) -> str:
+    """The dtype part of a cache key. A bfloat16 server answers differently from a float32 one: a run resumed against
+    a server of the other dtype asks again instead of reusing the other one's answers. An unknown (or mixed, e.g. a
+    router over 'bfloat16+float32' workers) dtype is keyed with the endpoint's URL too, so it shares no entry with a
+    known dtype's nor with another such endpoint's."""
+    dtype = ident.get("dtype")
+    return dtype if dtype_name(dtype) else f"{dtype or 'dtype-unknown'}@{ident.get('base_url')}"
 
-    The dtype is part of it because a bfloat16 server answers differently from a float32 one: a run resumed
-    against a server of the other dtype asks again instead of reusing the other one's answers."""
-    return f"{alias}:{ident.get('weights_sha256') or ident['weights']}:{ident.get('dtype') or 'dtype-unknown'}{suffix}"
+
+def endpoint_identity(alias: str, ident: dict, suffix: str = "") -> str:
+    """The model identity in every response cache key: alias, weights hash, the dtype it is served in, adapters."""
+    return f"{alias}:{ident.get('weights_sha256') or ident['weights']}:{dtype_key(ident)}{suffix}"
 
 
 def _adapter_hash(path: str) -> str:
@@ -95,17 +106,22 @@ async def open_client(
             ident_suffix = "".join(f"+lora:{n}:{_adapter_hash(p)}" for n, p in adapters.items())
             if url:
                 await _ensure_url_adapters(alias, url, adapters, url_key)
-                # a medstack server behind the URL: record its command line and environment too, and key on its dtype
+                # a medstack server behind the URL: record its command line and environment too; else ask the server its dtype
                 known = next((r for r in running_servers() if r["base_url"].rstrip("/") == url.rstrip("/")), None)
-                dtype_part = f":{known['dtype']}" if known and known.get("dtype") else ""
-                endpoints[role] = Endpoint(url, served, f"{alias}@{url}{dtype_part}{ident_suffix}", url_key)
-                identities[role] = {**(server_identity(known) if known else {}), "alias": alias, "base_url": url, "adapters": adapters,
+                ident = server_identity(known) if known else {}
+                if not ident.get("dtype"):
+                    ident["dtype"], ident["dtype_reason"] = ask_dtype(url, url_key)
+                identities[role] = {**ident, "alias": alias, "base_url": url, "adapters": adapters,
                                     "keyed": url_key != "EMPTY"}  # whether a key was sent (never the key)
+                endpoints[role] = Endpoint(url, served, f"{alias}@{url}:{dtype_key(identities[role])}{ident_suffix}", url_key)
                 continue
             rec = servers[alias]
             ident = server_identity(rec)
             identities[role] = {**ident, "adapters": adapters}
             endpoints[role] = Endpoint(rec["base_url"], served, endpoint_identity(alias, ident, ident_suffix), rec.get("api_key") or "EMPTY")
+        unknown = {i["base_url"]: (i["alias"], i.get("dtype_reason")) for i in identities.values() if not i.get("dtype")}
+        for url, (alias, why) in unknown.items():  # once per endpoint, however many roles it serves
+            log(f"dtype unknown for {alias}@{url} ({why or 'its server record names none'}): its answers are cached apart, under this URL")
         cache = ResponseCache(cache_path, log=log) if use_cache else None
         client = LLMClient(endpoints, concurrency=concurrency, timeout=timeout, retries=retries, cache=cache, allow_remote=allow_remote,
                            send_seed=send_seed)

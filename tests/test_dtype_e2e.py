@@ -1,4 +1,6 @@
-"""End-to-end (issue 35): the real server's dtype follows the CPU, is shown and recorded, and keys the response cache."""
+"""End-to-end: the real server's dtype follows the CPU, is shown and recorded, is told to a client that asks
+(``serving.served_dtype``: the engine's own dtype on /v1/models), and keys the response cache; workers of two dtypes
+are refused as one router's."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import json
 import pytest
 
 from serving.client import GenConfig
-from serving.launcher import choose_cpu_dtype, cpu_flags, running_servers
+from serving.launcher import ServeError, choose_cpu_dtype, cpu_flags, running_servers
+from serving.replicas import check_same_dtype
+from serving.served_dtype import ask_dtype
 from serving.session import open_client
 
 pytestmark = pytest.mark.e2e
@@ -22,6 +26,8 @@ def test_default_server_dtype_is_the_cpus_and_is_shown(embedded_server, cli):
     assert mine[0]["dtype"] == expected and mine[0]["dtype_reason"] == why
     assert f"--dtype {expected}" in " ".join(mine[0]["argv"])
     assert expected in cli("serve", "status", check=True).stdout
+    # asked of the server itself: the dtype the engine resolved, on its /v1/models answer
+    assert ask_dtype(embedded_server["base_url"]) == (expected, "asked of the server: its /v1/models header X-Medstack-Dtype")
 
 
 def test_other_dtype_server_does_not_reuse_cached_answers(embedded_server, tmp_path):
@@ -33,14 +39,23 @@ def test_other_dtype_server_does_not_reuse_cached_answers(embedded_server, tmp_p
     before = sorted((r["base_url"], r["dtype"]) for r in running_servers() if r["alias"] == "embedded")  # other tests' servers too
     gen = GenConfig(temperature=0.0, max_tokens=8)
 
-    async def ask(dtype):
+    async def ask(dtype, inside=lambda ident: None):
         async with open_client({"default": "embedded"}, cache_path=cache, dtype=dtype, log=lambda m: None) as (client, ids):
+            inside(ids["default"])
             return await client.chat(MSG, gen=gen), ids["default"]
+
+    def two_dtypes(ident):
+        """While the other dtype's server runs: each real server, asked, names its own; a router over both is refused."""
+        asked = {u: ask_dtype(u) for u in (embedded_server["base_url"], ident["base_url"])}
+        assert [d for d, _ in asked.values()] == [default, other]
+        with pytest.raises(ServeError, match="dtypes differ"):
+            check_same_dtype(asked)
+        assert check_same_dtype(asked, allow_mixed=True)[0] == "+".join(sorted([default, other]))
 
     first, ident = asyncio.run(ask(None))
     again, _ = asyncio.run(ask(default))
     assert first.ok and not first.cached and again.cached and ident["dtype"] == default and not ident["started_by_run"]
-    switched, ident = asyncio.run(ask(other))
+    switched, ident = asyncio.run(ask(other, two_dtypes))
     assert switched.ok, switched.error
     assert not switched.cached and ident["dtype"] == other and ident["started_by_run"] and f"--dtype {other}" in " ".join(ident["argv"])
     after = sorted((r["base_url"], r["dtype"]) for r in running_servers() if r["alias"] == "embedded")

@@ -192,3 +192,75 @@ def test_run_settings_dtype_key():
 def test_cli_serve_names_a_bad_dtype(cli):
     p = cli("serve", "--model", "embedded", "--dtype", "int8")
     assert p.returncode == 2 and "--dtype 'int8': expected one of" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_unknown_dtype_endpoint_is_said_once_and_cached_apart(monkeypatch, tmp_path):
+    """An ALIAS@URL endpoint that names no dtype (the instant stand-in, like a plain vLLM server): one line when the
+    client opens, however many roles use it; its answers are kept under its URL, apart from a known dtype's."""
+    from experiments.bench.runner_scale import InstantEndpoint
+    from serving.client import GenConfig
+    from serving.session import open_client
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("MEDSTACK_HOME", str(home))
+    _fake_embedded(home)  # for the recorded server below
+    cache = str(tmp_path / "responses.sqlite")
+    msgs = [{"role": "user", "content": "Fever and a stiff neck: what is the next step?"}]
+
+    async def ask():
+        said = []
+        async with open_client({"doctor": f"embedded@{ep.base_url}", "patient": f"embedded@{ep.base_url}"}, cache_path=cache,
+                               log=said.append) as (client, ids):
+            r = await client.chat(msgs, role="doctor", gen=GenConfig(temperature=0.0, max_tokens=16))
+            return r, ids["doctor"], client.endpoint("doctor").identity, [s for s in said if "dtype" in s]
+
+    with InstantEndpoint() as ep:
+        first, ident, key_unknown, said = asyncio.run(ask())
+        assert said == [f"dtype unknown for embedded@{ep.base_url} (no X-Medstack-Dtype header on /v1/models (servers medstack "
+                        f"starts send it) and no /server_info (vLLM answers it only with VLLM_SERVER_DEV_MODE=1)): its answers "
+                        f"are cached apart, under this URL"]
+        assert ident["dtype"] is None and not first.cached and asyncio.run(ask())[0].cached
+        assert "dtype-unknown" in key_unknown and key_unknown.count(ep.base_url) == 2
+        # the same URL recorded as a medstack server of a known dtype: another key, no line, no answer from the unknown's
+        write_record({"alias": "embedded", "base_url": ep.base_url, "pid": ep.proc.pid, "port": ep.port, "host": "127.0.0.1",
+                      "argv": ["vllm"], "env": {}, "device": "cpu", "dtype": "float32", "dtype_reason": "test"})
+        known, ident, key32, said = asyncio.run(ask())
+        assert not said and ident["dtype"] == "float32" and key32 == f"embedded@{ep.base_url}:float32" and not known.cached
+
+
+def test_unknown_dtype_cache_keys_name_the_endpoint():
+    from serving.session import endpoint_identity
+
+    keys = {endpoint_identity("embedded", {"weights": "w", "dtype": d, "base_url": u})
+            for d, u in [(None, "http://a:1/v1"), (None, "http://b:1/v1"), ("float32", "http://a:1/v1"), ("float32", "http://b:1/v1"),
+                         ("bfloat16+float32", "http://a:1/v1")]}
+    assert keys == {"embedded:w:dtype-unknown@http://a:1/v1", "embedded:w:dtype-unknown@http://b:1/v1", "embedded:w:float32",
+                    "embedded:w:bfloat16+float32@http://a:1/v1"}
+
+
+def test_served_dtype_names_and_the_middleware():
+    """The middleware every server medstack starts runs (vLLM --middleware): the engine's dtype on a 200 /v1/models only."""
+    import torch
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+    from types import SimpleNamespace
+
+    from serving.launcher import DTYPE_MIDDLEWARE
+    from serving.served_dtype import announce_dtype, dtype_name
+
+    assert [dtype_name(v) for v in (torch.bfloat16, "torch.float32", "half", "float16", "auto", "int8", None)] == \
+        ["bfloat16", "float32", "float16", "float16", None, None, None]
+    app = FastAPI()
+    app.state.vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
+
+    @app.get("/v1/models")
+    async def models(request: __import__("fastapi").Request):
+        ok = request.headers.get("authorization") == "Bearer k"
+        return JSONResponse({"data": []} if ok else {"error": "Unauthorized"}, status_code=200 if ok else 401)
+
+    app.middleware("http")(announce_dtype)  # as vLLM adds a function given to --middleware
+    client = TestClient(app)
+    assert client.get("/v1/models", headers={"Authorization": "Bearer k"}).headers["x-medstack-dtype"] == "bfloat16"
+    assert "x-medstack-dtype" not in client.get("/v1/models").headers  # not to a request without the key
+    assert DTYPE_MIDDLEWARE == "serving.served_dtype.announce_dtype"

@@ -6,8 +6,9 @@ One group serves the whole module (module-scoped fixture: starting it is the exp
   command line (``/proc/PID/cmdline`` of the router, the replicas and their children) nor in any file
   we wrote; ``bench --replay`` and ``serve status`` read each replica's own /metrics;
 - ``serve router`` over the group's two replicas, given by URL as already-running workers (keyed):
-  it answers, routes to both (each worker's request count grows over 20 requests), and refuses at
-  start a worker serving other names (the session's server, which also serves an adapter);
+  it answers, routes to both (each worker's request count grows over 20 requests), records the dtype
+  it asked of each worker, and refuses at start a worker serving other names (the session's server,
+  which also serves an adapter);
 - a 2-case CRAFT-MD study runs through the group while one replica is killed with SIGKILL: every
   case finishes; the router over workers keeps answering with one worker dead; ``serve stop``
   leaves no process of the group or the router.
@@ -175,6 +176,12 @@ def test_router_over_running_workers_routes_to_both_and_refuses_other_names(grou
     rec = worker_router
     workers = [m["base_url"] for m in group["replicas"]]
     assert rec["alias"] == "embedded" and rec["remote_workers"] and [m["base_url"] for m in rec["replicas"]] == workers
+    # the dtype asked of each worker (the replicas' engines) is the group's, recorded and shown like a local server's
+    assert group["dtype"] and [m["dtype"] for m in group["replicas"]] == [group["dtype"]] * 2
+    assert rec["dtype"] == group["dtype"] and [m["dtype"] for m in rec["replicas"]] == [group["dtype"]] * 2
+    assert rec["dtype_reason"] == "asked of each worker (its /v1/models header X-Medstack-Dtype)"
+    status = json.loads(cli("serve", "status", "--json", check=True, env={"MEDSTACK_API_KEY": KEY}).stdout)
+    assert next(r for r in status if r["port"] == rec["port"])["dtype"] == group["dtype"]
     assert KEY.encode() not in Path(f"/proc/{rec['pid']}/cmdline").read_bytes()
     assert _post(rec["base_url"], None) == 401
     before = {w: _served(w) for w in workers}

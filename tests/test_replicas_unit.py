@@ -163,23 +163,32 @@ def test_ray_on_the_cpu_build_is_refused_with_the_reason():
 # ---------------------------------------------------------------- a router over running workers (`serve router`), refusals
 
 class _Worker(BaseHTTPRequestHandler):
-    """A stand-in for a vLLM server's /v1/models (keyed like vLLM: 401 without the key) and /metrics."""
+    """A stand-in for a vLLM server's /v1/models (keyed like vLLM: 401 without the key) and /metrics. Its dtype, when
+    set, is on /v1/models as a server medstack starts sends it (``dtype``), or on /server_info as vLLM's development
+    mode gives it (``dev_dtype``, e.g. "torch.float16"); else it names none, like a plain vLLM server."""
     models: list[dict] = []
     key: str | None = None
     served = 0
+    dtype: str | None = None
+    dev_dtype: str | None = None
 
     def do_GET(self):  # noqa: N802 - http.server's name
         if self.path.startswith("/v1") and self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
             return self._send(401, b'{"error": "Unauthorized"}')
         if self.path == "/v1/models":
-            return self._send(200, json.dumps({"object": "list", "data": self.models}).encode())
+            return self._send(200, json.dumps({"object": "list", "data": self.models}).encode(),
+                              {"X-Medstack-Dtype": self.dtype} if self.dtype else {})
         if self.path == "/metrics":
             return self._send(200, f"vllm:request_success_total{{model_name=\"m\",finished_reason=\"stop\"}} {self.served}\n"
                                    f"vllm:num_requests_running{{model_name=\"m\"}} 1\n".encode())
+        if self.path == "/server_info?config_format=json" and self.dev_dtype:
+            return self._send(200, json.dumps({"vllm_config": {"model_config": {"dtype": self.dev_dtype}}}).encode())
         self._send(404, b"{}")
 
-    def _send(self, code, body):
+    def _send(self, code, body, headers=None):
         self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -191,11 +200,12 @@ class _Worker(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def workers():
-    """start(models, key=None, served=0) -> a stand-in worker's base URL (http://127.0.0.1:PORT); all shut down after."""
+    """start(models, key=None, served=0, dtype=None, dev_dtype=None) -> a stand-in worker's base URL (http://127.0.0.1:PORT);
+    all shut down after."""
     servers = []
 
-    def start(models, key=None, served=0):
-        handler = type("W", (_Worker,), {"models": models, "key": key, "served": served})
+    def start(models, key=None, served=0, dtype=None, dev_dtype=None):
+        handler = type("W", (_Worker,), {"models": models, "key": key, "served": served, "dtype": dtype, "dev_dtype": dev_dtype})
         httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         servers.append(httpd)
@@ -282,3 +292,74 @@ def test_a_router_over_remote_workers_stops_alone(tmp_path, monkeypatch):
     assert worker.poll() is None
     worker.kill()
     worker.wait()
+
+
+# ---------------------------------------------------------------- the workers' dtype, asked of each worker
+
+HOW = "asked of the server: its /v1/models header X-Medstack-Dtype"
+
+
+def test_a_servers_dtype_is_asked_of_it(workers):
+    from serving.launcher import free_port
+    from serving.served_dtype import UNKNOWN_WHY, ask_dtype
+
+    keyed = workers([BASE], key="k1", dtype="bfloat16")
+    assert ask_dtype(keyed + "/v1", "k1") == ("bfloat16", HOW)
+    assert ask_dtype(keyed, None) == (None, "its /v1/models answered HTTP 401 (the key)")  # told only to a key holder
+    assert ask_dtype(workers([BASE], dev_dtype="torch.float16")) == ("float16", "asked of the server: vLLM's /server_info (development mode)")
+    assert ask_dtype(workers([BASE])) == (None, UNKNOWN_WHY)  # a plain vLLM server names none
+    dead = ask_dtype(f"http://127.0.0.1:{free_port()}", timeout=2)
+    assert dead[0] is None and dead[1].startswith("its /v1/models did not answer"), dead
+
+
+def test_workers_must_compute_in_the_same_dtype():
+    from serving.replicas import check_same_dtype
+    from serving.served_dtype import UNKNOWN_WHY
+
+    a, b = "http://a:1", "http://b:1"
+    assert check_same_dtype({a: ("float32", HOW), b: ("float32", HOW)}) == ("float32", "asked of each worker (its /v1/models header X-Medstack-Dtype)")
+    with pytest.raises(MedstackError, match=r"dtypes differ \(http://a:1/v1 bfloat16, http://b:1/v1 float32\): .*--allow-mixed-dtype"):
+        check_same_dtype({a: ("bfloat16", HOW), b: ("float32", HOW)})
+    with pytest.raises(MedstackError, match=r"dtypes cannot be compared \(http://a:1/v1 bfloat16, http://b:1/v1 unknown\): --worker http://b:1/v1 names none"):
+        check_same_dtype({a: ("bfloat16", HOW), b: (None, UNKNOWN_WHY)})
+    dtype, why = check_same_dtype({a: ("bfloat16", HOW), b: ("float32", HOW)}, allow_mixed=True)
+    assert dtype == "bfloat16+float32" and why == "mixed, allowed with --allow-mixed-dtype: http://a:1/v1 bfloat16, http://b:1/v1 float32"
+    assert check_same_dtype({a: ("bfloat16", HOW), b: (None, UNKNOWN_WHY)}, allow_mixed=True)[0] == "bfloat16+unknown"
+    assert check_same_dtype({a: (None, UNKNOWN_WHY)}) == (None, "the worker names none: " + UNKNOWN_WHY)  # one worker: nothing to mix
+
+
+def test_router_refuses_mixed_dtypes_and_with_the_flag_records_each_workers(workers, cli, tmp_path, monkeypatch):
+    import subprocess
+
+    import serving.replicas as R
+    from serving.launcher import free_port, server_identity
+
+    a, b = workers([BASE], key="k1", dtype="bfloat16"), workers([BASE], key="k1", dtype="float32")
+    proc = cli("serve", "router", "--worker", a + "/v1", "--worker", b + "/v1", "--port", "8299", env={"MEDSTACK_API_KEY": "k1"})
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and said.count("error:") == 1, said
+    assert f"dtypes differ ({a}/v1 bfloat16, {b}/v1 float32)" in said and "--allow-mixed-dtype" in said, said
+    assert "Traceback" not in proc.stderr and "starting vllm-router" not in said
+
+    # with the flag it starts (vllm-router stood in by a sleeping process) and the record names each worker's dtype
+    monkeypatch.setenv("MEDSTACK_HOME", str(tmp_path))
+    stand_in = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    monkeypatch.setattr(R, "start_router", lambda host, port, alias, urls, policy, args, key, timeout: {
+        "pid": stand_in.pid, "argv": ["vllm-router"], "log": str(tmp_path / "router.log"),
+        "router": {"policy": policy, "log": str(tmp_path / "router.log"), "prometheus_port": 1}})
+    try:
+        said = []
+        rec = R.start_remote_router([a, b], "127.0.0.1", free_port(), "k1", allow_mixed_dtype=True, log=said.append)
+        assert rec["dtype"] == "bfloat16+float32" and [m["dtype"] for m in rec["replicas"]] == ["bfloat16", "float32"]
+        assert "dtype bfloat16+float32: mixed, allowed with --allow-mixed-dtype" in said[0], said
+        ident = server_identity(rec)  # what identity.json and each record's server facts are built from
+        assert ident["dtype"] == "bfloat16+float32" and [m["dtype"] for m in ident["replicas"]] == ["bfloat16", "float32"]
+        status = json.loads(cli("serve", "status", "--json", check=True, env={"MEDSTACK_API_KEY": "k1"}).stdout)
+        assert [(r["dtype"], [m["dtype"] for m in r["replicas"]]) for r in status] == [("bfloat16+float32", ["bfloat16", "float32"])]
+        # the same dtype on every worker: started without the flag, recorded as that dtype
+        same = R.start_remote_router([a, workers([BASE], key="k1", dtype="bfloat16")], "127.0.0.1", free_port(), "k1", log=said.append)
+        assert same["dtype"] == "bfloat16" and same["dtype_reason"].startswith("asked of each worker")
+        assert "bfloat16+float32" in cli("serve", "status", check=True).stdout.replace("\n", "")
+    finally:
+        stand_in.kill()
+        stand_in.wait()

@@ -153,7 +153,7 @@ def roofline(weights: Path, host: dict, override: float | None = None, dtype: st
 
 
 def served_dtype(identity: dict | None) -> str | None:
-    """The dtype the benchmarked server computes in, from its identity (None for a server medstack did not start)."""
+    """The dtype the benchmarked server computes in, from its identity (None where the server names none: serving/served_dtype.py)."""
     return (identity or {}).get("dtype")
 
 

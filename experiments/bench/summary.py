@@ -159,7 +159,7 @@ def dtype_line(bench: dict) -> str:
     """The number formats compared: the server's (and why) and the transformers baseline's."""
     ident = bench.get("identity") or {}
     why = (ident.get("vllm") or {}).get("dtype_reason")
-    text = f"dtype: vLLM {bench.get('served_dtype') or 'unknown (not a server medstack started)'}" + (f" ({why})" if why else "")
+    text = f"dtype: vLLM {bench.get('served_dtype') or 'unknown'}" + (f" ({why})" if why else "")
     if ident.get("hf"):
         text += f"; transformers baseline {ident['hf'].get('dtype')}"
     return text + "."

@@ -354,7 +354,7 @@ def _run_stats(client, wall: float, settings: RunSettings, resumed: int, state: 
 
 
 def served_by(identities: dict) -> dict:
-    """role -> what served it: alias, device and dtype (None where the endpoint is not a server medstack started)."""
+    """role -> what served it: alias, device and dtype (None where the endpoint names none: serving/served_dtype.py)."""
     return {role: {"alias": i.get("alias"), "device": i.get("device"), "dtype": i.get("dtype"), "dtype_reason": i.get("dtype_reason")}
             for role, i in identities.items()}
 

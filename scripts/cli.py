@@ -173,7 +173,7 @@ def serve(
 
 @serve_app.command("status")
 def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List running servers: alias, URL, pid, adapters; for a replica group or router, each replica's own /metrics."""
+    """List running servers: alias, URL, pid, dtype, GPU share (--gpu-memory-utilization), adapters; for a replica group or router, each replica's own /metrics."""
     from serving.launcher import healthy, running_servers
     from serving.replicas import member_status
 
@@ -188,7 +188,7 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
     if not recs:
         console.print("no medstack servers running")
         return
-    table = Table("alias", "url", "pid", "device", "dtype", "adapters", "healthy", "replicas", "log")
+    table = Table("alias", "url", "pid", "device", "dtype", "GPU share", "adapters", "healthy", "replicas", "log")
     for r in recs:
         members = "-"
         if r.get("replica_status"):
@@ -197,7 +197,9 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
                              + (f", {m['requests_finished']} done, {m['running']} running, {m['waiting']} waiting" if m["requests_finished"] is not None else "")
                              for m in ms)
             members = f"{sum(m['healthy'] for m in ms)}/{len(ms)} healthy, {r['router']['policy']} ({each})"
-        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype", "-"), ",".join(r.get("adapters", {})) or "-",
+        share = r.get("gpu_memory_utilization")  # --gpu-memory-utilization it was started with (None: CPU, or a record from before)
+        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype", "-"), f"{share:.3f}" if share else "-",
+                      ",".join(r.get("adapters", {})) or "-",
                       str(healthy(r["base_url"], key)) + (" (keyed)" if r.get("api_key_sha256") else ""), members, r["log"])
     out.print(table)
 

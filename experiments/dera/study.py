@@ -63,7 +63,7 @@ class DeraDialogueStudy(Study):
         return s.model_copy(update=update)
 
     def load_cases(self, s: DialogueSettings) -> list[dict]:
-        return load_encounters(s.data)[: s.limit]
+        return self.select(load_encounters(s.data), s)
 
     async def solve(self, ctx: CaseContext, case: dict, s: DialogueSettings) -> dict:
         return await dialogue.make_solver(s, model_name(s.roles["decider"]))(CaseLog(ctx), case)
@@ -133,7 +133,7 @@ class QAStudy(Study):
         return s.model_copy(update=update)
 
     def load_cases(self, s: QASettings) -> list[dict]:
-        return load_medqa(s.data, mcq=s.mcq)[: s.limit]
+        return self.select(load_medqa(s.data, mcq=s.mcq), s)
 
     async def solve(self, ctx: CaseContext, case: dict, s: QASettings) -> dict:
         solve = qa.make_solver(s, model_name(s.roles["decider"]), qa_metrics.make_scorer(s))

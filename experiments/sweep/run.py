@@ -14,7 +14,8 @@ anything starts. The role -> model map is in every run's config, records and sum
 SWEEP/summary.md and in the report.
 
 Models run in turn: the runner reuses a running server for the alias, else starts one for the run
-and stops it after (so one GPU holds one model at a time). Every input check happens for every
+and stops it after. A run whose fixed roles are another model holds two servers at once: on one GPU each
+gets its share of the memory (serving/gpu_memory.py), or the run is refused with the numbers. Every input check happens for every
 model before anything starts (bad input: exit 2). Resumable as a whole: the same command again
 skips finished runs without starting their server, resumes a partial one. A model whose run stops
 on an error (its server will not start: weights missing, ...) is reported and the sweep goes on to
@@ -47,7 +48,7 @@ class ModelRun:
     label: str
     model: str
     out: Path
-    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error
+    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error | dry run (nothing sent)
     message: str = ""
     roles: dict[str, str] = field(default_factory=dict)  # role -> model reference of this run
 
@@ -176,9 +177,13 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     needed = study.fixed_roles(plan(runs[0], ())[2])  # the roles besides the swept ones that these settings call
     missing = [x for x in needed if x not in roles_varied and x not in named and "default" not in named
                and study.role_follows.get(x) not in named]
-    if missing:
-        raise ConfigError(f"sweep {study.name}: the {', '.join(missing)} role(s) stay one model for every run, as in the paper; "
-                          f"name it once with {' '.join(f'--role {x}=ALIAS' for x in missing)}")
+    # a role that follows another the user is asked for (CRAFT-MD's summarizer and assessor: the grader's) is not asked for
+    ask = [x for x in missing if study.role_follows.get(x) not in missing]
+    if ask:
+        follow = [f"the {x} follows the {study.role_follows[x]}" for x in missing if x not in ask]
+        raise ConfigError(f"sweep {study.name}: the {', '.join(ask)} role(s) stay one model for every run, as in the paper; "
+                          f"name {'it' if len(ask) == 1 else 'each'} once with {' '.join(f'--role {x}=ALIAS' for x in ask)}"
+                          + (f" ({'; '.join(follow)})" if follow else ""))
     # a role these settings never call and nobody named on the command line goes with the swept model: no server for it
     idle = tuple(x for x in study.roles if x not in roles_varied and x not in needed and x not in on_cli)
     planned = []
@@ -199,16 +204,19 @@ def _run_planned(study, study_factory, planned, pub_dirs, sweep_dir: Path, repor
             r.status, r.message = "skipped", "finished earlier"
             log(f"sweep: {r.label}: all {len(case_ids)} cases finished earlier in {r.out}; skipped")
             continue
-        log(f"sweep: {r.label}: running {study.name} with model {r.model} -> {r.out}")
+        log(f"sweep: {r.label}: {'dry run of' if common.get('dry_run') else 'running'} {study.name} with model {r.model} -> {r.out}")
         try:
             run_command(study_factory(), common, given)  # the study command's own body: the one runner
-            r.status = "finished"
+            r.status, r.message = ("dry run", f"requests written to {r.out / 'dry-run.jsonl'}; nothing was sent") if common.get("dry_run") else ("finished", "")
         except MedstackError as e:  # e.g. its server would not start (weights missing): report, go on
             r.status, r.message = "error", str(e)
             log(f"sweep: [red]{r.label}: {study.name} with model {r.model} stopped: {e}[/red] — going on to the next model")
         except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
             r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
 
+    if any(common.get("dry_run") for _, common, *_ in planned):  # nothing ran: no import, compare or report
+        write_summary(out, sweep_dir, study.name)
+        return out
     if pub_dirs:
         out.published = _import_published(pub_dirs, planned[0][3].data, log)
     done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published

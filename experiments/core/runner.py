@@ -333,7 +333,7 @@ def answers_line(metrics: dict) -> str:
         text += f"\n\n**{line[0].upper() + line[1:]}.**"
     for role, model in (metrics.get("self_judged") or {}).items():
         text += (f"\n\n**Caveat: the {role} is the model under test ({model}): it grades its own answers, which may favour them. "
-                 f"Name another model for the {role} (--{role}-model) to measure it apart.**")
+                 f"Name another model for it (--role {role}=ALIAS) to measure apart.**")
     return text
 
 

@@ -17,7 +17,8 @@ def subset_text(records: list[dict], scope: dict | None) -> str:
     datasets = {r.get("case_id"): r.get("dataset") or "unknown" for r in records}
     how = {"sample": f"a random sample stratified by {' and '.join((scope or {}).get('strata') or [])}, seed {(scope or {}).get('seed')}",
            "first": "the first cases of the input (--limit), not a sample"}.get((scope or {}).get("how"))
-    return f"{len(datasets)} cases" + (f" ({how})" if how else "") + f": {counts_text(dict(Counter(datasets.values()).most_common()))}"
+    made_of = dict(Counter(datasets.values()).most_common())
+    return f"{len(datasets)} cases" + (f" ({how})" if how else "") + (f": {counts_text(made_of)}" if set(made_of) != {"unknown"} else "")
 
 
 class CraftmdPaper(PaperAdapter):

@@ -43,6 +43,7 @@ class DeraDialogueStudy(Study):
     primary_role = "decider"
     prompts = PROMPTS
     sweep_roles = ("decider", "researcher")  # both agents are the model under test; the GPT-F1 judge stays fixed
+    judge_roles = ("judge",)  # a judge that is the decider's own model: a caveat in summary.md
 
     def fixed_roles(self, s: DialogueSettings) -> tuple[str, ...]:
         return ("judge",)
@@ -119,6 +120,7 @@ class QAStudy(Study):
     primary_role = "decider"
     prompts = PROMPTS
     sweep_roles = ("decider", "researcher")
+    judge_roles = ("judge",)
 
     def fixed_roles(self, s: QASettings) -> tuple[str, ...]:
         return () if s.mcq else ("judge",)  # open-ended answers are judged against the gold; MCQ needs no judge

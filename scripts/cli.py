@@ -117,7 +117,7 @@ def serve(
     max_model_len: Optional[int] = typer.Option(None, help="Context length (default: the registry's)."),
     tensor_parallel_size: int = typer.Option(1, help="Shard each layer across N GPUs (CPU: N worker processes, each bound to its own cores)."),
     pipeline_parallel_size: int = typer.Option(1, help="Split the layers across N GPUs / nodes (CPU: N worker processes)."),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU: fraction of memory vLLM may take."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU: fraction of its memory vLLM may take (default: vLLM's 0.90 alone on the GPU; beside a running server, what is left within 0.90, from the registry's sizes: docs/running-studies.md)."),
     distributed_backend: Optional[str] = typer.Option(None, help="'ray' for multi-node serving: joins the running Ray cluster ($RAY_ADDRESS or the one `ray start --head` recorded); 'mp' for vLLM's local processes."),
     data_parallel_size: int = typer.Option(1, min=1, help="vLLM's own data parallel: N engine copies behind one API server (vLLM balances between them)."),
     replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
@@ -142,9 +142,12 @@ def serve(
     if model is None:
         console.print(ctx.get_help())
         raise typer.Exit(2)
-    from serving.launcher import ServerSettings, check_dtype, parse_lora, start_server, stop_servers
+    from serving.launcher import ServerSettings, check_dtype, parse_lora, plan_gpu_shares, start_server, stop_servers
     from serving.replicas import start_group
 
+    if gpu_memory_utilization is None and device != "cpu" and replicas == 1 and tensor_parallel_size * pipeline_parallel_size * data_parallel_size == 1:
+        # another server on the GPU already: this one gets what is left within 0.90, or is refused with the numbers
+        gpu_memory_utilization = plan_gpu_shares([model], dtype=check_dtype(dtype), log=lambda m: console.print(m)).get(model)
     settings = ServerSettings(
         alias=model, host=host, port=port, api_key=api_key, lora=parse_lora(lora), max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,

@@ -259,3 +259,18 @@ def test_report_says_which_roles_were_fixed():
             {"roles": {}}]  # an imported release has no role map
     assert roles_note(runs) == "Roles: patient: p, grader: g for every run; clinical: the model of each run."
     assert roles_note(runs[:1]) == ""
+
+
+def test_sweep_refuses_models_that_do_not_fit_one_gpu_before_anything_runs(monkeypatch, tmp_path):
+    """On a (stubbed) 20 GB GPU the second run would hold two 8B servers: refused with the numbers before the first runs."""
+    from serving import launcher
+    from serving.gpu_memory import GpuMemoryError
+
+    monkeypatch.setattr(launcher, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda: (20.0, 19.6))
+    args = ["--data", CASES, "--trials", "1", "--role", "patient=openbiollm-8b", "--role", "grader=openbiollm-8b"]
+    with pytest.raises(GpuMemoryError, match=r"2 vLLM server\(s\) on one GPU need 35.9 GiB but 0.90 of the GPU's 20.0 GiB = 18.0 GiB"):
+        _planned_roles(monkeypatch, tmp_path, "craftmd", ["openbiollm-8b", "llama3-8b-instruct"], args)
+    assert not (tmp_path / "sweep").exists()
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "craftmd", ["openbiollm-8b"], args)  # one model for every role: one server, fits
+    assert roles["openbiollm-8b"]["clinical"] == "openbiollm-8b"

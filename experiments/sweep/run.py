@@ -40,6 +40,7 @@ from experiments.craftmd.importer import import_folder
 from experiments.datasets.registry import resolve_data
 from experiments.report.build import build_report
 from models.errors import MedstackError, StorageError
+from serving.launcher import plan_gpu_shares, will_start
 from serving.refs import ModelRef
 
 
@@ -191,10 +192,21 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         common, given, settings, case_ids = plan(r, idle)
         r.roles = dict(settings.roles)
         planned.append((r, common, given, settings, case_ids))
+    if not values.get("dry_run"):
+        for *_, settings, _ in planned:  # servers a run will start together on one GPU that do not fit: refused now, not mid-sweep
+            check_gpu_fit(settings)
     pub_dirs = _published_plan(published or [], sweep_dir)
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
         return _run_planned(study, study_factory, planned, pub_dirs, sweep_dir, report, log,
                             SweepOutcome(runs, varied=roles_varied, idle=idle))
+
+
+def check_gpu_fit(settings) -> None:
+    """:class:`~serving.gpu_memory.GpuMemoryError` (with the numbers) when the servers one run would start together on
+    this machine's GPU do not fit it (serving/gpu_memory.py); nothing on a CPU or for endpoints given by URL."""
+    refs = [ModelRef.parse(v) for v in dict.fromkeys(settings.roles.values())]
+    aliases = list(dict.fromkeys(r.alias for r in refs if not r.url))
+    plan_gpu_shares([a for a in aliases if will_start(a, dtype=settings.dtype)], dtype=settings.dtype, log=lambda m: None)
 
 
 def _run_planned(study, study_factory, planned, pub_dirs, sweep_dir: Path, report: bool, log, out: SweepOutcome) -> SweepOutcome:

@@ -26,6 +26,15 @@ class RegistryError(MedstackError):
     """An alias that is unknown or whose weights are not on this machine."""
 
 
+class ModelSize(BaseModel):
+    """A model's shape from its config.json: what its server needs on a GPU (serving/gpu_memory.py)."""
+
+    params: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
 class ModelSpec(BaseModel):
     alias: str
     source: Literal["embedded", "local"]
@@ -38,6 +47,7 @@ class ModelSpec(BaseModel):
     context_length: int = 2048
     dtype: str = "auto"
     sampling: dict = Field(default_factory=dict)
+    size: ModelSize | None = None  # None: GPU memory cannot be planned for it (a server alone still starts)
 
     def chat_template_path(self) -> Path | None:
         return TEMPLATE_DIR / self.chat_template if self.chat_template else None

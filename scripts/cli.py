@@ -117,7 +117,7 @@ def serve(
     max_model_len: Optional[int] = typer.Option(None, help="Context length (default: the registry's)."),
     tensor_parallel_size: int = typer.Option(1, help="Shard each layer across N GPUs (CPU: N worker processes, each bound to its own cores)."),
     pipeline_parallel_size: int = typer.Option(1, help="Split the layers across N GPUs / nodes (CPU: N worker processes)."),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU: fraction of memory vLLM may take."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU: fraction of its memory vLLM may take (default: vLLM's 0.90 alone on the GPU; beside a running server, what is left within 0.90, from the registry's sizes: docs/running-studies.md)."),
     distributed_backend: Optional[str] = typer.Option(None, help="'ray' for multi-node serving: joins the running Ray cluster ($RAY_ADDRESS or the one `ray start --head` recorded); 'mp' for vLLM's local processes."),
     data_parallel_size: int = typer.Option(1, min=1, help="vLLM's own data parallel: N engine copies behind one API server (vLLM balances between them)."),
     replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
@@ -142,9 +142,12 @@ def serve(
     if model is None:
         console.print(ctx.get_help())
         raise typer.Exit(2)
-    from serving.launcher import ServerSettings, check_dtype, parse_lora, start_server, stop_servers
+    from serving.launcher import ServerSettings, check_dtype, parse_lora, plan_gpu_shares, start_server, stop_servers
     from serving.replicas import start_group
 
+    if gpu_memory_utilization is None and device != "cpu" and replicas == 1 and tensor_parallel_size * pipeline_parallel_size * data_parallel_size == 1:
+        # another server on the GPU already: this one gets what is left within 0.90, or is refused with the numbers
+        gpu_memory_utilization = plan_gpu_shares([model], dtype=check_dtype(dtype), log=lambda m: console.print(m)).get(model)
     settings = ServerSettings(
         alias=model, host=host, port=port, api_key=api_key, lora=parse_lora(lora), max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
@@ -173,7 +176,7 @@ def serve(
 
 @serve_app.command("status")
 def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List running servers: alias, URL, pid, adapters; for a replica group or router, each replica's own /metrics."""
+    """List running servers: alias, URL, pid, dtype, GPU share (--gpu-memory-utilization), adapters; for a replica group or router, each replica's own /metrics."""
     from serving.launcher import healthy, running_servers
     from serving.replicas import member_status
 
@@ -188,7 +191,7 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
     if not recs:
         console.print("no medstack servers running")
         return
-    table = Table("alias", "url", "pid", "device", "dtype", "adapters", "healthy", "replicas", "log")
+    table = Table("alias", "url", "pid", "device", "dtype", "GPU share", "adapters", "healthy", "replicas", "log")
     for r in recs:
         members = "-"
         if r.get("replica_status"):
@@ -197,7 +200,9 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
                              + (f", {m['requests_finished']} done, {m['running']} running, {m['waiting']} waiting" if m["requests_finished"] is not None else "")
                              for m in ms)
             members = f"{sum(m['healthy'] for m in ms)}/{len(ms)} healthy, {r['router']['policy']} ({each})"
-        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype") or "unknown", ",".join(r.get("adapters", {})) or "-",
+        share = r.get("gpu_memory_utilization")  # --gpu-memory-utilization it was started with (None: CPU, or a record from before)
+        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype") or "unknown", f"{share:.3f}" if share else "-",
+                      ",".join(r.get("adapters", {})) or "-",
                       str(healthy(r["base_url"], key)) + (" (keyed)" if r.get("api_key_sha256") else ""), members, r["log"])
     out.print(table)
 

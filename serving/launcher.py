@@ -25,6 +25,7 @@ from pathlib import Path
 from models.errors import MedstackError
 from models.paths import OFFLINE_ENV, medstack_home, private_dir, private_file
 from models.registry import get_spec, resolve_weights
+from serving.gpu_memory import IDLE_GIB, MAX_SHARE, need, plan_lines, size_of, split_gpu
 from serving.cpus import BF16_FLAGS, cpu_flags, machine_facts, usable_cpus
 from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, public_env, redact_argv
 from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
@@ -399,6 +400,8 @@ def start_server(s: ServerSettings, log=print) -> dict:
         "device": "gpu" if on_gpu else "cpu", "started": time.time(), "runtime_lora": s.allow_runtime_lora,
         "serve_settings": effective_serve_settings(s, on_gpu)["settings"], "machine": machine_facts(), "startup_timeout": timeout,
         "dtype": dtype, "dtype_reason": why,
+        # the part of the GPU's memory vLLM may take (vLLM's default when none was set); None on CPU
+        "gpu_memory_utilization": (s.gpu_memory_utilization or MAX_SHARE) if on_gpu else None,
     }
     t0 = time.time()
     try:
@@ -482,6 +485,46 @@ def stop_servers(alias: str | None = None, log=print, port: int | None = None) -
     return stopped
 
 
+def gpu_memory_gib() -> tuple[float, float] | None:
+    """(total, free) GiB of the GPU a new server starts on (the first of $CUDA_VISIBLE_DEVICES, else GPU 0), from
+    nvidia-smi; None when it cannot tell."""
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", first or "0", "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+        total, free = (float(x) / 1024 for x in out.stdout.strip().splitlines()[0].split(","))
+        return total, free
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def will_start(alias: str, lora: dict[str, str] | None = None, api_key: str | None = None, dtype: str | None = None) -> bool:
+    """Whether :func:`ensure_server` would start a server for ``alias`` (none running that serves it and its adapters)."""
+    rec = find_server(alias, api_key, dtype)
+    return rec is None or (not rec.get("runtime_lora") and any(n not in rec.get("adapters", {}) for n in (lora or {})))
+
+
+def plan_gpu_shares(aliases: list[str], dtype: str | None = None, log=print) -> dict[str, float]:
+    """alias -> --gpu-memory-utilization for servers about to start together on one GPU (serving/gpu_memory.py), or
+    :class:`~serving.gpu_memory.GpuMemoryError` with the numbers when they do not fit. Empty (vLLM's default) on a
+    CPU, for one server on a GPU with room for it, or where the registry gives no size (said)."""
+    if not aliases or not has_nvidia_gpu() or (mem := gpu_memory_gib()) is None:
+        return {}
+    total, free = mem
+    if len(aliases) == 1 and total - free < IDLE_GIB:
+        return {}  # alone on the GPU: vLLM's own default
+    specs = {a: get_spec(a) for a in aliases}
+    sizes = {a: size_of(spec, serving_dtype(ServerSettings(alias=a, dtype=dtype), True, spec.dtype)[0]) for a, spec in specs.items()}
+    unknown = [a for a, sz in sizes.items() if sz is None]
+    if unknown:
+        log(f"GPU memory not planned: the registry gives no size for {', '.join(unknown)} (models/registry.yaml, size:); vLLM's default share")
+        return {}
+    shares = split_gpu([need(a, sz) for a, sz in sizes.items()], total, free)
+    for line in plan_lines(shares, total):
+        log(f"GPU memory: {line}")
+    return {s.name: s.fraction for s in shares}
+
+
 @contextmanager
 def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, api_key: str | None = None, **kw):
     """Yield the record of a running server for ``alias`` (and adapters), starting one for the block if needed.
@@ -544,4 +587,4 @@ def server_identity(rec: dict) -> dict:
 
 
 IDENTITY_FIELDS = ("device", "dtype", "dtype_reason", "adapters", "base_url", "log", "serve_settings", "machine", "startup_seconds",
-                   "startup_timeout")
+                   "startup_timeout", "gpu_memory_utilization")

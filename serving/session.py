@@ -22,7 +22,7 @@ from pathlib import Path
 
 from serving.cache import ResponseCache
 from serving.client import Endpoint, LLMClient, check_local
-from serving.launcher import ensure_server, load_adapter, running_servers, server_identity
+from serving.launcher import ensure_server, load_adapter, plan_gpu_shares, running_servers, server_identity, will_start
 from serving.refs import ModelRef, api_key_for
 from serving.served_dtype import ask_dtype, dtype_name
 
@@ -97,8 +97,11 @@ async def open_client(
             needed.setdefault(ref.alias, {}).update(lora.get(role, {}))
     with ExitStack() as stack:
         own_key = None if url_key == "EMPTY" else url_key  # reuses a running keyed server with the same key
+        # servers started together on one GPU: each its share of the memory, or a refusal with the numbers (before any starts)
+        shares = plan_gpu_shares([a for a, ad in needed.items() if will_start(a, ad, own_key, dtype)], dtype=dtype, log=log)
         servers = {alias: stack.enter_context(ensure_server(alias, lora=ad, log=log, api_key=own_key, startup_timeout=startup_timeout,
-                                                                    dtype=dtype)) for alias, ad in needed.items()}
+                                                                    dtype=dtype, gpu_memory_utilization=shares.get(alias)))
+                   for alias, ad in needed.items()}
         for role, ref in refs.items():
             alias, url = ref.alias, ref.url
             adapters = lora.get(role, {})

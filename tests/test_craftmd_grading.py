@@ -109,7 +109,6 @@ def test_load_csv_fixture(fixtures_dir):
     assert cases[2]["answer_index"] == 1 and cases[2]["answer"] == "Scarlet fever"  # trailing space in the file
     assert cases[0]["specialty"] == "Dermatology" and len(cases[0]["choices"]) == 4
     assert [c["case_id"] for c in load_cases(fixtures_dir / "craftmd" / "cases.csv", specialty="endocrinology")] == ["case_d"]
-    assert len(load_cases(fixtures_dir / "craftmd" / "cases.csv", limit=2)) == 2
 
 
 def test_load_osce_fixture(fixtures_dir):

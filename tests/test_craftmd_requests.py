@@ -237,8 +237,9 @@ def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
             assert {r["gen"]["max_tokens"] for r in rows if r["role"] == "clinical"} == {250}
         else:  # the base model's answers as text completions, the chat flattened, the question in it
             assert rows[3]["kind"] == "completion" and rows[1]["gen"]["stop"] == list(TURN_STOPS)
-    assert lines[0] == requests_line(paper()) and "none" in lines[0]
-    assert lines[1].startswith("additions to the protocol: patient_checks") and "assess_conversations" not in lines[1]
+    assert lines[0].startswith("cases: the first 1 of 2 in the input's order (--limit 1: not a sample)")
+    assert lines[1] == requests_line(paper()) and "none" in lines[1]
+    assert lines[2].startswith("additions to the protocol: patient_checks") and "assess_conversations" not in lines[2]
     emb = [x for x in lines if x.startswith("requests:")][1]
     assert "turn_stops" in emb and "sent as text completions" in emb
     assert any(x.startswith("additions to the protocol: assess_conversations") for x in lines)

@@ -139,3 +139,16 @@ def test_a_dry_run_that_builds_no_request_is_an_error_naming_the_cause(tmp_path)
     with pytest.raises(DataError, match=r"no request was built for 1 case\(s\) \(case a: KeyError: 'no_such_field'\)"):
         asyncio.run(dry_run(_Broken(), s, [{"id": "a"}], log=lambda *_: None))
     assert not (tmp_path / "o" / "dry-run.jsonl").exists()
+
+
+def test_craftmd_dry_run_shows_the_stratified_sample_and_its_composition(invoke, tmp_path, capsys):
+    """`run craftmd --dry-run --sample 7 --seed 0`: the line naming the sample and its composition, and requests for
+    exactly the drawn cases (experiments/core/scope.py; the fixture's strata in tests/test_scope.py)."""
+    out = tmp_path / "dry"
+    r = invoke("run", "craftmd", "--data", str(FX / "craftmd" / "strata_cases.csv"), "--sample", "7", "--seed", "0", "--trials", "1",
+               "--formats", "vignette", "--dry-run", "--out", str(out))
+    said = " ".join((r.output + capsys.readouterr().err).split())
+    assert ("cases: 7 of 20, a random sample stratified by dataset and specialty (5 strata, each in proportion to the whole set; "
+            "--sample 7 --seed 0): 5 MedQA_USMLE, 1 dermatology_public, 1 dermatology_private") in said
+    cases = {row["case_id"].split("/")[0] for row in _rows(out)}
+    assert len(cases) == 7 and sum(c.startswith("usmle_") for c in cases) == 5

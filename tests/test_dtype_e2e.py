@@ -24,6 +24,7 @@ def test_default_server_dtype_is_the_cpus_and_is_shown(embedded_server, cli):
     assert f"dtype {expected}: {why}" in embedded_server["cli_stderr"]
     mine = [r for r in json.loads(cli("serve", "status", "--json", check=True).stdout) if r["port"] == embedded_server["port"]]
     assert mine[0]["dtype"] == expected and mine[0]["dtype_reason"] == why
+    assert mine[0]["gpu_memory_utilization"] is None  # CPU: no share of a GPU (serve status shows "-")
     assert f"--dtype {expected}" in " ".join(mine[0]["argv"])
     assert expected in cli("serve", "status", check=True).stdout
     # asked of the server itself: the dtype the engine resolved, on its /v1/models answer
@@ -58,5 +59,7 @@ def test_other_dtype_server_does_not_reuse_cached_answers(embedded_server, tmp_p
     switched, ident = asyncio.run(ask(other, two_dtypes))
     assert switched.ok, switched.error
     assert not switched.cached and ident["dtype"] == other and ident["started_by_run"] and f"--dtype {other}" in " ".join(ident["argv"])
+    # CPU: the second server started beside the running one as before, with no GPU share planned or passed
+    assert ident["gpu_memory_utilization"] is None and "--gpu-memory-utilization" not in ident["argv"]
     after = sorted((r["base_url"], r["dtype"]) for r in running_servers() if r["alias"] == "embedded")
     assert after == before and ident["base_url"] not in [u for u, _ in after]  # the run's own server was stopped, the others left

@@ -66,7 +66,7 @@ def test_craftmd_table_hand_worked():
     assert [r[0] for r in gpt4["rows"]] == ["vignette", "multi-turn"] and gpt4["rows"][0][3] == "0.820"
     # footnotes: where the setting differs from the paper's
     notes = " ".join(mcq.footnotes)
-    assert "Turn cap 4 doctor turns" in notes and "1 trial(s) per case (paper: 5)" in notes and "2 case(s): a subset" in notes
+    assert "Turn cap 4 doctor turns" in notes and "1 trial(s) per case (paper: 5)" in notes and "Computed on 2 cases; the paper's figures are over all 2,000" in notes
     assert "concurrent-diagnosis" not in notes  # FRQ-only footnotes stay under the FRQ table
     assert g.notes == list(range(1, len(mcq.footnotes) + 1))
     frq_notes = " ".join(next(t for t in st.tables if t.id == "frq").footnotes)

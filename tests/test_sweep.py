@@ -158,8 +158,9 @@ def test_sweep_refuses_unnamed_fixed_roles(cli, tmp_path):
     p = cli("sweep", "craftmd", "--models", "embedded,llama3-8b-instruct", "--data", CASES, "--out", str(tmp_path / "s"))
     assert p.returncode == 2 and "Traceback" not in p.stderr and not (tmp_path / "s").exists()
     err = " ".join(p.stderr.split())
-    assert "patient, grader, summarizer role(s) stay one model for every run" in err
-    assert "--role patient=ALIAS --role grader=ALIAS" in err
+    assert "the patient, grader role(s) stay one model for every run" in err  # only the roles the user must give:
+    assert "--role patient=ALIAS --role grader=ALIAS (the summarizer follows the grader)" in err  # the summarizer follows the grader
+    assert "--role summarizer" not in err
     p = cli("sweep", "dera-qa", "--models", "embedded", "--out", str(tmp_path / "s"))
     assert p.returncode == 2 and "--role judge=ALIAS" in " ".join(p.stderr.split())
     p = cli("sweep", "craftmd", "--models", "embedded", "--data", CASES, "--role", "clinical=embedded", "--role", "patient=embedded",
@@ -167,6 +168,17 @@ def test_sweep_refuses_unnamed_fixed_roles(cli, tmp_path):
     assert p.returncode == 2 and "clinical is the role under test" in " ".join(p.stderr.split())
     p = cli("sweep", "craftmd", "--models", "embedded", "--data", CASES, "--vary", "doctor", "--out", str(tmp_path / "s"))
     assert p.returncode == 2 and "--vary 'doctor': roles of craftmd: clinical, patient, grader, summarizer" in " ".join(p.stderr.split())
+
+
+def test_sweep_dry_run_marks_nothing_finished(cli, tmp_path):
+    """`sweep --dry-run`: each model's requests are written, no server starts, and the summary says dry run, never finished."""
+    out = tmp_path / "s"
+    p = cli("sweep", "craftmd", "--models", "embedded,llama3-8b-instruct", *SMALL, "--role", "patient=embedded", "--dry-run", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    summary = (out / "summary.md").read_text()
+    assert "finished" not in summary and summary.count("| dry run: requests written to") == 2
+    assert (out / "embedded" / "dry-run.jsonl").exists() and (out / "llama3-8b-instruct" / "dry-run.jsonl").exists()
+    assert not (out / "report.html").exists() and not (out / "compare").exists()
 
 
 @pytest.mark.e2e
@@ -247,3 +259,18 @@ def test_report_says_which_roles_were_fixed():
             {"roles": {}}]  # an imported release has no role map
     assert roles_note(runs) == "Roles: patient: p, grader: g for every run; clinical: the model of each run."
     assert roles_note(runs[:1]) == ""
+
+
+def test_sweep_refuses_models_that_do_not_fit_one_gpu_before_anything_runs(monkeypatch, tmp_path):
+    """On a (stubbed) 20 GB GPU the second run would hold two 8B servers: refused with the numbers before the first runs."""
+    from serving import launcher
+    from serving.gpu_memory import GpuMemoryError
+
+    monkeypatch.setattr(launcher, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda: (20.0, 19.6))
+    args = ["--data", CASES, "--trials", "1", "--role", "patient=openbiollm-8b", "--role", "grader=openbiollm-8b"]
+    with pytest.raises(GpuMemoryError, match=r"2 vLLM server\(s\) on one GPU need 35.9 GiB but 0.90 of the GPU's 20.0 GiB = 18.0 GiB"):
+        _planned_roles(monkeypatch, tmp_path, "craftmd", ["openbiollm-8b", "llama3-8b-instruct"], args)
+    assert not (tmp_path / "sweep").exists()
+    roles, _ = _planned_roles(monkeypatch, tmp_path, "craftmd", ["openbiollm-8b"], args)  # one model for every role: one server, fits
+    assert roles["openbiollm-8b"]["clinical"] == "openbiollm-8b"

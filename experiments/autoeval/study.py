@@ -97,6 +97,7 @@ class AutoevalStudy(Study):
     roles = ("judge",)
     primary_role = "judge"
     prompts = J.PROMPTS
+    case_noun = "dialogues"
 
     def __init__(self):
         self.criteria: list[J.Criterion] = []
@@ -119,8 +120,7 @@ class AutoevalStudy(Study):
         self.examples = J.load_examples(s.examples, self.criteria)
         self.reference = load_reference(s.reference, self.criteria) if s.reference else None
         dialogues, self.counts = load_dialogues(s.data)
-        if s.limit is not None:  # --limit counts dialogues (each is rated on every criterion)
-            dialogues = dialogues[: s.limit]
+        dialogues = self.select(dialogues, s)  # --limit / --sample count dialogues (each is rated on every criterion)
         return [{"id": f"{d['source_id']}::{c.key}", "dialogue": d, "criterion": c} for d in dialogues for c in self.criteria]
 
     async def setup(self, client, s: AutoevalSettings, cases: list[dict], out: Path) -> None:

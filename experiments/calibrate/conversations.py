@@ -63,7 +63,7 @@ class ConversationCalibration(Study):
 
     def load_cases(self, s: ConversationCalibrationSettings) -> list[dict]:
         convs = interleaved(load_expert_labels(s.data))  # DataError naming the file, sheet and row
-        return [{"id": c.id, "conversation": c} for c in convs[: s.limit]]
+        return [{"id": c.id, "conversation": c} for c in self.select(convs, s)]
 
     async def solve(self, ctx: CaseContext, unit: dict, s: ConversationCalibrationSettings) -> dict:
         c = unit["conversation"]

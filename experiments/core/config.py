@@ -76,7 +76,7 @@ class RunSettings(BaseModel):
     authors_table: ClassVar[dict] = {
         **dict.fromkeys(("version", "experiment", "out"), Unpaired("what the settings are and where results go")),
         "data": Unpaired("where the cases are read from; the data set is named in identity.json"),
-        "limit": Unpaired("how many of the cases a run takes: its scope, stated with the results"),
+        **dict.fromkeys(("limit", "sample"), Unpaired("which of the cases a run takes: its scope, stated with the results")),
         **dict.fromkeys(("concurrency", "timeout", "retries", "max_consecutive_failures", "use_cache", "allow_remote", "startup_timeout"),
                         Unpaired("how the run reaches its servers; no request changes")),
         **dict.fromkeys(("seed", "send_seed"), Unpaired("per-call seeds make a run's samples repeatable; the authors seeded nothing, which a seed "
@@ -91,7 +91,10 @@ class RunSettings(BaseModel):
     experiment: str = ""
     data: str | None = Field(None, description="Input data: a file/folder path, or a registered data set name (`medstack data list`).")
     out: str | None = Field(None, description="Results directory (default runs/<study>-<model>); re-running the same command resumes.")
-    limit: int | None = Field(None, ge=1, description="Only the first N cases.")
+    limit: int | None = Field(None, ge=1, description="Only the first N cases, in the input's order (not a sample; summary.md says so).")
+    # experiments/core/scope.py: proportional to the study's strata (CRAFT-MD: dataset and specialty), the same cases for one seed
+    sample: int | None = Field(None, ge=1, description="A random sample of N cases, stratified like the whole set (CRAFT-MD: by dataset and specialty), "
+                                                       "drawn with --seed: the same seed, the same cases (summary.md gives its composition).")
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(32, description="Cases (and requests) in flight (>= 1).")  # "auto": by device (experiments/core/concurrency.py)
     timeout: float = Field(600.0, gt=0)
     retries: int = Field(5, ge=0)

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from experiments.core.deviations import protocol_lines, protocol_stats
 from experiments.core.results import read_jsonl
 from experiments.core.runner import run_study
+from experiments.core.scope import scope_line
 from models.errors import DataError, MedstackError
 from serving.client import ChatResult, GenConfig
 
@@ -115,6 +116,8 @@ async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if study.scope:  # which cases: all, the first N or a stratified sample, with their composition
+        log(scope_line(study.scope, study.scope.get("noun", "cases")))
     for line in study.describe(settings):
         log(line)
     constrained = sum(1 for r in rows if (r.get("constraint") or {}).get("applied"))

@@ -333,7 +333,7 @@ ADDED_SETTINGS = {"answers": "free",
                   # CRAFT-MD's grader verdict and empty turns as every run before these settings read and sent them
                   "verdict_rule": "first_word", "empty_turn": "..."}
 # settings that may change between a run and its resumption without changing results
-RESUME_IGNORED = {"limit", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures",
+RESUME_IGNORED = {"limit", "sample", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures",
                   "startup_timeout"}
 
 

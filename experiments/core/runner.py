@@ -39,6 +39,7 @@ from experiments.core.deviations import call_protocol, deviations_line, protocol
 from experiments.core.recordwriter import RecordWriter
 from experiments.core.results import CALL_LOG, RunDir
 from experiments.core.runlock import RunLock
+from experiments.core.scope import scope_line
 from experiments.core.study import CaseContext, RequestFailed, Study, call_formats, format_stats
 from models.errors import DataError, MedstackError, StorageError
 from serving import server_metrics
@@ -218,7 +219,18 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     metrics["answer_formats"] = format_stats(finished)
     metrics["protocol"] = protocol_stats(finished)
     metrics["deviations"] = settings_deviations(settings)  # every setting unlike the authors' (its study's table)
+    if study.scope:
+        metrics["scope"] = study.scope  # which cases: all, the first N, a stratified sample (experiments/core/scope.py)
+    if judged := self_judged(study, settings):
+        metrics["self_judged"] = judged  # judging roles played by the model under test: a caveat in summary.md
     return metrics, failed
+
+
+def self_judged(study: Study, settings: RunSettings) -> dict[str, str]:
+    """Judging role -> model, for the judging roles this run calls that the model under test plays itself (it grades
+    its own answers)."""
+    under_test = settings.roles.get(study.primary_role)
+    return {r: under_test for r in study.judge_roles if r in study.fixed_roles(settings) and settings.roles.get(r) == under_test}
 
 
 async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> LoopState:
@@ -315,6 +327,13 @@ def answers_line(metrics: dict) -> str:
     if "deviations" in metrics:  # the run's settings against the authors' (absent in metrics written before the table)
         line = deviations_line(metrics["deviations"])
         text += f"\n\n**{line[0].upper() + line[1:]}**"
+    scope = metrics.get("scope")
+    if scope:
+        line = scope_line(scope, scope.get("noun", "cases"))
+        text += f"\n\n**{line[0].upper() + line[1:]}.**"
+    for role, model in (metrics.get("self_judged") or {}).items():
+        text += (f"\n\n**Caveat: the {role} is the model under test ({model}): it grades its own answers, which may favour them. "
+                 f"Name another model for it (--role {role}=ALIAS) to measure apart.**")
     return text
 
 

@@ -5,7 +5,8 @@ A study (DERA, CRAFT-MD, MELD, autoeval, MediTOD, ...) subclasses :class:`Study`
 - ``name``, ``settings_cls`` (a :class:`~experiments.core.config.RunSettings` subclass), ``roles``
   (the valid role names; ``primary_role`` is the model under test), ``prompts`` (its folder);
 - ``load_cases(settings)``: the cases, each a dict with a unique ``id``; bad input raises
-  :class:`~models.errors.DataError` naming the file and line/id. Called before any server starts;
+  :class:`~models.errors.DataError` naming the file and line/id. Called before any server starts. ``--limit`` and
+  ``--sample`` are applied there, through ``self.select(items, settings)`` (experiments/core/scope.py; ``strata``);
 - ``solve(ctx, case, settings)``: one case -> one record, every model call made through ``ctx``;
 - ``metrics(records, settings)`` and ``summary(metrics, settings)``: over the finished records
   only (a failed case never reaches them).
@@ -58,6 +59,7 @@ from experiments.core.config import RunSettings
 from experiments.core.constraints import Constraint
 from experiments.core.deviations import check_protocol
 from experiments.core.prompts import PromptSet
+from experiments.core.scope import take
 from models.errors import MedstackError
 from serving.client import ChatResult, ErrorKind, GenConfig, LLMClient
 
@@ -212,6 +214,20 @@ class Study:
     # the user does not name takes the model of the role it follows (CRAFT-MD: the summarizer, the grader's).
     sweep_roles: ClassVar[tuple[str, ...]] = ()
     role_follows: ClassVar[dict[str, str]] = {}
+    # `--sample N`: the case fields whose values define the strata a sample keeps in proportion (experiments/core/scope.py)
+    strata: ClassVar[tuple[str, ...]] = ()
+    case_noun: ClassVar[str] = "cases"  # what select() counts, in summary.md's scope line
+    # roles that grade the answers of the model under test: a run where one of them is that model says so (summary.md)
+    judge_roles: ClassVar[tuple[str, ...]] = ()
+    scope: dict | None = None  # set by select(): which cases this run takes (all, the first N, a sample) and their composition
+
+    def select(self, items: list, settings: RunSettings) -> list:
+        """The cases a run takes (``--limit``: the first N; ``--sample``: stratified by ``strata``; else all), applied
+        where the study reads its cases, before it expands them (CRAFT-MD's trials); the scope goes to metrics.json
+        and summary.md."""
+        chosen, scope = take(items, settings, self.strata)
+        self.scope = {**scope, "noun": self.case_noun}
+        return chosen
 
     def fixed_roles(self, settings: RunSettings) -> tuple[str, ...]:
         """The roles besides the swept ones that a run with these settings calls: a sweep refuses to start

@@ -167,7 +167,7 @@ def load_osce(path: Path) -> list[dict]:
     return cases
 
 
-def load_cases(path: str | Path, *, specialty: str | None = None, limit: int | None = None) -> list[dict]:
+def load_cases(path: str | Path, *, specialty: str | None = None) -> list[dict]:
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: no such file")
@@ -183,4 +183,4 @@ def load_cases(path: str | Path, *, specialty: str | None = None, limit: int | N
         cases = [c for c in cases if c["specialty"].lower() == wanted]
         if not cases:
             raise DataError(f"{p}: no case of specialty {specialty!r}; specialties here: {', '.join(known)}")
-    return cases[:limit] if limit else cases
+    return cases

@@ -48,6 +48,7 @@ class MeldStudy(Study):
     settings_cls = MeldSettings
     roles = ("model",)
     primary_role = "model"
+    strata = ("dataset", "specialty")
     prompts = PROMPTS
 
     def default_config(self, overrides: dict):
@@ -59,7 +60,7 @@ class MeldStudy(Study):
         return s
 
     def load_cases(self, s: MeldSettings) -> list[dict]:
-        return [{**c, "id": c["case_id"]} for c in load_cases(s.data, limit=s.limit)]
+        return [{**c, "id": c["case_id"]} for c in self.select(load_cases(s.data), s)]
 
     async def solve(self, ctx: CaseContext, case: dict, s: MeldSettings) -> dict:
         first, second = split_halves(case["vignette"])

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+from experiments.core.scope import counts_text
 from experiments.craftmd.compare import grading_of
 from experiments.craftmd.metrics import case_scores, formats_modes
 from experiments.craftmd.settings import CraftSettings, deviations
 from experiments.tables.adapter import PaperAdapter
+
+
+def subset_text(records: list[dict], scope: dict | None) -> str:
+    """The cases a table was computed on: '100 cases (a stratified random sample, seed 0): 90 MedQA_USMLE, 5 ...'
+    (per data set, from the finished records; how they were chosen from the run's scope, experiments/core/scope.py)."""
+    datasets = {r.get("case_id"): r.get("dataset") or "unknown" for r in records}
+    how = {"sample": f"a random sample stratified by {' and '.join((scope or {}).get('strata') or [])}, seed {(scope or {}).get('seed')}",
+           "first": "the first cases of the input (--limit), not a sample"}.get((scope or {}).get("how"))
+    made_of = dict(Counter(datasets.values()).most_common())
+    return f"{len(datasets)} cases" + (f" ({how})" if how else "") + (f": {counts_text(made_of)}" if set(made_of) != {"unknown"} else "")
 
 
 class CraftmdPaper(PaperAdapter):
@@ -15,7 +28,7 @@ class CraftmdPaper(PaperAdapter):
         return {"grades": g["grades"], "concurrent_rule": g["concurrent_rule"], "answers": cfg.get("answers") or "free",
                 "cases": len({r.get("case_id") for r in records}), "turn_cap_inferred": m.get("turn_cap_inferred"),
                 "trials": cfg.get("trials") or max((int(r.get("trial") or 0) + 1 for r in records), default=None),
-                "grader": (cfg.get("roles") or {}).get("grader"), **self.requests(run)}
+                "grader": (cfg.get("roles") or {}).get("grader"), "subset": subset_text(records, m.get("scope")), **self.requests(run)}
 
     @staticmethod
     def requests(run: dict) -> dict:

@@ -70,6 +70,8 @@ class CraftmdStudy(Study):
     prompts = PROMPTS
     sweep_roles = ("clinical",)  # the doctor-AI varies; patient-AI and grader-AI stay fixed (Johri et al.)
     role_follows = {"summarizer": "grader", "assessor": "grader"}
+    strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
+    judge_roles = ("grader",)
 
     def fixed_roles(self, s: CraftSettings) -> tuple[str, ...]:
         talks = any(f != "vignette" for f in s.formats)  # every format but the vignette has a patient-AI
@@ -90,7 +92,7 @@ class CraftmdStudy(Study):
         return s.model_copy(update={"name": s.name or model_name(s.roles["clinical"]), "roles": roles})
 
     def load_cases(self, s: CraftSettings) -> list[dict]:
-        return units_for(load_cases(s.data, specialty=s.specialty, limit=s.limit), s.trials)
+        return units_for(self.select(load_cases(s.data, specialty=s.specialty), s), s.trials)
 
     async def solve(self, ctx: CaseContext, unit: dict, s: CraftSettings) -> dict:
         return await check_conversation_record(ctx, unit["case"], await solve(ctx, unit, s), s)

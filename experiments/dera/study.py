@@ -43,6 +43,7 @@ class DeraDialogueStudy(Study):
     primary_role = "decider"
     prompts = PROMPTS
     sweep_roles = ("decider", "researcher")  # both agents are the model under test; the GPT-F1 judge stays fixed
+    judge_roles = ("judge",)  # a judge that is the decider's own model: a caveat in summary.md
 
     def fixed_roles(self, s: DialogueSettings) -> tuple[str, ...]:
         return ("judge",)
@@ -63,7 +64,7 @@ class DeraDialogueStudy(Study):
         return s.model_copy(update=update)
 
     def load_cases(self, s: DialogueSettings) -> list[dict]:
-        return load_encounters(s.data)[: s.limit]
+        return self.select(load_encounters(s.data), s)
 
     async def solve(self, ctx: CaseContext, case: dict, s: DialogueSettings) -> dict:
         return await dialogue.make_solver(s, model_name(s.roles["decider"]))(CaseLog(ctx), case)
@@ -119,6 +120,7 @@ class QAStudy(Study):
     primary_role = "decider"
     prompts = PROMPTS
     sweep_roles = ("decider", "researcher")
+    judge_roles = ("judge",)
 
     def fixed_roles(self, s: QASettings) -> tuple[str, ...]:
         return () if s.mcq else ("judge",)  # open-ended answers are judged against the gold; MCQ needs no judge
@@ -133,7 +135,7 @@ class QAStudy(Study):
         return s.model_copy(update=update)
 
     def load_cases(self, s: QASettings) -> list[dict]:
-        return load_medqa(s.data, mcq=s.mcq)[: s.limit]
+        return self.select(load_medqa(s.data, mcq=s.mcq), s)
 
     async def solve(self, ctx: CaseContext, case: dict, s: QASettings) -> dict:
         solve = qa.make_solver(s, model_name(s.roles["decider"]), qa_metrics.make_scorer(s))

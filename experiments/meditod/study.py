@@ -90,15 +90,15 @@ def transcript(sample: dict) -> list[dict]:
     return [{"agent": t.split(": ", 1)[0], "content": t.split(": ", 1)[-1], "turn": i} for i, t in enumerate(turns)]
 
 
-def load_samples(s: MeditodSettings) -> list[dict]:
-    """Cases: one per test turn, ``{"id", "sample", "exemplars"}`` (exemplars retrieved in in-context mode)."""
+def load_samples(s: MeditodSettings, select=lambda samples, s: samples) -> list[dict]:
+    """Cases: one per test turn, ``{"id", "sample", "exemplars"}`` (exemplars retrieved in in-context mode); ``select``
+    (the study's: --limit / --sample) picks the test turns before their exemplars are retrieved."""
     data_path = Path(s.data)
     dialogs = load_dialogs(data_path)
     splits_dir = Path(s.splits_dir) if s.splits_dir else data_path.parent
     test_ids = load_split_ids(splits_dir, s.split, dialogs=dialogs)
     samples = build_samples(dialogs, test_ids, s.task, mode=s.mode, history_size=s.history_size)
-    if s.limit is not None:
-        samples = samples[: s.limit]
+    samples = select(samples, s)
     found: list[list[dict]] = [[] for _ in samples]
     if s.mode == "icl" and s.k > 0 and samples:  # after the cheap checks: the encoder takes seconds to load
 
@@ -163,7 +163,7 @@ class MeditodStudy(Study):
         return fmt
 
     def load_cases(self, s: MeditodSettings) -> list[dict]:
-        return load_samples(s)
+        return load_samples(s, self.select)
 
     async def setup(self, client, s: MeditodSettings, cases: list[dict], out: Path) -> None:
         alias = model_name(s.roles["model"])

@@ -14,7 +14,8 @@ anything starts. The role -> model map is in every run's config, records and sum
 SWEEP/summary.md and in the report.
 
 Models run in turn: the runner reuses a running server for the alias, else starts one for the run
-and stops it after (so one GPU holds one model at a time). Every input check happens for every
+and stops it after. A run whose fixed roles are another model holds two servers at once: on one GPU each
+gets its share of the memory (serving/gpu_memory.py), or the run is refused with the numbers. Every input check happens for every
 model before anything starts (bad input: exit 2). Resumable as a whole: the same command again
 skips finished runs without starting their server, resumes a partial one. A model whose run stops
 on an error (its server will not start: weights missing, ...) is reported and the sweep goes on to
@@ -39,6 +40,7 @@ from experiments.craftmd.importer import import_folder
 from experiments.datasets.registry import resolve_data
 from experiments.report.build import build_report
 from models.errors import MedstackError, StorageError
+from serving.launcher import plan_gpu_shares, will_start
 from serving.refs import ModelRef
 
 
@@ -47,7 +49,7 @@ class ModelRun:
     label: str
     model: str
     out: Path
-    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error
+    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error | dry run (nothing sent)
     message: str = ""
     roles: dict[str, str] = field(default_factory=dict)  # role -> model reference of this run
 
@@ -176,9 +178,13 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     needed = study.fixed_roles(plan(runs[0], ())[2])  # the roles besides the swept ones that these settings call
     missing = [x for x in needed if x not in roles_varied and x not in named and "default" not in named
                and study.role_follows.get(x) not in named]
-    if missing:
-        raise ConfigError(f"sweep {study.name}: the {', '.join(missing)} role(s) stay one model for every run, as in the paper; "
-                          f"name it once with {' '.join(f'--role {x}=ALIAS' for x in missing)}")
+    # a role that follows another the user is asked for (CRAFT-MD's summarizer and assessor: the grader's) is not asked for
+    ask = [x for x in missing if study.role_follows.get(x) not in missing]
+    if ask:
+        follow = [f"the {x} follows the {study.role_follows[x]}" for x in missing if x not in ask]
+        raise ConfigError(f"sweep {study.name}: the {', '.join(ask)} role(s) stay one model for every run, as in the paper; "
+                          f"name {'it' if len(ask) == 1 else 'each'} once with {' '.join(f'--role {x}=ALIAS' for x in ask)}"
+                          + (f" ({'; '.join(follow)})" if follow else ""))
     # a role these settings never call and nobody named on the command line goes with the swept model: no server for it
     idle = tuple(x for x in study.roles if x not in roles_varied and x not in needed and x not in on_cli)
     planned = []
@@ -186,10 +192,21 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         common, given, settings, case_ids = plan(r, idle)
         r.roles = dict(settings.roles)
         planned.append((r, common, given, settings, case_ids))
+    if not values.get("dry_run"):
+        for *_, settings, _ in planned:  # servers a run will start together on one GPU that do not fit: refused now, not mid-sweep
+            check_gpu_fit(settings)
     pub_dirs = _published_plan(published or [], sweep_dir)
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
         return _run_planned(study, study_factory, planned, pub_dirs, sweep_dir, report, log,
                             SweepOutcome(runs, varied=roles_varied, idle=idle))
+
+
+def check_gpu_fit(settings) -> None:
+    """:class:`~serving.gpu_memory.GpuMemoryError` (with the numbers) when the servers one run would start together on
+    this machine's GPU do not fit it (serving/gpu_memory.py); nothing on a CPU or for endpoints given by URL."""
+    refs = [ModelRef.parse(v) for v in dict.fromkeys(settings.roles.values())]
+    aliases = list(dict.fromkeys(r.alias for r in refs if not r.url))
+    plan_gpu_shares([a for a in aliases if will_start(a, dtype=settings.dtype)], dtype=settings.dtype, log=lambda m: None)
 
 
 def _run_planned(study, study_factory, planned, pub_dirs, sweep_dir: Path, report: bool, log, out: SweepOutcome) -> SweepOutcome:
@@ -199,16 +216,19 @@ def _run_planned(study, study_factory, planned, pub_dirs, sweep_dir: Path, repor
             r.status, r.message = "skipped", "finished earlier"
             log(f"sweep: {r.label}: all {len(case_ids)} cases finished earlier in {r.out}; skipped")
             continue
-        log(f"sweep: {r.label}: running {study.name} with model {r.model} -> {r.out}")
+        log(f"sweep: {r.label}: {'dry run of' if common.get('dry_run') else 'running'} {study.name} with model {r.model} -> {r.out}")
         try:
             run_command(study_factory(), common, given)  # the study command's own body: the one runner
-            r.status = "finished"
+            r.status, r.message = ("dry run", f"requests written to {r.out / 'dry-run.jsonl'}; nothing was sent") if common.get("dry_run") else ("finished", "")
         except MedstackError as e:  # e.g. its server would not start (weights missing): report, go on
             r.status, r.message = "error", str(e)
             log(f"sweep: [red]{r.label}: {study.name} with model {r.model} stopped: {e}[/red] — going on to the next model")
         except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
             r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
 
+    if any(common.get("dry_run") for _, common, *_ in planned):  # nothing ran: no import, compare or report
+        write_summary(out, sweep_dir, study.name)
+        return out
     if pub_dirs:
         out.published = _import_published(pub_dirs, planned[0][3].data, log)
     done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published

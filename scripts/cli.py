@@ -25,6 +25,34 @@ from models.paths import apply_umask, set_offline
 console = Console(stderr=True)
 out = Console()
 
+
+def _plain_value_names() -> None:
+    """typer tags every option with a Python type (``<bool>``, ``<list[str]>``, ``<int>``): a flag gets no tag (it
+    takes no value) and a value the name click gives it (INTEGER, FLOAT, TEXT, PATH; a|b for choices). An option's
+    own metavar wins (the study commands set theirs: experiments/core/commands.py)."""
+    try:
+        from typer.core import TyperOption, _TyperParameter
+    except ImportError:  # another typer: its own tags stay
+        return
+    names = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "path": "PATH", "bool": "BOOLEAN"}
+    tagged = _TyperParameter.display_type
+    option_rich = TyperOption.display_type_rich
+
+    def display_type(self, ctx):
+        label = tagged(self, ctx).removeprefix("<").removesuffix(">")
+        label = label.removeprefix("list[").removesuffix("]") if label.startswith("list[") else label
+        head, _, rest = label.partition(" ")  # "int range", "float range"
+        return " ".join(x for x in (names.get(head, head), rest) if x)
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and self.metavar is None else option_rich(self, ctx)
+
+    _TyperParameter.display_type = display_type
+    TyperOption.display_type_rich = display_type_rich
+
+
+_plain_value_names()
+
 app = typer.Typer(help="medstack: local clinical LLM agent experiments on vLLM.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="The model registry: list, inspect, prepare local weights.", no_args_is_help=True)
 serve_app = typer.Typer(help="Start, list and stop vLLM OpenAI-compatible servers.", invoke_without_command=True)

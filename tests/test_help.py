@@ -163,3 +163,17 @@ def test_sweep_help_shows_the_study_s_options(app):
     assert "--models" in text and "--vary" in text  # the sweep's own
     assert "The options of craftmd" in text and "[default: 5]" in row(text, "--trials") and "--patient-model" in text
     assert "--trials" not in help_of(app, "sweep")  # without a study: the sweep's own only
+
+
+def test_concurrency_takes_a_number_or_auto(app):
+    """`concurrency: N | auto`: the flag reads either (it read only numbers, so help could show a default it refused)."""
+    for given, want in (("4", 4), ("auto", "auto")):
+        r = CliRunner().invoke(app, ["run", "craftmd", "--concurrency", given, "--print-config"])
+        assert r.exit_code == 0 and yaml.safe_load(r.output)["concurrency"] == want, r.output
+
+
+def test_sweep_without_models_names_the_option(app):
+    from experiments.core.config import ConfigError
+
+    r = CliRunner().invoke(app, ["sweep", "craftmd", "--data", "x.csv"])
+    assert isinstance(r.exception, ConfigError) and "--models is required" in str(r.exception)

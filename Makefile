@@ -7,7 +7,8 @@ setup:
 test: setup
 	.venv/bin/python -m pytest -v --durations=15 -m "not distributed"
 
-# several vLLM processes at once (up to four servers' memory): replica group + router, TP=2, Ray
+# several vLLM processes for one model (up to three servers' memory): TP=2 and Ray (tests marked distributed);
+# the replica group behind the router is in `make test`
 test-distributed: setup
 	.venv/bin/python -m pytest -v --durations=15 -m distributed
 

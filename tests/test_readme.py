@@ -1,5 +1,5 @@
 """README.md as a user reads it: at most 10,000 characters, its links resolve, and every command line of
-"Quick start" and "Your first real study" is one that exists: `medstack ...` lines are parsed by the real
+"Quick start", "Your first real study" and "The other studies" is one that exists: `medstack ...` lines are parsed by the real
 CLI with --help appended (click rejects an unknown option before it shows help, so a renamed command or
 option fails here), `make` targets exist, files read are ones a line of the block writes."""
 
@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-SECTIONS = ("Quick start", "Your first real study")
+SECTIONS = ("Quick start", "Your first real study", "The other studies")
 SWEEP_OWN = {"--models", "--out", "--published", "--vary"}  # sweep options; the rest are the study's
 ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 

@@ -34,6 +34,8 @@ class AutoevalSettings(RunSettings):
     }
 
     experiment: str = "autoeval"
+    out: str | None = Field(None, description="Results directory (default runs/autoeval/<results folder>-<judge model>); "
+                            "re-running the same command resumes.")
     roles: dict[str, str] = {"judge": "embedded"}
     criteria: list[str] = Field(CRITERIA, description=f"Comma-separated criteria keys or names (default from config: {','.join(CRITERIA)}).")
     criteria_file: str | None = None  # default: experiments/autoeval/criteria.yaml

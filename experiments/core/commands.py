@@ -7,6 +7,11 @@ and the COMMON ones below, which are not settings. Its body is always the same:
     YAML config -> study flags -> --model / per-role flags / --role -> --set  (later wins)
     -> validated settings -> cases loaded and checked (no server yet) -> run_study -> summary.md
 
+(``--print-config`` stops after the validated settings and prints them as YAML.) Its ``--help`` shows what a
+run without options would use: each flag's effective default (the study's default config over the settings
+model's defaults), its choices (a ``Literal`` field's values), the study's roles with one ``--ROLE-model`` flag
+each (generated for a role no settings flag names), all escaped for rich markup.
+
 Exit codes, every study: 0 done, 2 bad input (nothing started), 3 finished with failed or
 unstarted cases (the command to resume is printed).
 """
@@ -22,24 +27,26 @@ from pathlib import Path
 from dataclasses import dataclass
 from functools import reduce
 from types import UnionType
-from typing import Annotated, Any, Callable, List, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get_args, get_origin
 
 import typer
 
 from experiments.core.concurrency import run_async
-from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, load_settings, parse_set, read_yaml_mapping
+from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
 from experiments.core.study import Study
-from models.errors import DataError
+from models.errors import DataError, MedstackError
 
 # The flags of every study command that are not settings: how the settings are assembled and sent.
 COMMON: dict[str, tuple[Any, Any]] = {
-    "model": (Optional[str], typer.Option(None, "--model", "-m", help="Model for every role: registry ALIAS (a running server is reused, else one is started for the run) or ALIAS@URL.")),
-    "role": (List[str], typer.Option([], "--role", help="ROLE=REF: the model of one role (repeatable); overrides --model.")),
-    "config": (Optional[Path], typer.Option(None, "--config", help="YAML settings file (default: the study's paper config).")),
-    "set_": (List[str], typer.Option([], "--set", help="SECTION.KEY=VALUE: override any config key (repeatable), e.g. --set sampling.doctor.temperature=0.")),
-    "api_key": (Optional[str], typer.Option(None, "--api-key", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY, which other local users cannot see in ps). Never written to the results.")),
-    "dry_run": (bool, typer.Option(False, "--dry-run", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
+    "model": (Optional[str], typer.Option(None, "--model", "-m", metavar="REF", help="Model for every role: registry ALIAS (a running server is reused, else one is started for the run) or ALIAS@URL.")),
+    "role": (List[str], typer.Option([], "--role", metavar="ROLE=REF", help="ROLE=REF: the model of one role (repeatable); overrides --model.")),
+    "config": (Optional[Path], typer.Option(None, "--config", metavar="FILE", help="YAML settings file (default: the study's paper config).")),
+    "set_": (List[str], typer.Option([], "--set", metavar="KEY=VALUE", help="SECTION.KEY=VALUE: override any config key (repeatable), e.g. --set sampling.doctor.temperature=0.")),
+    "api_key": (Optional[str], typer.Option(None, "--api-key", metavar="KEY", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY, which other local users cannot see in ps). Never written to the results.")),
+    "print_config": (bool, typer.Option(False, "--print-config", metavar="", help="Print the resolved settings (config file + flags + --set, "
+                                        "validated) as YAML and exit; nothing is read or run.")),
+    "dry_run": (bool, typer.Option(False, "--dry-run", metavar="", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
                                    "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
                                    "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),
 }
@@ -53,15 +60,36 @@ class Param:  # one generated parameter of a study command
     switch: bool | None = None  # a one-name bool flag: the value it sets when given
     split: bool = False  # a comma list -> a list
     required: bool = False
+    choices: tuple = ()  # the values a Literal field takes
+    metavar: str | None = None  # what --help shows for the value (None: from the type)
+
+
+def _arms(annotation) -> list:
+    """The arms of an annotation (``X | None`` -> [X]), each with its ``Annotated`` metadata dropped."""
+    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
+    return [get_args(a)[0] if get_origin(a) is Annotated else a for a in args]
 
 
 def _kind(annotation) -> type:
-    """bool / int / float / list / dict / str: what the command line reads for a settings field."""
-    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
-    for a in (get_args(a)[0] if get_origin(a) is Annotated else a for a in args):
+    """bool / int / float / list / dict / str: what the command line reads for a settings field (str where a number
+    or a word is accepted: ``concurrency: N | auto``)."""
+    arms = _arms(annotation)
+    if len(arms) > 1 and any(get_origin(a) is Literal for a in arms):
+        return str
+    for a in arms:
         if a in (bool, int, float) or get_origin(a) in (list, dict):
             return get_origin(a) or a
     return str
+
+
+def choices(annotation) -> tuple:
+    """The values a ``Literal`` field (or a list of one) takes, e.g. ('opensource', 'gpt'); () for any other field."""
+    out: list = []
+    for a in _arms(annotation):
+        inner = get_args(a)[0] if get_origin(a) is list and get_args(a) else a
+        if get_origin(inner) is Literal:
+            out += [str(v) for v in get_args(inner)]
+    return tuple(out)
 
 
 def _inherited(cls: type[RunSettings], name: str, attr: str):
@@ -70,7 +98,7 @@ def _inherited(cls: type[RunSettings], name: str, attr: str):
 
 
 def _field_param(cls: type[RunSettings], name: str, field) -> Param | None:
-    """A settings field with a description -> its flag: name, type, bounds and help from the field."""
+    """A settings field with a description -> its flag: name, type, bounds, choices and help from the field."""
     if not (desc := _inherited(cls, name, "description")):
         return None
     extra, kind, named = _inherited(cls, name, "json_schema_extra") or {}, _kind(field.annotation), "--" + name.replace("_", "-")
@@ -78,31 +106,146 @@ def _field_param(cls: type[RunSettings], name: str, field) -> Param | None:
     bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in _BOUNDS if getattr(m, attr, None) is not None]
     flag = Flag(decls, {dict: list, list: str}.get(kind, kind), desc + (f" ({', '.join(bounds)})" if bounds and ">" not in desc else ""), (name,))
     switch = not decls[0].startswith("--no-") if kind is bool and "/" not in decls[0] else None
-    return Param(name, flag, switch, kind is list, bool(extra.get("required")))
+    values, numeric = choices(field.annotation), any(a in (int, float) for a in _arms(field.annotation))
+    if numeric and values:  # a number or a word (concurrency: N | auto): the words go in the metavar
+        return Param(name, flag, switch, kind is list, bool(extra.get("required")), (), "|".join(("N", *values)))
+    return Param(name, flag, switch, kind is list, bool(extra.get("required")), values)
+
+
+def _roles_of(p: Param) -> list[str]:
+    """The roles a flag may name the model of: its target ``roles.ROLE``, or a spelling ``--ROLE-model`` (a field
+    flag spelled so, e.g. MediTOD's --adjudicate-model, also --grader-model)."""
+    if len(p.flag.targets) == 1 and p.flag.targets[0].startswith("roles."):
+        return [p.flag.targets[0].split(".", 1)[1]]
+    return [d[2:-len("-model")] for d in p.flag.decls if d.startswith("--") and d.endswith("-model")]
+
+
+def _lookup(tree: dict, dotted: str):
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def _shown(value) -> str | None:
+    """A default as the command line spells it (None: nothing to show)."""
+    if value is None or value in ([], {}, ""):
+        return None
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def effective_defaults(study: Study, fixed: dict | None = None) -> tuple[dict, Path | None]:
+    """What a run without options uses: the study's default config (as `run STUDY` loads it without --config and
+    without the options that pick another one) validated over the settings model's defaults; and that config's path."""
+    try:
+        path = study.default_config({})
+    except MedstackError:
+        path = None
+    for source in (path, None):
+        try:
+            return load_settings(study.settings_cls, source, dict(fixed or {})).model_dump(mode="json"), source
+        except MedstackError:
+            continue
+    return {}, None
 
 
 class StudyFlags:
     """A study's command-line flags, generated from its settings model (like vLLM's from its engine arguments):
-    each field with a ``description`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it), then
-    the settings class's ``cli_flags`` (role aliases, one flag for several keys); plus :data:`COMMON`."""
+    one ``--ROLE-model`` flag per role of the study (the settings class's own ``cli_flags`` where it spells one,
+    else generated), then the other ``cli_flags`` (one flag for several keys), then each field with a
+    ``description`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it); plus :data:`COMMON`."""
 
     def __init__(self, study: Study, fixed: dict | None = None):
         cls = study.settings_cls
         self.study, self.fixed = study, fixed or {}
-        self.params = [Param(f.decls[0].lstrip("-").replace("-", "_"), f) for f in cls.cli_flags]
-        self.params += [p for name, f in cls.model_fields.items() if (p := _field_param(cls, name, f))]
+        params = [Param(f.decls[0].lstrip("-").replace("-", "_"), f) for f in cls.cli_flags]
+        params += [p for name, f in cls.model_fields.items() if (p := _field_param(cls, name, f))]
+        by_role = {r: p for p in params for r in _roles_of(p) if r in study.roles}
+        self.role_params: dict[str, Param] = {}
+        for role in study.roles:  # a role named "model" is set by --model itself (COMMON)
+            if role != "model":
+                self.role_params[role] = by_role.get(role) or Param(f"{role}_model", role_flag(role, self._role_help(role)))
+        self.params = [*self.role_params.values(), *(p for p in params if p not in self.role_params.values())]
         assert not {p.key for p in self.params} & set(COMMON), f"{cls.__name__}: settings flags shadow common ones"
+        self.defaults, self.config = effective_defaults(study, self.fixed)
+
+    def _role_help(self, role: str) -> str:
+        s = self.study
+        what = ": the model under test" if role == s.primary_role else ""
+        return f"{role.capitalize()} model{what} (alias of --role {role}=REF)."
+
+    def roles_text(self) -> str:
+        """The study's roles and the flag that names each one's model, for its --help."""
+        s, parts = self.study, []
+        for role in s.roles:
+            decls = self.role_params[role].flag.decls if role in self.role_params else ("--model",)
+            flag = f"--{role}-model" if f"--{role}-model" in decls else decls[0]
+            notes = (["under test"] if role == s.primary_role else []) + ([f"default: the {s.role_follows[role]}'s"] if role in s.role_follows else [])
+            parts.append(f"{role} ({flag}{', ' + ', '.join(notes) if notes else ''})")
+        return ("Roles: " + "; ".join(parts) + ". --model sets every role, --role ROLE=REF one; each a registry ALIAS "
+                "(a running server is reused, else one is started for the run) or ALIAS@URL.")
+
+    def default_of(self, p: Param) -> str | None:
+        """The effective default of one flag, as shown in --help."""
+        role = next((r for r, q in self.role_params.items() if q is p), None)
+        if role is not None and p.flag.targets[0] == f"roles.{role}":
+            if role in self.study.role_follows:
+                return f"the {self.study.role_follows[role]}'s model"
+            roles = self.defaults.get("roles") or {}
+            return roles.get(role) or roles.get("default") or "embedded"  # experiments/core/runner.py resolve_roles
+        values = [_lookup(self.defaults, t) for t in p.flag.targets]
+        if p.switch is not None:
+            return "on" if values[0] == p.switch else "off"
+        if p.flag.type is bool and isinstance(values[0], bool):
+            return p.flag.decls[0].split("/")[0 if values[0] else 1]
+        if len(set(map(str, values))) > 1:
+            return ", ".join(f"{t} {_shown(v)}" for t, v in zip(p.flag.targets, values))
+        return _shown(values[0])
+
+    def help_of(self, p: Param) -> str:
+        """A flag's help for rich: its text, choices and effective default, escaped (``[answer]`` prints as written)."""
+        text = p.flag.help
+        if "<study>" in text or "<model>" in text:
+            model = "<model>" if self.study.primary_role == "model" else f"<{self.study.primary_role} model>"
+            text = text.replace("<study>", self.study.name).replace("<model>", model)
+        if p.choices:
+            text += f" Choices: {', '.join(p.choices)}" + (" (a comma list of any)." if p.split else ".")
+        default = None if p.required else self.default_of(p)
+        return escape(text + (f" [default: {default}]" if default is not None else ""))
+
+    @staticmethod
+    def metavar_of(p: Param) -> str | None:
+        """The value's name in --help: a|b for choices, N, X, LIST (a comma list) or TEXT; none for a flag."""
+        if p.switch is not None or p.flag.type is bool:
+            return ""
+        if p.metavar or (p.choices and not p.split):
+            return p.metavar or "|".join(p.choices)
+        return {int: "N", float: "X"}.get(p.flag.type, "LIST" if p.split else "TEXT")
 
     def signature(self) -> list[inspect.Parameter]:
         out = []
         for p in self.params:
-            f = p.flag
-            ann, info = ((Optional[f.type], typer.Argument(None, help=f.help)) if not f.decls[0].startswith("-") else
-                         (bool, typer.Option(False, *f.decls, help=f.help)) if p.switch is not None else
-                         (List[str], typer.Option([], *f.decls, help=f.help)) if f.type is list else
-                         (Optional[f.type], typer.Option(None, *f.decls, help=f.help)))
+            f, help = p.flag, self.help_of(p)
+            ann, info = ((Optional[f.type], typer.Argument(None, help=help, metavar=f.decls[0].upper())) if not f.decls[0].startswith("-") else
+                         (bool, typer.Option(False, *f.decls, help=help, metavar="")) if p.switch is not None else
+                         (List[str], typer.Option([], *f.decls, help=help, metavar="NAME=PATH")) if f.type is list else
+                         (Optional[f.type], typer.Option(None, *f.decls, help=help, metavar=self.metavar_of(p))))
             out.append(inspect.Parameter(p.key, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann))
-        return out + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann) for k, (ann, info) in COMMON.items()]
+        common = dict(COMMON)
+        if self.config:  # --config names the file it replaces
+            common["config"] = (Optional[Path], typer.Option(None, "--config", metavar="FILE", help=escape(
+                f"YAML settings file [default: {_repo_path(self.config)}; see configs/ beside it for the paper's other settings].")))
+        return out + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann) for k, (ann, info) in common.items()]
+
+    def help(self, text: str) -> str:
+        """The command's own help: ``text`` (the study's registration), its roles and where the defaults shown come from."""
+        where = (f"the defaults shown are {_repo_path(self.config)}'s (--config replaces it)" if self.config
+                 else "the defaults shown are the settings model's")
+        return escape(inspect.cleandoc(text) + "\n\n" + self.roles_text() + " Options below: " + where
+                      + "; --print-config prints what a command line resolves to.")
 
     def overrides(self, values: dict) -> dict:
         """The parsed values of the generated flags -> settings overrides (a flag not given sets nothing)."""
@@ -120,6 +263,13 @@ class StudyFlags:
             if leader in roles and role not in roles:
                 roles[role] = roles[leader]
         return {**out, **self.fixed}
+
+
+def _repo_path(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(__file__).resolve().parents[2]))
+    except ValueError:
+        return str(path)
 
 
 def escape(text: str) -> str:
@@ -191,11 +341,26 @@ def build_settings(study: Study, common: dict, study_overrides: dict):
     return settings
 
 
+def config_yaml(study: Study, settings: RunSettings, config: Path | None) -> str:
+    """``--print-config``: the validated settings with every role resolved, as YAML (the shape of a run's config.yaml),
+    under a comment naming the config file they started from."""
+    import yaml
+
+    from experiments.core.runner import resolve_roles
+
+    data = settings.model_copy(update={"roles": resolve_roles(study, settings)}).model_dump(mode="json")
+    head = f"# medstack run {study.name}: {_repo_path(config) if config else 'the settings model'} + the command line\n"
+    return head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
 def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     """The body of every study command."""
     from experiments.core.runner import prepare_run, run_study
 
     settings = build_settings(study, common, study_overrides)
+    if common.get("print_config"):
+        typer.echo(config_yaml(study, settings, common.get("config") or study.default_config(study_overrides)), nl=False)
+        return
     try:
         settings, cases = prepare_run(study, settings)  # every input check happens here, before a server starts
     except UnicodeDecodeError as e:
@@ -232,5 +397,5 @@ def study_command(entry) -> Callable:
         run_command(entry.make(), common, flags.overrides(values))
 
     command.__signature__ = inspect.Signature(flags.signature())
-    command.__doc__ = entry.help
+    command.__doc__ = flags.help(entry.help)
     return command

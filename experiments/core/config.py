@@ -90,6 +90,7 @@ class RunSettings(BaseModel):
     version: int = 1
     experiment: str = ""
     data: str | None = Field(None, description="Input data: a file/folder path, or a registered data set name (`medstack data list`).")
+    # "<study>" and "<model>" in a description are spelled out per study in --help (experiments/core/commands.py)
     out: str | None = Field(None, description="Results directory (default runs/<study>-<model>); re-running the same command resumes.")
     limit: int | None = Field(None, ge=1, description="Only the first N cases, in the input's order (not a sample; summary.md says so).")
     # experiments/core/scope.py: proportional to the study's strata (CRAFT-MD: dataset and specialty), the same cases for one seed

@@ -38,11 +38,11 @@ def _api_default(value):
 
 
 class CraftSettings(RunSettings):
-    cli_flags = (role_flag("clinical", "Model under test (alias of --role clinical=REF)."),
+    cli_flags = (role_flag("clinical", "Doctor-AI: the model under test (alias of --role clinical=REF)."),
                  role_flag("patient", "Patient-AI model (alias of --role patient=REF)."),
-                 role_flag("grader", "Grader-AI model; also summarizes unless --summarizer-model."),
-                 role_flag("summarizer", "Model that turns the patient's statements into a summary (default: the grader)."),
-                 role_flag("assessor", "Model that asks the conversation-quality questions with --assess-conversations (default: the grader)."))
+                 role_flag("grader", "Grader-AI model; also summarizes and assesses unless --summarizer-model / --assessor-model."),
+                 role_flag("summarizer", "Model that turns the patient's statements into a summary."),
+                 role_flag("assessor", "Model that asks the conversation-quality questions with --assess-conversations."))
 
     # every field against the authors' released code (experiments/core/deviations.py; docs/protocols.md, CRAFT-MD)
     authors_table: ClassVar[dict] = {
@@ -74,21 +74,23 @@ class CraftSettings(RunSettings):
 
     experiment: str = "craftmd"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the clinical model alias).")
-    formats: list[str] = Field(list(FORMATS), description="Comma list of vignette,multiturn,singleturn,summarized.")
-    mcq: bool = Field(True, description="Ask 4-choice MCQ (default from config: yes).")
-    frq: bool = Field(True, description="Ask free-response questions graded by the grader-AI (default: yes).")
+    formats: list[Literal[FORMATS]] = Field(list(FORMATS), description="Formats each case is asked in, a comma list (e.g. multiturn,singleturn).")
+    mcq: bool = Field(True, description="Ask the 4-choice MCQ.")
+    frq: bool = Field(True, description="Ask the free-response question, graded by the grader-AI.")
     trials: int = Field(5, ge=1, description="Trials per case (paper: 5).")
     specialty: str | None = Field(None, description="Only cases of this specialty (the CSV's category column).")
     max_turns: int = Field(14, ge=1, description="Turn cap: doctor turns per conversation.")
     final_marker: str = "Final Diagnosis"
     # concurrent-diagnosis rule of the FRQ grade (docs/protocols.md, CRAFT-MD): "zero" = an answer naming several
     # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
-    concurrent_rule: Literal["zero", "any"] = "zero"
+    concurrent_rule: Literal["zero", "any"] = Field("zero", description="FRQ grade of an answer naming several diagnoses: zero (scored 0, "
+                                                    "the paper) or any (correct when one matches, the authors' released grader).")
     # How the clinical model's requests are built: "opensource" = the authors' open-model loop (craftmd_opensource:
     # doctor instructions as the first user message, every answer prompt a user message, the multi-/single-turn
     # question appended to the last patient message); "gpt" = their GPT loop (craftmd_gpt: instructions and the
     # vignette prompts as system messages, the multi-/single-turn question as a system message after the chat).
-    loop: Literal["opensource", "gpt"] = "opensource"
+    loop: Literal["opensource", "gpt"] = Field("opensource", description="How the doctor-AI's requests are built: the authors' open-model "
+                                               "loop (opensource) or their GPT loop (gpt).")
     # Switches a base model needs, each a deviation from the authors' requests when on (all off in paper.yaml; the
     # table above names every one in summary.md and the paper table's footnote):
     turn_stops: bool = False     # doctor and patient turns stop at the next speaker label (a base model writes both sides)
@@ -107,7 +109,7 @@ class CraftSettings(RunSettings):
     assess_conversations: bool = Field(False, description="Conversation assessors (an addition to the paper's protocol): the assessor model "
                                        "answers Q1-Q3 and two patient-AI questions (grounded, complete) of each conversation, yes/no.")
     patient_checks: bool = Field(True, description="Deterministic patient checks, no model: diagnosis named before the doctor's final "
-                                 "turn, vignette copied, empty turn, turn cap (default: on).")
+                                 "turn, vignette copied, empty turn, turn cap.")
     copy_span_words: int = Field(12, ge=2, description="Patient check: consecutive vignette words a patient turn must share to count as copied.")
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[str, Sampling] = {

@@ -96,6 +96,8 @@ class CorruptSettings(DialogueSettings):
     """dera-corrupt: --level is required on its command line."""
 
     experiment: str = "dera-corrupt"
+    out: str | None = Field(None, description="Results directory (default runs/dera-corrupt-<decider model>-level<L>); "
+                            "re-running the same command resumes.")
     task: Literal["summarize", "careplan", "corrupt"] = "corrupt"
     corruption_level: int | None = Field(5, ge=1, le=10, json_schema_extra=cli("--level", required=True),
                                          description="Required: corruption strength out of 10 (paper: 3 low, 5 medium, 7 high).")
@@ -122,6 +124,8 @@ class QASettings(RunSettings):
     }
 
     experiment: str = "dera-qa"
+    out: str | None = Field(None, description="Results directory (default runs/dera-qa-<decider model>, with -mcq after it under --mcq); "
+                            "re-running the same command resumes.")
     mcq: bool = Field(False, json_schema_extra=cli("--mcq"), description="Multiple-choice variant (default config qa-mcq.yaml): the Decider "
                       "sees the options and answers with a letter; accuracy vs answer_idx.")
     split: str | None = Field(None, description="dev | test: which file when --data is a folder with <split>.jsonl (default test).")

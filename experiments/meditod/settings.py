@@ -37,6 +37,7 @@ class MeditodSettings(RunSettings):
     }
 
     task: Literal["nlu", "pol", "nlg"] = "nlu"
+    out: str | None = Field(None, description="Results directory (default runs/meditod/<task>-<mode>); re-running the same command resumes.")
     splits_dir: str | None = Field(None, description="Folder with <split>_ids.json (default: the folder of --data).")
     split: str = Field("test", description="Split to evaluate: test (default), valid, or any <name>_ids.json, e.g. an out-of-domain set.")
     train_split: str = "train"  # where in-context exemplars come from
@@ -51,7 +52,8 @@ class MeditodSettings(RunSettings):
     max_tokens: int = Field(256, ge=1, description="Generation cap per turn (config default).")
     context_margin: int = Field(8, ge=0)  # tokens kept free besides max_tokens
     adjudicate_model: str | None = Field(None, description="Also score with LLM adjudication of non-canonical values by this model "
-                                         "(the grader role: ALIAS or ALIAS@URL).")
+                                         "(the grader role: ALIAS or ALIAS@URL; without it no grader runs).",
+                                         json_schema_extra=cli("--adjudicate-model", "--grader-model"))
     adjudicate_max_tokens: int = Field(4, ge=1)
     bertscore: bool = Field(True, description="NLG: skip BERTScore.", json_schema_extra=cli("--no-bertscore"))
     bertscore_encoder: str | None = Field(None, description=BERTSCORE_ENCODER_HELP)

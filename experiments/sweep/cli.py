@@ -21,13 +21,14 @@ def study_parser(study: str):
 
 def sweep(
     ctx: typer.Context,
-    study: str = typer.Argument(..., help="The study to run once per model: craftmd, dera-summarize, dera-qa, meditod-nlu, autoeval, ... (as in `medstack run STUDY`)."),
-    models: str = typer.Option(..., "--models", help="Comma list of model references (ALIAS or ALIAS@URL), run in turn, e.g. embedded,llama3-8b-instruct."),
+    study: Optional[str] = typer.Argument(None, metavar="STUDY", help="The study to run once per model: craftmd, dera-summarize, dera-qa, meditod-nlu, autoeval, ... (as in `medstack run STUDY`)."),
+    models: Optional[str] = typer.Option(None, "--models", help="Required: comma list of model references (ALIAS or ALIAS@URL), run in turn, e.g. embedded,llama3-8b-instruct."),
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep folder (default runs/sweep-STUDY); one results directory per model inside. The same command again resumes."),
     published: List[str] = typer.Option([], "--published", help="CRAFT-MD: a fetched release to import into the sweep, e.g. craftmd-published-gpt3_1106 (repeatable, or a comma list)."),
     report: bool = typer.Option(True, "--report/--no-report", help="End with `medstack report` over the sweep (SWEEP/report.html)."),
     vary: Optional[str] = typer.Option(None, "--vary", help="Comma list of the roles each model of --models plays (default: the role under test: "
                                        "CRAFT-MD clinical, DERA decider,researcher, MediTOD model, autoeval judge)."),
+    help_: bool = typer.Option(False, "--help", metavar="", help="Show this message, and with STUDY the study's own options, and exit."),
 ) -> None:
     """Run STUDY once per model in turn, each an ordinary results directory under one sweep folder, then
     `compare` (CRAFT-MD) and the report. Every other option is the study's own (see `medstack run STUDY --help`).
@@ -43,6 +44,11 @@ def sweep(
     """
     from experiments.sweep.run import parse_models, run_sweep, summary_lines
 
+    if help_ or study is None:
+        show_help(ctx, study)
+        raise typer.Exit(0 if help_ else 2)
+    if not models:
+        raise ConfigError(f"sweep {study}: --models is required (a comma list of model references, e.g. embedded,llama3-8b-instruct)")
     entry, cmd, flags = study_parser(study)
     try:
         parsed = cmd.make_context(study, list(ctx.args), resilient_parsing=False)
@@ -61,5 +67,17 @@ def sweep(
         raise typer.Exit(outcome.exit_code)
 
 
+def show_help(ctx: typer.Context, study: str | None) -> None:
+    """The sweep's own help; with STUDY, then the study's options (as `medstack run STUDY --help` shows them)."""
+    ctx.get_help()  # typer's rich help prints itself
+    if study is None:
+        return
+    _, cmd, _ = study_parser(study)
+    typer.echo(f"\nThe options of {study}, given after the sweep's own as to `medstack run {study}` (the sweep sets each run's --out "
+               "and --model itself: give --models, and --out for the sweep folder):")
+    cmd.get_help(cmd.make_context(f"{ctx.command_path} {study}", [], resilient_parsing=True))
+
+
 def register(app, **_):
-    app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sweep)
+    # --help is ours: `sweep STUDY --help` also shows the study's options (click's own would stop before STUDY is read)
+    app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})(sweep)

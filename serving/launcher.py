@@ -494,6 +494,8 @@ def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, api
         if not missing:
             yield rec
             return
+    if "tensor_parallel_size" not in kw and has_nvidia_gpu() and get_spec(alias).gpus > 1:
+        kw["tensor_parallel_size"] = get_spec(alias).gpus  # the registry's GPUs per server (a cluster job asks for as many)
     s = ServerSettings(alias=alias, port=kw.pop("port", None) or free_port(), lora=lora or {}, **kw)
     rec = start_server(s, log=log)
     try:

@@ -140,9 +140,9 @@ def shown_state(queued: str | None, written: dict) -> str:
     state = written.get("state")
     if state in ("done", "failed"):
         return state
-    if state in ("running", "interrupted"):
-        return "failed"  # left the queue without saying how it ended: cancelled, or killed at its time limit
-    return "pending" if written.get("submitted") else "not submitted"
+    if state in ("running", "interrupted", "submitted"):
+        return "failed"  # left the queue without saying how it ended: cancelled, killed at its time limit, or never started
+    return "not submitted"
 
 
 # ------------------------------------------------------------------ the job's own state file

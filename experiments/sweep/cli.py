@@ -10,6 +10,7 @@ import typer
 from experiments.core import registry
 from experiments.core.commands import StudyFlags, log, study_command
 from experiments.core.config import ConfigError
+from models.errors import MedstackError
 
 def study_parser(study: str):
     """The registered study and its command (flags generated from its settings) to parse the study's options."""
@@ -119,8 +120,15 @@ def _slurm_command(name: str, args: list[str]) -> None:
         return
     doc = slurm.read_plan(sweep_dir)
     if name == "slurm-job":  # the entry's own medstack home: its servers (free ports), their logs, its cache
+        entry = doc.get("entries", {}).get(args[1])
+        if entry is None:
+            raise ConfigError(f"sweep slurm-job: {args[1]!r} is not an entry of {sweep_dir}")
         os.environ["MEDSTACK_HOME"] = str(slurm.job_home(sweep_dir, args[1], doc.get("home", "")))
-        outcome = _run(doc["spec"], slurm.EntryJob(args[1]))
+        try:
+            outcome = _run(doc["spec"], slurm.EntryJob(args[1]))
+        except MedstackError as e:  # its input changed since it was submitted (a file gone, ...): failed, said in its state
+            slurm.record_failure(Path(entry["out"]), str(e))
+            raise
         bad = [r for r in outcome.runs if r.label == args[1] and r.status not in ("finished", "skipped")]
     else:
         outcome = _run(doc["spec"], slurm.JoinJob())

@@ -24,6 +24,7 @@ also joins, when every entry is finished; it resubmits the entries that failed o
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -36,6 +37,7 @@ from experiments.sweep.run import Plan, SweepOutcome, is_finished, join, run_ent
 from models.errors import MedstackError
 from models.paths import medstack_home, private_dir
 from models.registry import get_spec
+from serving.launcher import GPU_PLAN_ENV
 from serving.refs import ModelRef
 from serving.slurm import (SlurmOptions, header, job_identity, log_tail, queue_states, read_state, sbatch_script,
                            shown_state, submit, write_script, write_state)
@@ -69,6 +71,21 @@ def entry_resources(roles: dict[str, str]) -> tuple[int, int | None]:
     specs = [get_spec(a) for a in sorted(aliases)]
     mems = [s.memory_gb for s in specs if s.memory_gb]
     return sum(s.gpus for s in specs), (sum(mems) if mems else None)
+
+
+def gpu_plan(roles: dict[str, str], visible: str) -> dict[str, str]:
+    """{$MEDSTACK_GPU_PLAN: 'ALIAS=0;ALIAS2=1,2'}: the job's GPUs split between the models it serves (each as many as
+    the registry gives it), so two servers in one job never share a GPU; nothing when it serves at most one on GPUs."""
+    aliases = sorted({ModelRef.parse(ref).alias for ref in roles.values() if not ModelRef.parse(ref).url})
+    need = [(a, get_spec(a).gpus) for a in aliases if get_spec(a).gpus]
+    devices = [d for d in visible.split(",") if d.strip()]
+    if len(need) < 2 or sum(n for _, n in need) > len(devices):
+        return {}
+    plan, i = [], 0
+    for alias, n in need:
+        plan.append(f"{alias}={','.join(devices[i:i + n])}")
+        i += n
+    return {GPU_PLAN_ENV: ";".join(plan)}
 
 
 def progress(out: Path, total: int) -> tuple[int, int]:
@@ -204,6 +221,7 @@ class EntryJob:
         r, common, given, _settings, case_ids = match[0]
         state = r.out / JOB_STATE
         write_state(state, state="running", started=time.time(), **job_identity())
+        os.environ.update(gpu_plan(r.roles, os.environ.get("CUDA_VISIBLE_DEVICES", "")))
         try:
             run_entry(plan, r, common, given, case_ids)
         except BaseException:  # SIGTERM from Slurm (preemption, requeue, scancel), Ctrl-C: requeued jobs resume
@@ -217,6 +235,12 @@ class EntryJob:
             write_state(state, state="failed", ended=time.time(), exit_code=3, message=r.message,
                         log_tail=log_tail(r.out / JOB_LOG))
         return plan.outcome
+
+
+def record_failure(out: Path, message: str) -> None:
+    """An entry job that stopped before its run started (its input changed since it was submitted)."""
+    write_state(out / JOB_STATE, state="failed", ended=time.time(), exit_code=2, message=message, log_tail=log_tail(out / JOB_LOG),
+                **job_identity())
 
 
 def job_home(sweep_dir: Path, label: str, real_home: str) -> Path:

@@ -195,6 +195,7 @@ def _scancel(job: str) -> None:
 
 def submit_join(sweep_dir: Path, plan_doc: dict, after: list[str]) -> str:
     opts = SlurmOptions(**{**plan_doc["options"], "cpus": 1, "max_parallel": None})
+    opts.extra = {k: v for k, v in opts.extra.items() if not k.startswith(("gres", "gpu", "mem", "cpu", "constraint"))}  # no GPU for the join
     python = opts.python_argv(plan_doc["python"])
     body = ["exec " + shlex.join([*python, "-m", "scripts.cli", "sweep", "slurm-join", str(sweep_dir)])]
     hdr = header("medstack-sweep-join", opts, gpus=0, mem_gb=4, output=sweep_dir / "slurm" / "join.log",

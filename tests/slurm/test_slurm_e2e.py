@@ -10,7 +10,6 @@ server (about a minute on 2 vCPUs); the entries run one at a time (``--slurm-max
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -96,25 +95,35 @@ def test_sweep_requeued_entry_resumes_to_one_report(slurm_cluster, tmp_path):
 
 
 def test_failed_job_recorded_with_its_log(slurm_cluster, tmp_path):
-    """A job whose input is gone when it starts fails for good: its state, message and log tail in `sweep status`."""
+    """Another process holds the entry's results folder (as a run on another node would, through the shared file
+    system): the entry job is refused by the run lock before any server starts, fails for good, and `sweep status`
+    shows it with the holder named and the job log's last lines."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
     env = {**slurm_cluster.env}
-    data = tmp_path / "cases.csv"
-    shutil.copy(CASES, data)
     sweep = tmp_path / "sweep"
-    args = ["sweep", "craftmd", "--models", "embedded", *SMALL[2:], "--data", str(data), "--out", str(sweep), *SLURM,
-            "--slurm-extra", "hold"]
-    run_cli(*args, env=env, check=True)
-    assert "#SBATCH --hold" in (sweep / "slurm" / "entries-0.sbatch").read_text()
-    job = _row(_status(env, sweep), "embedded")[2]
-    assert _row(_status(env, sweep), "embedded")[3] == "pending"
-    data.unlink()
-    slurm_cluster.run("scontrol", "release", job)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and _row(st := _status(env, sweep), "embedded")[3] != "failed":
-        time.sleep(1)
+    code = ("import sys, time; from experiments.core.runlock import RunLock; RunLock(sys.argv[1]).acquire(); "
+            "print('locked', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(sweep / "embedded")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        run_cli("sweep", "craftmd", "--models", "embedded", *SMALL, "--out", str(sweep), *SLURM, "--slurm-extra", "comment=medstack-test",
+                env=env, check=True)
+        assert "#SBATCH --comment=medstack-test" in (sweep / "slurm" / "entries-0.sbatch").read_text()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and _row(st := _status(env, sweep), "embedded")[3] != "failed":
+            time.sleep(1)
+    finally:
+        holder.kill()
+        holder.wait()
     print("\n---- sweep status of a failed entry\n" + st)
-    assert _row(st, "embedded")[3] == "failed" and "embedded failed:" in st and "cases.csv" in st
-    assert "== " in st  # the log's last lines (the job's own start line among them)
+    said = " ".join(st.split())
+    assert _row(st, "embedded")[3] == "failed" and "embedded failed:" in st, st
+    assert f"is in use by another medstack process: pid {holder.pid}" in said  # the message, then the log's last lines
+    assert "== " in st and "starting vLLM" not in (sweep / "embedded" / "slurm-job.log").read_text()
 
 
 def test_finetune_job_requeued_resumes_and_writes_adapter(slurm_cluster, tmp_path):
@@ -131,7 +140,7 @@ def test_finetune_job_requeued_resumes_and_writes_adapter(slurm_cluster, tmp_pat
     requeued, deadline = False, time.monotonic() + 400
     while time.monotonic() < deadline:
         st = run_cli("finetune", "status", str(out), env=env, check=True).stdout
-        if not requeued and list(out.glob("checkpoint-*")):
+        if not requeued and list(out.glob("checkpoint-*/trainer_state.json")):  # a whole checkpoint: requeue mid-training
             print("\n---- finetune status before the requeue\n" + st)
             slurm_cluster.run("scontrol", "requeue", job)
             requeued = True

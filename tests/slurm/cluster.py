@@ -125,6 +125,18 @@ class SlurmCluster:
             raise RuntimeError(f"{' '.join(args)} exited {p.returncode}: {p.stderr.strip()}")
         return p
 
+    def requeue(self, job: str, timeout: float = 60) -> None:
+        """``scontrol requeue JOB`` (SIGTERM to the job, back to the queue), then eligible at once: Slurm keeps a requeued
+        job ineligible for about two minutes (its EligibleTime, measured 121 s here), which a test need not wait out."""
+        self.run("scontrol", "requeue", job)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run("squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip() == "PENDING":
+                self.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"job {job} did not go back to PENDING within {timeout:.0f} s of `scontrol requeue`")
+
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:
         """Cancel what is left, stop the daemons (slurmd, slurmctld, munged) and wait for them."""

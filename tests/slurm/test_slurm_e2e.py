@@ -63,7 +63,7 @@ def test_sweep_requeued_entry_resumes_to_one_report(slurm_cluster, tmp_path):
             print(f"\n---- sweep status at {time.monotonic() - t0:.0f} s\n{st}")
         if not requeued and _records(sweep / "embedded"):  # entry 0 has finished a case: requeue it mid-run
             assert _row(st, "embedded")[3] == "running" and _row(st, "embedded-2")[3] == "pending", st
-            slurm_cluster.run("scontrol", "requeue", job0)
+            slurm_cluster.requeue(job0)
             requeued = True
         if "join: job" in st and st.rstrip().endswith("done"):
             break
@@ -142,7 +142,7 @@ def test_finetune_job_requeued_resumes_and_writes_adapter(slurm_cluster, tmp_pat
         st = run_cli("finetune", "status", str(out), env=env, check=True).stdout
         if not requeued and list(out.glob("checkpoint-*/trainer_state.json")):  # a whole checkpoint: requeue mid-training
             print("\n---- finetune status before the requeue\n" + st)
-            slurm_cluster.run("scontrol", "requeue", job)
+            slurm_cluster.requeue(job)
             requeued = True
         if " done;" in st:
             break

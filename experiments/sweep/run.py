@@ -19,6 +19,9 @@ model before anything starts (bad input: exit 2). Resumable as a whole: the same
 skips finished runs without starting their server, resumes a partial one. A model whose run stops
 on an error (its server will not start: weights missing, ...) is reported and the sweep goes on to
 the next; the sweep then exits 3, as does one that leaves failed or unstarted cases.
+
+``--executor slurm`` (experiments/sweep/slurm.py) takes the same checked plan and runs each entry as a
+Slurm job, through the same :func:`run_entry`, and the same :func:`join` in a job that follows them.
 """
 
 from __future__ import annotations

@@ -131,7 +131,8 @@ def test_finetune_job_requeued_resumes_and_writes_adapter(slurm_cluster, tmp_pat
     out = tmp_path / "ft"
     fix = FIXTURES / "finetune"
     p = run_cli("finetune", "meditod-nlu", "--data", str(fix / "dialogs.json"), "--base", "embedded", "--config", str(fix / "test-cpu.yaml"),
-                "--max-steps", "10", "--out", str(out), "--executor", "slurm", "--gpus", "0", "--slurm-cpus", "1", env=env, check=True)
+                "--max-steps", "10", "--set", "training.batch_size=2", "--set", "training.eval_steps=5",  # half the test recipe's work per step
+                "--out", str(out), "--executor", "slurm", "--gpus", "0", "--slurm-cpus", "1", env=env, check=True)
     assert "submitted as Slurm job" in p.stderr
     script = (out / "slurm-job.sbatch").read_text()
     print("\n---- the fine-tune's sbatch script\n" + script)

@@ -135,6 +135,7 @@ class SlurmSubmit:
                 _write_plan(sweep_dir, plan_doc)
                 log(f"sweep: every entry of {sweep_dir} is finished; joining")
                 return join(plan)
+            new_jobs = []
             for group in _groups(todo):
                 script, labels = self._entry_script(sweep_dir, group, len(list(slurm_dir(sweep_dir).glob("entries-*.sbatch"))))
                 job = submit(script, cwd=Path.cwd())
@@ -144,11 +145,14 @@ class SlurmSubmit:
                     entries[r.label].update(job=f"{job}_{i}", script=str(script))
                     r.status, r.message = "submitted", f"job {job}_{i}"
                 log(f"sweep: submitted {', '.join(labels)} as Slurm job array {job} ({script})")
-            if plan_doc.get("join_job") in queued:  # an earlier join waits on earlier jobs: this one replaces it
-                _scancel(plan_doc["join_job"])
+                new_jobs += [f"{job}_{i}" for i in range(len(group))]
+            join_queued = plan_doc.get("join_job") in queued
             _write_plan(sweep_dir, plan_doc)
-            plan_doc["join_job"] = submit_join(sweep_dir, plan_doc, [e["job"] for e in entries.values() if e.get("job")])
-            _write_plan(sweep_dir, plan_doc)
+            if new_jobs or not join_queued:  # the join waits for every entry job in the queue (a finished one is gone from it)
+                if join_queued:  # an earlier join waits on earlier jobs only: this one replaces it
+                    _scancel(plan_doc["join_job"])
+                plan_doc["join_job"] = submit_join(sweep_dir, plan_doc, new_jobs + [entries[lbl]["job"] for lbl in sorted(in_queue)])
+                _write_plan(sweep_dir, plan_doc)
             log(f"sweep: the join (compare, summary, report) runs as job {plan_doc['join_job']} when every entry job has ended; "
                 f"`medstack sweep status {sweep_dir}` shows where they are")
             return out

@@ -54,6 +54,8 @@ def test_sweep_requeued_entry_resumes_to_one_report(slurm_cluster, tmp_path):
     assert "#SBATCH --array=0-1%1" in script and "#SBATCH --requeue" in script and "#SBATCH --mem=4G" in script
     assert "--gres" not in script and "sweep slurm-job" in script  # the embedded model asks for no GPU (registry gpus: 0)
     job0 = _row(_status(env, sweep), "embedded")[2]
+    early = run_cli(*args, env=env, check=True)  # the same command while the jobs are queued: nothing submitted twice
+    assert early.stdout.count("| submitted: job") == 2 and not (sweep / "slurm" / "entries-1.sbatch").exists()
 
     seen, requeued, deadline = [], False, time.monotonic() + 600
     while time.monotonic() < deadline:

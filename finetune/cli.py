@@ -37,8 +37,20 @@ def _command(task: str):
         processes: int = typer.Option(1, "--processes", min=1, help="Train on N processes with `accelerate launch` (DDP; one per GPU, or N CPU "
                                       "processes with gloo); training.batch_size stays the global batch. The command line is printed."),
         fsdp: bool = typer.Option(False, "--fsdp", help="With --processes N: fully sharded data parallel (finetune/accelerate_fsdp.yaml) instead of DDP."),
+        executor: str = typer.Option("local", "--executor", help="local: train here; slurm: submit the training as one Slurm job "
+                                     "(resumes from its last checkpoint when requeued; `medstack finetune status OUT`)."),
+        gpus: int = typer.Option(1, "--gpus", min=0, help="With --executor slurm: GPUs of the job, one process each (0: no GPU, "
+                                 "one CPU process or --processes N)."),
+        slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help="With --executor slurm: the partition."),
+        slurm_account: Optional[str] = typer.Option(None, "--slurm-account", help="With --executor slurm: the account charged."),
+        slurm_time: Optional[str] = typer.Option(None, "--slurm-time", help="With --executor slurm: the time limit (MINUTES, HH:MM:SS, D-HH:MM:SS)."),
+        slurm_cpus: Optional[int] = typer.Option(None, "--slurm-cpus", min=1, help="With --executor slurm: CPUs of the job (default 8 per GPU, 2 without)."),
+        slurm_extra: List[str] = typer.Option([], "--slurm-extra", help="With --executor slurm: KEY=VALUE, one more #SBATCH --KEY=VALUE line (repeatable)."),
+        slurm_setup: List[str] = typer.Option([], "--slurm-setup", help="With --executor slurm: a shell line the job runs first (repeatable)."),
+        slurm_python: Optional[str] = typer.Option(None, "--slurm-python", help="With --executor slurm: the command that runs Python in the job."),
     ) -> None:
         from experiments.core.commands import resolve_data
+        from experiments.core.config import ConfigError
         from finetune.recipe import load_recipe, merge_overrides, parse_assignments, strip_none
         from models.prompt_format import default_recipe
 
@@ -56,6 +68,17 @@ def _command(task: str):
             _dry_run(recipe)
             return
 
+        if executor not in ("local", "slurm"):
+            raise ConfigError(f"--executor {executor!r}: local or slurm")
+        if executor == "slurm":
+            from finetune.slurm import submit_training
+            from serving.slurm import SlurmOptions, parse_extra, require_slurm
+
+            require_slurm()
+            opts = SlurmOptions(partition=slurm_partition, account=slurm_account, time=slurm_time, cpus=slurm_cpus,
+                                extra=parse_extra(slurm_extra), setup=list(slurm_setup), python=slurm_python)
+            submit_training(recipe, task, gpus, processes, fsdp, opts, log=lambda m: typer.echo(m, err=True))
+            return
         if processes > 1 or fsdp:
             from finetune.launch import LaunchFailed, launch
 
@@ -96,6 +119,28 @@ def _dry_run(recipe) -> None:
                f"{recipe.out_dir() / 'samples.jsonl'}; nothing trained")
 
 
+def status(out: Path = typer.Argument(..., help="The fine-tune's --out folder.")) -> None:
+    """Where a fine-tune submitted with --executor slurm is: its job's state, the last checkpoint's step, the adapter."""
+    from finetune.slurm import status_lines
+
+    typer.echo("\n".join(status_lines(out)))
+
+
+def slurm_job(out: Path = typer.Argument(...)) -> None:
+    """Inside a Slurm job: train OUT/slurm-recipe.yaml (what `--executor slurm` submitted)."""
+    from finetune.launch import LaunchFailed
+    from finetune.slurm import run_job
+
+    try:
+        metrics = run_job(out, log=lambda m: typer.echo(m, err=True))
+    except LaunchFailed as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(3)
+    typer.echo(f"adapter: {metrics['adapter']}")
+
+
 def register(app=None, run_app=None, score_app=None, import_app=None, data_app=None, finetune_app=None, **_) -> None:
     for task in ("nlu", "pol", "nlg"):
         finetune_app.command(f"meditod-{task}")(_command(task))
+    finetune_app.command("status")(status)
+    finetune_app.command("slurm-job", hidden=True)(slurm_job)

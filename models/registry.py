@@ -48,6 +48,8 @@ class ModelSpec(BaseModel):
     dtype: str = "auto"
     sampling: dict = Field(default_factory=dict)
     size: ModelSize | None = None  # None: GPU memory cannot be planned for it (a server alone still starts)
+    gpus: int = Field(1, ge=0)  # GPUs one server of this model needs (tensor parallel when > 1); 0: runs on the CPU
+    memory_gb: int | None = Field(48, ge=1)  # host memory a cluster job serving it asks for (None: the partition's default)
 
     def chat_template_path(self) -> Path | None:
         return TEMPLATE_DIR / self.chat_template if self.chat_template else None

@@ -393,7 +393,7 @@ def main() -> None:
         from rich.markup import escape
 
         console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line: a command in it copies whole
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))  # 2 bad input; an environment fault says 3 (e.g. Slurm missing)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):

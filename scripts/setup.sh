@@ -67,6 +67,24 @@ else
   echo "note: Chromium is missing and installing it needs root: run \`sudo apt-get install chromium\` (the browser tests need it)"
 fi
 
+step "checking Slurm (slurm-wlm, munge: the tests run sweeps and fine-tunes on a one-node Slurm, tests/slurm/)"
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }  # the daemons are in /usr/sbin, off a user's PATH
+if have sbatch && have slurmctld && have slurmd && have munged; then
+  echo "slurm present: $(sbatch --version 2>/dev/null || echo sbatch)"
+elif ! command -v apt-get >/dev/null 2>&1; then
+  echo "note: apt-get is not available here; install Slurm (slurmctld, slurmd, sbatch) and munge yourself (tests/slurm/ needs them)"
+elif [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+  echo "installed $(sbatch --version 2>/dev/null || echo slurm-wlm) and munge"
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+  echo "installed $(sbatch --version 2>/dev/null || echo slurm-wlm) and munge"
+else
+  echo "note: Slurm is missing and installing it needs root: run \`sudo apt-get install slurm-wlm munge\` (used by tests/slurm/)"
+fi
+
 step "preparing the embedded default model"
 "$VENV/bin/medstack" models prepare embedded
 echo

@@ -374,6 +374,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # ---------------------------------------------------------------- start / stop
 
+GPU_PLAN_ENV = "MEDSTACK_GPU_PLAN"  # ALIAS=0,1;ALIAS2=2: which of the job's GPUs each model's server gets
+
+
+def planned_gpus(alias: str) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` for ``alias``'s server where a cluster job serving several models split its GPUs
+    between them ($MEDSTACK_GPU_PLAN, set by the job); else nothing (every server sees every GPU, as before)."""
+    for item in os.environ.get(GPU_PLAN_ENV, "").split(";"):
+        name, _, devices = item.partition("=")
+        if name == alias and devices:
+            return {"CUDA_VISIBLE_DEVICES": devices}
+    return {}
+
+
 def start_server(s: ServerSettings, log=print) -> dict:
     """Start a server in its own process group, wait until it answers, record it. Returns the record."""
     check_exposure(s.host, s.api_key, s.no_auth)
@@ -393,7 +406,8 @@ def start_server(s: ServerSettings, log=print) -> dict:
     with open(log_path, "w") as logf:
         logf.write("$ " + " ".join(redact_argv(argv)) + "\n")
         logf.flush()
-        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env, **planned_gpus(s.alias)},
+                                start_new_session=True)
     rec = {
         "alias": s.alias, "base_url": s.base_url, "pid": proc.pid, "port": s.port, "host": s.host,
         "adapters": s.lora, "log": str(log_path), "api_key": s.api_key, "argv": redact_argv(argv), "env": public_env(env),
@@ -540,6 +554,8 @@ def ensure_server(alias: str, lora: dict[str, str] | None = None, log=print, api
         if not missing:
             yield rec
             return
+    if "tensor_parallel_size" not in kw and has_nvidia_gpu() and get_spec(alias).gpus > 1:
+        kw["tensor_parallel_size"] = get_spec(alias).gpus  # the registry's GPUs per server (a cluster job asks for as many)
     s = ServerSettings(alias=alias, port=kw.pop("port", None) or free_port(), lora=lora or {}, **kw)
     rec = start_server(s, log=log)
     try:

@@ -4,8 +4,15 @@
 writes who holds it (host, pid, start time, command line) into the file. A second process on the
 same directory is refused at once with :class:`RunDirInUse` (exit 2), naming the holder. The
 kernel drops a flock when its holder dies (kill -9 included), so a lock file left behind by a
-dead process is simply taken over: its stale contents are overwritten. flock is not reliable on
-some network file systems (old NFS); there, run one process per results directory by hand.
+dead process is simply taken over: its stale contents are overwritten.
+
+Across nodes (a cluster's shared file system, docs/cluster.md): a Linux NFS client (2.6.12 and later)
+sends a flock to the server as a whole-file byte-range lock (NFSv4 locking; NFSv3 through lockd), so
+the lock holds between nodes, and the server releases the lock of a node that died when its lease
+expires. It is node-local where the mount says ``local_lock=flock`` or ``local_lock=all``, on Lustre
+without the ``flock`` mount option, and on older clients; there, run one process per folder by hand.
+(fcntl byte-range locks would need a descriptor open for writing, which keeps a file system from being
+remounted read-only under a run, and are dropped when any descriptor of the file in the process closes.)
 """
 
 from __future__ import annotations

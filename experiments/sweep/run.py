@@ -20,6 +20,9 @@ model before anything starts (bad input: exit 2). Resumable as a whole: the same
 skips finished runs without starting their server, resumes a partial one. A model whose run stops
 on an error (its server will not start: weights missing, ...) is reported and the sweep goes on to
 the next; the sweep then exits 3, as does one that leaves failed or unstarted cases.
+
+``--executor slurm`` (experiments/sweep/slurm.py) takes the same checked plan and runs each entry as a
+Slurm job, through the same :func:`run_entry`, and the same :func:`join` in a job that follows them.
 """
 
 from __future__ import annotations
@@ -148,9 +151,11 @@ def fixed_roles_line(roles: dict[str, str], vary: tuple[str, ...], idle: tuple[s
 
 
 def run_sweep(study_factory, to_overrides, values: dict, models: list[str], sweep_dir: Path, *,
-              published: list[str] | None = None, report: bool = True, vary: str | None = None, log=print) -> SweepOutcome:
+              published: list[str] | None = None, report: bool = True, vary: str | None = None, log=print,
+              executor=None) -> SweepOutcome:
     """Run ``study`` (the factory and option mapping of its command) once per model; see the module docstring.
-    ``values`` are the study command's parsed option values (``out`` and the swept roles are set here)."""
+    ``values`` are the study command's parsed option values (``out`` and the swept roles are set here).
+    ``executor``: None runs the entries here in turn; else a callable given the checked :class:`Plan` (Slurm)."""
     study = study_factory()
     if values.get("model") or values.get("out"):
         raise ConfigError("sweep: give the models with --models, the fixed roles with --role ROLE=REF and the sweep folder with --out (not --model)")
@@ -196,9 +201,11 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         for *_, settings, _ in planned:  # servers a run will start together on one GPU that do not fit: refused now, not mid-sweep
             check_gpu_fit(settings)
     pub_dirs = _published_plan(published or [], sweep_dir)
+    outcome = SweepOutcome(runs, varied=roles_varied, idle=idle)
+    if executor is not None:  # another executor (experiments/sweep/slurm.py) takes the checked plan from here
+        return executor(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
-        return _run_planned(study, study_factory, planned, pub_dirs, sweep_dir, report, log,
-                            SweepOutcome(runs, varied=roles_varied, idle=idle))
+        return _run_planned(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
 
 
 def check_gpu_fit(settings) -> None:
@@ -209,35 +216,59 @@ def check_gpu_fit(settings) -> None:
     plan_gpu_shares([a for a in aliases if will_start(a, dtype=settings.dtype)], dtype=settings.dtype, log=lambda m: None)
 
 
-def _run_planned(study, study_factory, planned, pub_dirs, sweep_dir: Path, report: bool, log, out: SweepOutcome) -> SweepOutcome:
-    runs = out.runs
-    for r, common, given, settings, case_ids in planned:
-        if is_finished(r.out, case_ids):
-            r.status, r.message = "skipped", "finished earlier"
-            log(f"sweep: {r.label}: all {len(case_ids)} cases finished earlier in {r.out}; skipped")
-            continue
-        log(f"sweep: {r.label}: {'dry run of' if common.get('dry_run') else 'running'} {study.name} with model {r.model} -> {r.out}")
-        try:
-            run_command(study_factory(), common, given)  # the study command's own body: the one runner
-            r.status, r.message = ("dry run", f"requests written to {r.out / 'dry-run.jsonl'}; nothing was sent") if common.get("dry_run") else ("finished", "")
-        except MedstackError as e:  # e.g. its server would not start (weights missing): report, go on
-            r.status, r.message = "error", str(e)
-            log(f"sweep: [red]{r.label}: {study.name} with model {r.model} stopped: {e}[/red] — going on to the next model")
-        except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
-            r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
+@dataclass
+class Plan:
+    """A sweep after every input check: each entry's (run, common options, study options, settings, case ids)."""
+    study: object
+    study_factory: object
+    planned: list
+    pub_dirs: list
+    sweep_dir: Path
+    report: bool
+    log: object
+    outcome: SweepOutcome
 
-    if any(common.get("dry_run") for _, common, *_ in planned):  # nothing ran: no import, compare or report
-        write_summary(out, sweep_dir, study.name)
+
+def run_entry(plan: Plan, r: ModelRun, common: dict, given: dict, case_ids: list[str]) -> ModelRun:
+    """One entry of the sweep, as the local executor runs it in turn and a Slurm job runs it alone."""
+    study, log = plan.study, plan.log
+    if is_finished(r.out, case_ids):
+        r.status, r.message = "skipped", "finished earlier"
+        log(f"sweep: {r.label}: all {len(case_ids)} cases finished earlier in {r.out}; skipped")
+        return r
+    log(f"sweep: {r.label}: {'dry run of' if common.get('dry_run') else 'running'} {study.name} with model {r.model} -> {r.out}")
+    try:
+        run_command(plan.study_factory(), common, given)  # the study command's own body: the one runner
+        r.status, r.message = ("dry run", f"requests written to {r.out / 'dry-run.jsonl'}; nothing was sent") if common.get("dry_run") else ("finished", "")
+    except MedstackError as e:  # e.g. its server would not start (weights missing): report, go on
+        r.status, r.message = "error", str(e)
+        log(f"sweep: [red]{r.label}: {study.name} with model {r.model} stopped: {e}[/red] — going on to the next model")
+    except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
+        r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
+    return r
+
+
+def _run_planned(plan: Plan) -> SweepOutcome:
+    for r, common, given, _settings, case_ids in plan.planned:
+        run_entry(plan, r, common, given, case_ids)
+    return join(plan)
+
+
+def join(plan: Plan) -> SweepOutcome:
+    """After every entry: the published releases imported, CRAFT-MD's compare, SWEEP/summary.md, the report."""
+    out, sweep_dir, log = plan.outcome, plan.sweep_dir, plan.log
+    if any(common.get("dry_run") for _, common, *_ in plan.planned):  # nothing ran: no import, compare or report
+        write_summary(out, sweep_dir, plan.study.name)
         return out
-    if pub_dirs:
-        out.published = _import_published(pub_dirs, planned[0][3].data, log)
-    done = [r.out for r in runs if (r.out / "metrics.json").exists()] + out.published
-    if study.name == "craftmd" and done:
+    if plan.pub_dirs:
+        out.published = _import_published(plan.pub_dirs, plan.planned[0][3].data, log)
+    done = [r.out for r in out.runs if (r.out / "metrics.json").exists()] + out.published
+    if plan.study.name == "craftmd" and done:
         out.compare = sweep_dir / "compare"
         run_compare([str(p) for p in done], out.compare)
         log(f"sweep: compare: {out.compare / 'summary.md'}")
-    write_summary(out, sweep_dir, study.name)
-    if report and done:
+    write_summary(out, sweep_dir, plan.study.name)
+    if plan.report and done:
         out.report = build_report([str(sweep_dir)], sweep_dir / "report.html")
         log(f"sweep: report: {out.report.resolve()}")
     return out

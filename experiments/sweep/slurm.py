@@ -1,0 +1,319 @@
+"""`medstack sweep ... --executor slurm`: the sweep's entries as Slurm jobs (plain sbatch scripts), one join.
+
+    SWEEP/slurm/sweep.json        the sweep's arguments, and each entry's job id (the jobs re-read the arguments)
+    SWEEP/slurm/entries-N.sbatch  one job array per resource shape (GPUs, memory); task i runs entry LABELS[i]
+    SWEEP/slurm/join.sbatch       the join: a job that depends on every entry job (afterany)
+    SWEEP/<label>/slurm-job.log   the entry job's log (appended across requeues), beside its results
+    SWEEP/<label>/slurm-job.json  what the job says of itself: running -> done | failed | interrupted,
+                                  with its log's last lines when it failed
+    SWEEP/<label>/.home/          the job's own medstack home: its vLLM servers (on free ports), their logs, its cache
+
+An entry job runs ``medstack sweep slurm-job SWEEP LABEL``: the sweep command's own planning (every input
+check) and then :func:`experiments.sweep.run.run_entry` for its one entry, the function the local executor
+calls for each entry in turn: the study's command body, into the same results folder, starting the servers
+of its roles (the model under test and the fixed roles) inside the job and stopping them after. A job that
+Slurm stops (preemption, ``scontrol requeue``, a lost node) gets SIGTERM, keeps every finished record and is
+requeued (``--requeue``); it resumes where it stopped, at turn level, as a local run does.
+
+The join job (``medstack sweep slurm-join SWEEP``) waits for every entry job (``--dependency=afterany``);
+if an entry is back in the queue (requeued), it submits itself again behind it. It then runs the local
+sweep's join: compare (CRAFT-MD), SWEEP/summary.md, the report. Running the same ``sweep`` command again
+also joins, when every entry is finished; it resubmits the entries that failed or left the queue unfinished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from experiments.core.config import ConfigError
+from experiments.core.results import make_results_dir, read_jsonl
+from experiments.core.runlock import RunLock
+from experiments.sweep.run import Plan, SweepOutcome, is_finished, join, run_entry
+from models.errors import MedstackError
+from models.paths import medstack_home, private_dir
+from models.registry import get_spec
+from serving.launcher import GPU_PLAN_ENV
+from serving.refs import ModelRef
+from serving.slurm import (SlurmOptions, header, job_identity, log_tail, queue_states, read_state, sbatch_script,
+                           shown_state, submit, write_script, write_state)
+
+PLAN_FILE = "sweep.json"
+JOB_LOG, JOB_STATE, JOB_HOME = "slurm-job.log", "slurm-job.json", ".home"
+
+
+def slurm_dir(sweep_dir: Path) -> Path:
+    return sweep_dir / "slurm"
+
+
+def read_plan(sweep_dir: Path) -> dict:
+    path = slurm_dir(Path(sweep_dir)) / PLAN_FILE
+    if not path.exists():
+        raise ConfigError(f"{sweep_dir}: no Slurm sweep here ({path} not found); start one with `medstack sweep STUDY ... --executor slurm --out {sweep_dir}`")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ConfigError(f"{path}: not JSON ({e})") from None
+
+
+def _write_plan(sweep_dir: Path, plan: dict) -> None:
+    write_state(slurm_dir(sweep_dir) / PLAN_FILE, **plan)
+
+
+def entry_resources(roles: dict[str, str]) -> tuple[int, int | None]:
+    """(GPUs, memory GB) of one entry's job: every model it serves itself (the model under test and the fixed
+    roles; not an ALIAS@URL endpoint), each with the GPUs and memory the registry gives it."""
+    aliases = {ModelRef.parse(ref).alias for ref in roles.values() if not ModelRef.parse(ref).url}
+    specs = [get_spec(a) for a in sorted(aliases)]
+    mems = [s.memory_gb for s in specs if s.memory_gb]
+    return sum(s.gpus for s in specs), (sum(mems) if mems else None)
+
+
+def gpu_plan(roles: dict[str, str], visible: str) -> dict[str, str]:
+    """{$MEDSTACK_GPU_PLAN: 'ALIAS=0;ALIAS2=1,2'}: the job's GPUs split between the models it serves (each as many as
+    the registry gives it), so two servers in one job never share a GPU; nothing when it serves at most one on GPUs."""
+    aliases = sorted({ModelRef.parse(ref).alias for ref in roles.values() if not ModelRef.parse(ref).url})
+    need = [(a, get_spec(a).gpus) for a in aliases if get_spec(a).gpus]
+    devices = [d for d in visible.split(",") if d.strip()]
+    if len(need) < 2 or sum(n for _, n in need) > len(devices):
+        return {}
+    plan, i = [], 0
+    for alias, n in need:
+        plan.append(f"{alias}={','.join(devices[i:i + n])}")
+        i += n
+    return {GPU_PLAN_ENV: ";".join(plan)}
+
+
+def progress(out: Path, total: int) -> tuple[int, int]:
+    """(cases finished, total): cases whose latest record is not failed."""
+    records = out / "records.jsonl"
+    if not records.exists():
+        return 0, total
+    try:
+        latest = {str(r.get("id")): r.get("status") for r in read_jsonl(records)}
+    except MedstackError:
+        return 0, total
+    return sum(1 for s in latest.values() if s != "failed"), total
+
+
+# ------------------------------------------------------------------ submit (the login node)
+
+class SlurmSubmit:
+    """The executor ``run_sweep`` hands the checked plan to: submit what is left, or join when all is done."""
+
+    def __init__(self, opts: SlurmOptions, spec: dict, python: str | None = None):
+        self.opts, self.spec, self.python = opts, spec, python or sys.executable
+
+    def __call__(self, plan: Plan) -> SweepOutcome:
+        sweep_dir, log, out = plan.sweep_dir, plan.log, plan.outcome
+        with RunLock(sweep_dir):  # one submitter (or join) at a time per sweep folder
+            private_dir(slurm_dir(sweep_dir))
+            old = _read_plan_or_empty(sweep_dir)
+            entries = old.get("entries", {})
+            queued = queue_states([e.get("job", "") for e in entries.values()] + [old.get("join_job", "")])
+            in_queue = {lbl for lbl, e in entries.items() if e.get("job") in queued}
+            if in_queue and old.get("spec") != self.spec:
+                raise ConfigError(f"{sweep_dir}: jobs of this sweep are still queued ({', '.join(sorted(in_queue))}) with other arguments; "
+                                  f"wait for them (`medstack sweep status {sweep_dir}`) or cancel them (scancel) first")
+            todo = []
+            for r, _common, _given, _settings, case_ids in plan.planned:
+                e = entries.setdefault(r.label, {})
+                e.update(model=r.model, out=str(r.out), cases=len(case_ids))
+                if is_finished(r.out, case_ids):
+                    r.status, r.message = "skipped", "finished earlier"
+                elif r.label in in_queue:
+                    r.status, r.message = "submitted", f"job {e['job']} {shown_state(queued[e['job']], {})}"
+                else:
+                    todo.append(r)
+            plan_doc = {"spec": self.spec, "cwd": str(Path.cwd()), "python": self.python, "home": str(medstack_home()),
+                        "options": self.opts.__dict__, "entries": entries, "join_job": old.get("join_job")}
+            if not todo and not in_queue:  # every entry finished: the join, here and now
+                _write_plan(sweep_dir, plan_doc)
+                log(f"sweep: every entry of {sweep_dir} is finished; joining")
+                return join(plan)
+            new_jobs = []
+            for group in _groups(todo):
+                script, labels = self._entry_script(sweep_dir, group, len(list(slurm_dir(sweep_dir).glob("entries-*.sbatch"))))
+                job = submit(script, cwd=Path.cwd())
+                for i, r in enumerate(group):
+                    make_results_dir(r.out)
+                    write_state(r.out / JOB_STATE, state="submitted", job_id=f"{job}_{i}", submitted=time.time(), script=str(script))
+                    entries[r.label].update(job=f"{job}_{i}", script=str(script))
+                    r.status, r.message = "submitted", f"job {job}_{i}"
+                log(f"sweep: submitted {', '.join(labels)} as Slurm job array {job} ({script})")
+                new_jobs += [f"{job}_{i}" for i in range(len(group))]
+            join_queued = plan_doc.get("join_job") in queued
+            _write_plan(sweep_dir, plan_doc)
+            if new_jobs or not join_queued:  # the join waits for every entry job in the queue (a finished one is gone from it)
+                if join_queued:  # an earlier join waits on earlier jobs only: this one replaces it
+                    _scancel(plan_doc["join_job"])
+                plan_doc["join_job"] = submit_join(sweep_dir, plan_doc, new_jobs + [entries[lbl]["job"] for lbl in sorted(in_queue)])
+                _write_plan(sweep_dir, plan_doc)
+            log(f"sweep: the join (compare, summary, report) runs as job {plan_doc['join_job']} when every entry job has ended; "
+                f"`medstack sweep status {sweep_dir}` shows where they are")
+            return out
+
+    def _entry_script(self, sweep_dir: Path, group: list, n: int) -> tuple[Path, list[str]]:
+        gpus, mem = group[0].resources
+        labels = [r.label for r in group]
+        script = slurm_dir(sweep_dir) / f"entries-{n}.sbatch"
+        python = self.opts.python_argv(self.python)
+        body = [f"LABELS=({' '.join(shlex.quote(x) for x in labels)})",
+                'LABEL="${LABELS[${SLURM_ARRAY_TASK_ID:-0}]}"',
+                f'exec >>{shlex.quote(str(sweep_dir))}/"$LABEL"/{JOB_LOG} 2>&1  # the job\'s log, beside its results',
+                'echo "== $(date -Is) job ${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}_${SLURM_ARRAY_TASK_ID:-0} on $(hostname), '
+                'restart ${SLURM_RESTART_COUNT:-0}"',
+                "exec " + shlex.join([*python, "-m", "scripts.cli", "sweep", "slurm-job", str(sweep_dir)]) + ' "$LABEL"']
+        hdr = header(f"medstack-sweep-{self.spec['study']}", self.opts, gpus=gpus, mem_gb=mem,
+                     output=slurm_dir(sweep_dir) / "entries-%A_%a.out", array=f"0-{len(group) - 1}")
+        write_script(script, sbatch_script(hdr, body, chdir=Path.cwd(), opts=self.opts,
+                                           comment=f"medstack sweep {self.spec['study']}: entries {', '.join(labels)} of {sweep_dir}"))
+        return script, labels
+
+
+def _read_plan_or_empty(sweep_dir: Path) -> dict:
+    try:
+        return read_plan(sweep_dir)
+    except ConfigError:
+        return {}
+
+
+def _groups(runs: list) -> list[list]:
+    """Entries with the same resources (GPUs, memory) share one job array."""
+    out: dict[tuple, list] = {}
+    for r in runs:
+        r.resources = entry_resources(r.roles)
+        out.setdefault(r.resources, []).append(r)
+    return list(out.values())
+
+
+def _scancel(job: str) -> None:
+    import subprocess
+
+    subprocess.run(["scancel", job], capture_output=True, timeout=60)
+
+
+def submit_join(sweep_dir: Path, plan_doc: dict, after: list[str]) -> str:
+    opts = SlurmOptions(**{**plan_doc["options"], "cpus": 1, "max_parallel": None})
+    opts.extra = {k: v for k, v in opts.extra.items() if not k.startswith(("gres", "gpu", "mem", "cpu", "constraint"))}  # no GPU for the join
+    python = opts.python_argv(plan_doc["python"])
+    body = ["exec " + shlex.join([*python, "-m", "scripts.cli", "sweep", "slurm-join", str(sweep_dir)])]
+    hdr = header("medstack-sweep-join", opts, gpus=0, mem_gb=4, output=sweep_dir / "slurm" / "join.log",
+                 dependency="afterany:" + ":".join(sorted(set(after))) if after else None, requeue=False)
+    script = write_script(slurm_dir(sweep_dir) / "join.sbatch",
+                          sbatch_script(hdr, body, chdir=Path(plan_doc["cwd"]), opts=opts, comment=f"medstack sweep: the join of {sweep_dir}"))
+    return submit(script, cwd=Path(plan_doc["cwd"]))
+
+
+# ------------------------------------------------------------------ inside the jobs
+
+class EntryJob:
+    """The executor of ``medstack sweep slurm-job SWEEP LABEL``: run that one entry (no sweep lock: each entry's
+    run lock holds its own folder, so entry jobs run side by side)."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __call__(self, plan: Plan) -> SweepOutcome:
+        match = [p for p in plan.planned if p[0].label == self.label]
+        if not match:
+            raise ConfigError(f"sweep slurm-job: {self.label!r} is not an entry of {plan.sweep_dir} "
+                              f"({', '.join(p[0].label for p in plan.planned)})")
+        r, common, given, _settings, case_ids = match[0]
+        state = r.out / JOB_STATE
+        write_state(state, state="running", started=time.time(), **job_identity())
+        os.environ.update(gpu_plan(r.roles, os.environ.get("CUDA_VISIBLE_DEVICES", "")))
+        try:
+            run_entry(plan, r, common, given, case_ids)
+        except BaseException:  # SIGTERM from Slurm (preemption, requeue, scancel), Ctrl-C: requeued jobs resume
+            write_state(state, state="interrupted", ended=time.time())
+            raise
+        if r.status in ("finished", "skipped"):
+            write_state(state, state="done", ended=time.time(), exit_code=0, message="")
+        else:
+            sys.stderr.flush()
+            sys.stdout.flush()
+            write_state(state, state="failed", ended=time.time(), exit_code=3, message=r.message,
+                        log_tail=log_tail(r.out / JOB_LOG))
+        return plan.outcome
+
+
+def record_failure(out: Path, message: str) -> None:
+    """An entry job that stopped before its run started (its input changed since it was submitted)."""
+    write_state(out / JOB_STATE, state="failed", ended=time.time(), exit_code=2, message=message, log_tail=log_tail(out / JOB_LOG),
+                **job_identity())
+
+
+def job_home(sweep_dir: Path, label: str, real_home: str) -> Path:
+    """The entry job's own medstack home (its servers, their logs, its response cache), the models linked in."""
+    home = private_dir(Path(sweep_dir) / label / JOB_HOME)
+    models = Path(real_home) / "models"
+    if models.exists() and not (home / "models").exists():
+        (home / "models").symlink_to(models.resolve(), target_is_directory=True)
+    return home
+
+
+class JoinJob:
+    """The executor of ``medstack sweep slurm-join SWEEP``: join when every entry job has ended."""
+
+    def __call__(self, plan: Plan) -> SweepOutcome:
+        sweep_dir, log = plan.sweep_dir, plan.log
+        doc = read_plan(sweep_dir)
+        with RunLock(sweep_dir):
+            entries = doc.get("entries", {})
+            queued = queue_states([e.get("job", "") for e in entries.values()])
+            waiting = [e["job"] for e in entries.values() if e.get("job") in queued]
+            if waiting:  # requeued entries: wait for them again
+                doc["join_job"] = submit_join(sweep_dir, doc, waiting)
+                _write_plan(sweep_dir, doc)
+                log(f"sweep: entry jobs {', '.join(waiting)} are back in the queue; the join waits for them as job {doc['join_job']}")
+                return plan.outcome
+            for r, _c, _g, _s, case_ids in plan.planned:
+                st = read_state(r.out / JOB_STATE)
+                if is_finished(r.out, case_ids):
+                    r.status = "finished"
+                else:
+                    r.status = "error"
+                    r.message = f"job {st.get('job_id', '?')}: " + (st.get("message") or "ended without finishing its cases") + \
+                        f"; log: {r.out / JOB_LOG}"
+            out = join(plan)
+            return out
+
+
+# ------------------------------------------------------------------ status (anywhere, any time)
+
+def status_rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
+    doc = read_plan(sweep_dir)
+    entries = doc.get("entries", {})
+    queued = queue_states([e.get("job", "") for e in entries.values()] + [doc.get("join_job") or ""])
+    rows = []
+    for label, e in entries.items():
+        out = Path(e["out"])
+        st = read_state(out / JOB_STATE)
+        done, total = progress(out, int(e.get("cases", 0)))
+        state = "done" if done == total and total and (out / "metrics.json").exists() and not queued.get(e.get("job")) \
+            else shown_state(queued.get(e.get("job")), st)
+        rows.append({"entry": label, "model": e.get("model"), "job": e.get("job", "-"), "state": state,
+                     "cases": f"{done}/{total}", "restarts": st.get("restarts", 0),
+                     "message": st.get("message", "") if state == "failed" else "",
+                     "log_tail": st.get("log_tail", "") if state == "failed" else "", "log": str(out / JOB_LOG)})
+    join_job = doc.get("join_job")
+    join_state = shown_state(queued.get(join_job), {}) if join_job in queued else ("done" if (sweep_dir / "summary.md").exists() else "-")
+    return {"join_job": join_job, "join_state": join_state, "study": doc.get("spec", {}).get("study")}, rows
+
+
+def status_lines(sweep_dir: Path) -> list[str]:
+    head, rows = status_rows(sweep_dir)
+    lines = [f"sweep {head['study']}: {sweep_dir}", "", "| entry | model | job | state | cases | restarts |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['entry']} | {r['model']} | {r['job']} | {r['state']} | {r['cases']} | {r['restarts']} |" for r in rows]
+    lines += ["", f"join: job {head['join_job'] or '-'} {head['join_state']}"]
+    for r in rows:
+        if r["state"] == "failed":
+            lines += ["", f"{r['entry']} failed: {r['message'] or 'the job left the queue without finishing'} (log: {r['log']})"]
+            lines += ["    " + x for x in (r["log_tail"] or log_tail(Path(r["log"]))).splitlines()]
+    return lines
+

@@ -1,0 +1,180 @@
+"""Slurm, through its own commands (``sbatch``, ``squeue``, ``scontrol``): job scripts, submission, job states.
+
+medstack submits plain sbatch scripts (no Python submitter): the script is a file a user can read,
+``sbatch`` again by hand, and paste into a ticket to the site's admins. This module holds what the
+sweep and the fine-tune executors share:
+
+- :class:`SlurmOptions`: the resources and site options (``--slurm-partition`` ... ``--slurm-extra``);
+- :func:`sbatch_script`: the ``#SBATCH`` header + body of one script; :func:`submit`: ``sbatch --parsable``;
+- :func:`queue_states`: ``squeue`` states of the jobs still in the queue (array tasks one per line);
+- job state files: the job itself writes ``JOB.json`` (running -> done | failed | interrupted, with the
+  last lines of its log on failure), so the state is known from the shared file system alone, also on
+  a cluster without job accounting (``sacct``).
+
+Locks: every lock medstack holds on a shared folder (a run's ``.medstack.lock``, a sweep's, a fine-tune's)
+is the run lock of experiments/core/runlock.py (see its docstring for what holds on NFS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.errors import MedstackError
+from models.paths import private_file
+
+# squeue's long state names -> the four medstack shows
+QUEUE_STATES = {"PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
+                "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running", "RESIZING": "running",
+                "SUSPENDED": "pending", "STOPPED": "pending", "SIGNALING": "running", "STAGE_OUT": "running"}
+
+
+class SlurmError(MedstackError):
+    """Slurm is missing or refused a command (an environment fault: the CLI exits 3)."""
+
+    exit_code = 3
+
+
+@dataclass
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # Slurm's format: MINUTES, HH:MM:SS, D-HH:MM:SS
+    max_parallel: int | None = None
+    cpus: int | None = None  # per job; default: 8 per GPU, 2 without GPUs
+    extra: dict[str, str] = field(default_factory=dict)  # --slurm-extra KEY=VALUE -> #SBATCH --KEY=VALUE
+    setup: list[str] = field(default_factory=list)  # shell lines run before medstack (module load ..., source venv)
+    python: str | None = None  # the command that runs Python in the job (default: this interpreter)
+
+    def python_argv(self, python: str) -> list[str]:
+        return shlex.split(self.python) if self.python else [python]
+
+
+def parse_extra(items: list[str]) -> dict[str, str]:
+    """``--slurm-extra KEY=VALUE`` (repeatable, also a comma list) -> {KEY: VALUE}; a bare KEY is a flag."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        for part in (x.strip() for x in item.split(",") if x.strip()):
+            key, _, value = part.partition("=")
+            key = key.strip().lstrip("-")
+            if not key or any(c.isspace() for c in key):
+                raise MedstackError(f"--slurm-extra {item!r}: give KEY=VALUE, e.g. --slurm-extra constraint=a100 --slurm-extra qos=normal")
+            out[key] = value.strip()
+    return out
+
+
+def require_slurm() -> None:
+    missing = [c for c in ("sbatch", "squeue", "scontrol") if shutil.which(c) is None]
+    if missing:
+        raise SlurmError(f"--executor slurm: {', '.join(missing)} not found on PATH; run this on the cluster's login node "
+                         "(or load its Slurm module first), or use --executor local")
+
+
+def header(name: str, opts: SlurmOptions, *, gpus: int, mem_gb: int | None, output: Path, array: str | None = None,
+           dependency: str | None = None, requeue: bool = True) -> list[str]:
+    """The ``#SBATCH`` lines of one job: what it asks for, where its log goes."""
+    cpus = opts.cpus or (8 * gpus if gpus else 2)
+    lines = [f"--job-name={name}", f"--output={output}", "--open-mode=append", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
+    if gpus:
+        lines.append(f"--gres=gpu:{gpus}")
+    if mem_gb:
+        lines.append(f"--mem={mem_gb}G")
+    for key, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)):
+        if value:
+            lines.append(f"--{key}={value}")
+    if array:
+        lines.append(f"--array={array}" + (f"%{opts.max_parallel}" if opts.max_parallel else ""))
+    if dependency:
+        lines.append(f"--dependency={dependency}")
+    if requeue:
+        lines.append("--requeue")  # preempted or its node lost: back in the queue; the same job resumes its work
+    lines += [f"--{k}={v}" if v else f"--{k}" for k, v in opts.extra.items()]
+    return ["#SBATCH " + x for x in lines]
+
+
+def sbatch_script(header_lines: list[str], body: list[str], *, chdir: Path, opts: SlurmOptions, comment: str) -> str:
+    return "\n".join(["#!/bin/bash", f"# {comment}", *header_lines, "#SBATCH --chdir=" + str(chdir), "",
+                      "set -euo pipefail", *opts.setup, *body, ""])
+
+
+def write_script(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    os.chmod(path, 0o700)
+    return private_file(path)
+
+
+def submit(script: Path, *, cwd: Path) -> str:
+    """``sbatch --parsable SCRIPT`` -> the job id (an array's id without a task)."""
+    require_slurm()
+    p = subprocess.run(["sbatch", "--parsable", str(script)], cwd=cwd, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise SlurmError(f"sbatch {script} refused the job: {p.stderr.strip() or p.stdout.strip()}")
+    return p.stdout.strip().split(";")[0]
+
+
+def queue_states(job_ids: list[str]) -> dict[str, str]:
+    """{job id (``123`` or ``123_4`` for an array task): squeue state} of the jobs still in the queue."""
+    ids = sorted({j.split("_")[0] for j in job_ids if j})
+    if not ids or shutil.which("squeue") is None:
+        return {}
+    p = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"], capture_output=True, text=True, timeout=60)
+    out = {}
+    for line in p.stdout.splitlines():  # a finished job is no longer listed (squeue then says 'Invalid job id' for it)
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = parts[1]
+    return out
+
+
+def shown_state(queued: str | None, written: dict) -> str:
+    """pending | running | done | failed from the queue (when listed) and the job's own state file."""
+    if queued:
+        return QUEUE_STATES.get(queued, queued.lower())
+    state = written.get("state")
+    if state in ("done", "failed"):
+        return state
+    if state in ("running", "interrupted", "submitted"):
+        return "failed"  # left the queue without saying how it ended: cancelled, killed at its time limit, or never started
+    return "not submitted"
+
+
+# ------------------------------------------------------------------ the job's own state file
+
+def job_identity() -> dict:
+    env = os.environ
+    task = env.get("SLURM_ARRAY_TASK_ID")
+    job = f"{env['SLURM_ARRAY_JOB_ID']}_{task}" if task and env.get("SLURM_ARRAY_JOB_ID") else env.get("SLURM_JOB_ID", "")
+    return {"job_id": job, "slurm_job_id": env.get("SLURM_JOB_ID", ""), "restarts": int(env.get("SLURM_RESTART_COUNT") or 0),
+            "host": socket.gethostname()}
+
+
+def read_state(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(path: Path, **fields) -> dict:
+    """Merge ``fields`` into the JSON state file (written whole to a temporary name, then renamed: never torn)."""
+    state = {**read_state(path), **fields, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+    private_file(tmp)
+    os.replace(tmp, path)
+    return state
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])

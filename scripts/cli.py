@@ -38,14 +38,17 @@ def _plain_value_names() -> None:
     tagged = _TyperParameter.display_type
     option_rich = TyperOption.display_type_rich
 
-    def display_type(self, ctx):
-        label = tagged(self, ctx).removeprefix("<").removesuffix(">")
+    def display_type(self, *args, **kwargs):  # passes typer's own arguments through: a later typer's tag stays if this fails
+        tag = tagged(self, *args, **kwargs)
+        if not isinstance(tag, str):
+            return tag
+        label = tag.removeprefix("<").removesuffix(">")
         label = label.removeprefix("list[").removesuffix("]") if label.startswith("list[") else label
         head, _, rest = label.partition(" ")  # "int range", "float range"
         return " ".join(x for x in (names.get(head, head), rest) if x)
 
-    def display_type_rich(self, ctx):
-        return None if self.is_flag and self.metavar is None else option_rich(self, ctx)
+    def display_type_rich(self, *args, **kwargs):
+        return None if getattr(self, "is_flag", False) and self.metavar is None else option_rich(self, *args, **kwargs)
 
     _TyperParameter.display_type = display_type
     TyperOption.display_type_rich = display_type_rich

@@ -219,7 +219,8 @@ def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_
         p = run_cli(*args, env=env, timeout=3000, check=True)  # the same command: resumes
         err = " ".join(p.stderr.split())
         assert "starting vLLM (CPU) for embedded" in err  # a run left to do starts its server again
-        roles = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
+        # embedded-small.yaml turns the conversation assessors on: the assessor follows the grader
+        roles = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded", "assessor": "embedded"}
         for label in ("embedded", "embedded-2"):
             m = json.loads((sweep / label / "metrics.json").read_text())
             assert m["case_status"] == {"total": 2, "finished": 2, "failed": 0, "not_started": 0}
@@ -228,12 +229,13 @@ def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_
             assert "Roles: clinical: embedded, patient: embedded" in (sweep / label / "summary.md").read_text()
         assert json.loads((sweep / "embedded" / "metrics.json").read_text())["run"]["cases_resumed"] >= 1 or "embedded: all 2 cases finished earlier" in err
         summary = (sweep / "summary.md").read_text()
-        assert "Roles: clinical: the model of each run; patient: embedded for every run (grader, summarizer: not called with these settings)." in summary
+        assert ("Roles: clinical: the model of each run; patient: embedded, assessor: embedded for every run "
+                "(grader, summarizer: not called with these settings).") in summary
         assert "| (published) |" in summary and (sweep / "published-gpt3_1106" / "metrics.json").exists()
         compare = (sweep / "compare" / "summary.md").read_text()
         assert "gpt3_1106-published" in compare and "**embedded-2**" in compare
         html = (sweep / "report.html").read_text()
-        assert "Roles: clinical: embedded, patient: embedded, grader: embedded, summarizer: embedded for every run." in html
+        assert "Roles: clinical: embedded, patient: embedded, grader: embedded, summarizer: embedded, assessor: embedded for every run." in html
         assert json.loads(run_cli("serve", "status", "--json", env=env, check=True).stdout) == []  # every server it started is stopped
     finally:  # a failure half-way leaves nothing running: the sweep and every server of this test's own home stopped
         if proc.poll() is None:

@@ -173,13 +173,19 @@ def test_seeds_are_per_case_and_step():
     assert len({call_seed(0, c, k) for c in ("c1", "c2") for k in ("turn_0#0", "turn_0#1", "turn_1#0")}) == 6
 
 
-def test_edited_prompt_refuses_resume_naming_the_file(tmp_path):
+def _run_with_prompt_folder(tmp_path):
+    """A finished toy run whose prompt folder holds ask.txt: (the folder, the settings, a backend)."""
     folder = tmp_path / "prompts"
     folder.mkdir()
     (folder / "ask.txt").write_text("Ask $x\n")
     s = ToySettings(out=str(tmp_path / "run"))
     respond, _ = counter_backend()
     run(ToyStudy(prompts=PromptSet(folder)), s, ScriptedLLM(respond, roles=ToyStudy.roles))
+    return folder, s, respond
+
+
+def test_edited_prompt_refuses_resume_naming_the_file(tmp_path):
+    folder, s, respond = _run_with_prompt_folder(tmp_path)
     (folder / "ask.txt").write_text("Ask politely $x\n")
     with pytest.raises(ResultsError, match="ask.txt changed"):
         run(ToyStudy(prompts=PromptSet(folder)), s, ScriptedLLM(respond, roles=ToyStudy.roles))
@@ -191,12 +197,7 @@ def test_edited_prompt_refuses_resume_naming_the_file(tmp_path):
 def test_a_prompt_file_added_since_is_no_edit(tmp_path):
     """A new step's template (e.g. CRAFT-MD's assessor prompts) does not stop earlier runs from resuming; a removed
     prompt the run used does."""
-    folder = tmp_path / "prompts"
-    folder.mkdir()
-    (folder / "ask.txt").write_text("Ask $x\n")
-    s = ToySettings(out=str(tmp_path / "run"))
-    respond, _ = counter_backend()
-    run(ToyStudy(prompts=PromptSet(folder)), s, ScriptedLLM(respond, roles=ToyStudy.roles))
+    folder, s, respond = _run_with_prompt_folder(tmp_path)
     (folder / "new_step.txt").write_text("Check $x\n")
     assert run(ToyStudy(prompts=PromptSet(folder)), s, ScriptedLLM(respond, roles=ToyStudy.roles)).finished >= 0
     (folder / "ask.txt").unlink()

@@ -27,8 +27,8 @@ from experiments.common.stats import mean_ci, rater_agreement, stratified_bootst
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.study import CaseContext, Study
 from experiments.craftmd import paper_values
-from experiments.craftmd.assess import EXPERT_LABELLED, LABELS, QUESTIONS, assess_conversation, transcript_turns
-from experiments.craftmd.experts import PAPER_LABELS, PAPER_MODELS, load_expert_labels
+from experiments.craftmd.assess import LABELS, QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
+from experiments.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels
 from experiments.craftmd.prompts import PROMPTS
 
 N_BOOT = 2000
@@ -71,7 +71,7 @@ class ConversationCalibration(Study):
         assessment = await assess_conversation(ctx, transcript_turns(transcript), c.vignette, s)
         return {"id": c.id, "case_id": c.case_id, "model": c.model, "vignette": c.vignette, "correct_answer": c.correct_diagnosis, "final_diagnosis": c.final_diagnosis,
                 "transcript": transcript, "experts": dict(c.combined), "expert_raters": {r: dict(v) for r, v in c.raters.items()},
-                "assessment": assessment, "prompt_hashes": PROMPTS.hashes(f"assess_{q.lower()}" for q in QUESTIONS)}
+                "assessment": assessment, "prompt_hashes": PROMPTS.hashes(TEMPLATES.values())}
 
     def metrics(self, records: list[dict], s: ConversationCalibrationSettings) -> dict:
         return calibration_metrics(records, n_boot=s.n_boot)

@@ -30,7 +30,6 @@ from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import ask, single
 
 QUESTIONS = ("Q1", "Q2", "Q3", "grounded", "complete")
-EXPERT_LABELLED = ("Q1", "Q2", "Q3")  # the questions the paper's released labels answer
 TEMPLATES = {q: f"assess_{q.lower()}" for q in QUESTIONS}
 LABELS = {
     "Q1": "Q1: one most likely diagnosis could be reached",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.common.stats import mcnemar_test, mean_ci
-from experiments.craftmd.importer import parse_conversation
+from experiments.craftmd.importer import doctor_turns, parse_conversation
 from models.errors import DataError
 
 EXPERT_QUESTIONS = ("Q1", "Q2", "Q3")
@@ -276,7 +276,7 @@ def to_record(c: ExpertConversation) -> dict:
         "id": c.id, "case_id": c.case_id, "model": c.model, "roles": {"clinical": c.model}, "imported": True,
         "question": c.question, "vignette": c.vignette, "correct_answer": c.correct_diagnosis,
         "final_diagnosis": c.final_diagnosis, "transcript": transcript,
-        "n_doctor_turns": sum(t["agent"] == "doctor" and t["turn"] > 0 for t in transcript),
+        "n_doctor_turns": doctor_turns(transcript),
         # flat, so the report's case browser shows them among the grades: yes / no / null (no label)
         **{f"expert_label_{q}": None if c.combined[q] is None else ("yes" if c.combined[q] else "no") for q in EXPERT_QUESTIONS},
         "expert_raters": {r: dict(v) for r, v in c.raters.items()}, "dual_labelled": c.dual,

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from experiments.core.commands import study_command
 from experiments.core.config import ConfigError
-from experiments.core.study import Study
+from experiments.core.results import Run, read_run, upgrade_record
+from experiments.core.study import Study, StudyResults
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent
 
@@ -38,10 +39,13 @@ class PaperTables:
 
 STUDIES: dict[str, StudyEntry] = {}
 TABLES: dict[str, PaperTables] = {}
+RESULTS: dict[str, StudyResults] = {}  # experiment -> what its study declares about its results folders
 
 
 def register_study(name: str, study: Callable[[], Study], *, help: str, top_level: bool = False, fixed: dict | None = None) -> None:
     STUDIES[name] = StudyEntry(name, study, help, top_level, fixed or {})
+    if isinstance(getattr(study, "results", None), StudyResults):
+        register_results(study.results)
 
 
 def register_tables(path: Path, adapter: Any) -> None:
@@ -76,3 +80,22 @@ def register_all(app, run_app, **apps) -> None:
         (app if entry.top_level else run_app).command(entry.name)(study_command(entry))
     for module in _modules("cli.py") + ["finetune.cli"]:
         importlib.import_module(module).register(app=app, run_app=run_app, **apps)
+
+
+def register_results(results: StudyResults) -> None:
+    RESULTS[results.experiment] = results
+
+
+def results_for(experiment: str) -> StudyResults | None:
+    """What the study of results folders of ``experiment`` (config.yaml) declares; None for a kind no study declares."""
+    studies()
+    return RESULTS.get(experiment)
+
+
+def open_run(path, *, lenient: bool = False) -> Run:
+    """A results folder read by the one reader, its older records upgraded by their study (typed scores included)."""
+    run = read_run(path, lenient=lenient)
+    declared = results_for(run.experiment)
+    if declared is not None and (declared.upgrade or declared.scores):
+        run.records = [upgrade_record(r, run.config, declared.upgrade, declared.scores) for r in run.records]
+    return run

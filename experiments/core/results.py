@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import yaml
 
+from experiments.common.grade import SCHEMA
 from models.errors import DataError, MedstackError, StorageError
 from models.paths import private_dir, private_file
 
@@ -315,7 +317,7 @@ class RunDir:
 
     # -- outputs --------------------------------------------------------------
     def write_identity(self, models: dict, extra: dict | None = None) -> None:
-        ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), **(extra or {})}
+        ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), "records_schema": SCHEMA, **(extra or {})}
         self._write(self.path / "identity.json", json.dumps(ident, indent=2, default=str))
 
     def write_metrics(self, metrics: dict) -> None:
@@ -337,20 +339,119 @@ RESUME_IGNORED = {"limit", "sample", "concurrency", "timeout", "retries", "out",
                   "startup_timeout"}
 
 
-def load_run(path: str | Path, metrics: dict | None = None) -> dict:
-    """Load a finished (or partial) results directory for comparison/reporting: its records without their call
-    logs (metrics and tables never read them), config, metrics and identity. ``metrics``: the run's metrics
-    in memory (a summary written at the end of a run), used instead of metrics.json."""
+@dataclass
+class Run:
+    """A results folder as every tool reads it (:func:`read_run`): the last record per id, without its call log
+    (failed ones too: ``finished`` / ``failed``), each one's byte offset (:meth:`full_record` reads it whole), the
+    config, metrics and identity, and what could not be read (``warnings``, in lenient mode)."""
+
+    path: Path
+    records: list[dict]
+    offsets: list[int]
+    config: dict
+    config_text: str = ""
+    metrics: dict | None = None
+    identity: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def experiment(self) -> str:
+        ident = self.identity if isinstance(self.identity, dict) else {}
+        return str(ident.get("experiment") or self.config.get("experiment") or self.config.get("study") or "")
+
+    @property
+    def schema(self) -> int:
+        """The records' schema: 2 with typed scores; a folder written before says nothing (1)."""
+        return int((self.identity or {}).get("records_schema") or 1) if isinstance(self.identity, dict) else 1
+
+    @property
+    def finished(self) -> list[dict]:
+        return [r for r in self.records if r.get("status") != "failed"]
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.records if r.get("status") == "failed"]
+
+    def full_record(self, index: int) -> dict:
+        """Record ``index`` read again whole, call log included; the record as loaded when its line has changed since."""
+        rec = self.records[index]
+        whole = value_at(self.path / "records.jsonl", self.offsets[index])
+        if not isinstance(whole, dict) or whole.get("id") != rec.get("id"):
+            return rec
+        return whole
+
+    def as_dict(self) -> dict:
+        """The mapping older callers read (``records`` = the finished ones)."""
+        return {"path": str(self.path), "records": self.finished, "failed": self.failed, "config": self.config,
+                "metrics": self.metrics or {}, "identity": self.identity or {}}
+
+
+def has_typed_scores(record: dict) -> bool:
+    raw = record.get("scores")
+    return isinstance(raw, dict) and all(isinstance(g, dict) and "value" in g for g in raw.values())
+
+
+def upgrade_record(record: dict, config: dict, upgrade=None, scores=None) -> dict:
+    """The one upgrade of a record written before typed scores (or imported from a release): ``upgrade`` (the study's)
+    puts its own fields in today's shape, ``scores`` (the study's) derives its typed scores from them."""
+    if has_typed_scores(record) or record.get("status") == "failed":
+        return record
+    if upgrade is not None:
+        record = upgrade(record)
+    if scores is not None:
+        record["scores"] = {name: g.to_json() for name, g in scores(record, config).items()}
+    return record
+
+
+def _read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def read_run(path: str | Path, *, lenient: bool = False, upgrade=None, scores=None, drop: tuple[str, ...] = CALL_LOG) -> Run:
+    """Read a results directory (finished or partial). Strict (the default): a folder without records.jsonl, or an
+    unreadable file, is a ResultsError / DataError naming it. ``lenient`` (the report): what cannot be read becomes a
+    warning and the rest is read. Older records go through :func:`upgrade_record` with the study's ``upgrade`` and
+    ``scores`` (``registry.open_run`` passes them)."""
     p = Path(path)
-    if not (p / "records.jsonl").exists():
+    warnings: list[str] = []
+    records: list[dict] = []
+    offsets: list[int] = []
+    if (p / "records.jsonl").exists():
+        try:
+            records, offsets = latest_records(p / "records.jsonl", drop=drop)
+        except (ResultsError, DataError) as e:
+            if not lenient:
+                raise
+            warnings.append(str(e))
+    elif not lenient:
         raise ResultsError(f"{p} is not a results directory (no records.jsonl)")
-    # the last line per id wins; failed cases are kept apart: they are never scored
-    latest, _ = latest_records(p / "records.jsonl")
-    out = {"path": str(p), "records": [r for r in latest if r.get("status") != "failed"],
-           "failed": [r for r in latest if r.get("status") == "failed"]}
-    for name in ("config.yaml",):
-        out["config"] = yaml.safe_load((p / name).read_text()) if (p / name).exists() else {}
-    for name, given in (("metrics", metrics), ("identity", None)):
+    config_text = _read_text(p / "config.yaml")
+    try:
+        config = yaml.safe_load(config_text) or {} if config_text else {}
+    except yaml.YAMLError as e:
+        if not lenient:
+            raise DataError(f"{p / 'config.yaml'}: not valid YAML ({e})") from None
+        warnings.append(f"{p / 'config.yaml'}: not valid YAML ({e})")
+        config = {}
+    config = config if isinstance(config, dict) else {"value": config}
+    found = {}
+    for name in ("metrics", "identity"):
         f = p / f"{name}.json"
-        out[name] = given if given is not None else json.loads(f.read_text()) if f.exists() else {}
+        try:
+            found[name] = json.loads(f.read_text(encoding="utf-8")) if f.exists() else None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            if not lenient:
+                raise DataError(f"{f}: not valid JSON ({e})") from None
+            warnings.append(f"{f}:{getattr(e, 'lineno', '?')}: not valid JSON ({getattr(e, 'msg', e)})")
+            found[name] = None
+    records = [upgrade_record(r, config, upgrade, scores) for r in records]
+    return Run(p, records, offsets, config, config_text, found["metrics"], found["identity"], warnings)
+
+
+def load_run(path: str | Path, metrics: dict | None = None) -> dict:
+    """:func:`read_run` as the mapping older callers read; ``metrics``: the run's metrics in memory (a summary written
+    at the end of a run), used instead of metrics.json."""
+    out = read_run(path).as_dict()
+    if metrics is not None:
+        out["metrics"] = metrics
     return out

@@ -34,6 +34,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from experiments.core.concurrency import resolve_concurrency
+from experiments.common.grade import to_disk
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
@@ -238,6 +239,8 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
     writer = RecordWriter(rundir, getattr(client, "cache", None))  # the record after its answers are committed; grouped fsyncs
     state = LoopState()
     served_dtypes = {role: i.get("dtype") for role, i in identities.items()}
+    declared = study.results if study.results is not None and study.results.scores is not None else None
+    config = settings.model_dump(mode="json") if declared else {}
 
     async def one(case: dict, progress: Progress, task) -> None:
         async with sem:
@@ -248,6 +251,8 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             t0 = time.perf_counter()
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
+                if declared:  # the record's typed scores (experiments/common/grade.py), from its own fields
+                    record["scores"] = to_disk(declared.scores(record, config))
                 state.consecutive = 0
                 state.finished += 1
             except RequestFailed as e:

@@ -51,11 +51,13 @@ import hashlib
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from experiments.common.grade import Grade
 from experiments.core.config import RunSettings
+from experiments.core.judging import Judge
 from experiments.core.constraints import Constraint
 from experiments.core.deviations import check_protocol
 from experiments.core.prompts import PromptSet
@@ -201,6 +203,32 @@ def call_formats(calls: list[dict]) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class StudyResults:
+    """What a study declares about its results folders (config.yaml's ``experiment``), so that the tools over results
+    (review, calibrate, rescore, compare, sweep, report) serve it without knowing it. Registered with
+    ``registry.register_results``; a study's own is ``Study.results`` (a study folder may register more kinds, e.g.
+    the results of its calibration commands).
+
+    ``scores(record, config)``: the record's typed scores (the runner stores them in ``scores``; the reader derives
+    them for records written before, after ``upgrade(record)`` put an older record's own fields in today's shape);
+    ``judges``: its judged decisions (experiments/core/judging.py); ``compare(run_dirs, out)``: its comparison of
+    several runs; ``import_published(name, dest, cases)``: import one of its ``published`` data sets (the authors'
+    released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case."""
+
+    experiment: str
+    scores: Callable[[dict, dict], dict[str, Grade]] | None = None
+    upgrade: Callable[[dict], dict] | None = None
+    judges: tuple[Judge, ...] = ()
+    compare: Callable[[list[str], str], Any] | None = None
+    published: tuple[str, ...] = ()
+    import_published: Callable[[str, Path, str | None], Any] | None = None
+    report_case: Callable[[dict], list[tuple[str, str]]] | None = None
+
+    def judge(self, step: str) -> Judge | None:
+        return next((j for j in self.judges if j.step == step), None)
+
+
 class Study:
     """Base class of every study the runner can run (see the module docstring)."""
 
@@ -219,6 +247,7 @@ class Study:
     case_noun: ClassVar[str] = "cases"  # what select() counts, in summary.md's scope line
     # roles that grade the answers of the model under test: a run where one of them is that model says so (summary.md)
     judge_roles: ClassVar[tuple[str, ...]] = ()
+    results: ClassVar[StudyResults | None] = None  # what the tools over results know of this study (StudyResults)
     scope: dict | None = None  # set by select(): which cases this run takes (all, the first N, a sample) and their composition
 
     def select(self, items: list, settings: RunSettings) -> list:

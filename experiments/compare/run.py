@@ -18,7 +18,7 @@ from pathlib import Path
 
 from experiments.common.grade import grades
 from experiments.common.stats import mean_ci
-from experiments.core.registry import open_run, results_for
+from experiments.core.registry import open_run, results_of
 from experiments.core.results import Run, make_results_dir
 from models.errors import MedstackError, StorageError
 from models.paths import private_file
@@ -81,8 +81,8 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     if not paths:
         raise MedstackError("give at least one results directory")
     runs = [open_run(p) for p in paths]
-    kinds = {r.experiment for r in runs}
-    declared = results_for(next(iter(kinds))) if len(kinds) == 1 else None
+    kinds = {(d.experiment if (d := results_of(r)) else r.experiment) for r in runs}
+    declared = results_of(runs[0]) if len(kinds) == 1 else None
     out = make_results_dir(out)
     study = None
     head = ""

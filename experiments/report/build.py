@@ -20,7 +20,7 @@ from experiments.bench.measure import FIGURES
 from experiments.bench.summary import RATIO_HEADS
 from experiments.calibrate.reviews import COLUMNS, consensus_note, table_rows
 from experiments.common.grade import grades as typed_grades
-from experiments.core.registry import results_for
+from experiments.core.registry import results_of
 from experiments.report.collect import find_runs, full_record, load_run_dir
 from experiments.tables.build import experiment_of, study_tables
 from experiments.tables.declare import declaration_for, declarations
@@ -158,15 +158,14 @@ def score_rows(rec: dict) -> list[list[str]] | None:
     return rows or None
 
 
-def study_lines(rec: dict, experiment: str) -> list[list[str]] | None:
-    """What the record's study adds under a case (its ``report_case`` hook: its conversation checks, ...)."""
-    declared = results_for(experiment) if experiment else None
+def study_lines(rec: dict, declared) -> list[list[str]] | None:
+    """What the record's study adds under a case (its ``StudyResults.report_case`` hook: its conversation checks, ...)."""
     if declared is None or declared.report_case is None or rec.get("status") == "failed":
         return None
     return [[str(k), str(v)] for k, v in declared.report_case(rec)] or None
 
 
-def case_view(rec: dict, run_model: str, experiment: str = "") -> dict:
+def case_view(rec: dict, run_model: str, declared=None) -> dict:
     rated = "rating" in rec and "criterion" in rec
     grades = [[k, fmt(_short(v))] for k, v in rec.items()
               if k not in SPECIAL and GRADE_KEY.search(k) and not NOT_GRADES.search(k) and _is_scalar(v)]
@@ -186,7 +185,7 @@ def case_view(rec: dict, run_model: str, experiment: str = "") -> dict:
         "grades": grades,
         "nested_grades": nested_grades(rec),
         "scores": score_rows(rec),
-        "conversation_checks": study_lines(rec, experiment),
+        "conversation_checks": study_lines(rec, declared),
         "scratchpad": _text(rec["scratchpad"], "\n") if rec.get("scratchpad") not in (None, "", []) else None,
         "prediction": _text(rec["prediction"]) if "prediction" in rec else None,
         "gold": _text(rec[gold_key]) if gold_key and ("prediction" in rec or gold_key == "gold") else None,
@@ -252,9 +251,8 @@ def review_calibration_view(c: dict) -> dict:
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
     model = _run_model(run) or str(((run.get("finetune") or {}).get("metrics") or {}).get("base") or "")
-    exp = experiment_of(run)
-    declared = results_for(exp) if exp else None
-    cases = [case_view(full_record(run, i), model, exp) for i in range(min(max_cases, len(run["records"])))]
+    declared = results_of(run["run"])
+    cases = [case_view(full_record(run, i), model, declared) for i in range(min(max_cases, len(run["records"])))]
     outcomes = [outcome(r) for r in run["records"]]
     scored = [o for o in outcomes if o in ("correct", "incorrect")]
     metrics = run["metrics"] if run["metrics"] is not None else (run["bench"] or {}).get("results") if run["bench"] else None

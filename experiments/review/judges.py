@@ -35,8 +35,8 @@ def load_judge(run_dir: str | Path, step: str) -> dict:
     the run does not have, or a run without any judged item, is bad input naming the folder."""
     p = Path(run_dir)
     run = registry.open_run(p)  # ResultsError (exit 2) for a folder without records.jsonl
-    exp = run.experiment
-    declared = registry.results_for(exp)
+    declared = registry.results_of(run)
+    exp = declared.experiment if declared is not None else run.experiment
     if declared is None or not declared.judges:
         raise DataError(f"{p}: a {exp or 'unknown'} run has no judge to review (reviewable: {_listing()})")
     base, _, by = step.partition("@")

@@ -266,6 +266,7 @@ def test_toy_report_shows_its_scores(toy_run, tmp_path):
     html = build_report([str(toy_run)], tmp_path / "r.html").read_text()
     assert "<td>echo-judge</td><td>1</td><td>rule every answer equals the word</td><td>hi</td>" in html
     assert "<td>echo-judge</td><td>0</td>" in html
+    assert "<tr><td>echo-judge</td><td>0.5 [" in html and "</td><td>2</td><td>0</td></tr>" in html  # the run's mean of the score, n, unscored
 
 
 def _defaults(model) -> dict:

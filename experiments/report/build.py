@@ -20,6 +20,7 @@ from experiments.bench.measure import FIGURES
 from experiments.bench.summary import RATIO_HEADS
 from experiments.calibrate.reviews import COLUMNS, consensus_note, table_rows
 from experiments.common.grade import grades as typed_grades
+from experiments.compare.run import score_rows as score_means
 from experiments.core.registry import results_of
 from experiments.report.collect import find_runs, full_record, load_run_dir
 from experiments.tables.build import experiment_of, study_tables
@@ -280,6 +281,8 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
         "calibration": calibration_view(run),
         "study_tables": declared.report_run(run) if declared is not None and declared.report_run is not None else [],
+        "score_table": [[x["score"], "-" if x["mean"] is None else f"{fmt(x['mean'])} [{fmt(x['ci_low'])}, {fmt(x['ci_high'])}]", x["n"], x["unscored"]]
+                        for x in score_means(run["run"])],
         "review_calibrations": [review_calibration_view(c) for c in run.get("review_calibrations") or []],
         # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
         "charts": [c for c in run["charts"] if not (run.get("finetune") and c["name"] == "loss.png")],

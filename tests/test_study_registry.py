@@ -244,6 +244,18 @@ def test_toy_calibrate_holds_its_judge_to_a_clinicians_labels(toy, toy_run):
     vs = cal["reviewers"]["alice"]["vs_judge"]
     assert cal["experiment"] == "toy" and vs["n"] == 2 and vs["exact_agreement"] == 0.5  # alice says c2 repeated the word; the rule says no
     assert "judge vs alice" in r.output
+    # a judge that graded the same answers after the run (a rescore's echo-judge@m2: it says c2 repeated the word too)
+    # is held to the same clinician, on a sample of its own
+    lines = [json.loads(x) for x in (toy_run / "records.jsonl").read_text().splitlines()]
+    for x in lines:
+        x["scores"]["echo-judge@m2"] = {"value": 1, "answer": x["scores"]["echo-judge"]["answer"], "judge": {"model": "m2"}}
+    (toy_run / "records.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_sample(toy_run, load_judge(toy_run, "echo-judge@m2"), 2, 0)
+    with labels.open("a") as f:
+        f.write("".join(json.dumps({"judge": "echo-judge@m2", "item": i, "reviewer": "alice", "label": 1}) + "\n" for i in ("c1", "c2")))
+    r = CliRunner().invoke(app, ["calibrate", str(toy_run), "--labels", str(toy_run / "reviews"), "--judge", "echo-judge@m2", "--n-boot", "200"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((toy_run / "reviews" / "calibration-echo-judge@m2.json").read_text())["reviewers"]["alice"]["vs_judge"]["exact_agreement"] == 1.0
 
 
 def test_toy_compare_runs_its_own_and_the_typed_scores(toy, toy_run, tmp_path):

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from experiments.core import registry
 from experiments.core.commands import study_command
+from experiments.compare import cli as compare_cli
 from experiments.craftmd import cli as craftmd_cli
 from experiments.craftmd.compare import compare, run_compare
 from experiments.craftmd.importer import import_folder, parse_conversation
@@ -147,6 +148,7 @@ def _app():
     app.add_typer(run_app, name="run")
     app.add_typer(import_app, name="import")
     craftmd_cli.register(app=app, run_app=run_app, score_app=typer.Typer(), import_app=import_app, data_app=typer.Typer(), finetune_app=typer.Typer())
+    compare_cli.register(app=app)  # `medstack compare`: the tool's, which runs CRAFT-MD's comparison (StudyResults.compare)
     run_app.command("craftmd")(study_command(registry.get("craftmd")))  # the study commands: from the registry
     app.command("meld")(study_command(registry.get("meld")))
     return app

@@ -1,8 +1,11 @@
-"""The package imports form no cycle and never go up a layer (issue 31, item 5).
+"""The package imports form no cycle, never go up a layer, and follow docs/layout.md's Architecture table.
 
 Every non-test .py file of the packages below is parsed (ast, not imported), and every import it makes is
 an edge: top-level AND function-local ones, since an import moved into a function to dodge a cycle is
-still that cycle. Layers (an import may go down or sideways, never up):
+still that cycle, and ``importlib.import_module("...")`` with a literal name or an f-string's literal prefix.
+The table (folder | responsible for | may import) is parsed and every edge between two folders checked
+against it: the tools over results import no study folder; a study imports core, common, tables. Layers
+(an import may go down or sideways, never up):
 
     layer 3  scripts/                the command line
     layer 2  experiments/, finetune/ studies, runner, tables, reports; LoRA fine-tuning
@@ -16,6 +19,7 @@ top-level package), so two studies, or a study and fine-tuning, never import eac
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -38,26 +42,53 @@ def _resolve(name: str, modules: dict) -> str | None:
     return name or None
 
 
+def _dynamic_name(node: ast.Call) -> str | None:
+    """The module an ``importlib.import_module(...)`` / ``__import__(...)`` call names: its literal, or the literal
+    prefix of an f-string cut back to whole package names (``f"experiments.{x}.study"`` -> ``experiments``)."""
+    f = node.func
+    named = (isinstance(f, ast.Attribute) and f.attr == "import_module") or (isinstance(f, ast.Name) and f.id in ("import_module", "__import__"))
+    if not named or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr):
+        prefix = ""
+        for part in arg.values:
+            if not (isinstance(part, ast.Constant) and isinstance(part.value, str)):
+                break
+            prefix += part.value
+        return prefix.rpartition(".")[0] or None
+    return None
+
+
+def edges(source: str, mod: str, package: str, modules: dict) -> set[str]:
+    """The project modules one file imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and (name := _dynamic_name(node)):
+            names = [name]
+        else:
+            continue
+        out.update(t for t in filter(None, (_resolve(n, modules) for n in names)) if t != mod)
+    return out
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the project modules it imports (anywhere in the file)."""
     modules = _modules()
     graph: dict[str, set[str]] = defaultdict(set)
     for mod, path in modules.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                names = [base] + [f"{base}.{a.name}" for a in node.names]
-            else:
-                continue
-            for target in filter(None, (_resolve(n, modules) for n in names)):
-                if target != mod:
-                    graph[mod].add(target)
+        graph[mod] |= edges(path.read_text(encoding="utf-8"), mod, package, modules)
     return graph
 
 
@@ -98,10 +129,68 @@ def unit(module: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "experiments" and len(parts) > 1 else parts[0]
 
 
-def test_the_walk_sees_function_local_imports():
+def test_the_walk_sees_function_local_and_importlib_imports():
     graph = import_graph()
     assert "models.errors" in graph["serving.launcher"]  # top-level
-    assert "serving.session" in graph["experiments.calibrate.run"]  # made inside a function only
+    assert "serving.session" in graph["experiments.report.collect"]  # made inside a function only
+    modules = _modules()
+    src = ("import importlib\ndef f(x):\n    importlib.import_module('experiments.craftmd.study')\n"
+           "    importlib.import_module(f'experiments.dera.{x}')\n    importlib.import_module(f'experiments.{x}.study')\n")
+    assert edges(src, "experiments.report.x", "experiments.report", modules) == {"experiments.craftmd.study", "experiments.dera", "experiments"}
+
+
+# ------------------------------------------------------------------ docs/layout.md's Architecture table
+
+STUDY_ROW = "experiments/<study>/"
+
+
+def _unit_of_path(token: str) -> str:
+    parts = [p for p in token.strip().strip("`").removesuffix(".py").split("/") if p]
+    return ".".join(parts[:2]) if parts[0] == "experiments" else parts[0]
+
+
+def architecture() -> tuple[dict[str, str], dict[str, set[str] | None]]:
+    """(unit -> its row, row -> the units it may import (None: everything)) from docs/layout.md's table."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8").split("## Architecture", 1)[1]
+    table = next(block for block in text.split("\n\n") if block.startswith("| folder | responsible for | may import |"))
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    studies = {f"experiments.{p.parent.name}" for p in (ROOT / "experiments").glob("*/study.py")} - {"experiments.core"}
+    row_of: dict[str, str] = {}
+    allowed: dict[str, set[str] | None] = {}
+    for line in rows:
+        folders, _, may = [c.strip() for c in line.strip("|").split("|")]
+        name = folders
+        units = studies if STUDY_ROW in folders else {_unit_of_path(t) for t in re.findall(r"`([^`]+/)`", folders)}
+        for u in units:
+            assert u not in row_of, f"docs/layout.md: {u} is in two rows of the Architecture table"
+            row_of[u] = name
+        targets = set()
+        for t in re.findall(r"`([^`]+)`", may):
+            targets |= studies if t == STUDY_ROW else {_unit_of_path(t)}
+        allowed[name] = None if may == "everything" else targets
+    return row_of, allowed
+
+
+def test_every_folder_has_a_row_of_the_architecture_table():
+    row_of, _ = architecture()
+    units = {unit(m) for m in _modules()} - {"experiments"}
+    assert sorted(units - set(row_of)) == [], "folders without a row in docs/layout.md's Architecture table"
+    assert {"experiments.craftmd", "experiments.dera", "experiments.meditod", "experiments.autoeval"} <= {u for u, r in row_of.items() if STUDY_ROW in r}
+
+
+def test_every_import_follows_the_architecture_table():
+    row_of, allowed = architecture()
+    bad = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
+                 if unit(a) != unit(b) and unit(b) != "experiments" and (ok := allowed[row_of[unit(a)]]) is not None and unit(b) not in ok)
+    assert bad == [], "imports docs/layout.md's Architecture table does not allow"
+
+
+def test_tools_import_no_study():
+    row_of, allowed = architecture()
+    studies = {u for u, r in row_of.items() if STUDY_ROW in r}
+    tools = {u for u, r in row_of.items() if "experiments/report/" in r}
+    assert {"experiments.review", "experiments.calibrate", "experiments.compare", "experiments.sweep", "experiments.bench"} <= tools
+    assert not studies & allowed[row_of["experiments.report"]] and not studies & allowed[row_of["experiments.tables"]]
 
 
 def test_no_import_cycle_between_modules():

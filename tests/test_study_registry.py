@@ -1,7 +1,12 @@
 """The study registry and the flags generated from settings models: a toy study registered from here (a
-settings model + a Study, nothing else) runs end to end against the scripted client through its generated
-`medstack run toy` command line, dry-runs and renders its paper table; and every shipped default config
-agrees with its settings model's code defaults on every key it sets."""
+settings model + a Study + its StudyResults, nothing else) runs end to end against the scripted client through its
+generated `medstack run toy` command line, dry-runs and renders its paper table, and the tools that know no study
+serve it: `review` builds its judge's items, `calibrate` holds its judge to a clinician's labels, `compare` runs its own
+comparison and the typed scores', the report shows its scores; and every shipped default config agrees with its
+settings model's code defaults on every key it sets.
+
+Fixtures others reuse: ``toy`` (the study registered, a `medstack` app from the registry, the scripted client's
+requests) and ``toy_run`` (a finished toy run of cases c1 (right) and c2 (wrong), with typed scores ``echo-judge``)."""
 
 from __future__ import annotations
 
@@ -16,9 +21,12 @@ import yaml
 from pydantic import Field
 from typer.testing import CliRunner
 
+from experiments.common.grade import Grade
 from experiments.core import registry, runner
 from experiments.core.config import RunSettings, Sampling, role_flag
-from experiments.core.study import CaseContext, Study
+from experiments.core.judging import BINARY, Judge
+from experiments.core.results import read_run
+from experiments.core.study import CaseContext, Study, StudyResults
 from experiments.tables.adapter import PaperAdapter
 from experiments.tables.render import run_paper_tables
 from scripted import ScriptedLLM
@@ -35,8 +43,44 @@ class ToySettings(RunSettings):
     sampling: Sampling = Sampling(max_tokens=8)  # no description: config only, no flag
 
 
+def toy_scores(record: dict, config: dict) -> dict[str, Grade]:
+    """The toy's one decision, typed: did every answer repeat the word (a rule of ours, not a model)."""
+    return {"echo-judge": Grade(value=record["correct"], answer=" ".join(record["answers"]), source="exact",
+                                judge={"rule": "every answer equals the word"})}
+
+
+def toy_show(record: dict, part: str | None, config: dict) -> dict:
+    return {"the word asked for": config.get("word"), "the answers": record["answers"]}
+
+
+async def toy_ask(ctx: CaseContext, record: dict, part: str | None, s: "ToySettings", role: str) -> Grade:
+    """Ask ``role`` again whether the stored answers repeat the word (for `medstack rescore`): yes -> 1, no -> 0, else unscored."""
+    answer = " ".join(record["answers"])
+    reply = await ctx.chat([{"role": "user", "content": f"{record['id']}: is {answer!r} the word {s.word}? yes or no"}], role=role,
+                           gen=s.sampling.gen(), step="echo-judge")
+    first = (reply.text or "").strip().lower().split()[:1]
+    return Grade(value={"yes": 1, "no": 0}.get(first[0]) if first else None, answer=answer, explanation=reply.text,
+                 judge={"model": s.roles[role], "rule": "first word yes / no"})
+
+
+def toy_compare(run_dirs: list[str], out) -> dict:
+    """The toy's own comparison: accuracy per run."""
+    rows = []
+    for d in run_dirs:
+        run = read_run(d)
+        rows.append({"run": d, "accuracy": sum(r["correct"] for r in run.finished) / len(run.finished)})
+    (Path(out) / "summary.md").write_text("# Toy comparison\n\n" + "".join(f"- {Path(r['run']).name}: accuracy {r['accuracy']:.3f}\n" for r in rows))
+    return {"runs": rows, "warnings": []}
+
+
+TOY_RESULTS = StudyResults(
+    experiment="toy", scores=toy_scores, compare=toy_compare,
+    judges=(Judge("echo-judge", BINARY, "Did the model repeat the word it was asked for, in every answer?", role="echo", show=toy_show, ask=toy_ask),))
+
+
 class ToyStudy(Study):
     name = "toy"
+    results = TOY_RESULTS
     settings_cls = ToySettings
     roles = ("echo",)
     primary_role = "echo"
@@ -83,6 +127,7 @@ def toy(tmp_path, monkeypatch):
     """The toy study registered as a study folder's study.py would, and a `medstack` app built from the registry."""
     registry.studies()
     monkeypatch.setitem(registry.STUDIES, "toy", registry.StudyEntry("toy", ToyStudy, "Toy: ask each case to repeat a word."))
+    monkeypatch.setitem(registry.RESULTS, "toy", ToyStudy.results)  # as register_study does
     tables = tmp_path / "paper_tables.yaml"
     tables.write_text(TABLES, encoding="utf-8")
     monkeypatch.setitem(registry.TABLES, str(tables), registry.PaperTables(tables, ToyTables()))
@@ -141,6 +186,99 @@ def test_toy_study_dry_runs_and_rejects_bad_flags(toy, tmp_path):
     assert not sent and not (out / "records.jsonl").exists()
     r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--repeats", "0", "--out", str(tmp_path / "bad")])
     assert r.exit_code != 0 and "repeats" in str(r.exception) and not (tmp_path / "bad").exists()
+
+
+@pytest.fixture
+def toy_run(toy, tmp_path):
+    """A finished toy run (c1 answered right, c2 wrong; word "hi"), its records carrying the typed score echo-judge."""
+    app, data, sent = toy
+    out = tmp_path / "toy-run"
+    r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi",
+                                 "--echo-model", "embedded@http://127.0.0.1:9/v1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_toy_records_carry_typed_scores(toy_run):
+    records = {r["id"]: r for r in read_run(toy_run).records}
+    assert records["c1"]["scores"] == {"echo-judge": {"value": 1, "answer": "hi", "source": "exact", "judge": {"rule": "every answer equals the word"}}}
+    assert records["c2"]["scores"]["echo-judge"]["value"] == 0
+
+
+def test_toy_review_builds_its_judges_items(toy, toy_run, tmp_path):
+    from experiments.review.judges import load_judge
+    from models.errors import DataError
+
+    app, _, _ = toy
+    j = load_judge(toy_run, "echo-judge")
+    assert (j["experiment"], j["scale"]["kind"], j["scale"]["question"]) == ("toy", "binary", TOY_RESULTS.judges[0].question)
+    assert [(i["id"], i["verdict"], i["stratum"]) for i in j["items"]] == [("c1", 1, "1||"), ("c2", 0, "0||")]
+    assert j["items"][0]["show"] == {"the word asked for": "hi", "the answers": ["hi"]}
+    with pytest.raises(DataError, match="a toy run's judge steps are echo-judge"):
+        load_judge(toy_run, "frq")
+    with pytest.raises(DataError, match="no record carries a echo-judge@m2 decision.*rescore"):
+        load_judge(toy_run, "echo-judge@m2")
+    # the grades a rescore adds beside the run's own (STEP@JUDGE) are reviewed as a judge of their own
+    lines = [json.loads(x) for x in (toy_run / "records.jsonl").read_text().splitlines()]
+    for x in lines:
+        x["scores"]["echo-judge@m2"] = {"value": 1 - x["scores"]["echo-judge"]["value"], "answer": "hi", "judge": {"model": "m2"}}
+    (toy_run / "records.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert [(i["id"], i["verdict"]) for i in load_judge(toy_run, "echo-judge@m2")["items"]] == [("c1", 0), ("c2", 1)]
+    page = tmp_path / "page.html"
+    r = CliRunner().invoke(app, ["review", str(toy_run), "--judge", "echo-judge", "--sample", "2", "--reviewer", "alice", "--export", str(page)])
+    assert r.exit_code == 0, r.output
+    assert "the word asked for" in page.read_text() and (toy_run / "reviews" / "sample-echo-judge.json").exists()
+
+
+def test_toy_calibrate_holds_its_judge_to_a_clinicians_labels(toy, toy_run):
+    from experiments.review.judges import load_judge
+    from experiments.review.labels import write_sample
+
+    app, _, _ = toy
+    write_sample(toy_run, load_judge(toy_run, "echo-judge"), 2, 0)
+    labels = toy_run / "reviews" / "alice.jsonl"
+    labels.write_text("".join(json.dumps({"judge": "echo-judge", "item": i, "reviewer": "alice", "label": v}) + "\n" for i, v in (("c1", 1), ("c2", 1))))
+    r = CliRunner().invoke(app, ["calibrate", str(toy_run), "--labels", str(toy_run / "reviews"), "--n-boot", "200"])
+    assert r.exit_code == 0, r.output
+    cal = json.loads((toy_run / "reviews" / "calibration-echo-judge.json").read_text())
+    vs = cal["reviewers"]["alice"]["vs_judge"]
+    assert cal["experiment"] == "toy" and vs["n"] == 2 and vs["exact_agreement"] == 0.5  # alice says c2 repeated the word; the rule says no
+    assert "judge vs alice" in r.output
+    # a judge that graded the same answers after the run (a rescore's echo-judge@m2: it says c2 repeated the word too)
+    # is held to the same clinician, on a sample of its own
+    lines = [json.loads(x) for x in (toy_run / "records.jsonl").read_text().splitlines()]
+    for x in lines:
+        x["scores"]["echo-judge@m2"] = {"value": 1, "answer": x["scores"]["echo-judge"]["answer"], "judge": {"model": "m2"}}
+    (toy_run / "records.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_sample(toy_run, load_judge(toy_run, "echo-judge@m2"), 2, 0)
+    with labels.open("a") as f:
+        f.write("".join(json.dumps({"judge": "echo-judge@m2", "item": i, "reviewer": "alice", "label": 1}) + "\n" for i in ("c1", "c2")))
+    r = CliRunner().invoke(app, ["calibrate", str(toy_run), "--labels", str(toy_run / "reviews"), "--judge", "echo-judge@m2", "--n-boot", "200"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((toy_run / "reviews" / "calibration-echo-judge@m2.json").read_text())["reviewers"]["alice"]["vs_judge"]["exact_agreement"] == 1.0
+
+
+def test_toy_compare_runs_its_own_and_the_typed_scores(toy, toy_run, tmp_path):
+    app, data, _ = toy
+    other = tmp_path / "toy-hello"
+    assert CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--echo-model", "embedded@http://127.0.0.1:9/v1", "--out", str(other)]).exit_code == 0
+    r = CliRunner().invoke(app, ["compare", str(toy_run), str(other), "--out", str(tmp_path / "cmp")])
+    assert r.exit_code == 0, r.output
+    summary = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "# Toy comparison" in summary and "- toy-run: accuracy 0.500" in summary and "- toy-hello: accuracy 0.333" in summary
+    scores = {x["run"]: x["scores"] for x in json.loads((tmp_path / "cmp" / "scores.json").read_text())}
+    [(run, [row])] = [(k, v) for k, v in scores.items() if k.endswith("toy-run")]
+    assert (row["score"], row["mean"], row["n"], row["unscored"]) == ("echo-judge", 0.5, 2, 0) and row["ci_low"] <= 0.5 <= row["ci_high"]
+    assert "| echo-judge | 0.500 [" in summary and "| echo-judge | 0.333 [" in summary
+
+
+def test_toy_report_shows_its_scores(toy_run, tmp_path):
+    from experiments.report.build import build_report
+
+    html = build_report([str(toy_run)], tmp_path / "r.html").read_text()
+    assert "<td>echo-judge</td><td>1</td><td>rule every answer equals the word</td><td>hi</td>" in html
+    assert "<td>echo-judge</td><td>0</td>" in html
+    assert "<tr><td>echo-judge</td><td>0.5 [" in html and "</td><td>2</td><td>0</td></tr>" in html  # the run's mean of the score, n, unscored
 
 
 def _defaults(model) -> dict:

@@ -92,10 +92,17 @@ def results_for(experiment: str) -> StudyResults | None:
     return RESULTS.get(experiment)
 
 
+def results_of(run: Run) -> StudyResults | None:
+    """What is declared about this run's kind: by :attr:`Run.experiment` (identity.json's, the study command's name),
+    else by config.yaml's ``experiment`` (they differ where a command's name is not its settings' experiment:
+    ``meld`` / ``craftmd-meld``, ``calibrate-conversations`` / ``calibrate-craftmd-conversations``)."""
+    return results_for(run.experiment) or results_for(str(run.config.get("experiment") or ""))
+
+
 def open_run(path, *, lenient: bool = False) -> Run:
     """A results folder read by the one reader, its older records upgraded by their study (typed scores included)."""
     run = read_run(path, lenient=lenient)
-    declared = results_for(run.experiment)
+    declared = results_of(run)
     if declared is not None and (declared.upgrade or declared.scores):
         run.records = [upgrade_record(r, run.config, declared.upgrade, declared.scores) for r in run.records]
     return run

@@ -111,8 +111,9 @@ def iter_records(path: Path, id_key: str = "id", start: int = 0):
         yield row
 
 
-def iter_records_at(path: Path, id_key: str = "id", start: int = 0):
-    """:func:`iter_records` with each record's byte offset: (offset, record)."""
+def iter_records_at(path: Path, id_key: str = "id", start: int = 0, torn: list[int] | None = None):
+    """:func:`iter_records` with each record's byte offset: (offset, record); ``torn`` collects the numbers of the
+    lines skipped as torn."""
     with open(path, "rb") as f:
         for lineno, at, line in _lines(f, start):
             if not line.strip():
@@ -120,6 +121,8 @@ def iter_records_at(path: Path, id_key: str = "id", start: int = 0):
             try:
                 row = json.loads(line)
             except (ValueError, UnicodeDecodeError):
+                if torn is not None:
+                    torn.append(lineno)
                 continue
             where = f"{path}:{lineno}" if not start else f"{path} (a line after byte {start})"
             if not isinstance(row, dict):
@@ -167,13 +170,14 @@ def _shared(v, memo: dict):
     return v
 
 
-def latest_records(path: Path, id_key: str = "id", *, drop: tuple[str, ...] = CALL_LOG) -> tuple[list[dict], list[int]]:
+def latest_records(path: Path, id_key: str = "id", *, drop: tuple[str, ...] = CALL_LOG,
+                   torn: list[int] | None = None) -> tuple[list[dict], list[int]]:
     """The last record per id (a case run again after a failure has two lines), in the order ids first appear,
     and the byte offset of each one's line (:func:`value_at` reads it whole). One pass; ``drop``: keys left out
     of every record as it is read, so that the call logs of a paper-scale run are never in memory together."""
     latest: dict[str, tuple[int, dict]] = {}
     memo: dict = {}
-    for at, r in iter_records_at(path, id_key):
+    for at, r in iter_records_at(path, id_key, torn=torn):
         latest[str(r.get(id_key))] = (at, slim(r, drop, memo))
     return [r for _, r in latest.values()], [at for at, _ in latest.values()]
 
@@ -339,6 +343,13 @@ RESUME_IGNORED = {"limit", "sample", "concurrency", "timeout", "retries", "out",
                   "startup_timeout"}
 
 
+def experiment_name(config, identity=None) -> str:
+    """The kind of a results folder: identity.json's ``experiment``, else config.yaml's ``experiment`` (or ``study``)."""
+    ident = identity if isinstance(identity, dict) else {}
+    cfg = config if isinstance(config, dict) else {}
+    return str(ident.get("experiment") or cfg.get("experiment") or cfg.get("study") or "")
+
+
 @dataclass
 class Run:
     """A results folder as every tool reads it (:func:`read_run`): the last record per id, without its call log
@@ -356,8 +367,7 @@ class Run:
 
     @property
     def experiment(self) -> str:
-        ident = self.identity if isinstance(self.identity, dict) else {}
-        return str(ident.get("experiment") or self.config.get("experiment") or self.config.get("study") or "")
+        return experiment_name(self.config, self.identity)
 
     @property
     def schema(self) -> int:
@@ -417,12 +427,14 @@ def read_run(path: str | Path, *, lenient: bool = False, upgrade=None, scores=No
     records: list[dict] = []
     offsets: list[int] = []
     if (p / "records.jsonl").exists():
+        torn: list[int] = []
         try:
-            records, offsets = latest_records(p / "records.jsonl", drop=drop)
+            records, offsets = latest_records(p / "records.jsonl", drop=drop, torn=torn)
         except (ResultsError, DataError) as e:
             if not lenient:
                 raise
             warnings.append(str(e))
+        warnings += [f"{p / 'records.jsonl'}:{n}: not valid JSON (a torn line, skipped)" for n in torn]
     elif not lenient:
         raise ResultsError(f"{p} is not a results directory (no records.jsonl)")
     config_text = _read_text(p / "config.yaml")

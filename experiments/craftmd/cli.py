@@ -1,9 +1,10 @@
-"""CRAFT-MD's other commands: `import craftmd`, `import craftmd-experts`, `compare` (`run craftmd` and `meld`: study.py)."""
+"""CRAFT-MD's other commands: `import craftmd`, `import craftmd-experts` (`run craftmd` and `meld`: study.py; its comparison
+is `medstack compare`'s, through ``StudyResults.compare``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -53,21 +54,6 @@ def import_experts_cmd(
     log(f"imported {metrics['conversations']} expert-labelled conversations into {out}")
 
 
-def compare_cmd(
-    results: List[Path] = typer.Argument(..., help="Results directories (local runs and/or imported ones)."),
-    out: Path = typer.Option(Path("compare-out"), "--out", help="Where to write summary.md, compare.json, accuracy.png."),
-) -> None:
-    """Accuracy per format × MCQ/FRQ × run with 95% bootstrap CIs, paired bootstrap + Holm, McNemar, per specialty, bar chart."""
-    from experiments.craftmd.compare import run_compare
-
-    result = run_compare([str(p) for p in results], out)
-    _print((out / "summary.md").read_text())
-    for w in result.get("warnings") or []:
-        log(f"[yellow]warning:[/yellow] {w}")
-    log(f"wrote {out}/summary.md, compare.json, accuracy.png")
-
-
 def register(app, import_app, **_) -> None:
     import_app.command("craftmd")(import_craftmd)
     import_app.command("craftmd-experts")(import_experts_cmd)
-    app.command("compare")(compare_cmd)

@@ -11,10 +11,8 @@ import base64
 import json
 from pathlib import Path
 
-import yaml
-
-from models.errors import DataError, MedstackError
-from experiments.core.results import CALL_LOG, iter_jsonl_at, slim, value_at
+from experiments.core.registry import open_run
+from models.errors import MedstackError
 
 MARKERS = ("records.jsonl", "metrics.json", "bench.json", "train_metrics.json")
 
@@ -75,43 +73,17 @@ def _finetune(p: Path, warnings: list[str]) -> dict | None:
             "adapter": str(adapter) if adapter.exists() else None}
 
 
-def _records(path: Path, warnings: list[str]) -> tuple[list[dict], list[int]]:
-    """The last record per id (a case that failed and was run again has two lines) without its call log, and
-    the byte offset of each one's line; one pass, so the call logs of a paper-scale run are never held together."""
-    if not path.exists():
-        return [], []
-    latest: dict[str, tuple[int, dict]] = {}
-    memo: dict = {}
-    try:
-        for i, (_, at, r) in enumerate(iter_jsonl_at(path, objects=False)):
-            r = slim(r, CALL_LOG, memo) if isinstance(r, dict) else {"value": r}
-            latest[str(r.get("id", i))] = (at, r)
-    except DataError as e:
-        warnings.append(str(e))
-        return [], []
-    return [r for _, r in latest.values()], [at for at, _ in latest.values()]
-
-
 def full_record(run: dict, index: int) -> dict:
     """Record ``index`` of a run from :func:`load_run_dir` read again whole, call log included (for the cases the
-    report renders); the record as loaded when its line has changed since."""
-    rec = run["records"][index]
-    whole = value_at(Path(run["path"]) / "records.jsonl", run["record_offsets"][index])
-    if not isinstance(whole, dict) or whole.get("id") != rec.get("id"):
-        return rec
-    return whole
+    report renders): the one reader's :meth:`Run.full_record`."""
+    return run["run"].full_record(index)
 
 
 def load_run_dir(p: Path) -> dict:
-    """Everything the report shows about one run; missing parts are None / empty."""
-    warnings: list[str] = []
-    records, offsets = _records(p / "records.jsonl", warnings)
-    config_text = (p / "config.yaml").read_text(encoding="utf-8", errors="replace") if (p / "config.yaml").exists() else ""
-    try:
-        config = yaml.safe_load(config_text) or {} if config_text else {}
-    except yaml.YAMLError as e:
-        warnings.append(f"{p / 'config.yaml'}: not valid YAML ({e})")
-        config = {}
+    """Everything the report shows about one run; missing parts are None / empty. The records, config, metrics and
+    identity come from the one reader (``registry.open_run``, lenient: what cannot be read becomes a warning)."""
+    run = open_run(p, lenient=True)
+    warnings = list(run.warnings)
     bench = _read_json(p / "bench.json", warnings)
     charts = []
     for png in sorted(p.glob("*.png")):
@@ -121,13 +93,15 @@ def load_run_dir(p: Path) -> dict:
         summary = (p / "bench.md").read_text(encoding="utf-8", errors="replace")
     return {
         "path": str(p),
+        "run": run,
+        "experiment": run.experiment,
         "finetune": _finetune(p, warnings),
-        "records": records,  # without call logs; full_record() reads one whole
-        "record_offsets": offsets,
-        "config": config if isinstance(config, dict) else {"value": config},
-        "config_text": config_text,
-        "metrics": _read_json(p / "metrics.json", warnings),
-        "identity": _read_json(p / "identity.json", warnings),
+        "records": run.records,  # without call logs; full_record() reads one whole
+        "record_offsets": run.offsets,
+        "config": run.config,
+        "config_text": run.config_text,
+        "metrics": run.metrics,
+        "identity": run.identity,
         "bench": bench,
         "summary": summary,
         "charts": charts,

@@ -1,6 +1,6 @@
 """Paper tables over runs: declaration + runs -> a computed table (values, CIs, published, tests).
 
-A *run* here is what :func:`experiments.core.results.load_run` (or the report's loader) returns: a
+A *run* here is :meth:`experiments.core.results.Run.as_dict` of ``registry.open_run`` (or the report's loader): a
 dict with ``path``, ``config``, ``metrics``, ``identity`` and ``records``. Failed records are
 dropped (never scored). Every statistic comes from :mod:`experiments.common.stats`:
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from experiments.common.stats import holm, mean_ci, paired_bootstrap
 from experiments.core.deviations import protocol_lines
+from experiments.core.results import experiment_name
 from experiments.tables.declare import Declaration, Published, Table, declaration_for, declarations
 
 
@@ -40,9 +41,8 @@ def dig(d, path: str):
 
 
 def experiment_of(run: dict) -> str:
-    ident = run.get("identity") if isinstance(run.get("identity"), dict) else {}
-    cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
-    return str(ident.get("experiment") or cfg.get("experiment") or cfg.get("study") or "")
+    """A run's kind, as :attr:`experiments.core.results.Run.experiment` reads it."""
+    return experiment_name(run.get("config"), run.get("identity"))
 
 
 def finished(records: list[dict]) -> list[dict]:

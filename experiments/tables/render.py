@@ -7,7 +7,8 @@ numbers; the footnotes follow the table.
 
 from __future__ import annotations
 
-from experiments.core.results import ResultsError, load_run
+from experiments.core.registry import open_run
+from experiments.core.results import ResultsError
 from experiments.tables.build import ComputedTable, StudyTables, study_tables
 
 COLUMNS = ["run", "", "ours [95% CI]", "n", "paper", "ours − paper", "paired test (Holm)"]
@@ -114,7 +115,7 @@ def run_paper_tables(path, metrics: dict) -> str:
     """The paper tables of one results directory (for its summary.md), over its ``metrics`` in memory (metrics.json
     need not be written yet) and its records on disk; '' when none applies or the records cannot be read."""
     try:
-        run = load_run(path, metrics)
+        run = {**open_run(path).as_dict(), "metrics": metrics}
     except (ResultsError, OSError):
         return ""
     return paper_tables_markdown([run])

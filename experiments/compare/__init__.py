@@ -1,0 +1,1 @@
+"""`medstack compare`: several runs of any study side by side."""

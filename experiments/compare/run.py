@@ -1,0 +1,98 @@
+"""`medstack compare RUN... --out DIR`: runs side by side, for any study (docs/protocols.md, Runs).
+
+Each run is read by the one reader (``registry.open_run``). When every run is of one kind whose study declares a
+comparison (``StudyResults.compare``: CRAFT-MD's accuracy per format with paired tests, ...), that comparison is
+written first. Then, in any case, the comparison every study gets from its typed scores
+(experiments/common/grade.py): per run and score (``STEP``, ``STEP/PART``, ``STEP/PART@JUDGE``), the mean of the
+scored values with its 95% percentile-bootstrap CI (experiments/common/stats.py) and n; named values (P/R/F1) one row
+each. Unscored and skipped grades are counted, never averaged.
+
+    DIR/summary.md      the study's comparison (if any), then "Typed scores"
+    DIR/scores.json     the typed-score rows
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.common.grade import grades
+from experiments.common.stats import mean_ci
+from experiments.core.registry import open_run, results_of
+from experiments.core.results import Run, make_results_dir
+from models.errors import MedstackError, StorageError
+from models.paths import private_file
+
+
+def run_label(run: Run) -> str:
+    cfg = run.config
+    return str(cfg.get("name") or "/".join(run.path.parts[-2:]))
+
+
+def score_rows(run: Run) -> list[dict]:
+    """One row per score name (and named value) of the run's finished records: mean [95% CI], n, unscored."""
+    values: dict[str, list[float]] = {}
+    unscored: dict[str, int] = {}
+    for r in run.finished:
+        for name, g in grades(r).items():
+            named = g.value.items() if isinstance(g.value, dict) else [(None, g.value)]
+            for key, v in named:
+                full = name + (f"[{key}]" if key is not None else "")
+                values.setdefault(full, [])
+                unscored.setdefault(full, 0)
+                if g.skipped or v is None:
+                    unscored[full] += 1
+                else:
+                    values[full].append(float(v))
+    rows = []
+    for name in sorted(values):
+        ci = mean_ci(values[name])
+        rows.append({"score": name, "mean": None if not values[name] else ci.mean, "ci_low": None if not values[name] else ci.low,
+                     "ci_high": None if not values[name] else ci.high, "n": ci.n, "unscored": unscored[name]})
+    return rows
+
+
+def _f(v) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def scores_markdown(table: list[dict]) -> str:
+    lines = ["## Typed scores", "",
+             "Per run and score: the mean of the scored values [95% percentile-bootstrap CI], n scored, and the grades left unscored "
+             "(unreadable, skipped).", "", "| run | experiment | score | mean [95% CI] | n | unscored |", "| --- | --- | --- | --- | --- | --- |"]
+    for run in table:
+        for row in run["scores"] or [{"score": "(no typed scores)", "mean": None, "ci_low": None, "ci_high": None, "n": 0, "unscored": 0}]:
+            ci = f" [{_f(row['ci_low'])}, {_f(row['ci_high'])}]" if row["mean"] is not None else ""
+            lines.append(f"| {run['run']} | {run['experiment'] or '?'} | {row['score']} | {_f(row['mean'])}{ci} | {row['n']} | {row['unscored']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        private_file(path)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise StorageError.from_os(path, e) from None
+
+
+def run_compare(paths: list[str], out: str | Path) -> dict:
+    """The study's comparison where all runs share one study that declares it, then the typed scores of every run;
+    returns {"study": its result or None, "experiment", "scores": [...], "warnings"}."""
+    if not paths:
+        raise MedstackError("give at least one results directory")
+    runs = [open_run(p) for p in paths]
+    kinds = {(d.experiment if (d := results_of(r)) else r.experiment) for r in runs}
+    declared = results_of(runs[0]) if len(kinds) == 1 else None
+    out = make_results_dir(out)
+    study = None
+    head = ""
+    if declared is not None and declared.compare is not None:
+        study = declared.compare([str(p) for p in paths], out)
+        head = (out / "summary.md").read_text(encoding="utf-8") if (out / "summary.md").exists() else ""
+    table = [{"run": run_label(r), "path": str(r.path), "experiment": r.experiment, "scores": score_rows(r)} for r in runs]
+    warnings = list((study or {}).get("warnings") or []) if isinstance(study, dict) else []
+    if len(kinds) > 1:
+        warnings.append(f"runs of different kinds ({', '.join(sorted(k or '?' for k in kinds))}): only their typed scores are compared")
+    _write(out / "scores.json", json.dumps(table, indent=1))
+    _write(out / "summary.md", (head.rstrip("\n") + "\n\n" if head else "# Comparison\n\n") + scores_markdown(table))
+    return {"study": study, "experiment": next(iter(kinds)) if len(kinds) == 1 else None, "scores": table, "warnings": warnings}

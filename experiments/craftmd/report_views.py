@@ -1,0 +1,55 @@
+"""CRAFT-MD's own tables in `medstack report` (its ``StudyResults.report_run`` hook): a run's conversation quality
+(the assessors' % yes with CIs) and patient-check counts, and a `calibrate conversations` run's agreement with the
+paper's dermatologists. The report itself knows no study (experiments/report/build.py)."""
+
+from __future__ import annotations
+
+from experiments.craftmd.assess import LABELS, QUESTIONS
+from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def conversation_tables(run: dict) -> list[dict]:
+    """A CRAFT-MD run's conversation quality (assessor rates with CIs) and patient-check counts, and the cases each check flagged."""
+    m = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
+    q, pc = m.get("conversation_quality") or {}, m.get("patient_checks") or {}
+    out = []
+    if q:
+        out.append({"heading": "Conversation checks",
+                    "title": "Conversation quality: the assessor's % yes per question (an addition to the paper's protocol; unreadable replies unscored)",
+                    "columns": ["question", "% yes", "95% CI", "n cases", "yes", "no", "unscored"],
+                    "rows": [[LABELS[k], f"{100 * x['rate']:.1f}" if x.get("rate") is not None else "–",
+                              f"[{100 * x['ci_low']:.1f}, {100 * x['ci_high']:.1f}]" if x.get("ci_low") is not None else "–",
+                              x["n"], x["yes"], x["no"], x["unscored"]] for k in QUESTIONS if (x := q.get(k))]})
+    if pc:
+        flagged: dict[str, list[str]] = {c: [] for c in CHECKS}
+        for r in run.get("records") or []:
+            for c in CHECKS:
+                if (r.get("patient_checks") or {}).get(c):
+                    flagged[c].append(str(r.get("id")))
+        out.append({"heading": None if q else "Conversation checks", "title": "Patient checks (no model): conversations flagged, and which",
+                    "columns": ["check", "flagged", "of", "cases"],
+                    "rows": [[DESCRIPTIONS[c].format(n=pc.get("span_words", 12)), (pc.get(c) or {}).get("conversations", 0), pc.get("conversations", 0),
+                              ", ".join(flagged[c][:50]) + (" ..." if len(flagged[c]) > 50 else "") or "–"] for c in CHECKS]})
+    return out
+
+
+def conversations_calibration_tables(run: dict) -> list[dict]:
+    """A `calibrate conversations` run: per question, the assessor against the paper's dermatologists."""
+    m = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
+    rows = []
+    for q, x in (m.get("questions") or {}).items():
+        if "exact_agreement" not in x:
+            continue  # no expert label released for this question
+        ci = x.get("ci95") or {}
+        kappa = _f(x["kappa"]) + (f" [{_f(ci['kappa'][0])}, {_f(ci['kappa'][1])}]" if ci.get("kappa") else "")
+        agree = _f(x["exact_agreement"]) + (f" [{_f(ci['exact_agreement'][0])}, {_f(ci['exact_agreement'][1])}]" if ci.get("exact_agreement") else "")
+        rows.append([f"assessor {((run.get('config') or {}).get('roles') or {}).get('assessor', '')}: {LABELS.get(q, q)}", x["n"], agree,
+                     f"confusion {x['confusion']} (rows experts, cols assessor: no, yes)", "–", kappa, "–", "–"])
+    return [{"heading": "Judge calibration",
+             "title": "CRAFT-MD conversation assessors vs the paper's dermatologists (yes/no per conversation; Cohen's kappa; 95% bootstrap CIs)",
+             "columns": ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"],
+             "rows": rows}] if m else []

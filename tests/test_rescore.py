@@ -294,3 +294,17 @@ def test_fleiss_kappa_on_a_hand_worked_example():
     assert all(v != v for v in (fleiss_kappa([[1, 1], [1, 1]]), fleiss_kappa([]), fleiss_kappa([[1], [0]])))
     with pytest.raises(ValueError):
         fleiss_kappa([[1, 1], [1, 0, 0]])
+
+
+def test_the_report_shows_the_judges_side_by_side(toy, tmp_path):
+    from experiments.report.build import build_report
+
+    app, src, sent, script = toy
+    script["judge"] = lambda role, text: {"judge1": "yes", "judge2": "no", "judge3": "no"}[role]
+    out = tmp_path / "panel"
+    assert rescore(app, src, "--judge", "match", "--panel", f"a={REF},b={REF},c={REF}", "--out", out).exit_code == 0
+    html = build_report([str(out)], tmp_path / "report").read_text(encoding="utf-8")
+    assert "<h4>Judges</h4>" in html and "agreement with the run&#39;s own judge" in html
+    assert "<td>p1</td><td>0.667 (3, 0)</td><td>1.000 (3, 0)</td><td>0.000 (3, 0)</td><td>0.000 (3, 0)</td><td>0.000 (3, 0)</td>" in html
+    assert "<td>panel</td><td>6</td><td>33.3%</td>" in html and "Fleiss&#39; kappa" in html
+    assert "match/p1@panel" in html  # the case view lists every grade, the panel's beside the run's own

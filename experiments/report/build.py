@@ -22,6 +22,7 @@ from experiments.calibrate.reviews import COLUMNS, consensus_note, table_rows
 from experiments.craftmd.assess import LABELS as ASSESS_LABELS, QUESTIONS as ASSESS_QUESTIONS
 from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS as CHECK_TEXT
 from experiments.report.collect import find_runs, full_record, load_run_dir
+from experiments.rescore.run import agreement_table, grade_table, panel_line
 from experiments.tables.build import experiment_of, study_tables
 from experiments.tables.declare import declaration_for, declarations
 from experiments.tables.plots import figure_png
@@ -193,6 +194,20 @@ def conversation_view(run: dict) -> dict | None:
     return {"quality": quality, "checks": checks}
 
 
+def judges_view(run: dict) -> dict | None:
+    """A rescored run (`medstack rescore`): its judges side by side per part and each one's agreement with the run's own
+    judge, from metrics.json's ``rescore`` section."""
+    m = run["metrics"].get("rescore") if isinstance(run.get("metrics"), dict) else None
+    if not isinstance(m, dict) or not m.get("judges"):
+        return None
+    grade_cols, grade_rows = grade_table(m)
+    agree_cols, agree_rows = agreement_table(m)
+    return {"tables": [{"caption": f"judge {m.get('judge')} ({m.get('scale')} scale): mean of scored values (n scored, unscored)",
+                        "columns": grade_cols, "rows": grade_rows},
+                       {"caption": "agreement with the run's own judge over the items both scored", "columns": agree_cols, "rows": agree_rows}],
+            "note": panel_line(m)}
+
+
 def case_view(rec: dict, run_model: str) -> dict:
     rated = "rating" in rec and "criterion" in rec
     grades = [[k, fmt(_short(v))] for k, v in rec.items()
@@ -316,6 +331,7 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
         "calibration": calibration_view(run),
         "conversation": conversation_view(run),
+        "judges": judges_view(run),
         "review_calibrations": [review_calibration_view(c) for c in run.get("review_calibrations") or []],
         # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
         "charts": [c for c in run["charts"] if not (run.get("finetune") and c["name"] == "loss.png")],

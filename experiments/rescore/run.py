@@ -265,31 +265,49 @@ def _fmt(v, pct: bool = False) -> str:
     return "-" if v is None else (f"{v:.1f}%" if pct else f"{v:.3f}")
 
 
-def rescore_summary(m: dict, n_records: int) -> str:
+def grade_table(m: dict) -> tuple[list[str], list[list[str]]]:
+    """metrics.json's ``rescore`` -> the judges side by side: one row per part, one column per judge (the run's own
+    first), each cell the mean of scored values (n scored, unscored). summary.md and the report show it."""
     judges = list(m["judges"])
-    names = {w: ("the run's own" if w == OWN else w) for w in judges}
     parts = sorted({p for w in judges for p in m["judges"][w]})
-    lines = [f"# Rescore: judge {m['judge']} asked again", "",
-             f"Source run: {m['source']} ({n_records} records; its own {m['judge']} judge, role {m['role']}: {m['models'].get(OWN) or 'unknown'}). "
-             f"New judges: " + ", ".join(f"{w} = {ref}" for w, ref in m["models"].items() if w not in (OWN, PANEL))
-             + (f"; the panel is the {'mean' if m['scale'] != 'binary' else 'majority (a tie unscored)'} of their grades." if PANEL in judges else "."),
-             "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "",
-             "| part | " + " | ".join(names[w] for w in judges) + " |", "|---" * (len(judges) + 1) + "|"]
+    rows = []
     for p in parts:
-        cells = []
+        cells = [p]
         for w in judges:
             s = m["judges"][w].get(p)
             cells.append("-" if s is None else f"{_fmt(s['mean'])} ({s['n']}, {s['unscored']})")
-        lines.append(f"| {p} | " + " | ".join(cells) + " |")
-    lines += ["", "## Agreement with the run's own judge (items both scored)", "",
-              "| judge | n | agreement | kappa | mean abs diff |", "|---|---|---|---|---|"]
-    for w, a in m["agreement"].items():
-        kappa = "-" if a["kappa"] is None else f"{a['kappa']:.3f} ({a['kappa_kind']})"
-        lines.append(f"| {w} | {a['n']} | {_fmt(a['percent_agreement'], pct=True)} | {kappa} | {_fmt(a['mean_abs_diff'])} |")
-    if "panel_agreement" in m:
-        pa = m["panel_agreement"]
-        lines += ["", f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member "
-                      f"({', '.join(pa['members'])}) scored."]
+        rows.append(cells)
+    return ["part", *("the run's own" if w == OWN else w for w in judges)], rows
+
+
+def agreement_table(m: dict) -> tuple[list[str], list[list[str]]]:
+    """Each new judge (and the panel) against the run's own, over the items both scored."""
+    rows = [[w, str(a["n"]), _fmt(a["percent_agreement"], pct=True), "-" if a["kappa"] is None else f"{a['kappa']:.3f} ({a['kappa_kind']})",
+             _fmt(a["mean_abs_diff"])] for w, a in m["agreement"].items()]
+    return ["judge", "n", "agreement", "kappa", "mean abs diff"], rows
+
+
+def panel_line(m: dict) -> str | None:
+    pa = m.get("panel_agreement")
+    if not pa:
+        return None
+    return f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member ({', '.join(pa['members'])}) scored."
+
+
+def _markdown(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def rescore_summary(m: dict, n_records: int) -> str:
+    new = [f"{w} = {ref}" for w, ref in m["models"].items() if w not in (OWN, PANEL)]
+    lines = [f"# Rescore: judge {m['judge']} asked again", "",
+             f"Source run: {m['source']} ({n_records} records; its own {m['judge']} judge, role {m['role']}: {m['models'].get(OWN) or 'unknown'}). "
+             f"New judges: " + ", ".join(new)
+             + (f"; the panel is the {'mean' if m['scale'] != 'binary' else 'majority (a tie unscored)'} of their grades." if PANEL in m["judges"] else "."),
+             "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "", *_markdown(*grade_table(m)),
+             "", "## Agreement with the run's own judge (items both scored)", "", *_markdown(*agreement_table(m))]
+    if line := panel_line(m):
+        lines += ["", line]
     return "\n".join(lines) + "\n"
 
 

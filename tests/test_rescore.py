@@ -121,10 +121,14 @@ def toy(tmp_path, monkeypatch):
     settings, cases = runner.prepare_run(JudgedToy(), ToySettings(out=str(src)))
     assert asyncio.run(runner.run_study(JudgedToy(), settings, cases, log=lambda *_: None)).exit_code == 0
     sent.clear()
+    return app_with_rescore(), src, sent, script
+
+
+def app_with_rescore() -> typer.Typer:
     app = typer.Typer()
     app.callback()(lambda: None)
     register(app)
-    return app, src, sent, script
+    return app
 
 
 def rescore(app, *args):

@@ -312,3 +312,16 @@ def test_the_report_shows_the_judges_side_by_side(toy, tmp_path):
     assert "<td>p1</td><td>0.667 (3, 0)</td><td>1.000 (3, 0)</td><td>0.000 (3, 0)</td><td>0.000 (3, 0)</td><td>0.000 (3, 0)</td>" in html
     assert "<td>panel</td><td>6</td><td>33.3%</td>" in html and "Fleiss&#39; kappa" in html
     assert "match/p1@panel" in html  # the case view lists every grade, the panel's beside the run's own
+
+
+def test_a_rescored_run_can_be_rescored_again(toy, tmp_path):
+    app, src, sent, script = toy
+    script["judge"] = lambda role, text: "no"
+    assert rescore(app, src, "--judge", "match", "--model", f"first={REF}", "--out", tmp_path / "r2").exit_code == 0
+    r = rescore(app, tmp_path / "r2", "--judge", "match", "--model", f"second={REF}", "--out", tmp_path / "r3")
+    assert r.exit_code == 0, (r.output, r.exception)
+    g = grades(records(tmp_path / "r3")["c1"])
+    assert g["match/p1"].value == 1 and g["match/p1@first"].value == 0 and g["match/p1@second"].value == 0
+    # a different judge for the same RUN2 is refused: it holds a rescore with other settings
+    r = rescore(app, src, "--judge", "match", "--model", f"other={REF}", "--out", tmp_path / "r2")
+    assert isinstance(r.exception, MedstackError) and "different settings" in str(r.exception) and "rescore" in str(r.exception)

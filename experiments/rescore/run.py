@@ -143,8 +143,9 @@ class RescoreStudy(Study):
         self.primary_role = self.roles[0]
         self.name = source.experiment  # identity.json's experiment: RUN2 is a run of the source's study
         self.prompts = study.prompts if study is not None else None  # the judge's templates: pinned, an edit refuses a resume
-        cls = study.settings_cls if study is not None else RunSettings
-        base = {k: v for k, v in source.config.items() if k != "prompt_files"}
+        # a results kind no registered study writes (a calibration's): its config read as it is, keys as attributes
+        cls = study.settings_cls if study is not None else RescoreSettings
+        base = {k: v for k, v in source.config.items() if k not in ("prompt_files", "rescore")}  # a rescored run rescored again
         own = _validated(cls, base, source.path / "config.yaml")
         # the source study's settings, as its judge reads them, with the judge roles added (Grade.judge names settings.roles[role])
         self.ask_settings = own.model_copy(update={"roles": {**own.roles, **{r: models[label] for r, label in self.labels.items()}}})
@@ -326,6 +327,11 @@ def prepare_rescore(run_dir: Path, step: str, *, model: str | None = None, panel
     study = RescoreStudy(run, judge, models, registry.study_of(run.experiment))
     settings = rescore_settings(run, step, models, Path(out), concurrency=concurrency, use_cache=use_cache, allow_remote=allow_remote)
     settings, cases = prepare_run(study, settings)
+    if study.prompts is not None and run.config.get("prompt_files"):
+        then, now = run.config["prompt_files"], study.prompts.file_hashes()
+        edited = sorted(n for n in then if n in now and now[n] != then[n])
+        if edited:
+            log(f"note: prompt file(s) {', '.join(edited)} changed since {run.path} was made; the judge is asked with today's text")
     judged = sum(1 for r in cases if parts_of(r, step))
     if not judged:
         log(f"note: no finished record of {run.path} has a {step} score; every record is carried over as it is")

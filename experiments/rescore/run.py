@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,7 @@ class RescoreStudy(Study):
             for role, label in self.labels.items():
                 g = await self.judge.ask(ctx, case, part, self.ask_settings, role)
                 if not g.judge:  # who decided: the model of this role
-                    g = Grade(**{**g.__dict__, "judge": {"model": self.ask_settings.roles[role]}})
+                    g = replace(g, judge={"model": self.ask_settings.roles[role]})
                 scores[score_name(self.judge.step, part, label)] = g.to_json()
                 members.append(g)
             if self.panel:

@@ -22,7 +22,6 @@ from experiments.common.stats import fleiss_kappa
 from experiments.core import registry, runner
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.judging import BINARY, RATING, Judge, review_items
-from experiments.core.results import read_run
 from experiments.core.study import CaseContext, Study, StudyResults
 from experiments.rescore.cli import register
 from models.errors import MedstackError

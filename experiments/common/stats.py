@@ -8,6 +8,8 @@
 - ``mcnemar_test``: McNemar's test on paired binary outcomes (statsmodels; exact
   binomial when the discordant count is small, or when asked).
 - ``prf``: precision / recall / F1 from match counts (DERA's GPT-F1, MediTOD's micro F1).
+- ``weighted_kappa``, ``rater_agreement``, ``fleiss_kappa``: agreement between raters (judges, clinicians; a judge
+  panel's internal agreement).
 """
 
 from __future__ import annotations
@@ -222,6 +224,30 @@ def rater_agreement(a, b, categories, weights=None, rank: bool = True) -> dict:
         "spearman": spearman(a, b) if rank else None,
         "confusion": cm,
     }
+
+
+def fleiss_kappa(ratings, categories=None) -> float:
+    """Fleiss' kappa of several raters over the same items (statsmodels): ``ratings`` holds one list per item, each
+    with every rater's category (the same number of raters per item); ``categories``: the categories the scale has
+    (default: those used). 1 = full agreement, 0 = chance; NaN with no item, fewer than two raters, or one category
+    used throughout (no variance to agree on)."""
+    from statsmodels.stats.inter_rater import fleiss_kappa as fleiss
+
+    rows = [list(r) for r in ratings]
+    if not rows or len(rows[0]) < 2:
+        return float("nan")
+    if any(len(r) != len(rows[0]) for r in rows):
+        raise ValueError("every item needs the same number of ratings for Fleiss' kappa")
+    cats = list(categories) if categories is not None else sorted({x for r in rows for x in r})
+    pos = {c: i for i, c in enumerate(cats)}
+    table = np.zeros((len(rows), len(cats)))
+    for i, r in enumerate(rows):
+        for x in r:
+            table[i, pos[x]] += 1
+    p = table.sum(axis=0) / table.sum()
+    if np.isclose((p ** 2).sum(), 1.0):  # one category throughout: chance agreement is 1
+        return float("nan")
+    return float(fleiss(table, method="fleiss"))
 
 
 def stratified_bootstrap(stat, strata, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> dict:

@@ -106,3 +106,12 @@ def open_run(path, *, lenient: bool = False) -> Run:
     if declared is not None and (declared.upgrade or declared.scores):
         run.records = [upgrade_record(r, run.config, declared.upgrade, declared.scores) for r in run.records]
     return run
+
+
+def study_of(experiment: str) -> Study | None:
+    """A fresh instance of the study whose runs are results folders of ``experiment`` (identity.json / config.yaml):
+    its ``settings_cls`` validates such a folder's config.yaml, its ``prompts`` are the ones the run used. None when
+    no registered study writes them."""
+    made = [entry.make() for entry in studies().values()]
+    return (next((s for s in made if s.results is not None and s.results.experiment == experiment), None)
+            or next((s for s in made if s.name == experiment), None))

@@ -23,6 +23,7 @@ from experiments.common.grade import grades as typed_grades
 from experiments.compare.run import score_rows as score_means
 from experiments.core.registry import results_of
 from experiments.report.collect import find_runs, full_record, load_run_dir
+from experiments.rescore.run import agreement_table, grade_table, panel_line
 from experiments.tables.build import experiment_of, study_tables
 from experiments.tables.declare import declaration_for, declarations
 from experiments.tables.plots import figure_png
@@ -166,6 +167,20 @@ def study_lines(rec: dict, declared) -> list[list[str]] | None:
     return [[str(k), str(v)] for k, v in declared.report_case(rec)] or None
 
 
+def judges_view(run: dict) -> dict | None:
+    """A rescored run (`medstack rescore`): its judges side by side per part and each one's agreement with the run's own
+    judge, from metrics.json's ``rescore`` section."""
+    m = run["metrics"].get("rescore") if isinstance(run.get("metrics"), dict) else None
+    if not isinstance(m, dict) or not m.get("judges"):
+        return None
+    grade_cols, grade_rows = grade_table(m)
+    agree_cols, agree_rows = agreement_table(m)
+    return {"tables": [{"caption": f"judge {m.get('judge')} ({m.get('scale')} scale): mean of scored values (n scored, unscored)",
+                        "columns": grade_cols, "rows": grade_rows},
+                       {"caption": "agreement with the run's own judge over the items both scored", "columns": agree_cols, "rows": agree_rows}],
+            "note": panel_line(m)}
+
+
 def case_view(rec: dict, run_model: str, declared=None) -> dict:
     rated = "rating" in rec and "criterion" in rec
     grades = [[k, fmt(_short(v))] for k, v in rec.items()
@@ -283,6 +298,7 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "study_tables": declared.report_run(run) if declared is not None and declared.report_run is not None else [],
         "score_table": [[x["score"], "-" if x["mean"] is None else f"{fmt(x['mean'])} [{fmt(x['ci_low'])}, {fmt(x['ci_high'])}]", x["n"], x["unscored"]]
                         for x in score_means(run["run"])],
+        "judges": judges_view(run),
         "review_calibrations": [review_calibration_view(c) for c in run.get("review_calibrations") or []],
         # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
         "charts": [c for c in run["charts"] if not (run.get("finetune") and c["name"] == "loss.png")],

@@ -1,0 +1,339 @@
+"""`medstack rescore RUN --judge STEP --model M --out RUN2` (or ``--panel M1,M2,M3``): ask one judge step of a finished
+run again, with other judge models, over the stored answers.
+
+The rescore is a study of its own built for the source run (:class:`RescoreStudy`), so it goes through the one runner
+(experiments/core/runner.py): resume, the failure policy, the call log, the response cache, servers started and
+stopped, ``--dry-run``. Its cases are the source run's finished records; its solver asks the source study's judge
+(``Judge.ask``, experiments/core/judging.py) once per judged part and judge model, through the case's context, so the
+only requests sent are the judge's. Nothing of the source folder is written.
+
+Each record of RUN2 is the source record's own fields with its scores plus the new grades, ``STEP/PART@LABEL`` per
+judge model and ``STEP/PART@panel`` for a panel (majority of binary grades, a tie unscored; mean of ordinal ones).
+RUN2's config.yaml is the source's (its ``experiment`` included: review, calibrate and the report read RUN2 as a run of
+that study) with the judge roles and a ``rescore`` block; metrics.json holds, per judge, each part's mean, scored and
+unscored counts, each new judge's agreement with the run's own and the panel's internal agreement (Fleiss' kappa).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, ValidationError
+
+from experiments.common.grade import Grade, grades, score_name, split_name
+from experiments.common.stats import fleiss_kappa, weighted_kappa
+from experiments.core.config import ConfigError, RunSettings
+from experiments.core.judging import Judge, panel_grade
+from experiments.core.results import Run
+from experiments.core.study import CaseContext, Study
+from models.errors import DataError
+from serving.refs import ModelRef
+
+# what the runner adds to every record: the source's are dropped, RUN2's own are the rescore's
+RUNNER_FIELDS = ("calls", "usage", "roles", "served_dtype", "seconds", "status", "answer_formats", "protocol")
+PANEL = "panel"
+OWN = "run"  # the source run's own judge, in metrics.json
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*$")  # no '/', '@' or '|': score names and review ids split on them
+
+
+class RescoreSettings(RunSettings):
+    """The source run's settings (every key of its config.yaml, kept as written) with the judge roles, this run's
+    ``out`` and the ``rescore`` block: ``{source, judge, models: {label: ref}, roles: {role: label}, source_roles}``."""
+
+    model_config = ConfigDict(extra="allow")
+    rescore: dict = {}
+
+
+def judge_models(model: str | None, panel: str | None) -> dict[str, str]:
+    """``--model REF`` or ``--panel [LABEL=]REF,...`` -> {label: model reference}; a label defaults to the
+    reference's alias. Bad input raises ConfigError (exit 2)."""
+    if model and panel:
+        raise ConfigError("--model and --panel together: give one (--model REF: one judge; --panel REF1,REF2,REF3: a panel)")
+    if not model and not panel:
+        raise ConfigError("rescore needs --model REF (one judge) or --panel REF1,REF2,REF3 (a judge panel)")
+    items = [model] if model else [x.strip() for x in str(panel).split(",") if x.strip()]
+    flag = "--model" if model else "--panel"
+    out: dict[str, str] = {}
+    for item in items:
+        label, sep, ref = item.partition("=")
+        if not sep:
+            label, ref = "", item
+        parsed = ModelRef.parse(ref.strip(), where=f"{flag} {item!r}")
+        label = label.strip() or parsed.alias
+        if not LABEL.match(label) or label == PANEL:
+            raise ConfigError(f"{flag} {item!r}: the label {label!r} must be letters, digits, '.', '_' or '-' (and not {PANEL!r})")
+        if label in out:
+            raise ConfigError(f"{flag}: two judges labelled {label!r}; name each LABEL=REF, e.g. a={ref.strip()},b={ref.strip()}")
+        out[label] = str(parsed)
+    if panel and len(out) < 2:
+        raise ConfigError(f"--panel {panel!r}: a panel needs at least two judges (one judge: --model)")
+    return out
+
+
+def judge_roles(models: dict[str, str]) -> dict[str, str]:
+    """role -> label: ``judge`` for one model, ``judge1``..``judgeN`` for a panel (in the order given)."""
+    labels = list(models)
+    return {"judge": labels[0]} if len(labels) == 1 else {f"judge{i}": label for i, label in enumerate(labels, 1)}
+
+
+def _steps(declared) -> list[str]:
+    return [j.step for j in declared.judges if j.ask is not None] if declared is not None else []
+
+
+def find_judge(run: Run, step: str, declared) -> Judge:
+    """The source study's judge ``step``, which must be re-askable; ConfigError (exit 2) naming the run's steps otherwise."""
+    steps = _steps(declared)
+    listed = f"its judge steps: {', '.join(steps)}" if steps else "its study declares no judge that can be asked again"
+    judge = declared.judge(step) if declared is not None else None
+    if judge is None:
+        raise ConfigError(f"--judge {step}: {run.path} ({run.experiment or 'no experiment'}) has no judge step {step!r}; {listed}")
+    if judge.ask is None:
+        raise ConfigError(f"--judge {step}: {run.experiment}'s {step} cannot be asked again over a stored answer; {listed}")
+    return judge
+
+
+def parts_of(record: dict, step: str) -> list[str | None]:
+    """The parts of ``step`` the run's own judge graded in this record (None: the record is one item)."""
+    return [part for name in (record.get("scores") or {}) for s, part, who in [split_name(name)] if s == step and who is None]
+
+
+def _validated(cls: type[RunSettings], data: dict, where: Path):
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        lines = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"{where}: its settings do not validate as {cls.__name__} ({lines})") from None
+
+
+def rescore_settings(run: Run, step: str, models: dict[str, str], out: Path, *, concurrency: int | None = None,
+                     use_cache: bool = True, allow_remote: bool = False) -> RescoreSettings:
+    """RUN2's settings: the source's config.yaml with the judge roles (and no adapters: the source's were for the model
+    under test), this run's ``out`` and connection flags, and the ``rescore`` block."""
+    base = {k: v for k, v in run.config.items() if k != "prompt_files"}
+    roles = judge_roles(models)
+    data = {**base, "experiment": base.get("experiment") or run.experiment, "out": str(out), "lora": {},
+            "roles": {role: models[label] for role, label in roles.items()}, "use_cache": use_cache, "allow_remote": allow_remote,
+            "rescore": {"source": str(run.path), "judge": step, "models": dict(models), "roles": roles,
+                        "source_roles": base.get("roles") or {}}}
+    if concurrency is not None:
+        data["concurrency"] = concurrency
+    return _validated(RescoreSettings, data, run.path / "config.yaml")
+
+
+def check_out(source: Path, out: Path) -> None:
+    """RUN2 is never RUN nor inside it: the source folder is not written."""
+    src, dst = source.resolve(), out.resolve()
+    if dst == src or src in dst.parents:
+        raise ConfigError(f"--out {out}: that is the source run {source} (or inside it); the source is never written, choose another --out")
+
+
+class RescoreStudy(Study):
+    """One source run's judge step asked again by other models (see the module docstring)."""
+
+    settings_cls = RescoreSettings
+    case_noun = "records"
+
+    def __init__(self, source: Run, judge: Judge, models: dict[str, str], study: Study | None = None):
+        self.source, self.judge, self.models = source, judge, dict(models)
+        self.labels = judge_roles(models)  # role -> label
+        self.roles = tuple(self.labels)
+        self.primary_role = self.roles[0]
+        self.name = source.experiment  # identity.json's experiment: RUN2 is a run of the source's study
+        self.prompts = study.prompts if study is not None else None  # the judge's templates: pinned, an edit refuses a resume
+        # a results kind no registered study writes (a calibration's): its config read as it is, keys as attributes
+        cls = study.settings_cls if study is not None else RescoreSettings
+        base = {k: v for k, v in source.config.items() if k not in ("prompt_files", "rescore")}  # a rescored run rescored again
+        own = _validated(cls, base, source.path / "config.yaml")
+        # the source study's settings, as its judge reads them, with the judge roles added (Grade.judge names settings.roles[role])
+        self.ask_settings = own.model_copy(update={"roles": {**own.roles, **{r: models[label] for r, label in self.labels.items()}}})
+
+    @property
+    def panel(self) -> bool:
+        return len(self.models) > 1
+
+    def load_cases(self, settings: RescoreSettings) -> list[dict]:
+        records = self.source.finished
+        if not records:
+            raise DataError(f"{self.source.path}/records.jsonl: no finished record to rescore")
+        return records
+
+    async def solve(self, ctx: CaseContext, case: dict, settings: RescoreSettings) -> dict:
+        record = {k: v for k, v in case.items() if k not in RUNNER_FIELDS}
+        scores = dict(case.get("scores") or {})
+        for part in parts_of(case, self.judge.step):
+            members = []
+            for role, label in self.labels.items():
+                g = await self.judge.ask(ctx, case, part, self.ask_settings, role)
+                if not g.judge:  # who decided: the model of this role
+                    g = replace(g, judge={"model": self.ask_settings.roles[role]})
+                scores[score_name(self.judge.step, part, label)] = g.to_json()
+                members.append(g)
+            if self.panel:
+                scores[score_name(self.judge.step, part, PANEL)] = panel_grade(members, ordinal=self.judge.ordinal, name=PANEL).to_json()
+        record["scores"] = scores
+        return record
+
+    def describe(self, settings: RescoreSettings) -> list[str]:
+        who = ", ".join(f"{label} = {ref}" for label, ref in self.models.items())
+        return [f"rescore of {self.source.path}: judge step {self.judge.step} asked again by {who}"
+                + (" (a panel: majority of binary grades, mean of ordinal ones)" if self.panel else "")
+                + "; no other request is made"]
+
+    def metrics(self, records: list[dict], settings: RescoreSettings) -> dict:
+        return {"records": len(records), "rescore": rescore_metrics(records, self.judge, self.models, settings.rescore)}
+
+    def summary(self, metrics: dict, settings: RescoreSettings) -> str:
+        return rescore_summary(metrics["rescore"], metrics["records"])
+
+
+# -- metrics ------------------------------------------------------------------------------------------------------
+
+def _clean(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
+
+
+def _judged(records: list[dict], step: str, who: list[str]) -> dict[str, dict[tuple, Grade]]:
+    """judge -> {(record id, part): grade} for the step's grades of the run's own judge (``OWN``) and of ``who``."""
+    out: dict[str, dict[tuple, Grade]] = {w: {} for w in [OWN, *who]}
+    for r in records:
+        for name, g in grades(r).items():
+            s, part, by = split_name(name)
+            key = OWN if by is None else by
+            if s == step and key in out and not isinstance(g.value, dict):
+                out[key][(str(r["id"]), part)] = g
+    return out
+
+
+def _category(v: float, judge: Judge) -> Any:
+    """A value on the judge's scale (a panel's mean rating rounded to the nearest point) for kappa; unit: as it is."""
+    if judge.scale.get("kind") == "unit":
+        return float(v)
+    values = judge.scale.get("values") or []
+    return min(values, key=lambda c: abs(c - v)) if values else int(round(v))
+
+
+def agreement(own: dict[tuple, Grade], other: dict[tuple, Grade], judge: Judge) -> dict:
+    """Agreement of ``other`` with the run's own judge over the items both scored: percent (exact) agreement and
+    Cohen's kappa (binary) or linear-weighted kappa and the mean |difference| (ordinal; a panel's mean rating is
+    rounded to the scale for agreement and kappa, not for the difference); unit scale: the mean |difference| only."""
+    keys = [k for k in own if k in other and own[k].scored and other[k].scored]
+    a, b = [float(own[k].value) for k in keys], [float(other[k].value) for k in keys]
+    kind = judge.scale.get("kind")
+    out: dict = {"n": len(keys), "mean_abs_diff": _clean(sum(abs(x - y) for x, y in zip(a, b)) / len(keys)) if keys else None}
+    if kind == "unit":
+        return {**out, "percent_agreement": None, "kappa": None, "kappa_kind": None}
+    ca, cb = [_category(x, judge) for x in a], [_category(y, judge) for y in b]
+    cats = judge.scale.get("values") or sorted(set(ca) | set(cb))
+    return {**out, "percent_agreement": _clean(100 * sum(x == y for x, y in zip(ca, cb)) / len(keys)) if keys else None,
+            "kappa": _clean(weighted_kappa(ca, cb, categories=sorted(cats), weights="linear")) if keys else None,
+            "kappa_kind": "cohen" if kind == "binary" else "linear-weighted"}
+
+
+def _part_stats(judged: dict[tuple, Grade]) -> dict:
+    out: dict = {}
+    for (rid, part), g in sorted(judged.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])):
+        s = out.setdefault(part or "-", {"sum": 0.0, "n": 0, "unscored": 0})
+        if g.scored:
+            s["sum"] += float(g.value)
+            s["n"] += 1
+        else:
+            s["unscored"] += 1
+    return {p: {"mean": _clean(s["sum"] / s["n"]) if s["n"] else None, "n": s["n"], "unscored": s["unscored"]} for p, s in out.items()}
+
+
+def rescore_metrics(records: list[dict], judge: Judge, models: dict[str, str], block: dict) -> dict:
+    labels = list(models)
+    who = labels + ([PANEL] if len(labels) > 1 else [])
+    judged = _judged(records, judge.step, who)
+    own_model = (block.get("source_roles") or {}).get(judge.role)
+    out: dict = {"source": block.get("source"), "judge": judge.step, "scale": judge.scale.get("kind"), "role": judge.role,
+                 "models": {OWN: own_model, **models, **({PANEL: "+".join(labels)} if len(labels) > 1 else {})},
+                 "judges": {w: _part_stats(judged[w]) for w in [OWN, *who]},
+                 "agreement": {w: agreement(judged[OWN], judged[w], judge) for w in who}}
+    if len(labels) > 1:
+        keys = [k for k in judged[labels[0]] if all(k in judged[m] and judged[m][k].scored for m in labels)]
+        ratings = [[_category(float(judged[m][k].value), judge) for m in labels] for k in keys]
+        ordinal_unit = judge.scale.get("kind") == "unit"
+        out["panel_agreement"] = {"members": labels, "n": len(keys),
+                                  "fleiss_kappa": None if ordinal_unit or not keys else _clean(fleiss_kappa(ratings, judge.scale.get("values")))}
+    return out
+
+
+def _fmt(v, pct: bool = False) -> str:
+    return "-" if v is None else (f"{v:.1f}%" if pct else f"{v:.3f}")
+
+
+def grade_table(m: dict) -> tuple[list[str], list[list[str]]]:
+    """metrics.json's ``rescore`` -> the judges side by side: one row per part, one column per judge (the run's own
+    first), each cell the mean of scored values (n scored, unscored). summary.md and the report show it."""
+    judges = list(m["judges"])
+    parts = sorted({p for w in judges for p in m["judges"][w]})
+    rows = []
+    for p in parts:
+        cells = [p]
+        for w in judges:
+            s = m["judges"][w].get(p)
+            cells.append("-" if s is None else f"{_fmt(s['mean'])} ({s['n']}, {s['unscored']})")
+        rows.append(cells)
+    return ["part", *("the run's own" if w == OWN else w for w in judges)], rows
+
+
+def agreement_table(m: dict) -> tuple[list[str], list[list[str]]]:
+    """Each new judge (and the panel) against the run's own, over the items both scored."""
+    rows = [[w, str(a["n"]), _fmt(a["percent_agreement"], pct=True), "-" if a["kappa"] is None else f"{a['kappa']:.3f} ({a['kappa_kind']})",
+             _fmt(a["mean_abs_diff"])] for w, a in m["agreement"].items()]
+    return ["judge", "n", "agreement", "kappa", "mean abs diff"], rows
+
+
+def panel_line(m: dict) -> str | None:
+    pa = m.get("panel_agreement")
+    if not pa:
+        return None
+    return f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member ({', '.join(pa['members'])}) scored."
+
+
+def _markdown(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def rescore_summary(m: dict, n_records: int) -> str:
+    new = [f"{w} = {ref}" for w, ref in m["models"].items() if w not in (OWN, PANEL)]
+    lines = [f"# Rescore: judge {m['judge']} asked again", "",
+             f"Source run: {m['source']} ({n_records} records; its own {m['judge']} judge, role {m['role']}: {m['models'].get(OWN) or 'unknown'}). "
+             f"New judges: " + ", ".join(new)
+             + (f"; the panel is the {'mean' if m['scale'] != 'binary' else 'majority (a tie unscored)'} of their grades." if PANEL in m["judges"] else "."),
+             "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "", *_markdown(*grade_table(m)),
+             "", "## Agreement with the run's own judge (items both scored)", "", *_markdown(*agreement_table(m))]
+    if line := panel_line(m):
+        lines += ["", line]
+    return "\n".join(lines) + "\n"
+
+
+def prepare_rescore(run_dir: Path, step: str, *, model: str | None = None, panel: str | None = None, out: Path,
+                    concurrency: int | None = None, use_cache: bool = True, allow_remote: bool = False, log=print):
+    """Everything checked before a server starts: the judge models, the source run and its judge, RUN2's settings.
+    Returns (study, settings, cases) for the runner; bad input raises a MedstackError naming it (exit 2)."""
+    from experiments.core import registry
+    from experiments.core.runner import prepare_run
+
+    models = judge_models(model, panel)
+    check_out(Path(run_dir), Path(out))
+    run = registry.open_run(run_dir)
+    declared = registry.results_for(run.experiment)
+    judge = find_judge(run, step, declared)
+    study = RescoreStudy(run, judge, models, registry.study_of(run.experiment))
+    settings = rescore_settings(run, step, models, Path(out), concurrency=concurrency, use_cache=use_cache, allow_remote=allow_remote)
+    settings, cases = prepare_run(study, settings)
+    if study.prompts is not None and run.config.get("prompt_files"):
+        then, now = run.config["prompt_files"], study.prompts.file_hashes()
+        edited = sorted(n for n in then if n in now and now[n] != then[n])
+        if edited:
+            log(f"note: prompt file(s) {', '.join(edited)} changed since {run.path} was made; the judge is asked with today's text")
+    judged = sum(1 for r in cases if parts_of(r, step))
+    if not judged:
+        log(f"note: no finished record of {run.path} has a {step} score; every record is carried over as it is")
+    return study, settings, cases

@@ -27,7 +27,8 @@ at any depth):
   NaN (a mean over no cases) equals NaN.
 
 `scores` and `arm_scores` (a record's typed scores; DERA's per-arm scores, called `scores` before they were
-renamed) are compared apart and reported as expected differences: which ids, which sub-keys. Any other
+renamed) are compared apart and reported as expected differences: which ids, which sub-keys; where only AFTER has
+`arm_scores`, they must equal BEFORE's `scores` (a difference there is unexpected). Any other
 difference, or an id on one side only, is unexpected: exit 1 (0 when none; 2 when a results file is missing).
 """
 
@@ -112,6 +113,8 @@ def calls_in_step_order(record: dict) -> dict:
 
 def compare(label: str, a: dict, b: dict, drop: set, unexpected: list, expected: list) -> None:
     a, b = strip(calls_in_step_order(a), drop), strip(calls_in_step_order(b), drop)
+    if "arm_scores" in b and "arm_scores" not in a and "scores" in a:  # the rename: the old per-arm scores, unchanged
+        unexpected += [f"{label}: {p} (AFTER's arm_scores against BEFORE's scores)" for p in differing(a["scores"], b["arm_scores"], "arm_scores")]
     for k in SCORE_KEYS:  # reported apart: the refactor changes them on purpose
         sa, sb = a.pop(k, None), b.pop(k, None)
         if differing(sa, sb, k):

@@ -49,3 +49,12 @@ def test_call_log_order_and_nan_are_no_difference(tmp_path, capsys):
     swapped = tree(tmp_path / "c", {"calls": [calls[0], calls[2], calls[1]]}, {"exact": {"mean": float("nan")}})
     assert diff(a, swapped) == 1  # a step's repeats keep their issue order
     assert "calls[1].texts[0]" in capsys.readouterr().out
+
+
+def test_renamed_arm_scores_must_equal_the_old_scores(tmp_path, capsys):
+    old = tree(tmp_path / "a", {"scores": {"dera": {"bertscore": 0.5}}}, {})
+    renamed = tree(tmp_path / "b", {"arm_scores": {"dera": {"bertscore": 0.5}}, "scores": {"correct": None}}, {})
+    assert diff(old, renamed) == 0
+    changed = tree(tmp_path / "c", {"arm_scores": {"dera": {"bertscore": 0.6}}, "scores": {"correct": None}}, {})
+    assert diff(old, changed) == 1
+    assert "arm_scores.dera.bertscore (AFTER's arm_scores against BEFORE's scores)" in capsys.readouterr().out

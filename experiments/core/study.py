@@ -214,7 +214,9 @@ class StudyResults:
     them for records written before, after ``upgrade(record)`` put an older record's own fields in today's shape);
     ``judges``: its judged decisions (experiments/core/judging.py); ``compare(run_dirs, out)``: its comparison of
     several runs; ``import_published(name, dest, cases)``: import one of its ``published`` data sets (the authors'
-    released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case."""
+    released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case;
+    ``report_run(run, fmt)``: the study's own sections of a run in the report (``{"conversation": ...}``,
+    ``{"calibration": {"title", "rows"}}``), its numbers written with the report's ``fmt``."""
 
     experiment: str
     scores: Callable[[dict, dict], dict[str, Grade]] | None = None
@@ -224,6 +226,7 @@ class StudyResults:
     published: tuple[str, ...] = ()
     import_published: Callable[[str, Path, str | None], Any] | None = None
     report_case: Callable[[dict], list[tuple[str, str]]] | None = None
+    report_run: Callable[[dict, Callable], dict] | None = None
 
     def judge(self, step: str) -> Judge | None:
         return next((j for j in self.judges if j.step == step), None)

@@ -19,8 +19,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from experiments.bench.measure import FIGURES
 from experiments.bench.summary import RATIO_HEADS
 from experiments.calibrate.reviews import COLUMNS, consensus_note, table_rows
-from experiments.craftmd.assess import LABELS as ASSESS_LABELS, QUESTIONS as ASSESS_QUESTIONS
-from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS as CHECK_TEXT
+from experiments.core.registry import results_for
 from experiments.report.collect import find_runs, full_record, load_run_dir
 from experiments.tables.build import experiment_of, study_tables
 from experiments.tables.declare import declaration_for, declarations
@@ -30,7 +29,7 @@ from finetune.report import loss_figure_png
 
 TEMPLATES = Path(__file__).with_name("templates")
 SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback",
-           "assessment", "patient_checks", "experts"}  # CRAFT-MD's conversation checks: their own table (conversation_checks)
+           "assessment", "patient_checks", "experts"}  # CRAFT-MD's conversation checks: their own table (its report_case)
 GRADE_KEY = re.compile(r"correct|diagnos|answer|extract|grade|verdict|score|accuracy|label|outcome|status", re.I)
 NOT_GRADES = re.compile(r"reply|raw|prompt|hash|roles|usage|timing|tokens", re.I)
 GOLD_KEYS = ("gold", "target", "reference")  # MediTOD writes its gold label as `target`
@@ -144,56 +143,8 @@ def nested_grades(rec: dict) -> dict | None:
     return {"columns": ["", *cols], "rows": [[path, *(fmt(leaf.get(c)) if c in leaf else "" for c in cols)] for path, leaf in rows]}
 
 
-def _yes_no(v) -> str:
-    return "yes" if v is True else "no" if v is False else "unscored"
-
-
-def conversation_checks(rec: dict) -> list[list[str]] | None:
-    """A CRAFT-MD record's conversation checks, one row each: the assessor's verdicts (with the experts' label where
-    the conversation is a released one) and the patient checks it failed, with the turns and what was found."""
-    rows = []
-    experts = rec.get("experts") or {}
-    for q in ASSESS_QUESTIONS:
-        a = (rec.get("assessment") or {}).get(q)
-        if isinstance(a, dict):
-            said = _yes_no(a.get("verdict")) + (f" (invented: {a['invented']})" if a.get("invented") else "")
-            rows.append([f"assessor: {ASSESS_LABELS[q]}", said + (f"; experts: {_yes_no(experts[q])}" if q in experts else "")])
-    pc = rec.get("patient_checks")
-    if isinstance(pc, dict):
-        for c in CHECKS:
-            v = pc.get(c)
-            if c == "turn_cap":
-                detail = "yes" if v else "no"
-            elif c == "names_diagnosis":
-                detail = "; ".join(f"patient turn {x['patient_turn']}: {x['named']}" + ("" if x.get("correct") else " (a choice)") for x in v or []) or "no"
-            elif c == "copies_vignette":
-                detail = "; ".join(f"patient turn {x['patient_turn']}: {x['words']} words: \u201c{_short(x['span'], 120)}\u201d" for x in v or []) or "no"
-            else:
-                detail = ", ".join(f"patient turn {n}" for n in v or []) or "no"
-            rows.append([f"patient check: {CHECK_TEXT[c].format(n=pc.get('span_words', 12))}", detail])
-    return rows or None
-
-
-def conversation_view(run: dict) -> dict | None:
-    """A CRAFT-MD run's conversation quality (assessor rates with CIs) and patient-check counts, and the cases each check flagged."""
-    m = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
-    q, pc = m.get("conversation_quality") or {}, m.get("patient_checks") or {}
-    if not q and not pc:
-        return None
-    quality = [[ASSESS_LABELS[k], f"{100 * x['rate']:.1f}" if x.get("rate") is not None else "–",
-                f"[{100 * x['ci_low']:.1f}, {100 * x['ci_high']:.1f}]" if x.get("ci_low") is not None else "–", x["n"], x["yes"], x["no"], x["unscored"]]
-               for k in ASSESS_QUESTIONS if (x := q.get(k))]
-    flagged: dict[str, list[str]] = {c: [] for c in CHECKS}
-    for r in run["records"]:
-        for c in CHECKS:
-            if (r.get("patient_checks") or {}).get(c):
-                flagged[c].append(str(r.get("id")))
-    checks = [[CHECK_TEXT[c].format(n=pc.get("span_words", 12)), (pc.get(c) or {}).get("conversations", 0), pc.get("conversations", 0),
-               ", ".join(flagged[c][:50]) + (" ..." if len(flagged[c]) > 50 else "") or "–"] for c in CHECKS] if pc else []
-    return {"quality": quality, "checks": checks}
-
-
-def case_view(rec: dict, run_model: str) -> dict:
+def case_view(rec: dict, run_model: str, report_case=None) -> dict:
+    """One case of a run; ``report_case``: its study's extra lines (StudyResults.report_case), as (label, text) rows."""
     rated = "rating" in rec and "criterion" in rec
     grades = [[k, fmt(_short(v))] for k, v in rec.items()
               if k not in SPECIAL and GRADE_KEY.search(k) and not NOT_GRADES.search(k) and _is_scalar(v)]
@@ -212,7 +163,7 @@ def case_view(rec: dict, run_model: str) -> dict:
         "turns": _turns(rec["transcript"]) if "transcript" in rec else [],
         "grades": grades,
         "nested_grades": nested_grades(rec),
-        "conversation_checks": conversation_checks(rec),
+        "conversation_checks": [list(row) for row in report_case(rec)] or None if report_case else None,
         "scratchpad": _text(rec["scratchpad"], "\n") if rec.get("scratchpad") not in (None, "", []) else None,
         "prediction": _text(rec["prediction"]) if "prediction" in rec else None,
         "gold": _text(rec[gold_key]) if gold_key and ("prediction" in rec or gold_key == "gold") else None,
@@ -246,30 +197,15 @@ def calibration_view(run: dict) -> dict | None:
     if not study.startswith("calibrate") or not isinstance(m, dict):
         return None
     rows = []
-    if study == "calibrate-craftmd-grader":
-        pub = m.get("published") or {}
-        for name, x in ((f"judge {m.get('judge')} (rule {m.get('concurrent_rule')})", m.get("judge_vs_dermatologist")),
-                        (f"authors' grader ({pub.get('cases_matched')} matched cases)", pub.get("vs_dermatologist"))):
-            if x:
-                rows.append([name, x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), fmt(x["trial_agreement_bound"]),
-                             fmt(x["weighted_kappa_linear"]), fmt((x.get("spearman") or {}).get("rho")), "–"])
-        title = "CRAFT-MD grader vs dermatologist (counts of correct trials 0-5; kappa linear-weighted)"
-    elif study == "calibrate-craftmd-conversations":
-        for q, x in (m.get("questions") or {}).items():
-            if "exact_agreement" not in x:
-                continue  # no expert label released for this question
-            ci = x.get("ci95") or {}
-            kappa = fmt(x["kappa"]) + (f" [{fmt(ci['kappa'][0])}, {fmt(ci['kappa'][1])}]" if ci.get("kappa") else "")
-            agree = fmt(x["exact_agreement"]) + (f" [{fmt(ci['exact_agreement'][0])}, {fmt(ci['exact_agreement'][1])}]" if ci.get("exact_agreement") else "")
-            rows.append([f"assessor {(run['config'].get('roles') or {}).get('assessor', '')}: {ASSESS_LABELS.get(q, q)}", x["n"], agree,
-                         f"confusion {x['confusion']} (rows experts, cols assessor: no, yes)", "–", kappa, "–", "–"])
-        title = "CRAFT-MD conversation assessors vs the paper's dermatologists (yes/no per conversation; Cohen's kappa; 95% bootstrap CIs)"
-    else:
-        x = m.get("overall") or {}
-        if x:
-            rows.append(["rubric judge", x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), "–", fmt(x["weighted_kappa_linear"]),
-                         fmt((x.get("spearman") or {}).get("rho")), fmt((x.get("kendall") or {}).get("tau_b"))])
-        title = "Rubric judge vs reference ratings (1-5; kappa linear-weighted)"
+    x = m.get("overall") or {}
+    if x:
+        rows.append(["rubric judge", x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), "–", fmt(x["weighted_kappa_linear"]),
+                     fmt((x.get("spearman") or {}).get("rho")), fmt((x.get("kendall") or {}).get("tau_b"))])
+    title = "Rubric judge vs reference ratings (1-5; kappa linear-weighted)"
+    return calibration_table(title, rows)
+
+
+def calibration_table(title: str, rows: list) -> dict:
     return {"title": title, "columns": ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"],
             "rows": rows}
 
@@ -288,7 +224,10 @@ def review_calibration_view(c: dict) -> dict:
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
     model = _run_model(run) or str(((run.get("finetune") or {}).get("metrics") or {}).get("base") or "")
-    cases = [case_view(full_record(run, i), model) for i in range(min(max_cases, len(run["records"])))]
+    declared = results_for(str(run["config"].get("experiment") or ""))  # what the run's study adds to its view
+    own = declared.report_run(run, fmt) if declared and declared.report_run else {}
+    report_case = declared.report_case if declared else None
+    cases = [case_view(full_record(run, i), model, report_case) for i in range(min(max_cases, len(run["records"])))]
     outcomes = [outcome(r) for r in run["records"]]
     scored = [o for o in outcomes if o in ("correct", "incorrect")]
     metrics = run["metrics"] if run["metrics"] is not None else (run["bench"] or {}).get("results") if run["bench"] else None
@@ -314,8 +253,8 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "tokens_per_s": fmt(run_stats.get("output_tokens_per_s")) if run_stats.get("output_tokens_per_s") is not None else "-",
         "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
-        "calibration": calibration_view(run),
-        "conversation": conversation_view(run),
+        "calibration": calibration_table(**own["calibration"]) if own.get("calibration") else calibration_view(run),
+        "conversation": own.get("conversation"),
         "review_calibrations": [review_calibration_view(c) for c in run.get("review_calibrations") or []],
         # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
         "charts": [c for c in run["charts"] if not (run.get("finetune") and c["name"] == "loss.png")],

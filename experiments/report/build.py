@@ -29,7 +29,8 @@ from finetune.report import loss_figure_png
 
 TEMPLATES = Path(__file__).with_name("templates")
 SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback",
-           "assessment", "patient_checks", "experts"}  # CRAFT-MD's conversation checks: their own table (its report_case)
+           "assessment", "patient_checks", "experts",  # CRAFT-MD's conversation checks: their own table (its report_case)
+           "scores"}  # the typed scores restate the record's own fields (experiments/common/grade.py)
 GRADE_KEY = re.compile(r"correct|diagnos|answer|extract|grade|verdict|score|accuracy|label|outcome|status", re.I)
 NOT_GRADES = re.compile(r"reply|raw|prompt|hash|roles|usage|timing|tokens", re.I)
 GOLD_KEYS = ("gold", "target", "reference")  # MediTOD writes its gold label as `target`

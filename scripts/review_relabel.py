@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     from playwright.sync_api import sync_playwright
 
     from experiments.calibrate.reviews import calibrate_reviews
-    from experiments.calibrate.run import read_labels
+    from experiments.craftmd.calibrate_grader import read_labels
 
     derm = {c["id"]: c["dermatologist"] for c in read_labels(a.labels)["cases"]}
     port = free_port()

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from experiments.calibrate.conversations import (ConversationCalibration, ConversationCalibrationSettings, agreement,
+from experiments.craftmd.calibrate_conversations import (ConversationCalibration, ConversationCalibrationSettings, agreement,
                                                  calibration_metrics, interleaved)
 from experiments.core.runner import prepare_run, run_study
 from experiments.craftmd.assess import conversation_text, transcript_turns
@@ -119,9 +119,13 @@ def test_cli_help_and_metrics_without_labels(tmp_path):
     from typer.testing import CliRunner
 
     from experiments.calibrate import cli as calibrate_cli
+    from experiments.craftmd import cli as craftmd_cli
 
     app = typer.Typer()
-    calibrate_cli.register(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer())
+    apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
+                calibrate_app=calibrate_cli.calibrate_app)
+    calibrate_cli.register(**apps)
+    craftmd_cli.register(**apps)  # CRAFT-MD's calibrations join the group from its folder
     r = CliRunner().invoke(app, ["calibrate", "conversations", "--help"])
     assert r.exit_code == 0 and "--labels" in r.output and "--limit" in r.output
     assert calibration_metrics([])["questions"]["Q1"]["n"] == 0

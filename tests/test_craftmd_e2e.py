@@ -37,6 +37,13 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     assert all(a["verdict"] in (True, False, None) and isinstance(a["reply"], str) for a in r["assessment"].values())
     assert sorted(c["step"] for c in r["calls"] if c["role"] == "assessor") == sorted(f"assess_{q}" for q in r["assessment"])
     assert r["patient_checks"]["patient_turns"] >= 1 and r["patient_checks"]["turn_cap"] == (r["stop_reason"] == "turn_cap")
+    # the typed scores restate every decision: the grader's and the choice mapping's per format, the assessor's, the checks
+    scores = r["scores"]
+    for fmt, a in r["answers"].items():
+        assert scores[f"frq/{fmt}"]["value"] == a["frq"]["correct"] and scores[f"frq/{fmt}"]["judge"]["model"] == role
+        assert scores[f"mcq/{fmt}"]["value"] == a["mcq"]["correct"] and scores[f"mcq/{fmt}"]["judge"]["rule"].startswith("map_choice")
+    assert {q: scores[f"assess-{q}"]["value"] for q in r["assessment"]} == {q: None if a["verdict"] is None else int(a["verdict"]) for q, a in r["assessment"].items()}
+    assert scores["patient-check/turn_cap"]["value"] == int(r["stop_reason"] == "turn_cap")
     summary = (out / "summary.md").read_text()
     assert "## Conversation quality" in summary and "## Patient checks" in summary and "additions to the protocol" in summary
     metrics = json.loads((out / "metrics.json").read_text())

@@ -181,7 +181,7 @@ def derm_cal(fixtures_dir, tmp_path):
     """Today's `calibrate craftmd-grader` on the fixture-sized dermatologist file (scripted judge, the published release)."""
     import asyncio
 
-    from experiments.calibrate.run import calibrate_grader
+    from experiments.craftmd.calibrate_grader import calibrate_grader
     from tests.test_calibrate import ScriptedJudge
 
     csv = fixtures_dir / "craftmd" / "validation_graderai_small.csv"
@@ -194,7 +194,7 @@ def test_relabel_dermatologist_fixture_reproduces_calibrate(derm_cal, browser):
     """The fixture-sized CRAFT-MD dermatologist check: today's calibrate and the same counts typed through the
     page give identical figures (scripts/review_relabel.py does this on the authors' whole file)."""
     from experiments.calibrate.reviews import calibrate_reviews
-    from experiments.calibrate.run import read_labels
+    from experiments.craftmd.calibrate_grader import read_labels
 
     csv, cal, m = derm_cal
     derm = {c["id"]: c["dermatologist"] for c in read_labels(csv)["cases"]}

@@ -78,7 +78,7 @@ def test_bad_input_before_anything_runs(cli, tmp_path):
     p = cli("sweep", "craftmd", "--models", "embedded", "--data", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "s"))
     assert p.returncode == 2 and "nope.csv" in p.stderr and not (tmp_path / "s").exists()
     p = cli("sweep", "dera-qa", "--models", "embedded", "--published", "craftmd-published-gpt3_1106", "--out", str(tmp_path / "s"))
-    assert p.returncode == 2 and "--published imports CRAFT-MD releases" in p.stderr
+    assert p.returncode == 2 and "--published imports a study's released runs (craftmd); dera-qa has none" in p.stderr
     p = cli("sweep", "nosuch", "--models", "embedded")
     assert p.returncode == 2 and "unknown study 'nosuch'" in " ".join(p.stderr.split())
     p = cli("sweep", "craftmd", "--models", "embedded", "--model", "embedded", "--data", CASES)

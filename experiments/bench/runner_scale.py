@@ -31,8 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from experiments.craftmd.study import CONFIGS, CraftmdStudy, units_for
-from experiments.craftmd.settings import CraftSettings
+from experiments.core import registry
 from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings
 from models.errors import MedstackError
@@ -58,20 +57,21 @@ def synthetic_cases(n: int) -> list[dict]:
     return out
 
 
-class RunnerScaleStudy(CraftmdStudy):
-    """CRAFT-MD over synthetic cases: the paper run's call pattern, for measuring the runner."""
+def runner_scale_study(case_trials: int):
+    """CRAFT-MD over synthetic cases: the paper run's call pattern, for measuring the runner (the study from the registry)."""
+    craftmd = registry.get("craftmd").make
 
-    name = "craftmd-runner-scale"
+    class RunnerScaleStudy(craftmd):
+        name = "craftmd-runner-scale"
 
-    def __init__(self, case_trials: int):
-        self.case_trials = case_trials
+        def prepare(self, s):
+            return s.model_copy(update={"name": s.name or "instant"})
 
-    def prepare(self, s: CraftSettings) -> CraftSettings:
-        return s.model_copy(update={"name": s.name or "instant"})
+        def load_cases(self, s):
+            n_cases = -(-case_trials // s.trials)
+            return self.units_for(synthetic_cases(n_cases), s.trials)[:case_trials]
 
-    def load_cases(self, s: CraftSettings) -> list[dict]:
-        n_cases = -(-self.case_trials // s.trials)
-        return units_for(synthetic_cases(n_cases), s.trials)[: self.case_trials]
+    return RunnerScaleStudy()
 
 
 def free_port() -> int:
@@ -131,10 +131,10 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def scale_settings(out: Path, url: str, trials: int, concurrency: int) -> CraftSettings:
+def scale_settings(study, out: Path, url: str, trials: int, concurrency: int):
     """The paper config (all formats, MCQ + FRQ, 14-turn cap, sampled turns), every role on the stand-in."""
     ref = f"instant@{url}"
-    return load_settings(CraftSettings, CONFIGS / "paper.yaml", {
+    return load_settings(study.settings_cls, study.default_config({}), {
         "out": str(out), "trials": trials, "concurrency": concurrency, "data": "synthetic",
         "roles": {r: ref for r in ("clinical", "patient", "grader", "summarizer")}})
 
@@ -163,10 +163,10 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
         raise MedstackError(f"--out {out} is not empty: the scale benchmark needs a fresh directory")
     out.mkdir(parents=True, exist_ok=True)
     rundir, cache_path = out / "run", out / "cache.sqlite"
-    study = RunnerScaleStudy(case_trials)
+    study = runner_scale_study(case_trials)
     row: dict = {"case_trials": case_trials, "trials": trials, "concurrency": concurrency, "load_before": _load()}
     with InstantEndpoint() as ep:
-        settings = scale_settings(rundir, ep.base_url, trials, concurrency)
+        settings = scale_settings(study, rundir, ep.base_url, trials, concurrency)
         prof = None
         if profile:
             import cProfile

@@ -64,12 +64,14 @@ def parse_reply(question: str, reply: str | None) -> dict:
     return out
 
 
-async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, settings, questions=QUESTIONS) -> dict[str, dict]:
-    """One request per question through the case's context (role ``assessor``, step ``assess_<question>``),
-    concurrently; ``settings`` gives ``sampling["assessor"]``, ``completion_steps`` and ``lone_system_as_user``."""
+async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, settings, questions=QUESTIONS,
+                              role: str = "assessor") -> dict[str, dict]:
+    """One request per question through the case's context (role ``assessor``, or another judge's role, step
+    ``assess_<question>``), concurrently; ``settings`` gives ``sampling["assessor"]``, ``completion_steps`` and
+    ``lone_system_as_user``."""
 
     async def one(q: str) -> dict:
-        reply = await ask(ctx, settings, "assessor", "assessor", f"assess_{q}", single(request_prompt(q, turns, vignette), settings),
+        reply = await ask(ctx, settings, role, "assessor", f"assess_{q}", single(request_prompt(q, turns, vignette), settings),
                           constraint=PROMPTS.constraint(TEMPLATES[q]))
         return parse_reply(q, reply)
 

@@ -285,14 +285,20 @@ def to_record(c: ExpertConversation) -> dict:
 
 def import_experts(src: str | Path, out: str | Path, *, n_boot: int = 10_000) -> dict:
     """`medstack import craftmd-experts`: records, metrics.json and summary.md in ``out``."""
+    from experiments.common.grade import to_disk
     from experiments.core.results import RunDir
     from experiments.craftmd.paper_values import EXPERT_PUBLISHED
+    from experiments.craftmd.scores import scores
 
     src = Path(src)
     convs = load_expert_labels(src)  # every workbook valid before anything is written
-    rundir = RunDir(Path(out), {"experiment": "craftmd-experts", "name": "craftmd-experts", "imported_from": str(src.resolve())})
+    config = {"experiment": "craftmd-experts", "name": "craftmd-experts", "imported_from": str(src.resolve())}
+    rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
-    rundir.append_many([to_record(c) for c in convs if c.id not in done])
+    records = [to_record(c) for c in convs if c.id not in done]
+    for rec in records:
+        rec["scores"] = to_disk(scores(rec, config))  # the experts' labels, typed (experiments/craftmd/scores.py)
+    rundir.append_many(records)
     rundir.write_identity({"experts": {"alias": "dermatologists", "imported_from": str(src.resolve())}})
     metrics = expert_metrics(convs, n_boot=n_boot)
     rundir.write_metrics(metrics)

@@ -37,7 +37,9 @@ from experiments.craftmd import grading
 from experiments.craftmd.data import answer_index, load_cases
 from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.protocol import stop_reason_for
+from experiments.craftmd.scores import scores
 from experiments.craftmd.settings import FORMATS
+from experiments.common.grade import to_disk
 from experiments.core.results import RunDir
 from experiments.tables.render import run_paper_tables
 from models.errors import DataError, MedstackError
@@ -255,6 +257,7 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release
     for rec in converted:
         rec["stop_reason"] = infer_stop(rec["transcript"], cap)
+        rec["scores"] = to_disk(scores(rec, config))  # the published grades, typed (experiments/craftmd/scores.py)
     rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
     for rec in converted:

@@ -8,6 +8,9 @@ from experiments.craftmd.assess import LABELS, QUESTIONS
 from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
 
 
+CALIBRATION_COLUMNS = ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"]
+
+
 def _f(v) -> str:
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -51,5 +54,17 @@ def conversations_calibration_tables(run: dict) -> list[dict]:
                      f"confusion {x['confusion']} (rows experts, cols assessor: no, yes)", "–", kappa, "–", "–"])
     return [{"heading": "Judge calibration",
              "title": "CRAFT-MD conversation assessors vs the paper's dermatologists (yes/no per conversation; Cohen's kappa; 95% bootstrap CIs)",
-             "columns": ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"],
-             "rows": rows}] if m else []
+             "columns": CALIBRATION_COLUMNS, "rows": rows}] if m else []
+
+
+def grader_calibration_tables(run: dict) -> list[dict]:
+    """A `calibrate craftmd-grader` run: the judge and the authors' grader against the dermatologist."""
+    m = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
+    pub, rows = m.get("published") or {}, []
+    for name, x in ((f"judge {m.get('judge')} (rule {m.get('concurrent_rule')})", m.get("judge_vs_dermatologist")),
+                    (f"authors' grader ({pub.get('cases_matched')} matched cases)", pub.get("vs_dermatologist"))):
+        if x:
+            rows.append([name, x["n"], _f(x["exact_agreement"]), _f(x["mean_abs_diff"]), _f(x["trial_agreement_bound"]),
+                         _f(x["weighted_kappa_linear"]), _f((x.get("spearman") or {}).get("rho")), "–"])
+    return [{"heading": "Judge calibration", "title": "CRAFT-MD grader vs dermatologist (counts of correct trials 0-5; kappa linear-weighted)",
+             "columns": CALIBRATION_COLUMNS, "rows": rows}] if rows else []

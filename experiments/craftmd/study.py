@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 from experiments.core.config import ConfigError, config_dir
-from experiments.core.registry import register_study, register_tables
+from experiments.core.registry import register_results, register_study, register_tables
 from experiments.craftmd import paper_values
 from experiments.craftmd.assess import TEMPLATES, assess_conversation, question_rates, transcript_turns
 from experiments.craftmd.data import load_cases
+from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS, CALIBRATE_GRADER, CRAFTMD, EXPERTS_IMPORT
 from experiments.craftmd.meld import MeldStudy
 from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.paper_values import ADAPTER
@@ -72,6 +73,8 @@ class CraftmdStudy(Study):
     role_follows = {"summarizer": "grader", "assessor": "grader"}
     strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
     judge_roles = ("grader",)
+    results = CRAFTMD  # typed scores, judges, compare, released runs, report lines (experiments/craftmd/judges.py)
+    units_for = staticmethod(units_for)  # (case, trial) units: a study over other cases (the runner-scale benchmark) reuses it
 
     def fixed_roles(self, s: CraftSettings) -> tuple[str, ...]:
         talks = any(f != "vignette" for f in s.formats)  # every format but the vignette has a patient-AI
@@ -131,3 +134,5 @@ register_study("craftmd", CraftmdStudy, help="""CRAFT-MD: simulated doctor–pat
 register_study("meld", MeldStudy, top_level=True,
                help="MELD contamination check: first half of each vignette -> model writes the second half; similarity = 1 − normalized Levenshtein.")
 register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)
+for _kind in (EXPERTS_IMPORT, CALIBRATE_GRADER, CALIBRATE_CONVERSATIONS):  # `import craftmd-experts`, `calibrate craftmd-grader | conversations`
+    register_results(_kind)

@@ -51,7 +51,7 @@ def data_path(name: str = typer.Argument(..., help="Registered set or a path."))
     typer.echo(resolve_data(name))
 
 
-def register(app, run_app, score_app, import_app, data_app, finetune_app) -> None:  # noqa: ARG001
+def register(data_app, **_) -> None:
     data_app.command("list")(data_list)
     data_app.command("fetch")(data_fetch)
     data_app.command("path")(data_path)

@@ -232,23 +232,14 @@ def calibration_view(run: dict) -> dict | None:
     """Judge-calibration results dirs (medstack calibrate ...): one row per rater vs the clinicians."""
     cfg, m = run.get("config") or {}, run.get("metrics") or {}
     study = str(cfg.get("experiment") or "")
-    if not study.startswith("calibrate") or not isinstance(m, dict) or (study != "calibrate-craftmd-grader" and "overall" not in m):
+    if not study.startswith("calibrate") or not isinstance(m, dict) or "overall" not in m:
         return None  # a calibration kind of a study's own shows its own tables (StudyResults.report_run)
     rows = []
-    if study == "calibrate-craftmd-grader":
-        pub = m.get("published") or {}
-        for name, x in ((f"judge {m.get('judge')} (rule {m.get('concurrent_rule')})", m.get("judge_vs_dermatologist")),
-                        (f"authors' grader ({pub.get('cases_matched')} matched cases)", pub.get("vs_dermatologist"))):
-            if x:
-                rows.append([name, x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), fmt(x["trial_agreement_bound"]),
-                             fmt(x["weighted_kappa_linear"]), fmt((x.get("spearman") or {}).get("rho")), "–"])
-        title = "CRAFT-MD grader vs dermatologist (counts of correct trials 0-5; kappa linear-weighted)"
-    else:
-        x = m.get("overall") or {}
-        if x:
-            rows.append(["rubric judge", x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), "–", fmt(x["weighted_kappa_linear"]),
-                         fmt((x.get("spearman") or {}).get("rho")), fmt((x.get("kendall") or {}).get("tau_b"))])
-        title = "Rubric judge vs reference ratings (1-5; kappa linear-weighted)"
+    x = m.get("overall") or {}
+    if x:
+        rows.append(["rubric judge", x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), "–", fmt(x["weighted_kappa_linear"]),
+                     fmt((x.get("spearman") or {}).get("rho")), fmt((x.get("kendall") or {}).get("tau_b"))])
+    title = "Rubric judge vs reference ratings (1-5; kappa linear-weighted)"
     return {"title": title, "columns": ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"],
             "rows": rows}
 

@@ -2,8 +2,8 @@
 
     SWEEP/<label>/          each model's run: an ordinary results directory, made by the study's own
                             command body (experiments.core.commands.run_command -> the one runner)
-    SWEEP/published-<name>/ --published NAME (CRAFT-MD): the authors' released run, imported
-    SWEEP/compare/          CRAFT-MD: `medstack compare` over every run of the sweep
+    SWEEP/published-<name>/ --published NAME: a released run of the study's authors, imported (CRAFT-MD's)
+    SWEEP/compare/          the study's comparison over every run of the sweep (CRAFT-MD's `medstack compare`)
     SWEEP/report.html       `medstack report` over the sweep
 
 Only the role under test varies (``Study.sweep_roles``: CRAFT-MD the doctor-AI, DERA both agents,
@@ -33,13 +33,12 @@ from pathlib import Path
 
 import typer
 
+from experiments.core import registry
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
 from experiments.core.results import make_results_dir, read_jsonl
 from experiments.core.runlock import RunLock
 from experiments.core.runner import prepare_run
-from experiments.craftmd.compare import run_compare
-from experiments.craftmd.importer import import_folder
 from experiments.datasets.registry import resolve_data
 from experiments.report.build import build_report
 from models.errors import MedstackError, StorageError
@@ -159,8 +158,10 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     study = study_factory()
     if values.get("model") or values.get("out"):
         raise ConfigError("sweep: give the models with --models, the fixed roles with --role ROLE=REF and the sweep folder with --out (not --model)")
-    if published and study.name != "craftmd":
-        raise ConfigError(f"--published imports CRAFT-MD releases; {study.name} has none")
+    declared = results_of(study)
+    if published and not (declared and declared.import_published):
+        have = sorted(e for e, r in registry.RESULTS.items() if r.import_published)
+        raise ConfigError(f"--published imports a study's released runs ({', '.join(have)}); {study.name} has none")
     roles_varied = swept_roles(study, vary)
     in_config, named = named_roles(study, values, to_overrides)
     clash = [r for r in roles_varied if r in named]
@@ -200,7 +201,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     if not values.get("dry_run"):
         for *_, settings, _ in planned:  # servers a run will start together on one GPU that do not fit: refused now, not mid-sweep
             check_gpu_fit(settings)
-    pub_dirs = _published_plan(published or [], sweep_dir)
+    pub_dirs = _published_plan(published or [], sweep_dir, study.name)
     outcome = SweepOutcome(runs, varied=roles_varied, idle=idle)
     if executor is not None:  # another executor (experiments/sweep/slurm.py) takes the checked plan from here
         return executor(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
@@ -260,12 +261,13 @@ def join(plan: Plan) -> SweepOutcome:
     if any(common.get("dry_run") for _, common, *_ in plan.planned):  # nothing ran: no import, compare or report
         write_summary(out, sweep_dir, plan.study.name)
         return out
+    declared = results_of(plan.study)
     if plan.pub_dirs:
-        out.published = _import_published(plan.pub_dirs, plan.planned[0][3].data, log)
+        out.published = _import_published(declared, plan.pub_dirs, plan.planned[0][3].data, log)
     done = [r.out for r in out.runs if (r.out / "metrics.json").exists()] + out.published
-    if plan.study.name == "craftmd" and done:
+    if declared and declared.compare and done:
         out.compare = sweep_dir / "compare"
-        run_compare([str(p) for p in done], out.compare)
+        declared.compare([str(p) for p in done], out.compare)
         log(f"sweep: compare: {out.compare / 'summary.md'}")
     write_summary(out, sweep_dir, plan.study.name)
     if plan.report and done:
@@ -274,22 +276,28 @@ def join(plan: Plan) -> SweepOutcome:
     return out
 
 
-def _published_plan(names: list[str], sweep_dir: Path) -> list[tuple[str, Path]]:
+def results_of(study):
+    """What ``study`` declares about the results folders its runs write (its comparison, its released runs), or None."""
+    field_ = type(study).settings_cls.model_fields.get("experiment")
+    return registry.results_for(str(field_.default if field_ is not None else "") or study.name)
+
+
+def _published_plan(names: list[str], sweep_dir: Path, study: str) -> list[tuple[str, Path]]:
     plan = []
     for item in names:
         for name in (x.strip() for x in item.split(",") if x.strip()):
             resolve_data(name)  # not fetched: an error naming the fetch command, before anything runs
-            plan.append((name, sweep_dir / f"published-{name.removeprefix('craftmd-published-')}"))
+            plan.append((name, sweep_dir / f"published-{name.removeprefix(f'{study}-published-')}"))
     return plan
 
 
-def _import_published(plan: list[tuple[str, Path]], cases: str | None, log) -> list[Path]:
+def _import_published(declared, plan: list[tuple[str, Path]], cases: str | None, log) -> list[Path]:
     out = []
     for name, dest in plan:
         if (dest / "metrics.json").exists():
             log(f"sweep: {name}: imported earlier into {dest}; skipped")
         else:
-            import_folder(Path(resolve_data(name)), f"{name.removeprefix('craftmd-published-')}-published", dest, cases)
+            declared.import_published(name, dest, cases)
             log(f"sweep: {name}: imported into {dest}")
         out.append(dest)
     return out

@@ -87,3 +87,29 @@ def write_figures(tables: list[ComputedTable], out: str | Path) -> list[Path]:
             p.write_bytes(png)
             written.append(p)
     return written
+
+
+def confusion_png(cm: list[list[int]], path: Path, title: str, xlabel: str, ylabel: str, labels=None) -> None:
+    """A confusion matrix of two raters as a PNG (a calibration's figure): counts in the cells, rows ``ylabel``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    a = np.asarray(cm)
+    labels = labels if labels is not None else list(range(a.shape[0]))
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    im = ax.imshow(a, cmap="Blues")
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            ax.text(j, i, str(a[i, j]), ha="center", va="center", color="white" if a[i, j] > a.max() / 2 else "black", fontsize=9)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -29,6 +29,7 @@ from experiments.core.study import CaseContext, Study
 from experiments.craftmd import paper_values
 from experiments.craftmd.assess import LABELS, QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
 from experiments.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels
+from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS
 from experiments.craftmd.prompts import PROMPTS
 
 N_BOOT = 2000
@@ -53,6 +54,7 @@ class ConversationCalibration(Study):
     roles = ("assessor",)
     primary_role = "assessor"
     prompts = PROMPTS
+    results = CALIBRATE_CONVERSATIONS  # the assessor's and the experts' verdicts typed, the assess-* judges (judges.py)
 
     def prepare(self, s: ConversationCalibrationSettings) -> ConversationCalibrationSettings:
         if not s.data:

@@ -16,11 +16,9 @@ CRAFT-MD runs (``experiment: craftmd``)
 Grader calibrations (``experiment: calibrate-craftmd-grader``)
   ``grader``     per case, how many of the 5 extracted diagnoses the judge found correct (0-5).
   ``published``  the same count by the authors' own grader (cases matched in the release).
-DERA open QA (``experiment: dera-qa``, open answers)
-  ``llm-exact``      per question and arm: the LLM exact-match verdict (0/1).
-  ``llm-similarity`` per question and arm: the LLM similarity score (0-1, normalized as reported).
-Rubric auto-evaluation (``experiment: autoeval``)
-  ``rubric``     per dialogue and criterion: the judge's rating 1-5.
+Any other kind of run: the judges its study declares (``StudyResults.judges``, experiments/core/judging.py), e.g.
+DERA open QA's ``llm-exact`` / ``llm-similarity`` (experiments/dera/results.py) and the autoeval ``rubric``
+(experiments/autoeval/results.py).
 """
 
 from __future__ import annotations
@@ -29,15 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from experiments.autoeval import judge as J
-from experiments.autoeval.study import load_dialogues
-from experiments.core.results import load_run
+from experiments.core.judging import review_items
+from experiments.core.registry import RESULTS, open_run, results_for
 from experiments.craftmd.assess import QUESTIONS as ASSESS_QUESTIONS
-from experiments.dera.qa_metrics import ARMS, normalize_similarity
 from models.errors import DataError
-
-# the study modules (DERA, autoeval) are imported by their builders: loading them costs ~0.7 s that a
-# CRAFT-MD review, `calibrate --labels` and `report` need not pay
 
 # a scale: kind binary | count | rating | unit; the values a label may take (unit: any number in [0, 1])
 BINARY = {"kind": "binary", "values": [1, 0], "names": {"1": "match", "0": "no match"}}
@@ -47,18 +40,12 @@ def count_scale(n: int) -> dict:
     return {"kind": "count", "values": list(range(n + 1)), "max": n}
 
 
-RATING = {"kind": "rating", "values": [1, 2, 3, 4, 5]}
-UNIT = {"kind": "unit", "values": None}
-
 # the question above each item, in our words; the rule for diagnoses is the one the authors gave their dermatologist
 _DX_RULE = ("Synonyms count as correct. An answer broader than the correct diagnosis (the correct one is a subtype of it) "
             "is correct; an answer that is a subtype of the correct diagnosis is not.")
 QUESTIONS = {
     "frq": "Does the doctor-AI's answer name the correct diagnosis? " + _DX_RULE,
     "count": "How many of these diagnoses are the correct diagnosis? " + _DX_RULE,
-    "llm-exact": "Does the prediction give the same answer as the gold answer?",
-    "llm-similarity": "How close is the prediction to the gold answer, from 0 (unrelated) to 1 (the same answer)?",
-    "rubric": "Rate the doctor in this dialogue on the criterion, from 1 to 5 (the definitions of 5 and 1 are given).",
     # the conversation assessor's questions (experiments/craftmd/prompts/assess_*.txt), asked of the same case notes and conversation
     "assess-Q1": "From this conversation alone, could one most likely diagnosis be reached (did the doctor-AI stop asking when only one was left)?",
     "assess-Q2": "Does the conversation cover the key information of the case notes (the history; examination and test results are not expected)?",
@@ -73,9 +60,13 @@ STEPS = {
     "craftmd": ("frq", "frq-count", *ASSESS_STEPS),
     "calibrate-craftmd-conversations": ASSESS_STEPS,
     "calibrate-craftmd-grader": ("grader", "published"),
-    "dera-qa": ("llm-exact", "llm-similarity"),
-    "autoeval": ("rubric",),
 }
+
+
+def steps_of(experiment: str) -> tuple[str, ...] | None:
+    """The judge steps of a kind of run: those above, or the judges its study declares (StudyResults.judges)."""
+    declared = results_for(experiment)
+    return STEPS.get(experiment) or (tuple(j.step for j in declared.judges) if declared and declared.judges else None)
 
 
 def experiment_of(run_dir: Path) -> str:
@@ -96,16 +87,22 @@ def load_judge(run_dir: str | Path, step: str) -> dict:
     """{"step", "experiment", "scale", "items": [...]} for judge ``step`` of the run; a step the run
     does not have, or a run without any judged item, is bad input naming the folder."""
     p = Path(run_dir)
-    run = load_run(p)  # ResultsError (exit 2) for a folder without records.jsonl
+    run = open_run(p)  # ResultsError (exit 2) for a folder without records.jsonl; older records upgraded by their study
     exp = experiment_of(p)
-    steps = STEPS.get(exp)
+    steps = steps_of(exp)
     if steps is None:
+        kinds = {**STEPS, **{e: tuple(j.step for j in r.judges) for e, r in RESULTS.items() if r.judges}}
         raise DataError(f"{p}: a {exp or 'unknown'} run has no judge to review (reviewable: "
-                        + "; ".join(f"{e}: {', '.join(s)}" for e, s in STEPS.items()) + ")")
+                        + "; ".join(f"{e}: {', '.join(s)}" for e, s in kinds.items()) + ")")
     if step not in steps:
         raise DataError(f"--judge {step}: a {exp} run's judge steps are {', '.join(steps)}")
-    scale, items = BUILDERS[step](run["records"], run.get("config") or {}, p)
-    scale = {**scale, "question": QUESTIONS["count" if scale["kind"] == "count" else step]}
+    judge = results_for(exp).judge(step) if exp not in STEPS else None
+    if judge is not None:  # a judge its study declares (experiments/core/judging.py)
+        scale, items = review_items(judge, run.finished, run.config, p)
+        scale = {**scale, "question": judge.question}
+    else:
+        scale, items = BUILDERS[step](run.finished, run.config, p)
+        scale = {**scale, "question": QUESTIONS["count" if scale["kind"] == "count" else step]}
     if not items:
         raise DataError(f"{p}: no record carries a {step} decision to review")
     ids = [it["id"] for it in items]
@@ -188,52 +185,6 @@ def _assess_items(question: str):
     return build
 
 
-# ------------------------------------------------------------------ DERA open QA
-
-def _dera_items(kind: str):
-    def build(records, cfg, p):
-        rows = [(r, arm, ((r.get("scores") or {}).get(arm) or {})) for r in records if not r.get("mcq") for arm in ARMS]
-        if kind == "exact":
-            vals = [s.get("exact") for _, _, s in rows]
-        else:  # the similarity as the run reports it: out-of-range scores normalized over the run
-            vals = normalize_similarity([s.get("similarity_raw") for _, _, s in rows])
-        items = []
-        for (r, arm, s), v in zip(rows, vals):
-            if v is None or not s.get("answer"):
-                continue  # no answer: the judge was not asked
-            stratum = str(int(v)) if kind == "exact" else ("high" if v >= 0.5 else "low")
-            items.append({"id": f"{r['id']}|{arm}", "verdict": int(v) if kind == "exact" else float(v), "stratum": f"{stratum}|{arm}|{r.get('model', '')}",
-                          "show": {"question": r.get("question"), "gold answer": r.get("gold_text") or r.get("gold"), "prediction": s.get("answer")}})
-        return (BINARY if kind == "exact" else UNIT), items
-    return build
-
-
-# ------------------------------------------------------------------ rubric auto-evaluation
-
-def _rubric_items(records, cfg, p):
-    dialogues = {}
-    src = cfg.get("data")
-    if src and Path(src).exists():
-        dialogues = {d["source_id"]: d["transcript"] for d in load_dialogues(src)[0]}
-    criteria = J.load_criteria(cfg.get("criteria_file"))
-    items = []
-    for r in records:
-        if r.get("rating") not in (1, 2, 3, 4, 5):
-            continue
-        c = criteria.get(str(r.get("criterion")))
-        sid = str(r.get("source_id") or "")
-        transcript = dialogues.get(sid)
-        if transcript is None:
-            raise DataError(f"{p}: the dialogue {sid!r} rated in record {r['id']!r} is not in the run's data {src!r}: "
-                            "the page shows the dialogue the judge rated")
-        items.append({"id": str(r["id"]), "verdict": int(r["rating"]), "stratum": f"{r['rating']}|{r.get('criterion')}",
-                      "show": {"criterion": c.name if c else r.get("criterion"), "a 5 means": c.score_5 if c else "",
-                               "a 1 means": c.score_1 if c else "",
-                               "dialogue": [f"{t.get('agent')}: {t.get('content')}" for t in transcript]}})
-    return RATING, items
-
-
 BUILDERS = {"frq": _frq_items, "frq-count": _frq_count_items, "grader": _calibration_items("judge"),
-            "published": _calibration_items("published"), "llm-exact": _dera_items("exact"),
-            "llm-similarity": _dera_items("similarity"), "rubric": _rubric_items,
+            "published": _calibration_items("published"),
             **{f"assess-{q}": _assess_items(q) for q in ASSESS_QUESTIONS}}

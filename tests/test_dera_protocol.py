@@ -431,7 +431,7 @@ def test_mcq_variant_votes_letters_and_scores_accuracy():
     settings = QASettings(mcq=True)
     rec = run(qa.make_solver(settings, "m", make_scorer(settings))(case_log(ScriptedClient(reply), "q1"), Q))
     assert rec["oneshot"]["answers"] == ["A", "B", "A", "B", "A"] and rec["answers"] == {"oneshot": "A", "dera": "B"}
-    assert rec["scores"]["oneshot"]["accuracy"] == 0 and rec["scores"]["dera"]["accuracy"] == 1 and rec["correct"] == 1
+    assert rec["arm_scores"]["oneshot"]["accuracy"] == 0 and rec["arm_scores"]["dera"]["accuracy"] == 1 and rec["correct"] == 1
     assert rec["gold"] == "B"
 
 

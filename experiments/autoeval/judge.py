@@ -23,7 +23,9 @@ import yaml
 
 from experiments.common.parsing import extract_rating, split_sections
 from experiments.core.prompts import PromptSet
-from experiments.core.results import iter_jsonl
+from experiments.autoeval.settings import AutoevalSettings
+from experiments.core.config import Sampling
+from experiments.core.results import iter_jsonl, read_jsonl
 from models.errors import DataError
 from serving.client import ChatResult, GenConfig
 
@@ -92,6 +94,44 @@ def check_transcript(transcript, where: str) -> list[dict]:
         if not isinstance(t, dict) or not isinstance(t.get("agent"), str) or not isinstance(t.get("content"), str):
             raise DataError(f"{where}: transcript item {i} must have string 'agent' and 'content'")
     return transcript
+
+
+def load_dialogues(results: str | Path) -> tuple[list[dict], dict]:
+    """Records of a results directory (or a records.jsonl file) that carry a ``transcript``.
+
+    Returns (dialogues, counts). A record without ``id`` or with a malformed transcript is
+    bad input (DataError naming file:line); one without a transcript is skipped and counted.
+    A results directory written by the runner may hold several lines per id (a retried case):
+    the last line per id wins, and a failed case (``status: failed``) has no dialogue.
+    """
+    p = Path(results)
+    path = p / "records.jsonl" if p.is_dir() else p
+    if not path.exists():
+        raise DataError(f"{p} is not a results directory (no records.jsonl)")
+    latest: dict[str, tuple[int, dict]] = {}
+    for lineno, rec in enumerate(read_jsonl(path), 1):
+        if not isinstance(rec, dict) or "id" not in rec:
+            raise DataError(f"{path}:{lineno}: record has no 'id'")
+        latest[str(rec["id"])] = (lineno, rec)
+    dialogues = []
+    skipped = empty = failed = 0
+    for rid, (lineno, rec) in latest.items():
+        if rec.get("status") == "failed":
+            failed += 1
+            continue
+        if "transcript" not in rec or rec["transcript"] is None:
+            skipped += 1
+            continue
+        transcript = check_transcript(rec["transcript"], f"{path}:{lineno} (record '{rid}')")
+        if not transcript:
+            empty += 1
+            continue
+        dialogues.append({"source_id": rid, "transcript": transcript, "model": rec.get("model"), "correct": rec.get("correct")})
+    counts = {"records_in_results": len(latest), "with_transcript": len(dialogues),
+              "skipped_no_transcript": skipped, "skipped_empty_transcript": empty}
+    if failed:
+        counts["skipped_failed"] = failed
+    return dialogues, counts
 
 
 def render_dialogue(transcript: list[dict], max_chars: int | None = None) -> tuple[str, int]:
@@ -167,6 +207,15 @@ class JudgeConfig:
     rate_gen: GenConfig = GenConfig(max_tokens=200)
     max_dialogue_chars: int | None = 1600
     max_note_chars: int = 240
+
+
+def judge_config(s: AutoevalSettings, role: str = "judge") -> JudgeConfig:
+    """How a run with settings ``s`` calls its judge (``role``: the run's judge role, or the one a rescore asks)."""
+    def gen(x: Sampling):
+        return x.gen(stop=x.stop or list(s.stop) or None)
+
+    return JudgeConfig(api=s.api, role=role, explain_gen=gen(s.explain), rate_gen=gen(s.rate),
+                       max_dialogue_chars=s.max_dialogue_chars, max_note_chars=s.max_note_chars)
 
 
 async def ask(ctx, prompt: str, cfg: JudgeConfig, gen: GenConfig, step: str, constraint=None, protocol=None) -> tuple[ChatResult, str]:

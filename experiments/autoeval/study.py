@@ -17,14 +17,15 @@ import json
 import time
 from pathlib import Path
 
-from experiments.core.config import ConfigError, Sampling, config_dir
+from experiments.core.config import ConfigError, config_dir
 from experiments.core.results import read_jsonl
 from experiments.core.registry import register_study, register_tables
 from experiments.core.study import CaseContext, RequestFailed, Study
-from models.errors import DataError
 from serving.refs import model_name
 
 from experiments.autoeval import judge as J
+from experiments.autoeval.judge import judge_config, load_dialogues  # noqa: F401 (load_dialogues: the study's input reader)
+from experiments.autoeval.results import RESULTS
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rating_metrics, summary_markdown
 from experiments.tables.render import run_paper_tables
 from experiments.autoeval.paper_values import ADAPTER
@@ -33,54 +34,6 @@ from experiments.autoeval.settings import AutoevalSettings
 CONFIGS = config_dir(__file__)
 DEFAULT_CONFIG = CONFIGS / "default.yaml"
 EXPLAINED_FILE = "explained_examples.jsonl"
-
-
-def judge_config(s: AutoevalSettings) -> J.JudgeConfig:
-    def gen(x: Sampling):
-        return x.gen(stop=x.stop or list(s.stop) or None)
-
-    return J.JudgeConfig(api=s.api, role="judge", explain_gen=gen(s.explain), rate_gen=gen(s.rate),
-                         max_dialogue_chars=s.max_dialogue_chars, max_note_chars=s.max_note_chars)
-
-
-# ------------------------------------------------------------------ input dialogues
-
-def load_dialogues(results: str | Path) -> tuple[list[dict], dict]:
-    """Records of a results directory (or a records.jsonl file) that carry a ``transcript``.
-
-    Returns (dialogues, counts). A record without ``id`` or with a malformed transcript is
-    bad input (DataError naming file:line); one without a transcript is skipped and counted.
-    A results directory written by the runner may hold several lines per id (a retried case):
-    the last line per id wins, and a failed case (``status: failed``) has no dialogue.
-    """
-    p = Path(results)
-    path = p / "records.jsonl" if p.is_dir() else p
-    if not path.exists():
-        raise DataError(f"{p} is not a results directory (no records.jsonl)")
-    latest: dict[str, tuple[int, dict]] = {}
-    for lineno, rec in enumerate(read_jsonl(path), 1):
-        if not isinstance(rec, dict) or "id" not in rec:
-            raise DataError(f"{path}:{lineno}: record has no 'id'")
-        latest[str(rec["id"])] = (lineno, rec)
-    dialogues = []
-    skipped = empty = failed = 0
-    for rid, (lineno, rec) in latest.items():
-        if rec.get("status") == "failed":
-            failed += 1
-            continue
-        if "transcript" not in rec or rec["transcript"] is None:
-            skipped += 1
-            continue
-        transcript = J.check_transcript(rec["transcript"], f"{path}:{lineno} (record '{rid}')")
-        if not transcript:
-            empty += 1
-            continue
-        dialogues.append({"source_id": rid, "transcript": transcript, "model": rec.get("model"), "correct": rec.get("correct")})
-    counts = {"records_in_results": len(latest), "with_transcript": len(dialogues),
-              "skipped_no_transcript": skipped, "skipped_empty_transcript": empty}
-    if failed:
-        counts["skipped_failed"] = failed
-    return dialogues, counts
 
 
 def default_out(results: str, judge: str) -> str:
@@ -98,6 +51,7 @@ class AutoevalStudy(Study):
     primary_role = "judge"
     prompts = J.PROMPTS
     case_noun = "dialogues"
+    results = RESULTS  # typed scores (rubric/<criterion>) and the rubric judge (experiments/autoeval/results.py)
 
     def __init__(self):
         self.criteria: list[J.Criterion] = []

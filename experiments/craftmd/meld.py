@@ -14,8 +14,9 @@ from experiments.core.config import ConfigError, config_dir
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.settings import MeldSettings
+from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci
-from experiments.core.study import CaseContext, Study
+from experiments.core.study import CaseContext, Study, StudyResults
 from serving.client import GenConfig
 from serving.refs import model_name
 
@@ -43,6 +44,15 @@ def meld_metrics(records: list[dict], threshold: float) -> dict:
             "max_similarity": max(sims) if sims else None}
 
 
+def meld_scores(record: dict, config: dict) -> dict[str, Grade]:
+    """A case's typed scores (experiments/common/grade.py): ``similarity`` (1 - normalized Levenshtein distance of the
+    cut continuation and the true second half) and ``memorized`` (similarity >= the threshold); rules of ours."""
+    rule = {"rule": "1 - normalized Levenshtein distance"}
+    return {"similarity": Grade(value=record.get("similarity"), answer=record.get("generation_cut"), source="levenshtein", judge=rule),
+            "memorized": Grade(value=record.get("memorized"), answer=record.get("generation_cut"), source="similarity >= threshold",
+                               judge={"rule": f"similarity >= {config.get('threshold')}"})}
+
+
 class MeldStudy(Study):
     name = "meld"
     settings_cls = MeldSettings
@@ -50,6 +60,7 @@ class MeldStudy(Study):
     primary_role = "model"
     strata = ("dataset", "specialty")
     prompts = PROMPTS
+    results = StudyResults(experiment="craftmd-meld", scores=meld_scores)
 
     def default_config(self, overrides: dict):
         return config_dir(__file__) / "meld.yaml"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.dera.qa_metrics import normalize_similarity
+from experiments.dera.qa_metrics import arm_scores, normalize_similarity
 from experiments.dera.report import gptf1_grades, mcq_option_counts, options_label
 from experiments.tables.adapter import PaperAdapter
 
@@ -35,9 +35,9 @@ class DeraPaper(PaperAdapter):
                 avg = average.named("f1")
                 if avg is not None:
                     out.setdefault(f"f1.{arm}.average", {})[str(r["id"])] = float(avg)
-        qa = [r for r in ok if isinstance(r.get("scores"), dict)]
+        qa = [r for r in ok if arm_scores(r)]
         for arm in ("oneshot", "dera"):  # QA: <metric>.<arm>
-            rows = [(str(r["id"]), r["scores"].get(arm) or {}) for r in qa]
+            rows = [(str(r["id"]), arm_scores(r).get(arm) or {}) for r in qa]
             for name in ("bertscore", "exact", "accuracy"):
                 vals = {i: float(s[name]) for i, s in rows if s.get(name) is not None}
                 if vals:

@@ -8,6 +8,7 @@
   0-1 are set to 0, unless all scores are 100 (a judge answering on a percent scale), in
   which case they are 1 (:func:`normalize_similarity`).
 - MCQ accuracy: the voted letter equals ``answer_idx``.
+A record keeps them per arm in ``arm_scores`` (its typed ``scores`` are derived from them: experiments/dera/results.py).
 A missing answer (every sample unusable or the request failed) scores 0 everywhere.
 """
 
@@ -24,6 +25,19 @@ ARMS = ("oneshot", "dera")
 _bert_lock = asyncio.Lock()
 
 
+def upgrade(record: dict) -> dict:
+    """A DERA-QA record written before typed scores: its per-arm scores (then ``scores``) become ``arm_scores``."""
+    old = record.get("scores")
+    if "arm_scores" in record or not isinstance(old, dict) or not old or not set(old) <= set(ARMS):
+        return record
+    return {("arm_scores" if k == "scores" else k): v for k, v in record.items()}
+
+
+def arm_scores(record: dict) -> dict:
+    """{arm: its scores} of a DERA-QA record, today's or an older one's (read through :func:`upgrade`)."""
+    return upgrade(record).get("arm_scores") or {}
+
+
 def normalize_similarity(scores: list[float | None]) -> list[float | None]:
     """Out-of-range scores -> 0, unless all (scored) scores are 100, then all -> 1. None stays None."""
     scored = [s for s in scores if s is not None]
@@ -37,23 +51,35 @@ async def bertscore(pred: str, gold: str, model_path: str | None, num_layers: in
         return (await asyncio.to_thread(bertscore_f1, [pred], [gold], model_path, num_layers))[0]
 
 
-async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, settings: QASettings, arm: str) -> dict:
-    if not pred:
-        return {"answer": pred, "bertscore": 0.0, "exact": 0, "exact_explanation": "no answer", "similarity_raw": 0.0}
-    ex = await log.call(f"judge:exact:{arm}", "judge", "judge_exact", settings.judge_exact, question=question, gold=gold, predicted=pred)
+async def ask_exact(log: CaseLog, question: str, gold: str, pred: str, settings: QASettings, arm: str, role: str = "judge") -> tuple[int | None, str]:
+    """The LLM exact-match judge on one answer: (verdict 1/0, None when unparseable; the reply)."""
+    ex = await log.call(f"judge:exact:{arm}", role, "judge_exact", settings.judge_exact, question=question, gold=gold, predicted=pred)
     first_line = next((ln for ln in ex.text.splitlines() if ln.strip()), "")
     verdict = extract_bool(first_line) if ex.ok else None  # the prompt asks for the verdict on the first line
     log.parsed(f"judge:exact:{arm}", verdict is not None, ex.error or "no True/False verdict", ex.text)
-    sim = await log.call(f"judge:similarity:{arm}", "judge", "judge_similarity", settings.judge_similarity, question=question, gold=gold, predicted=pred)
+    return (None if verdict is None else int(verdict)), ex.text.strip()
+
+
+async def ask_similarity(log: CaseLog, question: str, gold: str, pred: str, settings: QASettings, arm: str, role: str = "judge") -> tuple[float | None, str]:
+    """The LLM similarity judge on one answer: (the raw score, None when unparseable; the reply)."""
+    sim = await log.call(f"judge:similarity:{arm}", role, "judge_similarity", settings.judge_similarity, question=question, gold=gold, predicted=pred)
     score = extract_number(sim.text) if sim.ok else None
     log.parsed(f"judge:similarity:{arm}", score is not None, sim.error or "no number in reply", sim.text)
+    return score, sim.text.strip()
+
+
+async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, settings: QASettings, arm: str) -> dict:
+    if not pred:
+        return {"answer": pred, "bertscore": 0.0, "exact": 0, "exact_explanation": "no answer", "similarity_raw": 0.0}
+    exact, exact_reply = await ask_exact(log, question, gold, pred, settings, arm)
+    score, sim_reply = await ask_similarity(log, question, gold, pred, settings, arm)
     return {
         "answer": pred,
         "bertscore": await bertscore(pred, gold, settings.bertscore_model, settings.bertscore_layer),
-        "exact": None if verdict is None else int(verdict),
-        "exact_explanation": ex.text.strip(),
+        "exact": exact,
+        "exact_explanation": exact_reply,
         "similarity_raw": score,
-        "similarity_reply": sim.text.strip(),
+        "similarity_reply": sim_reply,
     }
 
 

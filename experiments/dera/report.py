@@ -8,7 +8,7 @@ from statistics import mean
 from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci, paired_bootstrap
 from experiments.common.text import bertscore_config, bertscore_label
-from experiments.dera.qa_metrics import ARMS, normalize_similarity
+from experiments.dera.qa_metrics import ARMS, arm_scores, normalize_similarity
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
 
@@ -149,7 +149,7 @@ def qa_metrics(records: list[dict], settings) -> dict:
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
     per_arm: dict[str, dict[str, list]] = {arm: {} for arm in ARMS}
     for arm in ARMS:
-        rows = [r["scores"][arm] for r in ok]
+        rows = [arm_scores(r)[arm] for r in ok]
         if settings.mcq:
             per_arm[arm]["accuracy"] = [x["accuracy"] for x in rows]
         else:

@@ -3,7 +3,8 @@
 Roles: ``decider`` (the model under test), ``researcher``, ``judge`` (GPT-F1, QA judges).
 Default config: the paper's YAML (``configs/<task>.yaml``; ``qa.yaml`` / ``qa-mcq.yaml`` with
 ``--mcq``); default data: the shipped samples. The protocol lives in ``dialogue`` / ``qa``; the
-scores in ``gptf1`` / ``qa_metrics``; metrics and summary tables in ``report``. Everything else
+scores in ``gptf1`` / ``qa_metrics``; metrics and summary tables in ``report``; typed scores and judges
+(review, calibrate, rescore) in ``results``. Everything else
 (client, results directory, resume, failure policy, call log) is the runner's.
 """
 
@@ -18,6 +19,7 @@ from experiments.dera import dialogue, qa, qa_metrics, report
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import load_encounters, load_medqa, resolve_qa_path
 from experiments.dera.prompts import PROMPTS
+from experiments.dera.results import DIALOGUE_RESULTS, QA_RESULTS
 from experiments.dera.paper_values import ADAPTER
 from experiments.dera.settings import CareplanSettings, CorruptSettings, DialogueSettings, QASettings
 from experiments.core.study import CaseContext, Study
@@ -81,6 +83,7 @@ class SummarizeStudy(DeraDialogueStudy):
 
     name = "dera-summarize"
     task = "summarize"
+    results = DIALOGUE_RESULTS["dera-summarize"]
 
 
 class CareplanStudy(DeraDialogueStudy):
@@ -88,6 +91,7 @@ class CareplanStudy(DeraDialogueStudy):
 
     name = "dera-careplan"
     task = "careplan"
+    results = DIALOGUE_RESULTS["dera-careplan"]
     settings_cls = CareplanSettings
 
 
@@ -97,6 +101,7 @@ class CorruptStudy(DeraDialogueStudy):
 
     name = "dera-corrupt"
     task = "corrupt"
+    results = DIALOGUE_RESULTS["dera-corrupt"]
     settings_cls = CorruptSettings
 
     def out_suffix(self, s: DialogueSettings) -> str:
@@ -116,6 +121,7 @@ class QAStudy(Study):
 
     name = "dera-qa"
     settings_cls = QASettings
+    results = QA_RESULTS  # typed scores, the old records' upgrade, the LLM judges (experiments/dera/results.py)
     roles = ROLES
     primary_role = "decider"
     prompts = PROMPTS

@@ -23,12 +23,13 @@ from string import Template
 from experiments.common.parsing import extract_verdict
 from experiments.core.config import ConfigError, Sampling, config_dir
 from experiments.core.constraints import Constraint
-from experiments.core.registry import register_study, register_tables
+from experiments.core.registry import register_results, register_study, register_tables
 from experiments.meditod import metrics as M
 from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.ontology import load_ontology
 from experiments.meditod.paper_values import ADAPTER
+from experiments.meditod.results import RESULTS
 from experiments.meditod.settings import MeditodSettings
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
                                          parse_icl, parse_sft, prompt_hash, sft_messages, template,
@@ -119,6 +120,7 @@ class MeditodStudy(Study):
             raise ConfigError(f"unknown MediTOD task {task!r}; valid tasks: {', '.join(TASKS)}")
         self.task = task
         self.name = f"meditod-{task}"
+        self.results = RESULTS[task]  # each turn's typed scores (experiments/meditod/results.py)
         self._counter = None
         self._budget: int | None = None
 
@@ -363,4 +365,6 @@ for _task, _help in HELP.items():
     Writes records.jsonl, metrics.json, summary.md; re-running resumes.
     Exit 0 done, 2 bad input, 3 some turns failed (run the same command again to retry them).
     """)
+for _results in RESULTS.values():  # registered by experiment: the study itself is registered as a factory per task
+    register_results(_results)
 register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)

@@ -1,0 +1,57 @@
+"""The rubric auto-evaluation on the results contract: a record's typed score ``rubric/<criterion>`` is its rating, a
+folder written before typed scores reads the same through ``registry.open_run``, the review's items keep their ids,
+and the rubric judge asked again over a stored dialogue sends only the two judge steps (explain, rate)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from experiments.autoeval.judge import PROMPTS
+from experiments.autoeval.results import RESULTS
+from experiments.common.grade import grades
+from experiments.core import registry
+from experiments.core.study import CaseContext
+from experiments.review.judges import load_judge
+from tests.scripted import ScriptedLLM
+from tests.test_autoeval_runner import Judge, records, run, settings
+
+
+def test_rubric_scores_review_and_ask(tmp_path):
+    out = tmp_path / "ae"
+    s = settings(out)
+    assert run(s, Judge()).exit_code == 0
+    new = records(out)
+    for r in new.values():
+        g = grades(r)
+        assert list(g) == [f"rubric/{r['criterion']}"]
+        one = g[f"rubric/{r['criterion']}"]
+        assert one.value == r["rating"] and one.explanation == r["raw"] and one.answer == r["source_id"]
+        assert one.judge == {"model": "scripted", "prompt_hash": PROMPTS.hash("explain", "example", "rate")}
+    assert [grades(r)["rubric/welfare"].value for i, r in new.items() if i.startswith("case-004") and i.endswith("welfare")] == [None]
+
+    # a folder written before typed scores: the same scores through the one reader
+    lines = [json.dumps({k: v for k, v in r.items() if k != "scores"}) for r in new.values()]
+    (out / "records.jsonl").write_text("\n".join(lines) + "\n")
+    ident = json.loads((out / "identity.json").read_text())
+    ident.pop("records_schema")
+    (out / "identity.json").write_text(json.dumps(ident))
+    old = registry.open_run(out)
+    assert old.schema == 1 and {r["id"]: r["scores"] for r in old.finished} == {i: r["scores"] for i, r in new.items()}
+
+    # review: one item per rated record, its id the record's, what the judge saw
+    j = load_judge(out, "rubric")
+    rated = {i: r["rating"] for i, r in new.items() if r["rating"] is not None}
+    assert {i["id"]: i["verdict"] for i in j["items"]} == rated and j["scale"]["values"] == [1, 2, 3, 4, 5]
+    item = next(i for i in j["items"] if i["id"] == "case-001/trial-0::empathy")
+    assert item["stratum"] == "4|empathy" and item["show"]["criterion"] == "Showing Empathy" and item["show"]["dialogue"]
+
+    # ask: another judge over the stored dialogue, step (a) then step (b); nothing else is sent
+    rec = new["case-001/trial-0::empathy"]
+    other = Judge(script={"burning feeling": "Good: fine\nBad: curt\nSummary: so-so\nRating: 2"})
+    ctx = CaseContext(ScriptedLLM(other, roles=("judge",)), rec["id"])
+    g = asyncio.run(RESULTS.judge("rubric").ask(ctx, rec, None, s.model_copy(update={"roles": {"judge": "judge-2"}}), "judge"))
+    assert (g.value, g.judge["model"], g.metadata["notes"]["bad"]) == (2, "judge-2", "curt")
+    assert [c["step"] for c in ctx.calls] == ["explain"] * 5 + ["rate"] and {c["role"] for c in ctx.calls} == {"judge"}
+    assert other.calls == {"explain": 5, "rate": 1}
+    assert ctx.calls[-1]["messages"] == rec["calls"][0]["messages"]  # the run's own rating request, word for word

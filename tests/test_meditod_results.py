@@ -1,0 +1,66 @@
+"""MediTOD and MELD on the results contract: each turn's typed rule scores agree with the record's own fields and with
+the run's metrics, the grader's adjudications are judge scores, and a folder written before typed scores reads the
+same through ``registry.open_run``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.common.grade import grades
+from experiments.core import registry
+from experiments.craftmd.meld import meld_scores
+from experiments.meditod.prompts import prompt_hash
+from tests.scripted import ScriptedLLM
+from tests.test_meditod_runner import adjudication_backend, gold_backend, no_tokenizer, records, run, settings  # noqa: F401
+
+
+def as_before(out: Path) -> dict:
+    """Drop the typed scores and the schema number, as today's main wrote the folder; the records as they were."""
+    new = records(out)
+    (out / "records.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "scores"}) + "\n" for r in new.values()))
+    ident = json.loads((out / "identity.json").read_text())
+    ident.pop("records_schema")
+    (out / "identity.json").write_text(json.dumps(ident))
+    return new
+
+
+@pytest.mark.parametrize("task", ["nlu", "pol", "nlg"])
+def test_turn_scores_agree_with_the_records_and_the_metrics(tmp_path, task):
+    s = settings(tmp_path, task)
+    outcome = run(task, s, ScriptedLLM(gold_backend(task, junk_ids={"301/4", "301/3"}), roles=("model", "grader")))
+    m = outcome.metrics
+    out = Path(s.out)
+    new = as_before(out)
+    scored = [r for r in new.values() if r["scored"]]
+    assert all(not r["scores"] for r in new.values() if not r["scored"])  # sent, not scored: no scores
+    if task == "nlg":
+        rouge = [grades(r)["rouge"].value for r in scored]
+        assert sum(x["rouge1"] for x in rouge) / len(rouge) == pytest.approx(m["rouge1"])
+        assert sum(x["rougeL"] for x in rouge) / len(rouge) == pytest.approx(m["rougeL"])
+    else:
+        for r in scored:
+            g = grades(r)
+            assert g["joint"].value == r["correct"] and g["prf"].named("f1") == r["f1"] and g["joint"].judge == {"rule": "the dataset authors' scorer"}
+        joint = [grades(r)["joint"].value or 0 for r in scored]  # a skipped turn counts 0 over all turns, as the authors'
+        assert sum(joint) / len(joint) == pytest.approx(m["joint_accuracy"])
+        assert sum(grades(r)["format"].value or 0 for r in scored) == m["format_errors"] > 0
+    old = registry.open_run(out)
+    assert old.schema == 1 and {r["id"]: r["scores"] for r in old.finished} == {i: r["scores"] for i, r in new.items()}
+
+
+def test_adjudications_are_judge_scores(tmp_path):
+    s = settings(tmp_path, "nlu", limit=1, adjudicate_model="judge")
+    run("nlu", s, ScriptedLLM(adjudication_backend(), roles=("model", "grader")))
+    rec = records(s.out)["301/1"]
+    g = grades(rec)["adjudicate/0"]
+    assert g.value == 1 and g.answer == {"gold": "two weeks ago", "pred": "2 weeks back"} and g.explanation == "positive"
+    assert g.judge["prompt_hash"] == prompt_hash("adjudicate.txt") and g.judge["model"].startswith("judge")
+
+
+def test_meld_scores():
+    rec = {"similarity": 0.97, "memorized": 1, "generation_cut": "a b c"}
+    g = meld_scores(rec, {"threshold": 0.95})
+    assert (g["similarity"].value, g["memorized"].value, g["memorized"].judge) == (0.97, 1, {"rule": "similarity >= 0.95"})

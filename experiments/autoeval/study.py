@@ -39,7 +39,7 @@ def judge_config(s: AutoevalSettings) -> J.JudgeConfig:
     def gen(x: Sampling):
         return x.gen(stop=x.stop or list(s.stop) or None)
 
-    return J.JudgeConfig(api=s.api, role="judge", explain_gen=gen(s.explain), rate_gen=gen(s.rate),
+    return J.JudgeConfig(api=s.api, role="judge", explain_gen=gen(s.sampling.explain), rate_gen=gen(s.sampling.rate),
                          max_dialogue_chars=s.max_dialogue_chars, max_note_chars=s.max_note_chars)
 
 

@@ -1,7 +1,7 @@
 """One command-line shape for every study: flags generated from its settings model, plus COMMON.
 
 ``study_command(entry)`` returns the typer command of a registered study (experiments/core/registry.py):
-one flag per settings field with a ``description`` (:class:`StudyFlags`), the settings class's ``cli_flags``
+one flag per settings field not marked ``cli(False)`` (:class:`StudyFlags`), the settings class's ``cli_flags``
 and the COMMON ones below, which are not settings. Its body is always the same:
 
     YAML config -> study flags -> --model / per-role flags / --role -> --set  (later wins)
@@ -32,7 +32,7 @@ from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get
 import typer
 
 from experiments.core.concurrency import run_async
-from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, load_settings, parse_set, read_yaml_mapping, role_flag
+from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
 from experiments.core.study import Study
 from models.errors import DataError, MedstackError
@@ -98,10 +98,14 @@ def _inherited(cls: type[RunSettings], name: str, attr: str):
 
 
 def _field_param(cls: type[RunSettings], name: str, field) -> Param | None:
-    """A settings field with a description -> its flag: name, type, bounds, choices and help from the field."""
-    if not (desc := _inherited(cls, name, "description")):
+    """A settings field -> its flag (name, type, bounds, choices and help from the field); None for a field marked
+    ``cli(False)`` (experiments/core/config.py NO_FLAG). A description alone makes no flag: every field has one."""
+    extra = _inherited(cls, name, "json_schema_extra") or {}
+    if not is_flag(extra):
         return None
-    extra, kind, named = _inherited(cls, name, "json_schema_extra") or {}, _kind(field.annotation), "--" + name.replace("_", "-")
+    desc = _inherited(cls, name, "description")
+    assert desc, f"{cls.__name__}.{name}: a settings field needs a description (and json_schema_extra=NO_FLAG if it is no flag)"
+    kind, named = _kind(field.annotation), "--" + name.replace("_", "-")
     decls = tuple(extra.get("cli") or [f"{named}/--no-{named[2:]}" if kind is bool else named])
     bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in _BOUNDS if getattr(m, attr, None) is not None]
     flag = Flag(decls, {dict: list, list: str}.get(kind, kind), desc + (f" ({', '.join(bounds)})" if bounds and ">" not in desc else ""), (name,))
@@ -155,8 +159,8 @@ def effective_defaults(study: Study, fixed: dict | None = None) -> tuple[dict, P
 class StudyFlags:
     """A study's command-line flags, generated from its settings model (like vLLM's from its engine arguments):
     one ``--ROLE-model`` flag per role of the study (the settings class's own ``cli_flags`` where it spells one,
-    else generated), then the other ``cli_flags`` (one flag for several keys), then each field with a
-    ``description`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it); plus :data:`COMMON`."""
+    else generated), then the other ``cli_flags`` (one flag for several keys), then each field not marked
+    ``cli(False)`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it); plus :data:`COMMON`."""
 
     def __init__(self, study: Study, fixed: dict | None = None):
         cls = study.settings_cls

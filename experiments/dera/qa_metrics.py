@@ -40,11 +40,11 @@ async def bertscore(pred: str, gold: str, model_path: str | None, num_layers: in
 async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, settings: QASettings, arm: str) -> dict:
     if not pred:
         return {"answer": pred, "bertscore": 0.0, "exact": 0, "exact_explanation": "no answer", "similarity_raw": 0.0}
-    ex = await log.call(f"judge:exact:{arm}", "judge", "judge_exact", settings.judge_exact, question=question, gold=gold, predicted=pred)
+    ex = await log.call(f"judge:exact:{arm}", "judge", "judge_exact", settings.sampling.judge_exact, question=question, gold=gold, predicted=pred)
     first_line = next((ln for ln in ex.text.splitlines() if ln.strip()), "")
     verdict = extract_bool(first_line) if ex.ok else None  # the prompt asks for the verdict on the first line
     log.parsed(f"judge:exact:{arm}", verdict is not None, ex.error or "no True/False verdict", ex.text)
-    sim = await log.call(f"judge:similarity:{arm}", "judge", "judge_similarity", settings.judge_similarity, question=question, gold=gold, predicted=pred)
+    sim = await log.call(f"judge:similarity:{arm}", "judge", "judge_similarity", settings.sampling.judge_similarity, question=question, gold=gold, predicted=pred)
     score = extract_number(sim.text) if sim.ok else None
     log.parsed(f"judge:similarity:{arm}", score is not None, sim.error or "no number in reply", sim.text)
     return {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from experiments.core.config import NO_FLAG, Flag, RunSettings, Sampling, move_keys, role_flag
+from experiments.core.config import NO_FLAG, Flag, RunSettings, Sampling, role_flag
 from experiments.core.deviations import Authors, Unpaired
 
 CRITERIA = ["empathy", "concerns", "welfare", "understanding"]
@@ -44,6 +44,7 @@ class AutoevalSettings(RunSettings):
     }
 
     experiment: str = "autoeval"
+    moved_keys: ClassVar[dict] = {"explain": "sampling.explain", "rate": "sampling.rate"}  # older spellings
     out: str | None = Field(None, description="Results directory (default runs/autoeval/<results folder>-<judge model>); "
                             "re-running the same command resumes.")
     roles: dict[str, str] = {"judge": "embedded"}
@@ -61,8 +62,3 @@ class AutoevalSettings(RunSettings):
     max_note_chars: int = Field(240, ge=1, description="Cap on each Good/Bad/Summary note of a few-shot example.", json_schema_extra=NO_FLAG)
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
 
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data):
-        """Settings written before ``sampling`` held every step (``explain`` / ``rate`` as top-level keys)."""
-        return move_keys(data, {step: f"sampling.{step}" for step in AutoevalSampling.model_fields})

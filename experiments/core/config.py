@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from experiments.core.deviations import Authors, Unpaired
 from models.errors import MedstackError
@@ -128,6 +128,31 @@ class RunSettings(BaseModel):
         "dtype": Unpaired("the servers' number format; identity.json and every cache key record it"),
         "answers": Authors("free", says="answers {ours}: steps with a declared format decoded under structured outputs (authors: free text, parsed after)"),
     }
+
+    # Resume rules (experiments/core/results.py RunDir): each merged along the class's bases, a study's settings class adding its own.
+    # added_settings: settings added after runs were made; an older config.yaml without one is read with this value (its default then)
+    added_settings: ClassVar[dict] = {"answers": "free"}
+    # resume_changeable: settings that may change between a run and its resumption without changing results
+    resume_changeable: ClassVar[frozenset[str]] = frozenset({"limit", "sample", "concurrency", "timeout", "retries", "out", "allow_remote",
+                                                            "use_cache", "send_seed", "max_consecutive_failures", "startup_timeout"})
+
+    # older spellings of settings, old dotted key -> today's (move_keys): read from an older config file, run folder or --set
+    moved_keys: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data):
+        return move_keys(data, cls.moved_keys)
+
+    @classmethod
+    def resume_rules(cls) -> tuple[dict, frozenset[str]]:
+        """(added_settings, resume_changeable) of this class and its bases."""
+        added: dict = {}
+        changeable: set[str] = set()
+        for klass in reversed(cls.__mro__):
+            added.update(klass.__dict__.get("added_settings") or {})
+            changeable |= set(klass.__dict__.get("resume_changeable") or ())
+        return added, frozenset(changeable)
 
     version: int = Field(1, description="The settings file format's version.", json_schema_extra=NO_FLAG)
     experiment: str = Field("", description="The study the settings are of (its registered name).", json_schema_extra=NO_FLAG)

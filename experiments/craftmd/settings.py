@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from experiments.core.config import NO_FLAG, RunSettings, Sampling, move_keys, role_flag
+from experiments.core.config import NO_FLAG, RunSettings, Sampling, role_flag
 from experiments.core.deviations import NOT_FIXED, Authors, Unpaired, settings_deviations
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
@@ -71,6 +71,11 @@ class CraftSettings(RunSettings):
                         Unpaired("an addition to the protocol (conversation checks): the paper's requests are unchanged; "
                                  "summary.md names it on its additions line")),
     }
+
+    # settings added after runs were made, with the value every earlier run used (experiments/core/config.py resume_rules):
+    # the conversation checks, and the grader verdict and empty turns as every run before these settings read and sent them
+    added_settings: ClassVar[dict] = {"assess_conversations": False, "patient_checks": True, "copy_span_words": 12,
+                                      "verdict_rule": "first_word", "empty_turn": "..."}
 
     experiment: str = "craftmd"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the clinical model alias).")
@@ -214,14 +219,11 @@ class MeldSettings(RunSettings):
     }
 
     experiment: str = "craftmd-meld"
+    moved_keys: ClassVar[dict] = {"temperature": "sampling.continuation.temperature",  # older spellings
+                                  "max_tokens": "sampling.continuation.max_tokens"}
     roles: dict[str, str] = {"model": "embedded"}
     threshold: float = Field(0.95, ge=0.0, le=1.0, description="Similarity treated as memorized (default 0.95).")
     sampling: MeldSampling = Field(MeldSampling(), description="Sampling of the continuation (sampling.continuation.FIELD).",
                                    json_schema_extra=NO_FLAG)
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
 
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data):
-        """Settings written before ``sampling`` held every step (flat ``temperature`` / ``max_tokens``)."""
-        return move_keys(data, {"temperature": "sampling.continuation.temperature", "max_tokens": "sampling.continuation.max_tokens"})

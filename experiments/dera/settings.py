@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from experiments.core.config import NO_FLAG, RunSettings, Sampling, cli, move_keys, role_flag  # the one sampling type (keeps n)
+from experiments.core.config import NO_FLAG, RunSettings, Sampling, cli, role_flag  # the one sampling type (keeps n)
 from experiments.core.deviations import Authors, Unpaired, unset_as
 
 SUMMARY_SECTIONS = [
@@ -100,6 +100,7 @@ class DialogueSettings(RunSettings):
     }
 
     experiment: str = "dera-summarize"
+    moved_keys: ClassVar[dict] = DIALOGUE_MOVES  # older spellings (flat sampling, gptf1.extraction / .verification)
     task: Literal["summarize", "careplan", "corrupt"] = Field("summarize", description="Which of the paper's tasks the run is.",
                                                               json_schema_extra=NO_FLAG)
     sections: list[str] = Field(SUMMARY_SECTIONS, description="The sections the Decider writes.", json_schema_extra=NO_FLAG)
@@ -113,11 +114,6 @@ class DialogueSettings(RunSettings):
     gptf1: GptF1Settings = Field(GptF1Settings(), description="GPT-F1 scoring bounds.", json_schema_extra=NO_FLAG)
     data: str | None = Field(None, description=DATA_HELP)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data):
-        """Settings written before ``sampling`` held every step (flat ``sampling``, ``gptf1.extraction`` / ``.verification``)."""
-        return move_keys(data, DIALOGUE_MOVES)
 
 
 class CareplanSettings(DialogueSettings):
@@ -160,6 +156,7 @@ class QASettings(RunSettings):
     }
 
     experiment: str = "dera-qa"
+    moved_keys: ClassVar[dict] = QA_MOVES  # older spellings (answer, explain, ... as top-level keys)
     out: str | None = Field(None, description="Results directory (default runs/dera-qa-<decider model>, with -mcq after it under --mcq); "
                             "re-running the same command resumes.")
     mcq: bool = Field(False, json_schema_extra=cli("--mcq"), description="Multiple-choice variant (default config qa-mcq.yaml): the Decider "
@@ -172,8 +169,3 @@ class QASettings(RunSettings):
     bertscore_layer: int | None = Field(None, ge=1, description="encoder layer for BERTScore; None: bert_score's "
                                         "model2layers entry for a known model (scibert-basevocab-uncased: 9), else the last layer")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data):
-        """Settings written before ``sampling`` held every step (answer, explain, ... as top-level keys)."""
-        return move_keys(data, QA_MOVES)

@@ -66,6 +66,8 @@ class MeditodSettings(RunSettings):
     # old spelling: --max-tokens, now sampling.turn.max_tokens
     cli_flags = (Flag(("--max-tokens",), int, "Generation cap per turn (config default; >= 1).", ("sampling.turn.max_tokens",)),)
 
+    moved_keys: ClassVar[dict] = MOVES
+
     task: Literal["nlu", "pol", "nlg"] = Field("nlu", description="nlu | pol | nlg: the task (set by the command, e.g. `run meditod-pol`).",
                                                json_schema_extra=NO_FLAG)
     out: str | None = Field(None, description="Results directory (default runs/meditod/<task>-<mode>); re-running the same command resumes.")

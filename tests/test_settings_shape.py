@@ -113,3 +113,34 @@ def test_resume_rules_are_the_settings_classes():
     added, changeable = CraftSettings.resume_rules()
     assert added["answers"] == "free" and added["verdict_rule"] == "first_word"  # RunSettings' and CRAFT-MD's own
     assert "verdict_rule" not in QASettings.resume_rules()[0] and "concurrency" in changeable
+
+
+# ------------------------------------------------------------------ studies load lazily at start-up
+
+def _study_modules_loaded(*argv: str) -> list[str]:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom scripts import cli\nsys.argv = ['medstack', *sys.argv[1:]]\ntry:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in sys.modules if m.startswith('experiments.') and m.endswith('.study') and m != 'experiments.core.study'))")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    line = next(x for x in r.stdout.splitlines() if x.startswith("LOADED"))
+    return eval(line.removeprefix("LOADED "))
+
+
+def test_help_lists_every_study_without_importing_one():
+    assert _study_modules_loaded("--help") == []
+    assert _study_modules_loaded("run", "--help") == []
+    assert _study_modules_loaded("run", "dera-qa", "--help") == ["experiments.dera.study"]  # its own folder's only
+
+
+def test_every_registered_study_is_declared_as_registered():
+    import inspect
+
+    declared = registry.declared()
+    registered = registry.studies()
+    assert set(declared) == set(registered)
+    for name, entry in registered.items():
+        module, help, top = declared[name]
+        assert " ".join(inspect.cleandoc(entry.help).split("\n\n")[0].split()) == help, name
+        assert top == entry.top_level and module == f"experiments.{module.split('.')[1]}.study", name

@@ -403,3 +403,29 @@ def study_command(entry) -> Callable:
     command.__signature__ = inspect.Signature(flags.signature())
     command.__doc__ = flags.help(entry.help)
     return command
+
+
+def lazy_group(entries: dict[str, tuple[str, Callable[[], Any]]]) -> type:
+    """A typer group class that lists ``entries`` (command name -> (help, load)) without loading them: a command's
+    ``load()`` (importing its study) runs only when the command runs or shows its own ``--help``."""
+    from typer.core import TyperCommand, TyperGroup
+
+    class Declared(TyperCommand):  # a listed command, loaded when it is used
+        def __init__(self, name: str, help: str, load: Callable[[], Any]):
+            super().__init__(name, help=escape(help))
+            self.load = load
+
+        def make_context(self, info_name, args, parent=None, **extra):
+            return self.load().make_context(info_name, args, parent=parent, **extra)
+
+    class LazyGroup(TyperGroup):
+        def list_commands(self, ctx) -> list[str]:
+            return [*super().list_commands(ctx), *(n for n in entries if n not in self.commands)]
+
+        def get_command(self, ctx, cmd_name: str):
+            if cmd_name in self.commands or cmd_name not in entries:
+                return super().get_command(ctx, cmd_name)
+            help, load = entries[cmd_name]
+            return Declared(cmd_name, help, load)
+
+    return LazyGroup

@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 from types import UnionType
 from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get_args, get_origin
@@ -429,3 +429,35 @@ def lazy_group(entries: dict[str, tuple[str, Callable[[], Any]]]) -> type:
             return Declared(cmd_name, help, load)
 
     return LazyGroup
+
+
+def nested_flags(model, prefix: str = "") -> list[Param]:
+    """The flags a model of nested sections spells (a fine-tuning recipe, finetune/recipe.py): each field marked
+    ``json_schema_extra=cli("--x")``, built as a settings field's flag is (name, type, bounds, help from the field),
+    its target the dotted key (``training.max_steps``)."""
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out += nested_flags(field.annotation, f"{prefix}{name}.")
+        elif isinstance((field.json_schema_extra or {}).get("cli"), list) and (p := _field_param(model, name, field)):
+            out.append(replace(p, key=f"{prefix}{name}".replace(".", "_"), flag=replace(p.flag, targets=(prefix + name,))))
+    return out
+
+
+def flag_parameters(params: list[Param], help_of: Callable[[Param], str]) -> list[inspect.Parameter]:
+    """Typer parameters of generated flags (options with a value, as a study's), each with its help."""
+    return [inspect.Parameter(p.key, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[p.flag.type],
+                              default=typer.Option(None, *p.flag.decls, help=help_of(p), metavar=StudyFlags.metavar_of(p)))
+            for p in params]
+
+
+def flag_overrides(params: list[Param], values: dict) -> dict:
+    """The values of generated flags given on the command line -> a nested overrides mapping (one not given sets nothing)."""
+    out: dict = {}
+    for p in params:
+        if (v := values.get(p.key)) is not None:
+            for target in p.flag.targets:
+                out = deep_merge(out, reduce(lambda value, key: {key: value}, reversed(target.split(".")), v))
+    return out

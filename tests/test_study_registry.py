@@ -17,7 +17,7 @@ from pydantic import Field
 from typer.testing import CliRunner
 
 from experiments.core import registry, runner
-from experiments.core.config import NO_FLAG, RunSettings, Sampling, role_flag
+from experiments.core.config import RunSettings, Sampling, role_flag
 from experiments.core.study import CaseContext, Study
 from experiments.tables.adapter import PaperAdapter
 from experiments.tables.render import run_paper_tables
@@ -32,8 +32,7 @@ class ToySettings(RunSettings):
     word: str = Field("hello", description="The word the model is asked to repeat.")
     repeats: int = Field(1, ge=1, description="Requests per case.")
     shout: bool = Field(False, description="Ask for the word in capitals.")
-    sampling: dict[str, Sampling] = Field({"echo": Sampling(max_tokens=8)}, description="Sampling of each step.",
-                                          json_schema_extra=NO_FLAG)  # config only, no flag
+    sampling: Sampling = Field(Sampling(max_tokens=8), description="Sampling of the one step.", json_schema_extra={"cli": False})  # no flag
 
 
 class ToyStudy(Study):
@@ -49,7 +48,7 @@ class ToyStudy(Study):
     async def solve(self, ctx: CaseContext, case: dict, s: ToySettings) -> dict:
         word = s.word.upper() if s.shout else s.word
         answers = [(await ctx.chat([{"role": "user", "content": f"{case['id']}: say {word}"}], role="echo",
-                                   gen=s.sampling["echo"].gen(), step=f"ask{i}")).text for i in range(s.repeats)]
+                                   gen=s.sampling.gen(), step=f"ask{i}")).text for i in range(s.repeats)]
         return {"answers": answers, "correct": int(all(a.strip() == word for a in answers))}
 
     def metrics(self, records: list[dict], s: ToySettings) -> dict:
@@ -115,7 +114,7 @@ def test_toy_study_runs_through_its_generated_command_line(toy, tmp_path):
     for flag, text in [("--word", "The word the model is asked to repeat."), ("--repeats", "(>= 1)"), ("--shout", "--no-shout"),
                        ("--echo-model", "alias of --role echo=REF"), ("--limit", "Only the first N cases"), ("--dry-run", "")]:
         assert flag in help_text and text in help_text, (flag, help_text)
-    assert "--sampling" not in help_text  # a field marked NO_FLAG is not a flag, its description notwithstanding
+    assert "--sampling" not in help_text  # a field without a description is not a flag
 
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi", "--repeats", "2",

@@ -114,7 +114,7 @@ def test_toy_study_runs_through_its_generated_command_line(toy, tmp_path):
     for flag, text in [("--word", "The word the model is asked to repeat."), ("--repeats", "(>= 1)"), ("--shout", "--no-shout"),
                        ("--echo-model", "alias of --role echo=REF"), ("--limit", "Only the first N cases"), ("--dry-run", "")]:
         assert flag in help_text and text in help_text, (flag, help_text)
-    assert "--sampling" not in help_text  # a field without a description is not a flag
+    assert "--sampling" not in help_text  # a field marked cli(False) is not a flag, its description notwithstanding
 
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi", "--repeats", "2",

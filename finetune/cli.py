@@ -6,6 +6,8 @@ The command resolves a recipe (``--config``, else the base's default config in
 
 from __future__ import annotations
 
+import inspect
+from functools import lru_cache
 from pathlib import Path
 from typing import List, Optional
 
@@ -26,10 +28,7 @@ def _command(task: str):
         splits_dir: Optional[Path] = typer.Option(None, "--splits-dir", help="Folder with train_ids.json / valid_ids.json (default: beside --data)."),
         config: Optional[Path] = typer.Option(None, "--config", help="Recipe YAML (default: finetune/configs/<base default>.yaml)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Output dir: checkpoints, adapter/, train_metrics.json, loss.png (re-run resumes) \\[default: runs/finetune/meditod-<task>-<base>]"),
-        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after N optimizer steps (overrides epochs) \\[default: the recipe's training.max_steps, -1: by epochs]"),
-        epochs: Optional[float] = typer.Option(None, "--epochs", help="Training epochs \\[default: the recipe's training.epochs: 10 in every shipped recipe, the paper's]"),
         merge: bool = typer.Option(False, "--merge", help="Also write a merged base+adapter checkpoint to OUT/merged."),
-        early_stopping_patience: Optional[int] = typer.Option(None, "--early-stopping-patience", help="Stop after P evaluations without a lower valid loss \\[default: the recipe's training.early_stopping_patience: 5 in every shipped recipe]"),
         limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N training samples (smoke runs)."),
         set_: List[str] = typer.Option([], "--set", help="Any recipe key, SECTION.KEY=VALUE (repeatable), e.g. --set lora.r=16 --set training.learning_rate=2e-4."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Train nothing: write OUT/samples.jsonl, one line per training (--limit applies) "
@@ -48,6 +47,7 @@ def _command(task: str):
         slurm_extra: List[str] = typer.Option([], "--slurm-extra", help="With --executor slurm: KEY=VALUE, one more #SBATCH --KEY=VALUE line (repeatable)."),
         slurm_setup: List[str] = typer.Option([], "--slurm-setup", help="With --executor slurm: a shell line the job runs first (repeatable)."),
         slurm_python: Optional[str] = typer.Option(None, "--slurm-python", help="With --executor slurm: the command that runs Python in the job."),
+        recipe_flags: dict | None = None,  # the recipe's own flags (--max-steps, --epochs, ...: recipe_flags()), as overrides
     ) -> None:
         from experiments.core.commands import resolve_data
         from experiments.core.config import ConfigError
@@ -60,9 +60,8 @@ def _command(task: str):
             "merge": True if merge else None,
             "model": {"base": base},
             "data": {"task": task, "dialogs": str(data), "splits_dir": str(splits_dir) if splits_dir else None, "limit": limit},
-            "training": {"max_steps": max_steps, "epochs": epochs, "early_stopping_patience": early_stopping_patience},
         }
-        overrides = merge_overrides(strip_none(overrides), parse_assignments(set_))
+        overrides = merge_overrides(merge_overrides(strip_none(overrides), recipe_flags or {}), parse_assignments(set_))
         recipe = load_recipe(config or default_recipe(base), overrides)
         if dry_run:
             _dry_run(recipe)
@@ -98,12 +97,59 @@ def _command(task: str):
             f"adapter: {metrics['adapter']}\nmetrics: {recipe.out_dir() / 'train_metrics.json'}"
         )
 
-    finetune.__doc__ = (
+    flags = recipe_flags()
+
+    def command(**values) -> None:
+        from experiments.core.commands import flag_overrides
+
+        given = flag_overrides(flags, {p.key: values.pop(p.key) for p in flags})
+        finetune(**values, recipe_flags=given)
+
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(finetune, eval_str=True).parameters.values()
+           if p.name != "recipe_flags"]
+    at = next(i for i, p in enumerate(own) if p.name == "out") + 1  # the recipe's flags after --out, as before
+    command.__signature__ = inspect.Signature([*own[:at], *_flag_parameters(flags), *own[at:]])
+    command.__doc__ = (
         f"LoRA supervised fine-tuning for MediTOD {task.upper()} ({HELP[task]}); loss on the completion only, "
         "valid loss on the valid split, checkpoints (a re-run with the same --out resumes), a peft adapter in OUT/adapter "
         f"that vLLM serves (`medstack serve --model BASE --lora {task}=OUT/adapter`)."
     )
-    return finetune
+    return command
+
+
+@lru_cache(maxsize=1)
+def recipe_flags() -> list:
+    """The recipe fields marked as flags (finetune/recipe.py: ``json_schema_extra=cli("--max-steps")``), generated as a
+    study's flags are from its settings model (experiments/core/commands.py)."""
+    from experiments.core.commands import nested_flags
+    from finetune.recipe import Recipe
+
+    return nested_flags(Recipe)
+
+
+def _flag_parameters(flags: list) -> list:
+    """Typer parameters of the recipe's flags; each help names the recipe key it overrides, and its value where every
+    shipped recipe agrees."""
+    import yaml
+
+    from experiments.core.commands import flag_parameters
+    from finetune.recipe import CONFIG_DIR
+
+    shipped = [yaml.safe_load(p.read_text(encoding="utf-8")) or {} for p in sorted(CONFIG_DIR.glob("*.yaml"))]
+
+    def help_of(p) -> str:
+        key = p.flag.targets[0]
+        values = {str(_lookup(r, key)) for r in shipped}
+        every = f": {values.pop()} in every shipped recipe" if len(values) == 1 and "None" not in values else ""
+        return p.flag.help + f" \\[default: the recipe's {key}{every}]"
+
+    return flag_parameters(flags, help_of)
+
+
+def _lookup(tree: dict, dotted: str):
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
 
 
 def _dry_run(recipe) -> None:

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from experiments.core.config import ConfigError, load_settings, read_yaml_mapping
+from experiments.core.config import ConfigError, cli, load_settings, read_yaml_mapping
 from experiments.core.runlock import RunLock
 from models.errors import MedstackError
 from models.prompt_format import DEFAULT_FORMAT, RECIPE_DIR, PromptFormat
@@ -92,8 +92,10 @@ class TrainingSection(_Section):
     batch_size: int = Field(16, ge=1, description="effective batch = per_device x accumulation x processes")
     per_device_train_batch_size: int = Field(1, ge=1)
     per_device_eval_batch_size: int = Field(1, ge=1)
-    epochs: float = Field(10.0, gt=0, description="paper: 10 (with early stopping on the valid loss)")
-    max_steps: int = Field(-1, description="> 0 overrides epochs")
+    # the fields marked cli("--x") are flags of `medstack finetune` (finetune/cli.py; experiments/core/commands.py nested_flags)
+    epochs: float = Field(10.0, gt=0, description="Training epochs (paper: 10, with early stopping on the valid loss).",
+                          json_schema_extra=cli("--epochs"))
+    max_steps: int = Field(-1, description="Stop after N optimizer steps (> 0 overrides epochs; -1: by epochs).", json_schema_extra=cli("--max-steps"))
     optim: str = "adamw_torch"
     """transformers optimizer name; the MediTOD authors: adamw_bnb_8bit (bitsandbytes, GPU)."""
     dataloader_drop_last: bool = False
@@ -106,8 +108,8 @@ class TrainingSection(_Section):
     eval_steps: int | None = Field(None, ge=1, description="None: evaluate once per epoch (or at the end with max_steps)")
     save_steps: int | None = Field(None, ge=1, description="None: same as eval_steps")
     save_total_limit: int = Field(2, ge=1)
-    early_stopping_patience: int | None = Field(5, ge=1, description="stop after P evaluations without a better valid loss "
-                                                "(paper: 5); null: no early stopping")
+    early_stopping_patience: int | None = Field(5, ge=1, description="Stop after P evaluations without a lower valid loss "
+                                                "(paper: 5; null: no early stopping).", json_schema_extra=cli("--early-stopping-patience"))
     seed: int = 42
 
     @model_validator(mode="after")

@@ -31,15 +31,15 @@ def _plain_value_names() -> None:
     takes no value) and a value the name click gives it (INTEGER, FLOAT, TEXT, PATH; a|b for choices). An option's
     own metavar wins (the study commands set theirs: experiments/core/commands.py)."""
     try:
-        from typer.core import TyperOption, _TyperParameter
+        from typer.core import TyperArgument, TyperOption
     except ImportError:  # another typer: its own tags stay
         return
     names = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "path": "PATH", "bool": "BOOLEAN"}
-    tagged = _TyperParameter.display_type
+    tagged = {cls: cls.display_type for cls in (TyperArgument, TyperOption)}  # the tag each public parameter class gives
     option_rich = TyperOption.display_type_rich
 
     def display_type(self, *args, **kwargs):  # passes typer's own arguments through: a later typer's tag stays if this fails
-        tag = tagged(self, *args, **kwargs)
+        tag = next(f for cls, f in tagged.items() if isinstance(self, cls))(self, *args, **kwargs)
         if not isinstance(tag, str):
             return tag
         label = tag.removeprefix("<").removesuffix(">")
@@ -50,7 +50,7 @@ def _plain_value_names() -> None:
     def display_type_rich(self, *args, **kwargs):
         return None if getattr(self, "is_flag", False) and self.metavar is None else option_rich(self, *args, **kwargs)
 
-    _TyperParameter.display_type = display_type
+    TyperArgument.display_type = TyperOption.display_type = display_type
     TyperOption.display_type_rich = display_type_rich
 
 

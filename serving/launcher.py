@@ -421,7 +421,7 @@ def start_server(s: ServerSettings, log=print) -> dict:
     try:
         wait_healthy(s.base_url, proc, log_path, timeout, s.api_key)
     except BaseException:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         raise
     rec["startup_seconds"] = round(time.time() - t0, 1)
     write_record(rec)
@@ -442,7 +442,7 @@ def wait_healthy(base_url: str, proc: subprocess.Popen | None, log_path: Path, t
                      "A slow or busy machine may need longer: --startup-timeout SECONDS (settings key startup_timeout)")
 
 
-def _kill_group(pid: int, grace: float = 20.0) -> None:
+def kill_group(pid: int, grace: float = 20.0) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -482,10 +482,10 @@ def kill_record(rec: dict) -> None:
     """Stop a recorded server: its process group and those of its members (a replica group's router first, then each replica).
 
     A router over remote workers (``serve router``) stops alone: its workers (``pid`` None) were started elsewhere."""
-    _kill_group(rec["pid"])
+    kill_group(rec["pid"])
     for member in rec.get("replicas", []):
         if member.get("pid"):
-            _kill_group(member["pid"])
+            kill_group(member["pid"])
 
 
 def stop_servers(alias: str | None = None, log=print, port: int | None = None) -> int:

@@ -47,7 +47,7 @@ from models.paths import private_file
 from serving import server_metrics
 from serving.cpus import machine_facts, split_cpus, usable_cpus
 from serving.launcher import (
-    CPU_DEFAULTS, ServeError, ServerSettings, _kill_group, build_command, default_startup_timeout, effective_serve_settings,
+    CPU_DEFAULTS, ServeError, ServerSettings, kill_group, build_command, default_startup_timeout, effective_serve_settings,
     free_port, has_nvidia_gpu, healthy, logs_dir, port_free, running_servers, serving_dtype, wait_healthy, write_record,
 )
 from serving.parallel import local_ranks, rank_binding
@@ -143,7 +143,7 @@ def start_router(host: str, port: int, alias: str, worker_urls: list[str], polic
                 raise ServeError(f"vllm-router did not come up on {base_url}; last log lines ({router_log}):\n{tail}")
             time.sleep(0.5)
     except BaseException:
-        _kill_group(router.pid)
+        kill_group(router.pid)
         raise
     return {"pid": router.pid, "argv": rargv, "log": str(router_log),
             "router": {"policy": policy, "log": str(router_log), "prometheus_port": int(rargv[rargv.index("--prometheus-port") + 1])}}
@@ -185,7 +185,7 @@ def start_group(base: ServerSettings, n: int, policy: str = DEFAULT_POLICY, rout
                               list(router_args), base.api_key, timeout)
     except BaseException:
         for m in started:
-            _kill_group(m["pid"])
+            kill_group(m["pid"])
         raise
     replicas = [{k: v for k, v in m.items() if not k.startswith("_")} for m in started]
     rec = {

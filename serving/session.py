@@ -57,7 +57,7 @@ def endpoint_identity(alias: str, ident: dict, suffix: str = "") -> str:
     return f"{alias}:{ident.get('weights_sha256') or ident['weights']}:{dtype_key(ident)}{suffix}"
 
 
-def _adapter_hash(path: str) -> str:
+def adapter_hash(path: str) -> str:
     h = hashlib.sha256()
     for f in sorted(Path(path).glob("adapter_model.*")):
         h.update(f.read_bytes())
@@ -106,7 +106,7 @@ async def open_client(
             alias, url = ref.alias, ref.url
             adapters = lora.get(role, {})
             served = next(iter(adapters), alias)
-            ident_suffix = "".join(f"+lora:{n}:{_adapter_hash(p)}" for n, p in adapters.items())
+            ident_suffix = "".join(f"+lora:{n}:{adapter_hash(p)}" for n, p in adapters.items())
             if url:
                 await _ensure_url_adapters(alias, url, adapters, url_key)
                 # a medstack server behind the URL: record its command line and environment too; else ask the server its dtype

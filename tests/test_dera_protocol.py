@@ -330,7 +330,7 @@ def test_gptf1_section_with_scripted_judge():
         return "[2, 3]"  # recall: cough, COVID found in the prediction
 
     log = case_log(ScriptedClient(reply))
-    res = run(gptf1.score_summary(log, {"S": gt}, {"S": pred}, ["S"], DialogueSettings().gptf1, label="t"))
+    res = run(gptf1.score_summary(log, {"S": gt}, {"S": pred}, ["S"], gptf1.GptF1.of(DialogueSettings()), label="t"))
     s = res["sections"]["S"]
     assert s["gt_concepts"] == ["fever", "cough", "COVID"] and s["pred_concepts"] == ["cough", "COVID-19", "rash"]
     assert s["recall"] == pytest.approx(2 / 3) and s["precision"] == pytest.approx(2 / 3) and s["f1"] == pytest.approx(2 / 3)
@@ -338,7 +338,8 @@ def test_gptf1_section_with_scripted_judge():
 
 
 def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
-    from experiments.dera.settings import GptF1Settings
+    def capped(cap):
+        return gptf1.GptF1.of(DialogueSettings(gptf1={"max_concepts": cap}))
 
     many = [f"c{i}" for i in range(7)]
 
@@ -350,7 +351,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
 
     log = case_log(ScriptedClient(reply))
     res = run(gptf1.score_summary(log, {"Pertinent Negatives": "no fever"}, {"Pertinent Negatives": "denies fever"},
-                                  ["Pertinent Negatives"], GptF1Settings(max_concepts=5), label="t"))
+                                  ["Pertinent Negatives"], capped(5), label="t"))
     s = res["sections"]["Pertinent Negatives"]
     assert s["gt_concepts"] == many[:5] and s["concepts_cut"] == {"gt": 2, "pred": 2}
     assert res["max_concepts"] == 5 and res["sections_with_concepts_cut"] == 1
@@ -359,7 +360,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     assert s["recall"] == pytest.approx(3 / 5)
     # no cap: nothing cut, nothing reported
     res = run(gptf1.score_summary(case_log(ScriptedClient(reply)), {"Pertinent Negatives": "no fever"},
-                                  {"Pertinent Negatives": "denies fever"}, ["Pertinent Negatives"], GptF1Settings(max_concepts=None), label="t"))
+                                  {"Pertinent Negatives": "denies fever"}, ["Pertinent Negatives"], capped(None), label="t"))
     assert res["sections"]["Pertinent Negatives"]["gt_concepts"] == many and "concepts_cut" not in res["sections"]["Pertinent Negatives"]
     assert DialogueSettings().gptf1.max_concepts == 40
     # metrics count the cut comparisons
@@ -377,14 +378,14 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     uncut = {**rec, "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": section}}}}
     text = report.dialogue_summary(report.dialogue_metrics([uncut], one), one, "dera-summarize")
     assert "40 concepts per list, 0 section comparison(s) cut." in text
-    none = DialogueSettings(score_sections=["Pertinent Negatives"], gptf1=GptF1Settings(max_concepts=None))
+    none = DialogueSettings(score_sections=["Pertinent Negatives"], gptf1={"max_concepts": None})
     text = report.dialogue_summary(report.dialogue_metrics([uncut], none), none, "dera-summarize")
     assert "concept cap (`gptf1.max_concepts`): no cap." in text
 
 
 def test_gptf1_unparseable_judge_is_unscored():
     log = case_log(ScriptedClient(lambda r, p, g: "" if "List" in p else "[1]"))
-    res = run(gptf1.score_summary(log, {"S": "fever"}, {"S": "cough"}, ["S"], DialogueSettings().gptf1, label="t"))
+    res = run(gptf1.score_summary(log, {"S": "fever"}, {"S": "cough"}, ["S"], gptf1.GptF1.of(DialogueSettings()), label="t"))
     assert res["sections"]["S"]["scored"] is False and res["sections"]["S"]["f1"] is None
     assert res["unscored_sections"] == 1 and res["average"]["f1"] is None and log.parse_errors
 
@@ -452,7 +453,7 @@ def test_gptf1_empty_reference_is_unscored_and_empty_prediction_scores_zero():
 
     log = case_log(ScriptedClient(reply))
     res = run(gptf1.score_summary(log, {"A": "", "B": "fever for two days"}, {"A": "", "B": ""}, ["A", "B"],
-                                  DialogueSettings().gptf1, label="t"))
+                                  gptf1.GptF1.of(DialogueSettings()), label="t"))
     a, b = res["sections"]["A"], res["sections"]["B"]
     # no reference text: nothing to score against (not a perfect 1.0 for two unparsed summaries)
     assert a["scored"] is False and a["f1"] is None and a["reason"] == "empty reference section"

@@ -37,11 +37,11 @@ def start_server(port: int) -> None:
 
 def stop_server() -> None:
     """Kill this test's own server only (the session's shared server has the same alias)."""
-    from serving.launcher import _kill_group, running_servers, servers_dir
+    from serving.launcher import kill_group, running_servers, servers_dir
 
     for rec in running_servers():
         if rec["port"] == PORT["port"]:
-            _kill_group(rec["pid"])
+            kill_group(rec["pid"])
             (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
 
 
@@ -51,14 +51,14 @@ PORT: dict = {}
 @pytest.fixture
 def own_server(medstack_home):
     """A second server on its own port; stopped at the end whatever happened."""
-    from serving.launcher import _kill_group, free_port, running_servers
+    from serving.launcher import kill_group, free_port, running_servers
 
     PORT["port"] = free_port()
     start_server(PORT["port"])
     yield f"http://127.0.0.1:{PORT['port']}/v1"
     for rec in running_servers():
         if rec["port"] == PORT["port"]:
-            _kill_group(rec["pid"])
+            kill_group(rec["pid"])
 
 
 def craftmd_args(url: str, out: Path, fixtures_dir: Path, *extra: str) -> list[str]:

@@ -292,3 +292,27 @@ def test_prompt_format_of_a_base_and_of_an_adapter(tmp_path):
     assert adapter_prompt_format(str(tmp_path / "adapter")) == "completion"
     (tmp_path / "recipe.yaml").write_text("data: [unclosed\n")
     assert adapter_prompt_format(str(tmp_path / "adapter")) is None
+
+
+# ------------------------------------------------------------------ the recipe's flags, generated from the recipe model
+
+def test_recipe_flags_are_generated_from_the_recipe_model():
+    from experiments.core.commands import flag_overrides
+    from finetune.cli import recipe_flags
+
+    flags = {p.flag.decls[0]: p for p in recipe_flags()}
+    assert set(flags) == {"--epochs", "--max-steps", "--early-stopping-patience"}
+    assert flags["--max-steps"].flag.targets == ("training.max_steps",) and flags["--epochs"].flag.type is float
+    given = {flags["--max-steps"].key: 3, flags["--early-stopping-patience"].key: 2}
+    assert flag_overrides(recipe_flags(), given) == {"training": {"max_steps": 3, "early_stopping_patience": 2}}
+
+
+def test_recipe_flags_reach_the_recipe_and_set_wins(cli, tmp_path):
+    data = str(FIX / "dialogs.json")
+    p = cli("finetune", "meditod-nlu", "--data", data, "--base", "embedded", "--early-stopping-patience", "0", "--out", str(tmp_path / "a"))
+    assert p.returncode == 2 and "training.early_stopping_patience" in p.stderr and "Traceback" not in p.stderr
+    p = cli("finetune", "meditod-nlu", "--data", data, "--base", "embedded", "--max-steps", "3", "--set", "training.epochs=0",
+            "--out", str(tmp_path / "b"))
+    assert p.returncode == 2 and "training.epochs" in p.stderr
+    p = cli("finetune", "meditod-nlu", "--help")
+    assert "--max-steps" in p.stdout and "training.max_steps" in p.stdout and "every shipped recipe" in p.stdout

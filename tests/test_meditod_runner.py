@@ -265,7 +265,7 @@ def test_input_too_long_for_the_served_context_fails_and_says_how_to_make_room(t
 
     s = settings(tmp_path, "pol", k=0)
     outcome = run("pol", s, ScriptedLLM(respond, roles=("model",)))
-    assert served == ["model"] and outcome.metrics["settings"]["context_budget"] == 300 - s.max_tokens - s.context_margin
+    assert served == ["model"] and outcome.metrics["settings"]["context_budget"] == 300 - s.sampling.turn.max_tokens - s.context_margin
     recs = records(s.out)
     assert recs and all(r["status"] == "failed" and "medstack serve --max-model-len N" in r["error"] for r in recs.values())
     assert run_mod.context_budget("embedded", 256, 8) == 2048 - 264  # no server answer: the registry's length

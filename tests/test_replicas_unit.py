@@ -118,7 +118,7 @@ def test_group_record_is_found_stopped_and_scraped_as_one(tmp_path, monkeypatch)
         "http://127.0.0.1:8110/v1": ["http://127.0.0.1:9000/v1", "http://127.0.0.1:9001/v1"],
         "http://127.0.0.1:8000/v1": ["http://127.0.0.1:8000/v1"]}
     kill_record(rec)  # the router's process group and every replica's
-    for p in procs:  # each ended (a survivor would make wait() time out); _kill_group reaps them, so no status is left
+    for p in procs:  # each ended (a survivor would make wait() time out); kill_group reaps them, so no status is left
         p.wait(timeout=30)
 
 

@@ -53,7 +53,7 @@ def make_runs(root):
 
 
 def test_report_sections_in_the_papers_order(tmp_path, cli):
-    from serving.session import _adapter_hash
+    from serving.session import adapter_hash
 
     runs = make_runs(tmp_path / "runs")
     html = tmp_path / "report.html"
@@ -73,7 +73,7 @@ def test_report_sections_in_the_papers_order(tmp_path, cli):
     # ratings as ratings, with their axis names
     assert "rating 4/5" in body and "Showing Empathy" in body and "3.00 [2.00, 4.00]" in body
     # fine-tuning: loss curves, best checkpoint, adapter hash, recipe; bench: ratio table and headline
-    assert "best checkpoint" in body and _adapter_hash(str(runs / "finetune" / "adapter")) in body and "learning_rate" in body
+    assert "best checkpoint" in body and adapter_hash(str(runs / "finetune" / "adapter")) in body and "learning_rate" in body
     assert "vLLM / transformers ratios" in body and "2.07x" in body and "80.4 output tok/s" in body
     assert body.count("<summary>all metrics</summary>") == 2  # the generic view stays, folded (MediTOD, bench: the runs with metrics)
 

@@ -218,10 +218,10 @@ def test_a_craftmd_folder_from_before_the_new_settings_resumes_as_it_ran(tmp_pat
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old))
     (tmp_path / "r" / "records.jsonl").write_text('{"id": "c1"}\n')
-    RunDir(tmp_path / "r", new)  # resumes
+    RunDir(tmp_path / "r", new, settings_cls=CraftSettings)  # resumes by CRAFT-MD's resume rules (CraftSettings.added_settings)
     (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old))
     with pytest.raises(ResultsError, match=r"different settings \(empty_turn, verdict_rule\)"):
-        RunDir(tmp_path / "r", CraftSettings(out=str(tmp_path / "r")).model_dump(mode="json"))
+        RunDir(tmp_path / "r", CraftSettings(out=str(tmp_path / "r")).model_dump(mode="json"), settings_cls=CraftSettings)
 
 
 def test_roles_are_checked_and_default_fills_the_rest():

@@ -40,7 +40,7 @@ class ToySettings(RunSettings):
     word: str = Field("hello", description="The word the model is asked to repeat.")
     repeats: int = Field(1, ge=1, description="Requests per case.")
     shout: bool = Field(False, description="Ask for the word in capitals.")
-    sampling: Sampling = Sampling(max_tokens=8)  # no description: config only, no flag
+    sampling: Sampling = Field(Sampling(max_tokens=8), description="Sampling of the one step.", json_schema_extra={"cli": False})  # no flag
 
 
 def toy_scores(record: dict, config: dict) -> dict[str, Grade]:
@@ -159,7 +159,7 @@ def test_toy_study_runs_through_its_generated_command_line(toy, tmp_path):
     for flag, text in [("--word", "The word the model is asked to repeat."), ("--repeats", "(>= 1)"), ("--shout", "--no-shout"),
                        ("--echo-model", "alias of --role echo=REF"), ("--limit", "Only the first N cases"), ("--dry-run", "")]:
         assert flag in help_text and text in help_text, (flag, help_text)
-    assert "--sampling" not in help_text  # a field without a description is not a flag
+    assert "--sampling" not in help_text  # a field marked cli(False) is not a flag, its description notwithstanding
 
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi", "--repeats", "2",

@@ -214,7 +214,7 @@ def judge_config(s: AutoevalSettings, role: str = "judge") -> JudgeConfig:
     def gen(x: Sampling):
         return x.gen(stop=x.stop or list(s.stop) or None)
 
-    return JudgeConfig(api=s.api, role=role, explain_gen=gen(s.explain), rate_gen=gen(s.rate),
+    return JudgeConfig(api=s.api, role=role, explain_gen=gen(s.sampling.explain), rate_gen=gen(s.sampling.rate),
                        max_dialogue_chars=s.max_dialogue_chars, max_note_chars=s.max_note_chars)
 
 

@@ -24,7 +24,7 @@ from experiments.bench.measure import calculate_metrics
 from experiments.bench.send import send_completion
 from models.registry import resolve_weights
 from serving import server_metrics
-from serving.launcher import (ServerSettings, _kill_group, healthy, logs_dir, port_free, running_servers, servers_dir, start_server,
+from serving.launcher import (ServerSettings, kill_group, healthy, logs_dir, port_free, running_servers, servers_dir, start_server,
                               wait_healthy)
 
 ARMS = {
@@ -127,7 +127,7 @@ def main() -> None:
         finally:
             for rec in ([] if a.keep else recs.values()):
                 if rec.get("pid"):  # None: a server found on the port without a record (its owner stops it)
-                    _kill_group(rec["pid"])
+                    kill_group(rec["pid"])
                 (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
 
 

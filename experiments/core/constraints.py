@@ -154,90 +154,210 @@ class Constraint:
         return Constraint.make("regex", rest, self.source)
 
 
-def _parse(spec: str):
-    from re import _parser  # the standard library's own regex parser: the tree the checks below walk
+# -- the regex checks: a small reader of the regex syntax constraints use (Python's), giving the tree the checks walk ------
+# Nodes: ("lit", ch), ("class", items, negated) with items ("lit", ch) | ("range", lo, hi) | ("cat", letter of \\s \\d \\w,
+# upper case negated), ("any",), ("anchor", text), ("group", seq), ("look", seq), ("branch", [seq, ...]),
+# ("repeat", min, max or None, seq). A seq is a list of nodes. re.compile checks the pattern first: this reader
+# assumes a valid one.
 
-    return _parser.parse(spec.replace(f"${WORDS}", str(_SENTINEL)))
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "0": "\0"}
+_QUANT = re.compile(r"\{(\d*)(,?)(\d*)\}")
 
 
-def _walk(tree, times: int = 1):
-    """(op, min, max, body, how many times the enclosing repeats let it occur) for every repeat in a parsed regex."""
-    from re import _constants as c
+class _Reader:
+    def __init__(self, text: str):
+        self.text, self.i = text, 0
 
-    for op, av in tree:
-        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
-            lo, hi, body = av
-            yield op, lo, hi, body, times
-            inner = 1 if hi == _SENTINEL else (hi if hi != c.MAXREPEAT else 1)
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.text[j] if j < len(self.text) else ""
+
+    def take(self) -> str:
+        ch = self.peek()
+        self.i += 1
+        return ch
+
+    def alternation(self) -> list:
+        alts = [self.sequence()]
+        while self.peek() == "|":
+            self.i += 1
+            alts.append(self.sequence())
+        return alts[0] if len(alts) == 1 else [("branch", alts)]
+
+    def sequence(self) -> list:
+        seq: list = []
+        while self.peek() and self.peek() not in "|)":
+            atom = self.atom()
+            if atom is None:
+                continue
+            quant = self.quantifier()
+            seq.append(("repeat", quant[0], quant[1], [atom]) if quant else atom)
+        return seq
+
+    def quantifier(self):
+        ch = self.peek()
+        if ch in ("*", "+", "?"):
+            self.i += 1
+            q = {"*": (0, None), "+": (1, None), "?": (0, 1)}[ch]
+        elif ch == "{" and (m := _QUANT.match(self.text, self.i)) and (m.group(1) or m.group(3)):
+            self.i = m.end()
+            lo = int(m.group(1) or 0)
+            q = (lo, (int(m.group(3)) if m.group(3) else None) if m.group(2) else lo)
+        else:
+            return None
+        if self.peek() in ("?", "+"):  # lazy / possessive: the same repetition
+            self.i += 1
+        return q
+
+    def atom(self):
+        ch = self.take()
+        if ch == "(":
+            return self.group()
+        if ch == "[":
+            return self.char_class()
+        if ch == ".":
+            return ("any",)
+        if ch in ("^", "$"):
+            return ("anchor", ch)
+        if ch == "\\":
+            return self.escape(in_class=False)
+        return ("lit", ch)
+
+    def group(self):
+        kind = "group"
+        if self.peek() == "?":
+            self.i += 1
+            nxt = self.take()
+            if nxt == "#":  # a comment
+                while self.take() not in (")", ""):
+                    pass
+                return None
+            if nxt in ("=", "!"):
+                kind = "look"
+            elif nxt == "<" and self.peek() in ("=", "!"):
+                self.i += 1
+                kind = "look"
+            elif nxt == "P" and self.peek() == "<":
+                self.i = self.text.index(">", self.i) + 1
+            elif nxt == "P" and self.peek() == "=":  # a named back reference
+                self.i = self.text.index(")", self.i) + 1
+                return ("anchor", "ref")
+            elif nxt != ":":  # inline flags: (?i) alone, or (?i:...)
+                while self.peek() not in (":", ")"):
+                    self.i += 1
+                if self.take() == ")":
+                    return None
+        body = self.alternation()
+        self.take()  # ")"
+        return (kind, body)
+
+    def escape(self, in_class: bool):
+        ch = self.take()
+        if ch.lower() in ("s", "d", "w"):
+            return ("cat", ch) if in_class else ("class", [("cat", ch)], False)
+        if ch in _ESCAPES:
+            return ("lit", _ESCAPES[ch])
+        if ch in ("x", "u", "U"):
+            n = {"x": 2, "u": 4, "U": 8}[ch]
+            code, self.i = self.text[self.i:self.i + n], self.i + n
+            return ("lit", chr(int(code, 16)))
+        if not in_class and (ch in "bBAZ" or ch.isdigit()):
+            return ("anchor", "\\" + ch)
+        if in_class and ch == "b":
+            return ("lit", "\b")
+        return ("lit", ch)
+
+    def char_class(self):
+        negated = self.peek() == "^"
+        if negated:
+            self.i += 1
+        items: list = []
+        first = True
+        while self.peek() and (self.peek() != "]" or first):
+            first = False
+            ch = self.take()
+            item = self.escape(in_class=True) if ch == "\\" else ("lit", ch)
+            if item[0] == "lit" and self.peek() == "-" and self.peek(1) not in ("]", ""):
+                self.i += 1
+                end = self.take()
+                hi = self.escape(in_class=True) if end == "\\" else ("lit", end)
+                item = ("range", ord(item[1]), ord(hi[1]))
+            items.append(item)
+        self.take()  # "]"
+        return ("class", items, negated)
+
+
+def _parse(spec: str) -> list:
+    """A regex (``$words`` as the sentinel bound) as the tree the checks below walk; re.error for an invalid one."""
+    text = spec.replace(f"${WORDS}", str(_SENTINEL))
+    re.compile(text)
+    return _Reader(text).alternation()
+
+
+def _walk(tree: list, times: int = 1):
+    """(min, max, body, how many times the enclosing repeats let it occur) for every repeat in a parsed regex
+    (max None: unbounded)."""
+    for node in tree:
+        if node[0] == "repeat":
+            _, lo, hi, body = node
+            yield lo, hi, body, times
+            inner = 1 if hi == _SENTINEL else (hi if hi is not None else 1)
             yield from _walk(body, times * inner)
-        elif op == c.SUBPATTERN:
-            yield from _walk(av[-1], times)
-        elif op == c.BRANCH:
-            for b in av[1]:
+        elif node[0] in ("group", "look"):
+            yield from _walk(node[1], times)
+        elif node[0] == "branch":
+            for b in node[1]:
                 yield from _walk(b, times)
-        elif op in (c.ASSERT, c.ASSERT_NOT):
-            yield from _walk(av[1], times)
 
 
-def _is_class(body) -> bool:
-    from re import _constants as c
-
-    return len(body) == 1 and body[0][0] in (c.IN, c.LITERAL, c.NOT_LITERAL, c.ANY, c.CATEGORY) or (
-        len(body) == 1 and body[0][0] == c.SUBPATTERN and _is_class(body[0][1][-1]))
+def _is_class(body: list) -> bool:
+    return len(body) == 1 and (body[0][0] in ("class", "lit", "any") or body[0][0] == "group" and _is_class(body[0][1]))
 
 
 def _big_repeats(spec: str) -> list[str]:
     """Bounded repetitions above MAX_BOUNDED_REPEAT of one character class (slow to compile in xgrammar)."""
-    from re import _constants as c
-
     try:
         tree = _parse(spec)
     except re.error:
         return []
-    return [f"{{{lo},{hi}}}" for _, lo, hi, body, _ in _walk(tree) if hi not in (_SENTINEL, c.MAXREPEAT) and _is_class(body)
+    return [f"{{{lo},{hi}}}" for lo, hi, body, _ in _walk(tree) if hi not in (_SENTINEL, None) and _is_class(body)
             and max(lo, hi) > MAX_BOUNDED_REPEAT]
 
 
 def word_bounds(spec: str) -> int:
     """How many ``{0,$words}`` bounds one reply can pass through (a bound inside a group repeated up to n times counts n)."""
-    return sum(times for _, _, hi, _, times in _walk(_parse(spec)) if hi == _SENTINEL)
+    return sum(times for _, hi, _, times in _walk(_parse(spec)) if hi == _SENTINEL)
 
 
 def unbounded_free_text(spec: str) -> str | None:
     """The first repetition without an upper bound over anything but a word (one class that admits no
-    space, tab or newline), as written in the regex's parsed form; None when every free text is bounded."""
-    from re import _constants as c
-
-    for _, lo, hi, body, _ in _walk(_parse(spec)):
-        if hi != c.MAXREPEAT:
+    space, tab or newline, or one non-space character); None when every free text is bounded."""
+    for lo, hi, body, _ in _walk(_parse(spec)):
+        if hi is not None:
             continue
-        one = body[0] if len(body) == 1 else (None, None)
-        word = (one[0] == c.IN and not any(_admits(one[1], ch) for ch in " \t\n")
-                or one[0] == c.LITERAL and not chr(one[1]).isspace())
+        one = body[0] if len(body) == 1 else (None,)
+        word = (one[0] == "class" and not any(_admits(one[1], one[2], ch) for ch in " \t\n")
+                or one[0] == "lit" and not one[1].isspace())
         if not word:
             return "*" if lo == 0 else "+"
     return None
 
 
-def _admits(items, ch: str) -> bool:
-    """Does a parsed character class (``re._parser``'s IN items) admit ``ch``?"""
-    from re import _constants as c
+_CATEGORIES = {"s": str.isspace, "d": str.isdigit, "w": lambda x: x.isalnum() or x == "_"}
 
-    cats = {c.CATEGORY_SPACE: str.isspace, c.CATEGORY_DIGIT: str.isdigit, c.CATEGORY_WORD: lambda x: x.isalnum() or x == "_"}
-    negate, hit = False, False
-    for op, av in items:
-        if op == c.NEGATE:
-            negate = True
-        elif op == c.LITERAL:
-            hit |= chr(av) == ch
-        elif op == c.RANGE:
-            hit |= av[0] <= ord(ch) <= av[1]
-        elif op == c.CATEGORY:
-            name = str(av)
-            base = next((f for k, f in cats.items() if str(k) == name.replace("NOT_", "")), None)
-            if base is not None:
-                hit |= (not base(ch)) if "NOT_" in name else base(ch)
-    return hit != negate
+
+def _admits(items: list, negated: bool, ch: str) -> bool:
+    """Does a parsed character class admit ``ch``?"""
+    hit = False
+    for item in items:
+        if item[0] == "lit":
+            hit |= item[1] == ch
+        elif item[0] == "range":
+            hit |= item[1] <= ord(ch) <= item[2]
+        elif item[0] == "cat":
+            base = _CATEGORIES[item[1].lower()](ch)
+            hit |= (not base) if item[1].isupper() else base
+    return hit != negated
 
 
 def _fill(node: Any, values: dict, where: str) -> Any:

@@ -4,17 +4,20 @@
     register_tables(HERE / "paper_tables.yaml", ADAPTER)      # its paper tables and their adapter
 
 `medstack run`, ``--dry-run``, ``sweep``, ``report``, ``compare`` and the tables read it. Found by layout: every
-``experiments/*/study.py`` is imported once; every ``experiments/*/cli.py`` and ``finetune/cli.py`` adds its other commands.
+``experiments/*/study.py`` is imported once when all studies are asked for; the command line lists the commands a
+folder's ``__init__.py`` declares (``COMMANDS``, ``TOP_LEVEL``) and imports a study.py only when its command runs or
+shows its --help. Every ``experiments/*/cli.py`` and ``finetune/cli.py`` adds its other commands.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments.core.commands import study_command
+from experiments.core.commands import lazy_group, study_command
 from experiments.core.config import ConfigError
 from experiments.core.results import Run, read_run, upgrade_record
 from experiments.core.study import Study, StudyResults
@@ -63,8 +66,22 @@ def studies() -> dict[str, StudyEntry]:
     return STUDIES
 
 
+def declared() -> dict[str, tuple[str, str, bool]]:
+    """Every study command a folder declares in its ``__init__.py`` (``COMMANDS``: name -> help, ``TOP_LEVEL``), as
+    (folder's study module, help, top level), read without importing any ``study.py``."""
+    out = {}
+    for module in _modules("study.py"):
+        package = importlib.import_module(module.rpartition(".")[0])
+        top = set(getattr(package, "TOP_LEVEL", ()))
+        out.update({name: (module, help, name in top) for name, help in getattr(package, "COMMANDS", {}).items()})
+    return out
+
+
 def get(name: str) -> StudyEntry:
-    if name not in studies():
+    module = declared().get(name, (None,))[0]
+    if module and name not in STUDIES:  # a declared study: import its folder's study.py only
+        importlib.import_module(module)
+    if name not in STUDIES and name not in studies():
         raise ConfigError(f"unknown study {name!r}; studies: {', '.join(sorted(STUDIES))}")
     return STUDIES[name]
 
@@ -74,10 +91,28 @@ def paper_tables() -> list[PaperTables]:
     return list(TABLES.values())
 
 
+def _command(name: str):
+    """The click command of one study: its folder's study.py imported now (experiments/core/commands.py lazy_group)."""
+    import typer
+
+    one = typer.Typer()
+    one.command(name)(study_command(get(name)))
+    return typer.main.get_command(one)
+
+
 def register_all(app, run_app, **apps) -> None:
-    """Plug every study command and every folder's other commands into `medstack`."""
-    for entry in studies().values():
+    """Plug every study command and every folder's other commands into `medstack`. A study its folder declares
+    (``declared()``) is listed without importing its study.py; any other is imported and registered now."""
+    lazy: dict[bool, dict] = {True: {}, False: {}}
+    for name, (_, help, top) in declared().items():
+        lazy[top][name] = (help, partial(_command, name))
+    folders = {module for module, _, _ in declared().values()}
+    for module in _modules("study.py"):
+        if module not in folders:
+            importlib.import_module(module)
+    for entry in STUDIES.values():
         (app if entry.top_level else run_app).command(entry.name)(study_command(entry))
+    app.info.cls, run_app.info.cls = lazy_group(lazy[True]), lazy_group(lazy[False])
     for module in _modules("cli.py") + ["finetune.cli"]:
         importlib.import_module(module).register(app=app, run_app=run_app, **apps)
 

@@ -203,8 +203,10 @@ def make_results_dir(path: str | Path) -> Path:
 
 
 class RunDir:
-    def __init__(self, path: str | Path, config: dict, *, id_key: str = "id", prompt_files: dict[str, str] | None = None):
+    def __init__(self, path: str | Path, config: dict, *, id_key: str = "id", prompt_files: dict[str, str] | None = None,
+                 settings_cls: type | None = None):
         self.path = make_results_dir(path)
+        self.settings_cls = settings_cls  # the run's settings class: its resume rules, and how it reads an older config.yaml
         self.id_key = id_key
         self.records_path = self.path / "records.jsonl"
         self.notes: list[str] = []  # what opening the folder repaired, for the screen
@@ -215,10 +217,10 @@ class RunDir:
     def _check_config(self, config: dict) -> None:
         cfg_path = self.path / "config.yaml"
         if cfg_path.exists() and self.records_path.exists():
-            old = yaml.safe_load(cfg_path.read_text()) or {}
-            old = {**{k: v for k, v in ADDED_SETTINGS.items() if k in config}, **old}
+            added, changeable = (self.settings_cls or _CommonRules).resume_rules()
+            old = _as_today(self.settings_cls, yaml.safe_load(cfg_path.read_text()) or {}, {k: v for k, v in added.items() if k in config})
             keys = sorted(k for k in set(old) | set(config)
-                          if k not in RESUME_IGNORED and k != "prompt_files" and old.get(k) != config.get(k))
+                          if k not in changeable and k != "prompt_files" and old.get(k) != config.get(k))
             if keys:
                 raise ResultsError(
                     f"{self.path} holds a run with different settings ({', '.join(keys)}); "
@@ -333,14 +335,33 @@ class RunDir:
         self._write(self.path / "summary.md", markdown)
 
 
-# settings added after runs were made: an older config.yaml without them is read with this value (their default then)
-ADDED_SETTINGS = {"answers": "free",
-                  "assess_conversations": False, "patient_checks": True, "copy_span_words": 12,  # CRAFT-MD's conversation checks
-                  # CRAFT-MD's grader verdict and empty turns as every run before these settings read and sent them
-                  "verdict_rule": "first_word", "empty_turn": "..."}
-# settings that may change between a run and its resumption without changing results
-RESUME_IGNORED = {"limit", "sample", "concurrency", "timeout", "retries", "out", "allow_remote", "use_cache", "send_seed", "max_consecutive_failures",
-                  "startup_timeout"}
+class _CommonRules:
+    """The resume rules of a run folder opened without a settings class (imports, calibration): those every study shares."""
+
+    @staticmethod
+    def resume_rules() -> tuple[dict, frozenset[str]]:
+        from experiments.core.config import RunSettings
+
+        return RunSettings.resume_rules()
+
+
+def _as_today(settings_cls: type | None, old: dict, added: dict) -> dict:
+    """An older run's config.yaml as today's settings write it: the settings added since filled with their value then,
+    older spellings moved to today's keys (the settings class's ``moved_keys``) and each setting validated (nested
+    defaults filled) by the settings class (experiments/core/config.py); only the keys the old config had (or was
+    given) are kept, so a setting added since and not declared in ``added_settings`` still differs."""
+    from experiments.core.config import move_keys
+
+    old = move_keys({**{k: v for k, v in added.items() if k not in old}, **old}, getattr(settings_cls, "moved_keys", {}))
+    if settings_cls is None:
+        return old
+    from pydantic import ValidationError
+
+    try:
+        now = settings_cls.model_validate({k: v for k, v in old.items() if k in settings_cls.model_fields}).model_dump(mode="json")
+    except ValidationError:  # not readable as today's settings (e.g. a setting since removed): compared as it was written
+        return old
+    return {k: now.get(k, v) for k, v in old.items()}
 
 
 def experiment_name(config, identity=None) -> str:

@@ -17,7 +17,6 @@ from experiments.craftmd.settings import MeldSettings
 from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci
 from experiments.core.study import CaseContext, Study, StudyResults
-from serving.client import GenConfig
 from serving.refs import model_name
 
 
@@ -77,7 +76,8 @@ class MeldStudy(Study):
         first, second = split_halves(case["vignette"])
         n = len(second.split())
         prompt = render("meld", first_half=first, n_words=n)
-        gen = GenConfig(temperature=s.temperature, max_tokens=min(s.max_tokens, 2 * n + 16))
+        step = s.sampling.continuation
+        gen = step.gen(max_tokens=min(step.max_tokens, 2 * n + 16))
         r = await ctx.chat([{"role": "user", "content": prompt}], role="model", gen=gen, step="continue")
         cut = truncate_words(r.text, n)
         sim = similarity(cut, second)

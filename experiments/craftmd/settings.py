@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from experiments.core.config import RunSettings, Sampling, role_flag
+from experiments.core.config import NO_FLAG, RunSettings, Sampling, role_flag
 from experiments.core.deviations import NOT_FIXED, Authors, Unpaired, settings_deviations
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
@@ -72,6 +72,11 @@ class CraftSettings(RunSettings):
                                  "summary.md names it on its additions line")),
     }
 
+    # settings added after runs were made, with the value every earlier run used (experiments/core/config.py resume_rules):
+    # the conversation checks, and the grader verdict and empty turns as every run before these settings read and sent them
+    added_settings: ClassVar[dict] = {"assess_conversations": False, "patient_checks": True, "copy_span_words": 12,
+                                      "verdict_rule": "first_word", "empty_turn": "..."}
+
     experiment: str = "craftmd"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the clinical model alias).")
     formats: list[Literal[FORMATS]] = Field(list(FORMATS), description="Formats each case is asked in, a comma list (e.g. multiturn,singleturn).")
@@ -80,7 +85,8 @@ class CraftSettings(RunSettings):
     trials: int = Field(5, ge=1, description="Trials per case (paper: 5).")
     specialty: str | None = Field(None, description="Only cases of this specialty (the CSV's category column).")
     max_turns: int = Field(14, ge=1, description="Turn cap: doctor turns per conversation.")
-    final_marker: str = "Final Diagnosis"
+    final_marker: str = Field("Final Diagnosis", description="The words that mark the doctor's final diagnosis (ends the conversation).",
+                              json_schema_extra=NO_FLAG)
     # concurrent-diagnosis rule of the FRQ grade (docs/protocols.md, CRAFT-MD): "zero" = an answer naming several
     # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
     concurrent_rule: Literal["zero", "any"] = Field("zero", description="FRQ grade of an answer naming several diagnoses: zero (scored 0, "
@@ -93,18 +99,23 @@ class CraftSettings(RunSettings):
                                                "loop (opensource) or their GPT loop (gpt).")
     # Switches a base model needs, each a deviation from the authors' requests when on (all off in paper.yaml; the
     # table above names every one in summary.md and the paper table's footnote):
-    turn_stops: bool = False     # doctor and patient turns stop at the next speaker label (a base model writes both sides)
-    summary_stops: bool = False  # the summary stops at a blank line or a new example label (a base model runs on)
-    grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0)  # re-asks of the grader while its verdict is neither yes nor no
+    turn_stops: bool = Field(False, description="Doctor and patient turns stop at the next speaker label (a base model writes both sides).",
+                             json_schema_extra=NO_FLAG)
+    summary_stops: bool = Field(False, description="The summary stops at a blank line or a new example label (a base model runs on).",
+                                json_schema_extra=NO_FLAG)
+    grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0, description="Re-asks of the grader while its verdict is neither yes nor no.",
+                               json_schema_extra=NO_FLAG)
     # how a grader verdict reply is read: "anywhere" = the authors' (yes if "yes" occurs anywhere in the reply, else no
     # if "no" does, else none: re-asked); "first_word" = the reply's first word (or the one after "Verdict:") must be
     # a yes or no word. It also decides when the grader is re-asked (a reply without a verdict).
-    verdict_rule: Literal["anywhere", "first_word"] = "anywhere"
+    verdict_rule: Literal["anywhere", "first_word"] = Field("anywhere", description="How a grader verdict is read: anywhere in the reply "
+                                                            "(the authors') or its first word.", json_schema_extra=NO_FLAG)
     # what is sent in place of an empty conversation turn (the authors send it as it is: empty)
-    empty_turn: str = ""
+    empty_turn: str = Field("", description="What is sent in place of an empty conversation turn (the authors': empty).", json_schema_extra=NO_FLAG)
     # the grader's and summarizer's one-message prompts as a user message instead of the authors' system message
     # (chat templates such as Gemma 3's drop a conversation that is only a system message)
-    lone_system_as_user: bool = False
+    lone_system_as_user: bool = Field(False, description="The grader's and summarizer's one-message prompts sent as a user message "
+                                      "(the authors': system).", json_schema_extra=NO_FLAG)
     # Additions to the protocol (not deviations: the paper's requests are unchanged; named in summary.md, additions()):
     assess_conversations: bool = Field(False, description="Conversation assessors (an addition to the paper's protocol): the assessor model "
                                        "answers Q1-Q3 and two patient-AI questions (grounded, complete) of each conversation, yes/no.")
@@ -112,16 +123,18 @@ class CraftSettings(RunSettings):
                                  "turn, vignette copied, empty turn, turn cap.")
     copy_span_words: int = Field(12, ge=2, description="Patient check: consecutive vignette words a patient turn must share to count as copied.")
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
-    sampling: dict[str, Sampling] = {
+    sampling: dict[str, Sampling] = Field({
         "doctor": Sampling(temperature=1.0, max_tokens=250),
         "patient": Sampling(temperature=1.0, max_tokens=150),
         "answer": Sampling(temperature=1.0, max_tokens=250),
         "summarizer": Sampling(temperature=1.0, max_tokens=500),
         "grader": Sampling(temperature=1.0, max_tokens=150),
-    }
+    }, description="Sampling of each step: doctor, patient, answer, summarizer, grader (and assessor) (sampling.STEP.FIELD, "
+       "e.g. --set sampling.doctor.max_tokens=200).", json_schema_extra=NO_FLAG)
     # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
-    completion_steps: list[Literal["answer", "grader", "summarizer", "assessor"]] = []
+    completion_steps: list[Literal["answer", "grader", "summarizer", "assessor"]] = Field(
+        [], description="Steps sent as plain text completions instead of chat (for base models).", json_schema_extra=NO_FLAG)
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"  # "auto": 256 per GPU, 16 on CPU (experiments/core/concurrency.py)
 
     @field_validator("formats", mode="before")
@@ -183,17 +196,34 @@ def requests_line(s: CraftSettings) -> str:
             + ("; ".join(devs) if devs else "none"))
 
 
+class MeldSampling(BaseModel):
+    """Sampling of MELD's one step (``sampling.continuation``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    continuation: Sampling = Field(Sampling(temperature=0.0, max_tokens=512), description="The model continues the vignette's first half; "
+                                   "max_tokens is capped per case at twice the second half's words + 16.")
+
+
 class MeldSettings(RunSettings):
     # the authors' MELD script (src/meld_distance.py): one GPT-4 call at the API defaults (temperature 1, max_tokens 150)
     authors_table: ClassVar[dict] = {
         "threshold": Authors(0.95, says="memorization threshold {ours} (authors: {authors})"),
-        "temperature": Authors(1.0, says="temperature {ours} (authors: {authors}, the API default)"),
-        "max_tokens": Authors(150, says="max_tokens {ours}, capped per case at twice the second half's words + 16 (authors: {authors})"),
+        "sampling.continuation.temperature": Authors(1.0, says="temperature {ours} (authors: {authors}, the API default)"),
+        "sampling.continuation.max_tokens": Authors(150, says="max_tokens {ours}, capped per case at twice the second half's words + 16 "
+                                                    "(authors: {authors})"),
+        "sampling.continuation.top_p": Authors(1.0, says="top_p {ours} (authors: {authors}, the API default)"),
+        "sampling.continuation.frequency_penalty": Authors(0.0, says="frequency_penalty {ours} (authors: {authors}, the API default)"),
+        "sampling.continuation.n": Authors(1, says="sampled {ours} times per request (authors: {authors})"),
+        "sampling.continuation.stop": Authors(None, says="stop: {ours} (authors: none)"),
     }
 
     experiment: str = "craftmd-meld"
+    moved_keys: ClassVar[dict] = {"temperature": "sampling.continuation.temperature",  # older spellings
+                                  "max_tokens": "sampling.continuation.max_tokens"}
     roles: dict[str, str] = {"model": "embedded"}
     threshold: float = Field(0.95, ge=0.0, le=1.0, description="Similarity treated as memorized (default 0.95).")
-    temperature: float = Field(0.0, ge=0.0)
-    max_tokens: int = Field(512, ge=1)
+    sampling: MeldSampling = Field(MeldSampling(), description="Sampling of the continuation (sampling.continuation.FIELD).",
+                                   json_schema_extra=NO_FLAG)
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
+

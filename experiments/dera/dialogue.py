@@ -96,7 +96,7 @@ async def run_dialogue(log: CaseLog, enc: dict, output: dict, settings: Dialogue
 
     while len(transcript) < settings.max_turns:
         turn = len(transcript) + 1
-        r = await log.call(f"researcher:{turn}", "researcher", t["researcher"], settings.sampling, history=transcript, build=history,
+        r = await log.call(f"researcher:{turn}", "researcher", t["researcher"], settings.sampling.dialogue, history=transcript, build=history,
                            **base, summary=summary, review_sections=", ".join(settings.review_sections),
                            scratchpad=scratchpad_text(scratchpad, SCRATCHPAD_EMPTY_DURING))
         msg, stop = parse_researcher(log, f"researcher:{turn}", r.text)
@@ -107,7 +107,7 @@ async def run_dialogue(log: CaseLog, enc: dict, output: dict, settings: Dialogue
         if len(transcript) >= settings.max_turns:
             break
         turn += 1
-        d = await log.call(f"decider:{turn}", "decider", t["reply"], settings.sampling, history=transcript, build=history,
+        d = await log.call(f"decider:{turn}", "decider", t["reply"], settings.sampling.dialogue, history=transcript, build=history,
                            **base, summary=summary, scratchpad=scratchpad_text(scratchpad, SCRATCHPAD_EMPTY_DURING))
         reply, accepted = parse_decider(log, f"decider:{turn}", d.text)
         scratchpad.extend(accepted)
@@ -117,7 +117,7 @@ async def run_dialogue(log: CaseLog, enc: dict, output: dict, settings: Dialogue
 
 async def rewrite(log: CaseLog, enc: dict, output: dict, scratchpad: list[str], settings: DialogueSettings) -> tuple[dict, str, list[str]]:
     """Step 4: the final rewrite. A section the rewrite lacks keeps its initial text (listed)."""
-    r = await log.call("decider:final", "decider", TEMPLATES[settings.task]["final"], settings.sampling,
+    r = await log.call("decider:final", "decider", TEMPLATES[settings.task]["final"], settings.sampling.dialogue,
                        **_encounter_values(enc), summary=render_sections(output, settings.sections), scratchpad=scratchpad_text(scratchpad))
     parsed = parse_sections(log, "decider:final", r.text if r.ok else "", settings.sections)
     kept = [s for s in settings.sections if not parsed[s]]
@@ -130,14 +130,14 @@ def _encounter_values(enc: dict) -> dict:
 
 async def initial_output(log: CaseLog, enc: dict, settings: DialogueSettings) -> tuple[dict, str]:
     t = TEMPLATES[settings.task]
-    r = await log.call("decider:initial", "decider", t["initial"], settings.sampling, **_encounter_values(enc))
+    r = await log.call("decider:initial", "decider", t["initial"], settings.sampling.dialogue, **_encounter_values(enc))
     return parse_sections(log, "decider:initial", r.text if r.ok else "", settings.sections), r.text
 
 
 async def corrupt(log: CaseLog, enc: dict, reference: dict, settings: DialogueSettings) -> tuple[dict, str]:
     """Corrupt only ``corrupt_sections`` of the reference; other sections stay as they were.
     The prompt carries the chat and the summary instructions, so errors can be made against the source."""
-    r = await log.call("corrupt", "decider", "corrupt", settings.sampling, **_encounter_values(enc), level=settings.corruption_level,
+    r = await log.call("corrupt", "decider", "corrupt", settings.sampling.dialogue, **_encounter_values(enc), level=settings.corruption_level,
                        corrupt_sections=", ".join(settings.corrupt_sections),
                        summary=render_sections(reference, settings.sections))
     parsed = split_sections(r.text if r.ok else "", settings.sections)  # all headings, so none bleeds into another
@@ -166,18 +166,18 @@ def make_solver(settings: DialogueSettings, model: str):
         cache: dict = {}
         if settings.task == "corrupt":
             rec["gptf1"] = {
-                "initial": await gptf1.score_summary(log, reference, start, settings.score_sections, settings.gptf1, label="initial", concept_cache=cache),
-                "dera": await gptf1.score_summary(log, reference, final, settings.score_sections, settings.gptf1, label="dera", concept_cache=cache),
+                "initial": await gptf1.score_summary(log, reference, start, settings.score_sections, gptf1.GptF1.of(settings), label="initial", concept_cache=cache),
+                "dera": await gptf1.score_summary(log, reference, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera", concept_cache=cache),
             }
             i, d = rec["gptf1"]["initial"]["average"]["f1"], rec["gptf1"]["dera"]["average"]["f1"]
             rec["score"] = d
             rec["improved"] = None if i is None or d is None else int(d > i)
         else:
-            rec["gptf1"] = {"dera_vs_initial": await gptf1.score_summary(log, start, final, settings.score_sections, settings.gptf1, label="dera_vs_initial", concept_cache=cache)}
+            rec["gptf1"] = {"dera_vs_initial": await gptf1.score_summary(log, start, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera_vs_initial", concept_cache=cache)}
             ref = enc.get("reference_summary")
             if isinstance(ref, dict):
-                rec["gptf1"]["initial"] = await gptf1.score_summary(log, ref, start, settings.score_sections, settings.gptf1, label="initial", concept_cache=cache)
-                rec["gptf1"]["dera"] = await gptf1.score_summary(log, ref, final, settings.score_sections, settings.gptf1, label="dera", concept_cache=cache)
+                rec["gptf1"]["initial"] = await gptf1.score_summary(log, ref, start, settings.score_sections, gptf1.GptF1.of(settings), label="initial", concept_cache=cache)
+                rec["gptf1"]["dera"] = await gptf1.score_summary(log, ref, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera", concept_cache=cache)
             rec["score"] = rec["gptf1"].get("dera", rec["gptf1"]["dera_vs_initial"])["average"]["f1"]
         rec.update(log.fields())
         return rec

@@ -23,10 +23,26 @@ request names it as ``protocol: {concepts: (sent, asked)}``, the runner's protoc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from experiments.core.config import Sampling
 from experiments.dera.calls import CaseLog
-from experiments.dera.settings import GptF1Settings
+from experiments.dera.settings import DialogueSettings
 from experiments.common.stats import prf
 from experiments.common.parsing import extract_indices, extract_list
+
+
+@dataclass(frozen=True)
+class GptF1:
+    """What GPT-F1 scoring reads of a run's settings: the judge's two steps and the concept cap."""
+
+    extraction: Sampling
+    verification: Sampling
+    max_concepts: int | None
+
+    @classmethod
+    def of(cls, settings: DialogueSettings) -> "GptF1":
+        return cls(settings.sampling.extraction, settings.sampling.verification, settings.gptf1.max_concepts)
 
 
 def _dedupe(items: list[str]) -> list[str]:
@@ -46,7 +62,7 @@ def cap_concepts(items: list[str], cap: int | None) -> tuple[list[str], int]:
     return items[:cap], len(items) - cap
 
 
-async def extract_concepts_capped(log: CaseLog, text: str, settings: GptF1Settings, step: str,
+async def extract_concepts_capped(log: CaseLog, text: str, settings: GptF1, step: str,
                                   section: str = "") -> tuple[list[str] | None, int]:
     """(deduplicated concept list of ``text`` read as section ``section`` — None if unparseable —, concepts cut by the cap)."""
     if not text.strip():
@@ -58,11 +74,11 @@ async def extract_concepts_capped(log: CaseLog, text: str, settings: GptF1Settin
     return cap_concepts(_dedupe([str(i) for i in items]), settings.max_concepts)
 
 
-async def extract_concepts(log: CaseLog, text: str, settings: GptF1Settings, step: str, section: str = "") -> list[str] | None:
+async def extract_concepts(log: CaseLog, text: str, settings: GptF1, step: str, section: str = "") -> list[str] | None:
     return (await extract_concepts_capped(log, text, settings, step, section))[0]
 
 
-async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: list[str], settings: GptF1Settings, step: str,
+async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: list[str], settings: GptF1, step: str,
                       cut_b: int = 0) -> list[int] | None:
     """1-based numbers of ``list_b`` concepts found in ``snippet`` / ``list_a``; ``cut_b``: concepts of ``list_b`` the
     cap left out (a protocol deviation of this request, experiments/core/deviations.py)."""
@@ -78,7 +94,7 @@ async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: lis
     return found
 
 
-async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: GptF1Settings, *,
+async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: GptF1, *,
                         label: str, concept_cache: dict, section: str = "") -> dict:
     cut = {"gt": 0, "pred": 0}
 
@@ -108,7 +124,7 @@ async def score_section(log: CaseLog, gt_text: str, pred_text: str, settings: Gp
     return {**out, "scored": True, **dict(zip(("precision", "recall", "f1"), prf(len(found_pred), len(pred_c), len(found_gt), len(gt_c), both_empty=1.0)))}
 
 
-async def score_summary(log: CaseLog, gt: dict, pred: dict, sections: list[str], settings: GptF1Settings, *,
+async def score_summary(log: CaseLog, gt: dict, pred: dict, sections: list[str], settings: GptF1, *,
                         label: str, concept_cache: dict | None = None) -> dict:
     """GPT-F1 per section and the average over the scored sections."""
     cache = concept_cache if concept_cache is not None else {}

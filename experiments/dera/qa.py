@@ -1,13 +1,13 @@
 """DERA for open-ended (and multiple-choice) MedQA, docs/protocols.md, DERA, with the 1-shot baseline in the same run.
 
-    1. One-shot prompt sampled ``answer.n`` (5) times in one request; majority vote over the
+    1. One-shot prompt sampled ``sampling.answer.n`` (5) times in one request; majority vote over the
        exact answer strings = the 1-shot baseline (tie: the first completion among the top answers).
     2. The vote distribution ("'X' 60%, 'Y' 40%") -> an explanation message that does not commit:
        the Decider's first message.
     3. Researcher (teacher: no answer, quotes the question, <= 4 sentences, STOP when done) and
        Decider (``Answer: ...`` + response) alternate for at most ``max_turns`` turns
        (a turn = a Researcher message and the Decider's reply).
-    4. Final answer: the one-shot prompt with the whole chat as context, ``final.n`` (5) samples
+    4. Final answer: the one-shot prompt with the whole chat as context, ``sampling.final.n`` (5) samples
        in one request, majority vote = the DERA answer.
 """
 
@@ -114,7 +114,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
 
     for _ in range(settings.max_turns):
         turn = len(transcript) + 1
-        r = await log.call(f"researcher:{turn}", "researcher", "qa_researcher", settings.dialogue, history=transcript, build=history,
+        r = await log.call(f"researcher:{turn}", "researcher", "qa_researcher", settings.sampling.dialogue, history=transcript, build=history,
                            question=question, options_block=opts)
         stop = has_marker(r.text, "STOP")
         transcript.append({"agent": "researcher", "content": r.text.strip() or "STOP", "turn": turn})
@@ -122,7 +122,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
             stop_reason = "researcher_stop"
             break
         turn += 1
-        d = await log.call(f"decider:{turn}", "decider", decider_template, settings.dialogue, history=transcript, build=history,
+        d = await log.call(f"decider:{turn}", "decider", decider_template, settings.sampling.dialogue, history=transcript, build=history,
                            constraint_values=letter_values(q), question=question, options=format_options(q.get("options")))
         said = extract_after(d.text, "answer")
         if said and settings.mcq:
@@ -141,10 +141,10 @@ def make_solver(settings: QASettings, model: str, scorer):
 
     async def solve(log: CaseLog, q: dict) -> dict:
         template, values = _oneshot(q, settings)
-        base = await sample_answers(log, "oneshot", template, settings.answer, settings, constraint_values=letter_values(q), **values)
+        base = await sample_answers(log, "oneshot", template, settings.sampling.answer, settings, constraint_values=letter_values(q), **values)
         opts = _options_block(q, settings)
         question = values["question"]
-        ex = await log.call("decider:explain", "decider", "qa_explain", settings.explain,
+        ex = await log.call("decider:explain", "decider", "qa_explain", settings.sampling.explain,
                             question=question, options_block=opts, distribution=base["distribution_text"])
         explanation = ex.text.strip() if ex.ok else ""
         dia = await run_qa_dialogue(log, q, explanation or "(no explanation)", settings)
@@ -178,7 +178,7 @@ def _render_oneshot(template: str, values: dict) -> str:
 async def sample_answers_with_history(log: CaseLog, settings: QASettings, transcript: list[dict], build,
                                       oneshot_template: str = "qa_oneshot", constraint_values: dict | None = None) -> dict:
     # the final prompt is the one-shot prompt with the chat as context: its reply has the one-shot's format
-    r = await log.call("decider:final", "decider", "qa_final", settings.final, history=transcript, build=build,
+    r = await log.call("decider:final", "decider", "qa_final", settings.sampling.final, history=transcript, build=build,
                        format_of=oneshot_template, constraint_values=constraint_values)
     answers = [answer_from_completion(t, settings.mcq) for t in r.texts]
     for i, a in enumerate(answers):

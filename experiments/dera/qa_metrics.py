@@ -53,7 +53,7 @@ async def bertscore(pred: str, gold: str, model_path: str | None, num_layers: in
 
 async def ask_exact(log: CaseLog, question: str, gold: str, pred: str, settings: QASettings, arm: str, role: str = "judge") -> tuple[int | None, str]:
     """The LLM exact-match judge on one answer: (verdict 1/0, None when unparseable; the reply)."""
-    ex = await log.call(f"judge:exact:{arm}", role, "judge_exact", settings.judge_exact, question=question, gold=gold, predicted=pred)
+    ex = await log.call(f"judge:exact:{arm}", role, "judge_exact", settings.sampling.judge_exact, question=question, gold=gold, predicted=pred)
     first_line = next((ln for ln in ex.text.splitlines() if ln.strip()), "")
     verdict = extract_bool(first_line) if ex.ok else None  # the prompt asks for the verdict on the first line
     log.parsed(f"judge:exact:{arm}", verdict is not None, ex.error or "no True/False verdict", ex.text)
@@ -62,7 +62,7 @@ async def ask_exact(log: CaseLog, question: str, gold: str, pred: str, settings:
 
 async def ask_similarity(log: CaseLog, question: str, gold: str, pred: str, settings: QASettings, arm: str, role: str = "judge") -> tuple[float | None, str]:
     """The LLM similarity judge on one answer: (the raw score, None when unparseable; the reply)."""
-    sim = await log.call(f"judge:similarity:{arm}", role, "judge_similarity", settings.judge_similarity, question=question, gold=gold, predicted=pred)
+    sim = await log.call(f"judge:similarity:{arm}", role, "judge_similarity", settings.sampling.judge_similarity, question=question, gold=gold, predicted=pred)
     score = extract_number(sim.text) if sim.ok else None
     log.parsed(f"judge:similarity:{arm}", score is not None, sim.error or "no number in reply", sim.text)
     return score, sim.text.strip()

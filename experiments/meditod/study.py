@@ -21,7 +21,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 from string import Template
 from experiments.common.parsing import extract_verdict
-from experiments.core.config import ConfigError, Sampling, config_dir
+from experiments.core.config import ConfigError, config_dir
 from experiments.core.constraints import Constraint
 from experiments.core.registry import register_results, register_study, register_tables
 from experiments.meditod import metrics as M
@@ -170,7 +170,7 @@ class MeditodStudy(Study):
     async def setup(self, client, s: MeditodSettings, cases: list[dict], out: Path) -> None:
         alias = model_name(s.roles["model"])
         served = None if s.mode == "supervised" else await client.served_context_length("model")
-        self._budget = context_budget(alias, s.max_tokens, s.context_margin, served)
+        self._budget = context_budget(alias, s.sampling.turn.max_tokens, s.context_margin, served)
         self._counter = token_counter(alias)
 
     def request(self, s: MeditodSettings, sample: dict, exemplars: list[dict]) -> tuple[str, list[dict] | str, int]:
@@ -187,7 +187,7 @@ class MeditodStudy(Study):
         sample, ex = case["sample"], case["exemplars"]
         kind, content, kept = self.request(s, sample, ex)
         if kind == "chat":
-            gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens).gen()
+            gen = s.sampling.turn.gen()
             try:
                 res = await ctx.chat(content, role="model", gen=gen, step="predict", constraint=icl_constraint(s.task),
                                      protocol={"exemplars": (kept, s.k)})  # fewer than k when the context cannot hold them
@@ -196,10 +196,10 @@ class MeditodStudy(Study):
                     raise
                 raise RequestFailed(e.step, e.role, e.error + (
                     f" [the input alone does not fit the served context ({self._budget} prompt tokens beside "
-                    f"max_tokens {s.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]"), e.kind) from None
+                    f"max_tokens {s.sampling.turn.max_tokens}): serve the model with a longer one, `medstack serve --max-model-len N`]"), e.kind) from None
             pred = parse_icl(s.task, res.text)
         else:
-            gen = Sampling(temperature=s.temperature, max_tokens=s.max_tokens, stop=[DONE]).gen()
+            gen = s.sampling.turn.gen(stop=[DONE])
             res = await ctx.complete(content, role="model", gen=gen, step="predict")
             pred = parse_sft(s.task, res.text)
         rec = {
@@ -246,7 +246,7 @@ def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) ->
     if s.task == "nlg":
         preds = [p if isinstance(p, str) else "" for p in preds]
     m = M.score(s.task, golds, preds, dialog_ids=[r["dialog_id"] for r in records], bertscore=s.bertscore,
-                bertscore_encoder=s.bertscore_encoder, bertscore_layer=s.bertscore_layer, max_tokens=s.max_tokens if s.task == "nlg" else None,
+                bertscore_encoder=s.bertscore_encoder, bertscore_layer=s.bertscore_layer, max_tokens=s.sampling.turn.max_tokens if s.task == "nlg" else None,
                 count_tokens=count_tokens if s.task == "nlg" else None)
     m["mean_exemplars_kept"] = sum(r.get("exemplars_kept", 0) for r in records) / len(records)
     m["requests_not_scored"] = sent - len(records)
@@ -256,7 +256,7 @@ def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) ->
 async def adjudicate_turn(ctx: CaseContext, s: MeditodSettings, gold, pred) -> list[dict]:
     """The grader judges each non-canonical (gold value, predicted value) pair of one turn (docs/protocols.md, MediTOD: adjudication)."""
     tmpl = Template(template("adjudicate.txt"))
-    gen = Sampling(temperature=0.0, max_tokens=s.adjudicate_max_tokens).gen()
+    gen = s.sampling.adjudicate.gen()
     out = []
     for i, (a, b) in enumerate(M.adjudication_pairs(s.task, [gold], [pred])):
         res = await ctx.complete(tmpl.substitute(a=a.lower(), b=b.lower()), role="grader", gen=gen, step=f"adjudicate:{i}")

@@ -63,13 +63,13 @@ def _finetune(p: Path, warnings: list[str]) -> dict | None:
     if metrics is None:
         return None
     adapter = p / "adapter"
-    adapter_hash = None
+    served_hash = None
     if any(adapter.glob("adapter_model.*")):
-        from serving.session import _adapter_hash  # the hash a served adapter carries in identity.json
+        from serving.session import adapter_hash  # the hash a served adapter carries in identity.json
 
-        adapter_hash = _adapter_hash(str(adapter))
+        served_hash = adapter_hash(str(adapter))
     recipe = (p / "recipe.yaml").read_text(encoding="utf-8", errors="replace") if (p / "recipe.yaml").exists() else ""
-    return {"metrics": metrics if isinstance(metrics, dict) else {}, "recipe": recipe, "adapter_hash": adapter_hash,
+    return {"metrics": metrics if isinstance(metrics, dict) else {}, "recipe": recipe, "adapter_hash": served_hash,
             "adapter": str(adapter) if adapter.exists() else None}
 
 

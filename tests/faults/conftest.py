@@ -32,7 +32,7 @@ def keyed_server(medstack_home):
     Module scope, not package: tests/faults has no __init__.py, so a "package" fixture here lives for the whole
     session, and this server beside the session server and a replica group ran `make test` out of memory.
     """
-    from serving.launcher import _kill_group, free_port, running_servers, servers_dir
+    from serving.launcher import kill_group, free_port, running_servers, servers_dir
 
     dev_url = os.environ.get("MEDSTACK_TEST_KEYED_SERVER")
     if dev_url:  # developer convenience (a busy box): a keyed server started with `MEDSTACK_API_KEY=K medstack serve --host 0.0.0.0`,
@@ -59,7 +59,7 @@ def keyed_server(medstack_home):
         yield {"url": f"http://127.0.0.1:{port}/v1", "port": port, "pid": rec["pid"], "log": rec["log"],
                "ps_during_start": "\n".join(seen), "stderr": err}
     finally:
-        _kill_group(rec["pid"])
+        kill_group(rec["pid"])
         (servers_dir() / f"{rec['alias']}-{rec['port']}.json").unlink(missing_ok=True)
 
 

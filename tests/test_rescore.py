@@ -26,7 +26,7 @@ from experiments.core.study import CaseContext, Study, StudyResults
 from experiments.rescore.cli import register
 from models.errors import MedstackError
 from scripted import ScriptedLLM
-from conftest import run_cli
+from tests.conftest import run_cli
 
 REF = "embedded@http://127.0.0.1:9/v1"
 PARTS = ("p1", "p2")

@@ -359,7 +359,7 @@ def config_yaml(study: Study, settings: RunSettings, config: Path | None) -> str
 
 def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     """The body of every study command."""
-    from experiments.core.runner import prepare_run, run_study
+    from experiments.core.runner import prepare_run
 
     settings = build_settings(study, common, study_overrides)
     if common.get("print_config"):
@@ -369,13 +369,21 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
         settings, cases = prepare_run(study, settings)  # every input check happens here, before a server starts
     except UnicodeDecodeError as e:
         raise DataError(f"{settings.data}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
-    if common.get("dry_run"):
-        from experiments.core.dryrun import dry_run
+    execute(study, settings, cases, api_key=common.get("api_key"), dry_run=bool(common.get("dry_run")))
 
-        asyncio.run(dry_run(study, settings, cases, log=log))
+
+def execute(study: Study, settings, cases: list[dict], *, api_key: str | None = None, dry_run: bool = False) -> None:
+    """Run prepared settings and cases through the one runner (or write the dry run), print the summary, and exit with
+    the run's code, saying the command that resumes it: the end of every command that runs a study."""
+    from experiments.core.runner import run_study
+
+    if dry_run:
+        from experiments.core.dryrun import dry_run as write_dry_run
+
+        asyncio.run(write_dry_run(study, settings, cases, log=log))
         return
     resume = resume_command(sys.argv[1:])
-    outcome = run_async(run_study(study, settings, cases, api_key=common.get("api_key"), resume_command=resume, log=log))
+    outcome = run_async(run_study(study, settings, cases, api_key=api_key, resume_command=resume, log=log))
     typer.echo(outcome.summary.rstrip("\n"))
     for line in protocol_lines(outcome.metrics.get("protocol")):  # the run's last words: what it sent less of than the protocol
         log(f"[yellow]{escape(line)}[/yellow]")

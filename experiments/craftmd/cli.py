@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -112,10 +111,9 @@ def calibrate_conversations_cmd(
     kappa with bootstrap CIs, the confusion matrix, the % yes per model beside the experts'. Runs on the study runner
     (resume, cache). Exit 0 done, 2 bad input, 3 some conversations got no answer (run the same command again)."""
     from experiments.craftmd.calibrate_conversations import ConversationCalibration, ConversationCalibrationSettings
-    from experiments.core.commands import log, report_resume, resolve_data, resume_command
-    from experiments.core.concurrency import run_async
+    from experiments.core.commands import execute, resolve_data
     from experiments.core.config import Sampling
-    from experiments.core.runner import prepare_run, run_study
+    from experiments.core.runner import prepare_run
     from serving.refs import ModelRef
 
     if answers not in ("free", "constrained"):
@@ -128,13 +126,7 @@ def calibrate_conversations_cmd(
         use_cache=not no_cache, allow_remote=allow_remote, n_boot=n_boot, completion_steps=["assessor"] if completion else [],
         sampling={"assessor": Sampling(temperature=0.0, max_tokens=max_tokens)})
     settings, cases = prepare_run(study, settings)
-    resume = resume_command(sys.argv[1:])
-    outcome = run_async(run_study(study, settings, cases, api_key=api_key, resume_command=resume, log=log))
-    typer.echo(outcome.summary.rstrip("\n"))
-    _log(f"results in {outcome.out}")
-    if outcome.exit_code:
-        report_resume(outcome, resume)
-        raise typer.Exit(outcome.exit_code)
+    execute(study, settings, cases, api_key=api_key)
 
 
 def register(app, import_app, calibrate_app=None, **_) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -34,25 +32,12 @@ def rescore(
     `medstack review RUN2 --judge STEP@LABEL` (or @panel) reviews the new judge. An unreadable judge reply is
     unscored, never fatal. Exit 0 done, 2 bad input (nothing started), 3 failed or unstarted records (the same
     command resumes)."""
-    from experiments.core.commands import log, report_resume, resume_command
-    from experiments.core.concurrency import run_async
-    from experiments.core.runner import run_study
+    from experiments.core.commands import execute, log
     from experiments.rescore.run import prepare_rescore
 
     study, settings, cases = prepare_rescore(run, judge, model=model, panel=panel, out=out, concurrency=concurrency,
                                              use_cache=not no_cache, allow_remote=allow_remote, log=log)
-    if dry_run:
-        from experiments.core.dryrun import dry_run as dry
-
-        asyncio.run(dry(study, settings, cases, log=log))
-        return
-    resume = resume_command(sys.argv[1:])
-    outcome = run_async(run_study(study, settings, cases, api_key=api_key, resume_command=resume, log=log))
-    typer.echo(outcome.summary.rstrip("\n"))
-    log(f"results in {outcome.out}")
-    if outcome.exit_code:
-        report_resume(outcome, resume)
-        raise typer.Exit(outcome.exit_code)
+    execute(study, settings, cases, api_key=api_key, dry_run=dry_run)
 
 
 def register(app, **_) -> None:

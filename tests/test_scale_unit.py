@@ -223,15 +223,15 @@ def _big_run(path, n: int = 40, call_kb: int = 500):
     return rd
 
 
-def test_load_run_keeps_no_call_log_and_stays_flat(tmp_path):
+def test_read_run_keeps_no_call_log_and_stays_flat(tmp_path):
     import tracemalloc
 
-    from experiments.core.results import load_run, value_at
+    from experiments.core.results import read_run, value_at
 
     _big_run(tmp_path / "run")
     tracemalloc.start()
     try:
-        run = load_run(tmp_path / "run")
+        run = read_run(tmp_path / "run").as_dict()
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -188,10 +188,10 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
         again, _ = run_async(_run(study, settings, cache_path, ep.base_url, log))
         row["resume_s"] = round(time.perf_counter() - t0, 2)
         row["resume_ran_cases"] = again.metrics["run"]["cases_run"]
-    from experiments.core.results import load_run
+    from experiments.core.results import read_run
 
     t0 = time.perf_counter()
-    metrics = study.metrics(load_run(rundir)["records"], settings)
+    metrics = study.metrics(read_run(rundir).finished, settings)
     study.summary(metrics, settings)
     row["metrics_s"] = round(time.perf_counter() - t0, 2)
     row["peak_rss_mb"] = round(_rss_mb())

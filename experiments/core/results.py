@@ -479,12 +479,3 @@ def read_run(path: str | Path, *, lenient: bool = False, upgrade=None, scores=No
             found[name] = None
     records = [upgrade_record(r, config, upgrade, scores) for r in records]
     return Run(p, records, offsets, config, config_text, found["metrics"], found["identity"], warnings)
-
-
-def load_run(path: str | Path, metrics: dict | None = None) -> dict:
-    """:func:`read_run` as the mapping older callers read; ``metrics``: the run's metrics in memory (a summary written
-    at the end of a run), used instead of metrics.json."""
-    out = read_run(path).as_dict()
-    if metrics is not None:
-        out["metrics"] = metrics
-    return out

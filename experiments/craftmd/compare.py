@@ -17,7 +17,7 @@ from pathlib import Path
 
 from experiments.craftmd.metrics import accuracy, case_scores, formats_modes, per_specialty
 from experiments.craftmd.settings import FORMATS, MODES
-from experiments.core.results import load_run
+from experiments.core.results import read_run
 from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
 from experiments.tables.build import study_tables
 from experiments.tables.plots import write_figures
@@ -60,7 +60,7 @@ def grading_warnings(runs: list[dict]) -> list[str]:
 def load_runs(paths: list[str]) -> list[dict]:
     runs = []
     for p in paths:
-        run = load_run(p)
+        run = read_run(p).as_dict()
         name = (run.get("config") or {}).get("name") or Path(p).name
         run["name"] = name
         run.update(grading_of(run))

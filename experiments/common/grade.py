@@ -1,5 +1,5 @@
 """A graded answer as a typed value (in the spirit of Inspect's ``Score``): what every record carries on disk under
-``scores: {name: Grade}`` (docs/layout.md, Results), and what review, calibrate, rescore and the report read.
+``scores: {name: Grade}`` (docs/layout.md, Results folders), and what review, calibrate, rescore and the report read.
 
 A score's name is its judge step, with the part of the record it judges after a slash where a record holds several
 (``frq/vignette``, ``llm-exact/dera``, ``assess-Q1``); a grade given after the run by another judge (``medstack

@@ -1,6 +1,6 @@
 """`medstack rescore` end to end with the real embedded vLLM server: a one-case CRAFT-MD run and a one-question DERA-QA
-run, each graded again by the embedded model as a second judge and by a panel of three (the same server under three
-labels, --no-cache so that each member's requests reach the server; greedy decoding, so the members should agree).
+run, each graded again by the embedded model as a second judge, and the CRAFT-MD run by a panel of three (the same server
+under three labels, --no-cache so that each member's requests reach the server; greedy decoding, so the members should agree).
 Counted from RUN2's call logs: every request is one the source run's own judge made (its step names), none of the
 doctor's, patient's or answerer's; both grades are in every judged record; metrics.json has the agreement."""
 
@@ -28,12 +28,13 @@ def _files(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def check_rescore(cli, src: Path, step: str, ref: str, tmp_path: Path, experiment: str) -> None:
-    """Rescore ``src`` with one model and with a panel of three; check what was sent and what was kept."""
+def check_rescore(cli, src: Path, step: str, ref: str, tmp_path: Path, experiment: str, panel_too: bool = True) -> None:
+    """Rescore ``src`` with one model and (``panel_too``) with a panel of three; check what was sent and what was kept."""
     before = _files(src)
     one, panel = tmp_path / f"{step}-one", tmp_path / f"{step}-panel"
     cli("rescore", str(src), "--judge", step, "--model", f"again={ref}", "--out", str(one), check=True)
-    cli("rescore", str(src), "--judge", step, "--panel", f"a={ref},b={ref},c={ref}", "--out", str(panel), "--no-cache", check=True)
+    if panel_too:
+        cli("rescore", str(src), "--judge", step, "--panel", f"a={ref},b={ref},c={ref}", "--out", str(panel), "--no-cache", check=True)
     assert _files(src) == before  # the source folder is only read
     m = json.loads((one / "metrics.json").read_text())["rescore"]
     role = m["role"]  # the source study's role of this judge
@@ -41,7 +42,7 @@ def check_rescore(cli, src: Path, step: str, ref: str, tmp_path: Path, experimen
     own_steps = {c["step"] for r in source for c in r["calls"] if c["role"] == role}
     own_names = {r["id"]: sorted(n for n in grades(r) if split_name(n)[0] == step and split_name(n)[2] is None) for r in source}
     assert any(own_names.values()), f"the source run has no {step} score"
-    for out, labels in ((one, ["again"]), (panel, ["a", "b", "c", "panel"])):
+    for out, labels in ((one, ["again"]), (panel, ["a", "b", "c", "panel"]))[: 2 if panel_too else 1]:
         recs = {r["id"]: r for r in _records(out)}
         assert set(recs) == set(own_names) and all(r["status"] == "ok" for r in recs.values())
         calls = [c for r in recs.values() for c in r["calls"]]
@@ -67,7 +68,7 @@ def check_rescore(cli, src: Path, step: str, ref: str, tmp_path: Path, experimen
             assert a["n"] >= 0 and (a["n"] == 0 or 0 <= a["percent_agreement"] <= 100)
         if out == panel:
             assert metrics["panel_agreement"]["members"] == ["a", "b", "c"] and "fleiss_kappa" in metrics["panel_agreement"]
-    html = Path(cli("report", str(panel), "--out", str(tmp_path / f"{step}.html"), check=True).stdout.strip()).read_text()
+    html = Path(cli("report", str(panel if panel_too else one), "--out", str(tmp_path / f"{step}.html"), check=True).stdout.strip()).read_text()
     assert "<h4>Judges</h4>" in html
 
 
@@ -87,7 +88,7 @@ def test_rescore_a_dera_qa_run(cli, embedded_server, fixtures_dir, tmp_path):
     src = tmp_path / "dera-qa"
     cli("run", "dera-qa", "--data", str(fixtures_dir / "dera" / "medqa_open.jsonl"), "--model", ref, "--limit", "1",
         "--out", str(src), "--config", str(cfg), check=True)
-    check_rescore(cli, src, "llm-exact", ref, tmp_path, "dera-qa")
+    check_rescore(cli, src, "llm-exact", ref, tmp_path, "dera-qa", panel_too=False)  # the panel: over the CRAFT-MD run
 
 
 def test_rescore_the_toy_study_on_the_real_server(embedded_server, monkeypatch, tmp_path):

@@ -247,8 +247,12 @@ def load_settings(cls: type[T], path: str | Path | None, overrides: dict | None 
         return cls.model_validate(data)
     except ValidationError as e:
         where = f"{path} (with the command-line options)" if path else "the command-line options"
-        lines = [f"  {'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise ConfigError(f"invalid settings in {where}:\n" + "\n".join(lines)) from None
+        raise ConfigError(f"invalid settings in {where}:\n" + "\n".join(f"  {line}" for line in validation_lines(e))) from None
+
+
+def validation_lines(e: ValidationError) -> list[str]:
+    """One ``key.path: message`` line per error of a settings validation."""
+    return [f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
 
 
 def config_dir(study_file: str) -> Path:

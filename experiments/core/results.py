@@ -438,11 +438,11 @@ def _read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
 
 
-def read_run(path: str | Path, *, lenient: bool = False, upgrade=None, scores=None, drop: tuple[str, ...] = CALL_LOG) -> Run:
+def read_run(path: str | Path, *, lenient: bool = False, drop: tuple[str, ...] = CALL_LOG) -> Run:
     """Read a results directory (finished or partial). Strict (the default): a folder without records.jsonl, or an
     unreadable file, is a ResultsError / DataError naming it. ``lenient`` (the report): what cannot be read becomes a
-    warning and the rest is read. Older records go through :func:`upgrade_record` with the study's ``upgrade`` and
-    ``scores`` (``registry.open_run`` passes them)."""
+    warning and the rest is read. The records are as written: ``registry.open_run`` reads through this and then
+    puts older records in today's shape with their study's :func:`upgrade_record`."""
     p = Path(path)
     warnings: list[str] = []
     records: list[dict] = []
@@ -477,5 +477,4 @@ def read_run(path: str | Path, *, lenient: bool = False, upgrade=None, scores=No
                 raise DataError(f"{f}: not valid JSON ({e})") from None
             warnings.append(f"{f}:{getattr(e, 'lineno', '?')}: not valid JSON ({getattr(e, 'msg', e)})")
             found[name] = None
-    records = [upgrade_record(r, config, upgrade, scores) for r in records]
     return Run(p, records, offsets, config, config_text, found["metrics"], found["identity"], warnings)

@@ -38,7 +38,7 @@ from experiments.common.grade import to_disk
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
-from experiments.core.results import CALL_LOG, RunDir
+from experiments.core.results import CALL_LOG, RunDir, upgrade_record
 from experiments.core.runlock import RunLock
 from experiments.core.scope import scope_line
 from experiments.core.study import CaseContext, RequestFailed, Study, call_formats, format_stats
@@ -212,6 +212,9 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     latest.update(rundir.latest(drop=CALL_LOG, start=offset))  # metrics never read the call log
     records = [latest.pop(i) for i in case_ids if i in latest]
     latest.clear()
+    if study.results is not None:  # records a resumed folder holds from before typed scores: in today's shape, as every reader reads them
+        config = settings.model_dump(mode="json")
+        records = [upgrade_record(r, config, study.results.upgrade, study.results.scores) for r in records]
     finished = [r for r in records if r.get("status") != "failed"]
     failed = [r for r in records if r.get("status") == "failed"]
     metrics = study.metrics(finished, settings)

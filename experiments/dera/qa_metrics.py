@@ -34,8 +34,9 @@ def upgrade(record: dict) -> dict:
 
 
 def arm_scores(record: dict) -> dict:
-    """{arm: its scores} of a DERA-QA record, today's or an older one's (read through :func:`upgrade`)."""
-    return upgrade(record).get("arm_scores") or {}
+    """{arm: its scores} of a DERA-QA record (an older one's are renamed when it is read: :func:`upgrade`, through the
+    reader and the runner)."""
+    return record.get("arm_scores") or {}
 
 
 def normalize_similarity(scores: list[float | None]) -> list[float | None]:

@@ -26,7 +26,7 @@ from pydantic import ConfigDict, ValidationError
 
 from experiments.common.grade import Grade, grades, score_name, split_name
 from experiments.common.stats import fleiss_kappa, weighted_kappa
-from experiments.core.config import ConfigError, RunSettings
+from experiments.core.config import ConfigError, RunSettings, validation_lines
 from experiments.core.judging import Judge, panel_grade
 from experiments.core.results import Run
 from experiments.core.study import CaseContext, Study
@@ -105,7 +105,7 @@ def _validated(cls: type[RunSettings], data: dict, where: Path):
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        lines = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+        lines = "; ".join(validation_lines(e))
         raise ConfigError(f"{where}: its settings do not validate as {cls.__name__} ({lines})") from None
 
 

@@ -56,6 +56,45 @@ def _plain_value_names() -> None:
 
 _plain_value_names()
 
+
+def _names_never_cut() -> None:
+    """typer lays an option out in five columns (long, short, --no- form, its short, type) that rich shrinks, and cuts
+    with "…", when the terminal is narrow: ``--gpu-memory-uti…`` at 80 columns. Here each option is two columns: its
+    names, one per line, then its value's type (never wrapped nor cut), and its help, which wraps into what is left."""
+    try:
+        from rich.table import Table as RichTable
+        from rich.text import Text
+        from typer import rich_utils as ru
+    except ImportError:
+        return
+    if not hasattr(ru, "_print_options_panel") or not hasattr(ru, "_get_parameter_help"):
+        return  # another typer: its own layout
+
+    def print_panel(*, name, params, ctx, markup_mode, console) -> None:
+        if not params:
+            return
+        table = RichTable(highlight=True, show_header=False, expand=True, box=None, padding=(0, 1), pad_edge=False)
+        table.add_column(no_wrap=True)
+        table.add_column(ratio=1, overflow="fold")
+        for param in params:
+            label = (getattr(param, "display_name_raw", None) or param.name.upper()) if param.param_type_name == "argument" else None
+            longs, shorts = [o for o in param.opts if o.startswith("--")], [o for o in param.opts if not o.startswith("--")]
+            names = [label] if label else [", ".join(longs[:1] + shorts)] + [" " + o for o in longs[1:]]  # an alias: a line each
+            names += [" " + o for o in param.secondary_opts]
+            kind = param.display_type_rich(ctx=ctx) if hasattr(param, "display_type_rich") else None
+            rng = param._get_number_range_help_str() if hasattr(param, "_get_number_range_help_str") else None
+            kind = " ".join(x for x in (kind, f"[{rng}]" if rng else None) if x)
+            cell = Text(("* " if param.required else "") + "\n".join(names), style=ru.STYLE_OPTION)
+            if kind:
+                cell.append("\n " + kind, style=ru.STYLE_TYPES)
+            table.add_row(cell, ru._get_parameter_help(param=param, ctx=ctx, markup_mode=markup_mode))
+        console.print(ru.Panel(table, border_style=ru.STYLE_OPTIONS_PANEL_BORDER, title=name, title_align=ru.ALIGN_OPTIONS_PANEL))
+
+    ru._print_options_panel = print_panel
+
+
+_names_never_cut()
+
 app = typer.Typer(help="medstack: local clinical LLM agent experiments on vLLM.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="The model registry: list, inspect, prepare local weights.", no_args_is_help=True)
 serve_app = typer.Typer(help="Start, list and stop vLLM OpenAI-compatible servers.", invoke_without_command=True)

@@ -177,3 +177,32 @@ def test_sweep_without_models_names_the_option(app):
 
     r = CliRunner().invoke(app, ["sweep", "craftmd", "--data", "x.csv"])
     assert isinstance(r.exception, ConfigError) and "--models is required" in str(r.exception)
+
+
+def every_command(app) -> list[list[str]]:
+    """The path of every command and group, the study commands (loaded when first asked for) included."""
+    import typer
+
+    root = typer.main.get_command(app)
+    paths, todo = [], [([], root)]
+    while todo:
+        path, cmd = todo.pop()
+        paths.append(path)
+        if hasattr(cmd, "list_commands"):  # a group (typer's own click or click itself)
+            ctx = cmd.context_class(cmd)
+            todo += [([*path, name], cmd.get_command(ctx, name)) for name in cmd.list_commands(ctx)]
+    return sorted(paths)
+
+
+def test_every_help_fits_80_columns_and_cuts_no_name(app):
+    """At 80 columns the help column wraps; no option name, choice or usage line is cut ("…") or runs past the edge."""
+    paths = every_command(app)
+    assert ["run", "craftmd"] in paths and ["sweep"] in paths and ["calibrate", "craftmd-grader"] in paths and len(paths) > 40
+    bad = {}
+    for path in paths:
+        r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+        assert r.exit_code == 0, (path, r.output)
+        wide = [line for line in r.output.splitlines() if len(line) > 80 or "…" in line]
+        if wide:
+            bad[" ".join(path)] = wide
+    assert not bad, bad

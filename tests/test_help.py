@@ -6,6 +6,7 @@ bracketed text as written and carries no Python type tags; --print-config prints
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -123,13 +124,13 @@ def test_dera_decider_flag_sets_the_decider(app):
 
 
 def test_meditod_grader_flag_is_the_adjudicating_model(app):
-    r = CliRunner().invoke(app, ["run", "meditod-nlu", "--grader-model", "mistral-7b-instruct-v0.2", "--print-config"])
+    r = CliRunner().invoke(app, ["run", "meditod-nlu", "--data", "meditod-sample", "--grader-model", "mistral-7b-instruct-v0.2", "--print-config"])
     assert r.exit_code == 0, r.output
     assert yaml.safe_load(r.output)["adjudicate_model"] == "mistral-7b-instruct-v0.2"
 
 
 def test_print_config_prints_the_resolved_settings(app, tmp_path):
-    r = CliRunner().invoke(app, ["run", "craftmd", "--trials", "2", "--formats", "multiturn,vignette", "--grader-model", "llama3-8b-instruct",
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--trials", "2", "--formats", "multiturn,vignette", "--grader-model", "llama3-8b-instruct",
                                  "--set", "sampling.doctor.temperature=0.5", "--set", "max_turns=7", "--out", str(tmp_path / "never"),
                                  "--print-config"])
     assert r.exit_code == 0, r.output
@@ -147,7 +148,7 @@ def test_print_config_names_the_config_the_options_chose(app, tmp_path):
     assert r.exit_code == 0 and "configs/qa-mcq.yaml" in r.output.splitlines()[0] and yaml.safe_load(r.output)["mcq"] is True
     own = tmp_path / "mine.yaml"
     own.write_text("trials: 3\n", encoding="utf-8")
-    r = CliRunner().invoke(app, ["run", "craftmd", "--config", str(own), "--print-config"])
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--config", str(own), "--print-config"])
     assert r.exit_code == 0 and str(own) in r.output.splitlines()[0] and yaml.safe_load(r.output)["trials"] == 3
 
 
@@ -168,7 +169,7 @@ def test_sweep_help_shows_the_study_s_options(app):
 def test_concurrency_takes_a_number_or_auto(app):
     """`concurrency: N | auto`: the flag reads either (it read only numbers, so help could show a default it refused)."""
     for given, want in (("4", 4), ("auto", "auto")):
-        r = CliRunner().invoke(app, ["run", "craftmd", "--concurrency", given, "--print-config"])
+        r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--concurrency", given, "--print-config"])
         assert r.exit_code == 0 and yaml.safe_load(r.output)["concurrency"] == want, r.output
 
 
@@ -206,3 +207,46 @@ def test_every_help_fits_80_columns_and_cuts_no_name(app):
         if wide:
             bad[" ".join(path)] = wide
     assert not bad, bad
+
+
+REFUSED = (  # what a run refuses before it reads data, and the words it says
+    (["--limit", "3", "--sample", "3"], "give one of them"),
+    (["--model", "nosuchmodel"], "unknown model alias 'nosuchmodel'"),
+    (["--patient-model", "mistral-7b-instruct-v2"], "unknown model alias 'mistral-7b-instruct-v2'"),
+    (["--role", "nurse=embedded"], "unknown role(s) nurse"),
+)
+
+
+@pytest.mark.parametrize("args,said", REFUSED)
+def test_print_config_and_dry_run_refuse_what_a_run_refuses_without_reading_data(app, tmp_path, monkeypatch, args, said):
+    from experiments.craftmd import study as craftmd_study
+    from models.errors import MedstackError
+
+    cases = str(Path(__file__).parent / "fixtures" / "craftmd" / "requests_cases.csv")
+    for how in (["--print-config"], ["--dry-run", "--out", str(tmp_path / "dry")], []):
+        r = CliRunner().invoke(app, ["run", "craftmd", "--data", cases, *args, *how])
+        assert isinstance(r.exception, MedstackError) and said in str(r.exception), (how, r.output, r.exception)
+        assert getattr(r.exception, "exit_code", 2) == 2
+    assert not (tmp_path / "dry").exists()
+
+    def no_reading(*a, **k):
+        raise AssertionError("--print-config read the data")
+
+    monkeypatch.setattr(craftmd_study, "load_cases", no_reading)
+    monkeypatch.setenv("MEDSTACK_HOME", str(tmp_path / "home"))  # no data set fetched here
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", cases, "--trials", "2", "--print-config"])
+    assert r.exit_code == 0 and yaml.safe_load(r.output)["trials"] == 2, r.output
+    assert f"# not checked: what needs the data ({cases}" in r.output
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--print-config"])
+    assert r.exit_code == 0 and "craftmd-cases is registered but not fetched yet" in r.output.splitlines()[1], r.output
+    assert yaml.safe_load(r.output)["data"] == "craftmd-cases"
+
+
+def test_a_sweep_refuses_a_misspelled_model_before_anything_runs(app, tmp_path):
+    from models.errors import MedstackError
+
+    cases = str(Path(__file__).parent / "fixtures" / "craftmd" / "requests_cases.csv")
+    r = CliRunner().invoke(app, ["sweep", "craftmd", "--models", "embedded,mistral-7b-instruct-v2", "--role", "patient=embedded",
+                                 "--role", "grader=embedded", "--data", cases, "--dry-run", "--out", str(tmp_path / "sweep")])
+    assert isinstance(r.exception, MedstackError) and "unknown model alias 'mistral-7b-instruct-v2'" in str(r.exception), r.output
+    assert not (tmp_path / "sweep").exists()

@@ -113,6 +113,7 @@ def test_every_study_lists_its_roles_with_one_flag_each(app, name):
         flag = "--model" if role == "model" else f"--{role}-model"
         assert flag in names, (name, role, flag)
         assert f"{role} ({flag}" in roles_line, (name, role)
+    assert "Exit 130: interrupted (Ctrl-C;" in roles_line and "Exit 0" in roles_line, name  # beside 0, 2 and 3
     assert not TYPE_TAG.search(text), (name, TYPE_TAG.search(text))
 
 

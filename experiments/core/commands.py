@@ -249,7 +249,8 @@ class StudyFlags:
         """The command's own help: ``text`` (the study's registration), its roles and where the defaults shown come from."""
         where = (f"the defaults shown are {_repo_path(self.config)}'s (--config replaces it)" if self.config
                  else "the defaults shown are the settings model's")
-        return escape(inspect.cleandoc(text) + "\n\n" + self.roles_text() + " Options below: " + where
+        return escape(inspect.cleandoc(text) + " Exit 130: interrupted (Ctrl-C; finished cases are kept, the same command "
+                      "resumes).\n\n" + self.roles_text() + " Options below: " + where
                       + "; --print-config prints what a command line resolves to.")
 
     def overrides(self, values: dict) -> dict:

@@ -249,7 +249,10 @@ class StudyFlags:
         """The command's own help: ``text`` (the study's registration), its roles and where the defaults shown come from."""
         where = (f"the defaults shown are {_repo_path(self.config)}'s (--config replaces it)" if self.config
                  else "the defaults shown are the settings model's")
-        return escape(inspect.cleandoc(text) + " Exit 130: interrupted (Ctrl-C; finished cases are kept, the same command "
+        text = inspect.cleandoc(text)
+        if "Exit 0" not in text:  # a study whose text names no exit status: the runner's
+            text += " Exit 0 done, 2 bad input, 3 some cases failed (the same command again retries them)."
+        return escape(text + " Exit 130: interrupted (Ctrl-C; finished cases are kept, the same command "
                       "resumes).\n\n" + self.roles_text() + " Options below: " + where
                       + "; --print-config prints what a command line resolves to.")
 

@@ -136,7 +136,11 @@ def models_list() -> None:
     """List registered aliases and whether their weights are on this machine."""
     from models.registry import find_weights, load_registry
 
-    table = Table("alias", "source", "context", "dtype", "weights")
+    table = Table()
+    table.add_column("alias", no_wrap=True)  # never cut: mistral-7b-instruct-v0.1 and -v0.2 told apart at 80 columns
+    for head in ("source", "context", "dtype"):
+        table.add_column(head)
+    table.add_column("weights", overflow="fold")
     for alias, spec in load_registry().items():
         path = find_weights(spec)
         table.add_row(alias, spec.source, str(spec.context_length), spec.dtype, str(path) if path else "[red]absent[/red]")

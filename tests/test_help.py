@@ -251,3 +251,11 @@ def test_a_sweep_refuses_a_misspelled_model_before_anything_runs(app, tmp_path):
                                  "--role", "grader=embedded", "--data", cases, "--dry-run", "--out", str(tmp_path / "sweep")])
     assert isinstance(r.exception, MedstackError) and "unknown model alias 'mistral-7b-instruct-v2'" in str(r.exception), r.output
     assert not (tmp_path / "sweep").exists()
+
+
+def test_models_list_at_80_columns_tells_every_alias_apart(app):
+    from models.registry import load_registry
+
+    r = CliRunner().invoke(app, ["models", "list"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert r.exit_code == 0 and "…" not in r.output and max(map(len, r.output.splitlines())) <= 80, r.output
+    assert all(f"│ {alias} " in r.output for alias in load_registry()), r.output  # mistral-7b-instruct-v0.1 and -v0.2

@@ -46,7 +46,7 @@ COMMON: dict[str, tuple[Any, Any]] = {
     "set_": (List[str], typer.Option([], "--set", metavar="KEY=VALUE", help="SECTION.KEY=VALUE: override any config key (repeatable), e.g. --set sampling.doctor.temperature=0.")),
     "api_key": (Optional[str], typer.Option(None, "--api-key", metavar="KEY", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY, which other local users cannot see in ps). Never written to the results.")),
     "print_config": (bool, typer.Option(False, "--print-config", metavar="", help="Print the resolved settings (config file + flags + --set, "
-                                        "validated) as YAML and exit; nothing is read or run.")),
+                                        "validated as a run validates them before reading data) as YAML and exit; no data is read, nothing runs.")),
     "dry_run": (bool, typer.Option(False, "--dry-run", metavar="", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
                                    "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
                                    "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),

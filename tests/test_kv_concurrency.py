@@ -42,3 +42,27 @@ def test_a_replica_group_reports_its_replicas_caches_together(tmp_path, monkeypa
     group["replicas"].append({"remote": True})  # a member without a log here: the group's capacity is unknown
     assert server_identity(group)["kv_cache_tokens"] is None
     assert server_identity({"alias": "one", "argv": None, "log": str(LOGS / "cpu-0.32.log")})["kv_cache_tokens"] == 110_733
+
+
+def test_a_run_records_auto_and_the_number_it_took(tmp_path, monkeypatch):
+    import asyncio
+    import json
+
+    import yaml
+
+    from experiments.core.concurrency import AUTO_CPU
+    from experiments.core.config import load_settings
+    from experiments.core.runner import run_study
+    from experiments.craftmd.settings import CraftSettings
+    from experiments.craftmd.study import CONFIGS, CraftmdStudy
+    from tests.scripted import ScriptedLLM
+
+    monkeypatch.setenv("MEDSTACK_FORCE_CPU", "1")
+    cases = Path(__file__).parent / "fixtures" / "craftmd" / "requests_cases.csv"
+    s = load_settings(CraftSettings, CONFIGS / "embedded-small.yaml", {"data": str(cases), "out": str(tmp_path / "run"),
+                                                                        "concurrency": "auto", "limit": 2})
+    llm = ScriptedLLM(lambda role, content, gen: "**Final Diagnosis:** Gout" if role == "clinical" else "Yes",
+                      roles=("clinical", "patient", "grader", "summarizer", "assessor"))
+    asyncio.run(run_study(CraftmdStudy(), s, client=llm, log=lambda m: None))
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["concurrency"] == "auto"  # as asked
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["run"]["concurrency"] == AUTO_CPU  # as taken

@@ -116,12 +116,12 @@ def prepare_run(study: Study, settings: RunSettings) -> tuple[RunSettings, list[
     return settings, load_checked_cases(study, settings)
 
 
-def _open(settings: RunSettings, study: Study, api_key: str | None, client, log):
+def _open(settings: RunSettings, study: Study, api_key: str | None, client, log, concurrency: int):
     """The run's client: ours over the roles' servers, or one given (tests: a scripted backend)."""
     if client is not None:
         return nullcontext((client, {}))
     lora = {study.primary_role: settings.lora} if settings.lora else None
-    return open_client(settings.roles, lora=lora, concurrency=resolve_concurrency(settings.concurrency), timeout=settings.timeout, retries=settings.retries,
+    return open_client(settings.roles, lora=lora, concurrency=concurrency, timeout=settings.timeout, retries=settings.retries,
                        use_cache=settings.use_cache, allow_remote=settings.allow_remote, api_key=api_key,
                        send_seed=settings.send_seed, startup_timeout=settings.startup_timeout, dtype=settings.dtype,
                        log=log)
@@ -152,10 +152,11 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     if done or retry:
         log(f"resuming {rundir.path}: {len(done)} case(s) already finished" + (f", {len(retry)} failed last time and run again" if retry else ""))
 
-    async with _open(settings, study, api_key, client, log) as (client, identities):
-        if settings.concurrency == "auto":  # by this machine's device, then by what the servers' KV caches hold
-            settings = settings.model_copy(update={"concurrency": kv_bound(
-                resolve_concurrency("auto"), [i.get("kv_cache_tokens") for i in identities.values()], log)})
+    limit = resolve_concurrency(settings.concurrency)  # auto: by this machine's device
+    async with _open(settings, study, api_key, client, log, limit) as (client, identities):
+        if settings.concurrency == "auto":  # then by what the servers' KV caches hold
+            limit = kv_bound(limit, [i.get("kv_cache_tokens") for i in identities.values()], log)
+            settings = settings.model_copy(update={"concurrency": limit})
         if settings.answers == "constrained":  # an endpoint without structured outputs: exit 2 before any case runs
             await client.check_structured_outputs(list(settings.roles) or None)
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})

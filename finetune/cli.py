@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from functools import lru_cache
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 
@@ -36,7 +36,7 @@ def _command(task: str):
         processes: int = typer.Option(1, "--processes", min=1, help="Train on N processes with `accelerate launch` (DDP; one per GPU, or N CPU "
                                       "processes with gloo); training.batch_size stays the global batch. The command line is printed."),
         fsdp: bool = typer.Option(False, "--fsdp", help="With --processes N: fully sharded data parallel (finetune/accelerate_fsdp.yaml) instead of DDP."),
-        executor: str = typer.Option("local", "--executor", help="local: train here; slurm: submit the training as one Slurm job "
+        executor: Literal["local", "slurm"] = typer.Option("local", "--executor", help="local: train here; slurm: submit the training as one Slurm job "
                                      "(resumes from its last checkpoint when requeued; `medstack finetune status OUT`)."),
         gpus: int = typer.Option(1, "--gpus", min=0, help="With --executor slurm: GPUs of the job, one process each (0: no GPU, "
                                  "one CPU process or --processes N)."),

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import shlex
 import sys
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -52,9 +53,64 @@ def _plain_value_names() -> None:
 
     TyperArgument.display_type = TyperOption.display_type = display_type
     TyperOption.display_type_rich = display_type_rich
+    # an argument by its name in capitals (RUN_DIR), as in the docs; typer writes a required one {run_dir}, like a choice
+    TyperArgument.display_name_raw = property(lambda self: self.metavar or self.name.upper())
+    if hasattr(TyperArgument, "_usage_display_name"):
+        TyperArgument._usage_display_name = lambda self: (
+            (self.display_name_raw if self.required else f"[{self.display_name_raw}]") + ("..." if self.nargs != 1 else ""))
 
 
 _plain_value_names()
+
+
+def _names_never_cut() -> None:
+    """typer lays an option out in five columns (long, short, --no- form, its short, type) that rich shrinks, and cuts
+    with "…", when the terminal is narrow: ``--gpu-memory-uti…`` at 80 columns. Here each option is two columns: its
+    names, one per line, then its value's type (never wrapped nor cut), and its help, which wraps into what is left."""
+    try:
+        from rich.table import Table as RichTable
+        from rich.text import Text
+        from typer import rich_utils as ru
+    except ImportError:
+        return
+    if not hasattr(ru, "_print_options_panel") or not hasattr(ru, "_get_parameter_help"):
+        return  # another typer: its own layout
+
+    def print_panel(*, name, params, ctx, markup_mode, console) -> None:
+        if not params:
+            return
+        table = RichTable(highlight=True, show_header=False, expand=True, box=None, padding=(0, 1), pad_edge=False)
+        table.add_column(no_wrap=True)
+        table.add_column(ratio=1, overflow="fold")
+        for param in params:
+            label = (getattr(param, "display_name_raw", None) or param.name.upper()) if param.param_type_name == "argument" else None
+            longs, shorts = [o for o in param.opts if o.startswith("--")], [o for o in param.opts if not o.startswith("--")]
+            names = [label] if label else [", ".join(longs[:1] + shorts)] + [" " + o for o in longs[1:]]  # an alias: a line each
+            names += [" " + o for o in param.secondary_opts]
+            kind = param.display_type_rich(ctx=ctx) if hasattr(param, "display_type_rich") else None
+            rng = param._get_number_range_help_str() if hasattr(param, "_get_number_range_help_str") else None
+            kind = " ".join(x for x in (kind, f"[{rng}]" if rng else None) if x)
+            cell = Text(("* " if param.required else "") + "\n".join(names), style=ru.STYLE_OPTION)
+            lines = [""]
+            for piece in kind.split("|") if kind else []:  # a long list of choices: several lines, broken after a |
+                lines[-1:] = [lines[-1] + "|" + piece] if lines[-1] and len(lines[-1]) + len(piece) < 24 else (
+                    [lines[-1] + "|", piece] if lines[-1] else [piece])
+            if kind:
+                cell.append("".join("\n " + x for x in lines), style=ru.STYLE_TYPES)
+            table.add_row(cell, ru._get_parameter_help(param=param, ctx=ctx, markup_mode=markup_mode))
+        console.print(ru.Panel(table, border_style=ru.STYLE_OPTIONS_PANEL_BORDER, title=name, title_align=ru.ALIGN_OPTIONS_PANEL))
+
+    ru._print_options_panel = print_panel
+
+    def paragraphs(pars, markup_mode) -> str:  # a docstring's paragraph is one line to the renderer, which wraps it
+        join = lambda p: p if p.startswith("\b") else re.sub(r"\n(?!\s*(?:[-*] |\d+\. ))\s*", " ", p.strip())
+        return "\n\n".join(join(p) for p in pars)
+
+    if hasattr(ru, "_fix_linebreaks"):
+        ru._fix_linebreaks = paragraphs
+
+
+_names_never_cut()
 
 app = typer.Typer(help="medstack: local clinical LLM agent experiments on vLLM.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="The model registry: list, inspect, prepare local weights.", no_args_is_help=True)
@@ -80,7 +136,11 @@ def models_list() -> None:
     """List registered aliases and whether their weights are on this machine."""
     from models.registry import find_weights, load_registry
 
-    table = Table("alias", "source", "context", "dtype", "weights")
+    table = Table()
+    table.add_column("alias", no_wrap=True)  # never cut: mistral-7b-instruct-v0.1 and -v0.2 told apart at 80 columns
+    for head in ("source", "context", "dtype"):
+        table.add_column(head)
+    table.add_column("weights", overflow="fold")
     for alias, spec in load_registry().items():
         path = find_weights(spec)
         table.add_row(alias, spec.source, str(spec.context_length), spec.dtype, str(path) if path else "[red]absent[/red]")
@@ -133,6 +193,8 @@ def models_fetch(alias: str = typer.Argument(..., help="Registry alias, e.g. lla
 
 # ------------------------------------------------------------------ serve
 
+Policy = Literal["cache_aware", "round_robin", "power_of_two", "consistent_hash", "random"]  # vllm-router's policies
+
 @serve_app.callback()
 def serve(
     ctx: typer.Context,
@@ -149,13 +211,13 @@ def serve(
     tensor_parallel_size: int = typer.Option(1, help="Shard each layer across N GPUs (CPU: N worker processes, each bound to its own cores)."),
     pipeline_parallel_size: int = typer.Option(1, help="Split the layers across N GPUs / nodes (CPU: N worker processes)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU: fraction of its memory vLLM may take (default: vLLM's 0.90 alone on the GPU; beside a running server, what is left within 0.90, from the registry's sizes: docs/running-studies.md)."),
-    distributed_backend: Optional[str] = typer.Option(None, help="'ray' for multi-node serving: joins the running Ray cluster ($RAY_ADDRESS or the one `ray start --head` recorded); 'mp' for vLLM's local processes."),
+    distributed_backend: Optional[Literal["ray", "mp"]] = typer.Option(None, help="'ray' for multi-node serving: joins the running Ray cluster ($RAY_ADDRESS or the one `ray start --head` recorded); 'mp' for vLLM's local processes."),
     data_parallel_size: int = typer.Option(1, min=1, help="vLLM's own data parallel: N engine copies behind one API server (vLLM balances between them)."),
     replicas: int = typer.Option(1, min=1, help="N separate vLLM servers behind vllm-router, recorded as one endpoint (CPU: cores split between them; GPU: one per GPU or tensor-parallel group)."),
-    router_policy: str = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (the router's default: a request goes to the replica caching its longest prefix), round_robin, power_of_two, consistent_hash, random."),
+    router_policy: Policy = typer.Option("cache_aware", help="With --replicas: vllm-router's policy: cache_aware (the router's default: a request goes to the replica caching its longest prefix), round_robin, power_of_two, consistent_hash, random."),
     router_arg: List[str] = typer.Option([], "--router-arg", help="With --replicas: one more argument to vllm-router as is (repeatable), e.g. --router-arg=--balance-abs-threshold=4."),
-    device: str = typer.Option("auto", help="auto (the GPU build when `nvidia-smi -L` sees a GPU, unless MEDSTACK_FORCE_CPU=1), cpu or gpu."),
-    dtype: Optional[str] = typer.Option(None, help="Number format vLLM computes in: auto | float32 | bfloat16 | float16 (default auto: bfloat16 on a CPU with native bf16 (avx512_bf16/amx_bf16), float32 on other CPUs; the registry's on GPU)."),
+    device: Literal["auto", "cpu", "gpu"] = typer.Option("auto", help="auto (the GPU build when `nvidia-smi -L` sees a GPU, unless MEDSTACK_FORCE_CPU=1), cpu or gpu."),
+    dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = typer.Option(None, help="Number format vLLM computes in (default auto: bfloat16 on a CPU with native bf16 (avx512_bf16/amx_bf16), float32 on other CPUs; the registry's on GPU)."),
     runtime_lora: bool = typer.Option(False, help="Allow loading LoRA adapters into the running server (/v1/load_lora_adapter)."),
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass one more argument to vLLM's server as is (repeatable), e.g. --vllm-arg=--max-num-batched-tokens=4096."),
     cpu_threads_bind: Optional[str] = typer.Option(None, help="CPU: VLLM_CPU_OMP_THREADS_BIND; 'all' (default: every usable core), 'auto' (vLLM's: reserves a core), or e.g. 0-1."),
@@ -246,7 +308,7 @@ def serve_router(
     api_key: Optional[str] = typer.Option(None, envvar="MEDSTACK_API_KEY", show_envvar=True,
                                           help="The workers' API key (default: $MEDSTACK_API_KEY): asked of every worker before start; clients pass it through the router."),
     no_auth: bool = typer.Option(False, "--no-auth", help="Allow a non-loopback --host without a key (an open router, on purpose)."),
-    router_policy: str = typer.Option("cache_aware", help="vllm-router's policy: cache_aware, round_robin, power_of_two, consistent_hash, random."),
+    router_policy: Policy = typer.Option("cache_aware", help="vllm-router's policy: cache_aware, round_robin, power_of_two, consistent_hash, random."),
     router_arg: List[str] = typer.Option([], "--router-arg", help="One more argument to vllm-router as is (repeatable)."),
     startup_timeout: float = typer.Option(600.0, min=1, help="Seconds the router may take to answer."),
     detach: bool = typer.Option(False, help="Leave the router running and return."),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -425,8 +426,25 @@ def start_server(s: ServerSettings, log=print) -> dict:
         raise
     rec["startup_seconds"] = round(time.time() - t0, 1)
     write_record(rec)
-    log(f"server ready in {rec['startup_seconds']} s: {s.base_url}")
+    kv = kv_cache_tokens(log_path)
+    log(f"server ready in {rec['startup_seconds']} s: {s.base_url}" + (f"; its KV cache holds {kv:,} tokens" if kv else ""))
     return rec
+
+
+# what vLLM logs once its KV cache is allocated: "GPU KV cache size: 24,576 tokens" (the CUDA build, one line; the CPU
+# build 0.32 says "CPU KV cache size: 110,733 tokens, Maximum concurrency for 2,048 tokens per request: 54.07x")
+KV_LINE = re.compile(r"\b(?:GPU|CPU|XPU|TPU)[\w +]* KV cache size: ([\d,]+) tokens")
+
+
+def kv_cache_tokens(log_path) -> int | None:
+    """The KV cache capacity in tokens a vLLM server reported in its log (its last report); None when the log has none
+    (no log here: a server elsewhere; or an engine that logs it otherwise)."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except (OSError, TypeError):
+        return None
+    found = KV_LINE.findall(text)
+    return int(found[-1].replace(",", "")) if found else None
 
 
 def wait_healthy(base_url: str, proc: subprocess.Popen | None, log_path: Path, timeout: float, api_key: str | None = None) -> None:
@@ -590,6 +608,9 @@ def server_identity(rec: dict) -> dict:
     }
     # an allow-list: a new field of a server record reaches results only when added here, and never raw
     ident.update({k: rec[k] for k in IDENTITY_FIELDS if k in rec})
+    # what the server reported (a replica group: its replicas together); a server started before this was recorded: its log
+    kv = [kv_cache_tokens(m.get("log")) for m in rec.get("replicas") or [rec]]
+    ident["kv_cache_tokens"] = sum(kv) if kv and all(kv) else None
     ident["argv"] = redact_argv(rec["argv"]) if rec.get("argv") else None
     ident["env"] = public_env(rec.get("env"))
     if rec.get("replicas"):  # a replica group: each member's command line and environment, redacted the same way

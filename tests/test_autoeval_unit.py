@@ -1,4 +1,4 @@
-"""Rubric auto-evaluation (SPEC 3.1) without a model: parsing, prompts, examples, metrics, and a scripted-judge run."""
+"""Rubric auto-evaluation without a model: parsing, prompts, examples, metrics, and a scripted-judge run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BERTScore encoder and layer as settings (issue 13), and the MCQ option labelling of DERA-QA tables."""
+"""BERTScore encoder and layer as settings, and the MCQ option labelling of DERA-QA tables."""
 
 from __future__ import annotations
 

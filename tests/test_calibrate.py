@@ -1,4 +1,4 @@
-"""Judge calibration (SPEC 3.1, 3.2) on hand-worked fixtures in the published formats, with a scripted judge.
+"""Judge calibration on hand-worked fixtures in the published formats, with a scripted judge.
 
 Fixture validation_graderai_small.csv (dermatologist counts 2, 5, 3, 5; case_4 blank -> skipped):
   case_0 gold Plaque psoriasis: plaque psoriasis (exact, 1), psoriasis (judge Yes, 1), guttate psoriasis (No),

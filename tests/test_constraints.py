@@ -1,4 +1,4 @@
-"""Constrained answers (SPEC 9), without a server: every declared format accepts the gold answers of our
+"""Constrained answers, without a server: every declared format accepts the gold answers of our
 fixtures and what the step's parser reads, rejects a malformed reply; the mechanism (CaseContext) sends a
 constraint only with answers: constrained, logs it, keys the cache on it, and turns a reply that broke it
 into a counted format error; the runner names the mode everywhere; `compare` warns on mixed modes."""
@@ -360,7 +360,7 @@ def test_compare_warns_when_modes_differ(tmp_path):
     assert not any("different modes" in w for w in run_compare([str(a), str(c)], tmp_path / "cmp2")["warnings"])
 
 
-# ------------------------------------------------------------------ free text bounded by the step's budget (issue 30)
+# ------------------------------------------------------------------ free text bounded by the step's budget
 
 def test_free_text_is_bounded_from_the_steps_max_tokens():
     from experiments.core.constraints import build, word_bounds

@@ -144,7 +144,7 @@ def _ok_csv(tmp_path):
     return p
 
 
-# -- issue 12: the case question, MCQ mapping of verbose answers, no shortcut past the subtype rule, concurrent rule
+# -- the case question, MCQ mapping of verbose answers, no shortcut past the subtype rule, concurrent rule
 
 from experiments.craftmd.data import split_question
 

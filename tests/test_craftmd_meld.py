@@ -23,7 +23,7 @@ def test_meld_metrics_share_at_threshold():
 
 
 def test_meld_failed_request_is_a_failed_case_never_a_zero_similarity(tmp_path):
-    """SPEC 7 for MELD: a request that got no answer is recorded failed, left out of the mean, retried on resume."""
+    """MELD: a request that got no answer is recorded failed, left out of the mean, retried on resume."""
     import asyncio
     import json
     from pathlib import Path

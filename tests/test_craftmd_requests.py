@@ -1,4 +1,4 @@
-"""CRAFT-MD requests built as the authors' code builds them (issue 29), one test per item, on fixture cases.
+"""CRAFT-MD requests built as the authors' code builds them, one test per item, on fixture cases.
 
 The reference is rajpurkarlab/craft-md: ``craftmd_opensource`` / ``craftmd_gpt`` (src/craftmd.py),
 ``diagnosis_evaluation`` (src/utils.py), the sampling of src/models.py. Each test runs the real

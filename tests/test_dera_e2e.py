@@ -48,6 +48,9 @@ def test_summarize_one_case(cli, embedded_server, fixtures_dir, tmp_path):
     assert metrics["case_status"] == {"total": 1, "finished": 1, "failed": 0, "not_started": 0}
     assert "Pertinent Positives" in metrics["gptf1"]["dera_vs_initial"]
     assert (out / "summary.md").exists() and (out / "identity.json").exists()
+    if "log" in embedded_server:  # the KV cache the server logged at start, what `concurrency: auto` is bounded by
+        models = json.loads((out / "identity.json").read_text())["models"]
+        assert all(m["kv_cache_tokens"] > 2048 for m in models.values()), models
 
 
 @pytest.mark.e2e

@@ -110,7 +110,7 @@ def test_scratchpad_accumulates_and_reaches_final_rewrite():
 
 
 def test_both_agents_see_the_scratchpad_as_it_stands_and_the_rewrite_applies_it():
-    """Issue 13: the Researcher's prompt at round 3 holds the lines accepted in rounds 1-2; the Decider's
+    """The Researcher's prompt at round 3 holds the lines accepted in rounds 1-2; the Decider's
     prompts hold what it already accepted; the final rewrite prompt carries every line and its output applies them."""
     rounds = {"d": 0}
 

@@ -1,4 +1,4 @@
-"""`--dry-run` is a run (issue 30): every study, in both answer modes, goes through the one runner with the
+"""`--dry-run` is a run: every study, in both answer modes, goes through the one runner with the
 recording client, writes as many requests constrained as free (each constrained one with its reply format as
 vLLM's structured_outputs field), and a dry run that builds no request for its cases exits 2 naming the cause.
 No server: the commands run in this process through the CLI's own app (typer), like `medstack run ... --dry-run`."""

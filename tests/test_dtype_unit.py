@@ -1,4 +1,4 @@
-"""Issue 35: the CPU engine's dtype follows the CPU; the dtype is part of the server identity and the cache key."""
+"""The CPU engine's dtype follows the CPU; the dtype is part of the server identity and the cache key."""
 
 from __future__ import annotations
 

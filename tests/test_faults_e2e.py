@@ -1,4 +1,4 @@
-"""Fault tests on the real vLLM server (SPEC 7): the server dies mid-run, the run is killed -9.
+"""Fault tests on the real vLLM server: the server dies mid-run, the run is killed -9.
 
 These start their OWN server (the session's shared one must survive), so they cost two extra
 server start-ups in `make test`.

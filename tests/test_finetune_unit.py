@@ -146,7 +146,7 @@ def test_4bit_without_bitsandbytes_or_gpu_fails_clearly():
 
 @pytest.mark.parametrize("name", ["llama3-8b-nlu.yaml", "openbiollm-8b-nlu.yaml"])
 def test_paper_configs_carry_the_authors_recipe(name):
-    """The MediTOD authors' released configs (SPEC 4 "Supervised recipe"): 4-bit NF4 base without double
+    """The MediTOD authors' released configs: 4-bit NF4 base without double
     quantization, bf16, 8-bit AdamW, 8 per device, evaluation and checkpoint every 512 steps, early stopping
     patience 5, last batch dropped, 1024 tokens, seed 42, history_size 4, the base's chat template."""
     r = load_recipe(CONFIG_DIR / name)

@@ -6,6 +6,7 @@ bracketed text as written and carries no Python type tags; --print-config prints
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -112,6 +113,7 @@ def test_every_study_lists_its_roles_with_one_flag_each(app, name):
         flag = "--model" if role == "model" else f"--{role}-model"
         assert flag in names, (name, role, flag)
         assert f"{role} ({flag}" in roles_line, (name, role)
+    assert "Exit 130: interrupted (Ctrl-C;" in roles_line and "Exit 0" in roles_line, name  # beside 0, 2 and 3
     assert not TYPE_TAG.search(text), (name, TYPE_TAG.search(text))
 
 
@@ -123,13 +125,13 @@ def test_dera_decider_flag_sets_the_decider(app):
 
 
 def test_meditod_grader_flag_is_the_adjudicating_model(app):
-    r = CliRunner().invoke(app, ["run", "meditod-nlu", "--grader-model", "mistral-7b-instruct-v0.2", "--print-config"])
+    r = CliRunner().invoke(app, ["run", "meditod-nlu", "--data", "meditod-sample", "--grader-model", "mistral-7b-instruct-v0.2", "--print-config"])
     assert r.exit_code == 0, r.output
     assert yaml.safe_load(r.output)["adjudicate_model"] == "mistral-7b-instruct-v0.2"
 
 
 def test_print_config_prints_the_resolved_settings(app, tmp_path):
-    r = CliRunner().invoke(app, ["run", "craftmd", "--trials", "2", "--formats", "multiturn,vignette", "--grader-model", "llama3-8b-instruct",
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--trials", "2", "--formats", "multiturn,vignette", "--grader-model", "llama3-8b-instruct",
                                  "--set", "sampling.doctor.temperature=0.5", "--set", "max_turns=7", "--out", str(tmp_path / "never"),
                                  "--print-config"])
     assert r.exit_code == 0, r.output
@@ -147,7 +149,7 @@ def test_print_config_names_the_config_the_options_chose(app, tmp_path):
     assert r.exit_code == 0 and "configs/qa-mcq.yaml" in r.output.splitlines()[0] and yaml.safe_load(r.output)["mcq"] is True
     own = tmp_path / "mine.yaml"
     own.write_text("trials: 3\n", encoding="utf-8")
-    r = CliRunner().invoke(app, ["run", "craftmd", "--config", str(own), "--print-config"])
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--config", str(own), "--print-config"])
     assert r.exit_code == 0 and str(own) in r.output.splitlines()[0] and yaml.safe_load(r.output)["trials"] == 3
 
 
@@ -168,7 +170,7 @@ def test_sweep_help_shows_the_study_s_options(app):
 def test_concurrency_takes_a_number_or_auto(app):
     """`concurrency: N | auto`: the flag reads either (it read only numbers, so help could show a default it refused)."""
     for given, want in (("4", 4), ("auto", "auto")):
-        r = CliRunner().invoke(app, ["run", "craftmd", "--concurrency", given, "--print-config"])
+        r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--concurrency", given, "--print-config"])
         assert r.exit_code == 0 and yaml.safe_load(r.output)["concurrency"] == want, r.output
 
 
@@ -177,3 +179,83 @@ def test_sweep_without_models_names_the_option(app):
 
     r = CliRunner().invoke(app, ["sweep", "craftmd", "--data", "x.csv"])
     assert isinstance(r.exception, ConfigError) and "--models is required" in str(r.exception)
+
+
+def every_command(app) -> list[list[str]]:
+    """The path of every command and group, the study commands (loaded when first asked for) included."""
+    import typer
+
+    root = typer.main.get_command(app)
+    paths, todo = [], [([], root)]
+    while todo:
+        path, cmd = todo.pop()
+        paths.append(path)
+        if hasattr(cmd, "list_commands"):  # a group (typer's own click or click itself)
+            ctx = cmd.context_class(cmd)
+            todo += [([*path, name], cmd.get_command(ctx, name)) for name in cmd.list_commands(ctx)]
+    return sorted(paths)
+
+
+def test_every_help_fits_80_columns_and_cuts_no_name(app):
+    """At 80 columns the help column wraps; no option name, choice or usage line is cut ("…") or runs past the edge."""
+    paths = every_command(app)
+    assert ["run", "craftmd"] in paths and ["sweep"] in paths and ["calibrate", "craftmd-grader"] in paths and len(paths) > 40
+    bad = {}
+    for path in paths:
+        r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+        assert r.exit_code == 0, (path, r.output)
+        wide = [line for line in r.output.splitlines() if len(line) > 80 or "…" in line]
+        if wide:
+            bad[" ".join(path)] = wide
+    assert not bad, bad
+
+
+REFUSED = (  # what a run refuses before it reads data, and the words it says
+    (["--limit", "3", "--sample", "3"], "give one of them"),
+    (["--model", "nosuchmodel"], "unknown model alias 'nosuchmodel'"),
+    (["--patient-model", "mistral-7b-instruct-v2"], "unknown model alias 'mistral-7b-instruct-v2'"),
+    (["--role", "nurse=embedded"], "unknown role(s) nurse"),
+)
+
+
+@pytest.mark.parametrize("args,said", REFUSED)
+def test_print_config_and_dry_run_refuse_what_a_run_refuses_without_reading_data(app, tmp_path, monkeypatch, args, said):
+    from experiments.craftmd import study as craftmd_study
+    from models.errors import MedstackError
+
+    cases = str(Path(__file__).parent / "fixtures" / "craftmd" / "requests_cases.csv")
+    for how in (["--print-config"], ["--dry-run", "--out", str(tmp_path / "dry")], []):
+        r = CliRunner().invoke(app, ["run", "craftmd", "--data", cases, *args, *how])
+        assert isinstance(r.exception, MedstackError) and said in str(r.exception), (how, r.output, r.exception)
+        assert getattr(r.exception, "exit_code", 2) == 2
+    assert not (tmp_path / "dry").exists()
+
+    def no_reading(*a, **k):
+        raise AssertionError("--print-config read the data")
+
+    monkeypatch.setattr(craftmd_study, "load_cases", no_reading)
+    monkeypatch.setenv("MEDSTACK_HOME", str(tmp_path / "home"))  # no data set fetched here
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", cases, "--trials", "2", "--print-config"])
+    assert r.exit_code == 0 and yaml.safe_load(r.output)["trials"] == 2, r.output
+    assert f"# not checked: what needs the data ({cases}" in r.output
+    r = CliRunner().invoke(app, ["run", "craftmd", "--data", "craftmd-cases", "--print-config"])
+    assert r.exit_code == 0 and "craftmd-cases is registered but not fetched yet" in r.output.splitlines()[1], r.output
+    assert yaml.safe_load(r.output)["data"] == "craftmd-cases"
+
+
+def test_a_sweep_refuses_a_misspelled_model_before_anything_runs(app, tmp_path):
+    from models.errors import MedstackError
+
+    cases = str(Path(__file__).parent / "fixtures" / "craftmd" / "requests_cases.csv")
+    r = CliRunner().invoke(app, ["sweep", "craftmd", "--models", "embedded,mistral-7b-instruct-v2", "--role", "patient=embedded",
+                                 "--role", "grader=embedded", "--data", cases, "--dry-run", "--out", str(tmp_path / "sweep")])
+    assert isinstance(r.exception, MedstackError) and "unknown model alias 'mistral-7b-instruct-v2'" in str(r.exception), r.output
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_models_list_at_80_columns_tells_every_alias_apart(app):
+    from models.registry import load_registry
+
+    r = CliRunner().invoke(app, ["models", "list"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert r.exit_code == 0 and "…" not in r.output and max(map(len, r.output.splitlines())) <= 80, r.output
+    assert all(f"│ {alias} " in r.output for alias in load_registry()), r.output  # mistral-7b-instruct-v0.1 and -v0.2

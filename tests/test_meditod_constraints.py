@@ -1,4 +1,4 @@
-"""MediTOD JSON schemas (SPEC 4, 9): built from an ontology of the agreed shape, they accept the gold outputs
+"""MediTOD JSON schemas: built from an ontology of the agreed shape, they accept the gold outputs
 of tests/fixtures/meditod converted to the in-context shape and reject malformed ones."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def split_slot(name: str) -> tuple[str | None, str]:
 
 
 def to_icl_nlu(entries: list[dict]) -> list[dict]:
-    """The data's NLU entries -> the SPEC 4 in-context shape (slots unprefixed, a status on each item)."""
+    """The data's NLU entries -> the in-context shape (slots unprefixed, a status on each item)."""
     out = []
     for e in entries:
         slots = e.get("slots")

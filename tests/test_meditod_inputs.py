@@ -1,4 +1,4 @@
-"""MediTOD inputs as the authors' released code builds them (SPEC 4): windows, skip rules, messages,
+"""MediTOD inputs as the authors' released code builds them: windows, skip rules, messages,
 retrieval key and order, the NLU status shape, supervised rendering and its loss mask, dry runs.
 
 The dialogues here are written by hand so that every rule shows: utterance texts are ``t<u>`` (u =

@@ -97,7 +97,7 @@ EDGE_GOLD = [{"intent": "inform", "slots": {"positive_symptom": [{"value": "coug
 
 @pytest.mark.parametrize("empty", [[], {}])
 def test_nlu_empty_slots_are_the_bare_intent(empty):
-    """SPEC 4 / the authors' scorer: an entry with "slots": [] or {} is its bare (intent,)."""
+    """The authors' scorer: an entry with "slots": [] or {} is its bare (intent,)."""
     assert nlu_tuples([{"intent": "greet", "slots": empty}]) == ({("greet",)}, set())
     m = score("nlu", [EDGE_GOLD], [[{"intent": "greet", "slots": empty}]])
     # canonical: TP 1 (greet), FN 1 (cough); non-canonical: FN 1 (duration). All: TP 1, FP 0, FN 2.

@@ -272,7 +272,7 @@ def test_input_too_long_for_the_served_context_fails_and_says_how_to_make_room(t
 
 
 def test_exemplars_left_out_to_fit_are_counted_and_said_everywhere(tmp_path, monkeypatch):
-    """Issue 30: in-context requests that carry fewer than k exemplars are a protocol deviation: per request in
+    """In-context requests that carry fewer than k exemplars are a protocol deviation: per request in
     the record, summed in metrics.json, a line in summary.md (the CLI prints it last), a paper-table footnote."""
     from experiments.core.deviations import protocol_lines
     from experiments.meditod import study as run_mod

@@ -11,6 +11,7 @@ from experiments.tables.build import dig, matches, study_tables
 from experiments.tables.declare import declarations, load_declaration
 from experiments.tables.plots import figure_png
 from experiments.tables.render import paper_tables_markdown, table_view
+from tests.standalone import citations
 
 B = 10_000  # experiments.common.stats' bootstrap resamples
 
@@ -84,7 +85,7 @@ def test_craftmd_markdown_and_published_run():
     assert "| **llama2-7b-published (published run) — paper column: LLaMA-2-7b**^2^3^4 | vignette | 1.000 [1.000, 1.000] | 2 | 0.395 | +0.605 |  |" in md
     assert "vs vignette: -1.000 [-1.000, -1.000], p < 0.001" in md
     assert "The authors' released run, re-scored here" in md
-    assert "Johri et al. 2025 (Nat Med), Fig. 2" in md and "SPEC" not in md
+    assert "Johri et al. 2025 (Nat Med), Fig. 2" in md and not citations(md, markdown=True)
     assert md.count("| **LLaMA-2-7b (paper)**") == 0  # its published values sit beside the published run instead
 
 

@@ -1,4 +1,4 @@
-"""One process per results directory (SPEC 8), with real processes: a second `medstack` on a directory
+"""One process per results directory, with real processes: a second `medstack` on a directory
 in use exits 2 at once naming the holder; a lock left by a killed process is taken over; two processes
 sharing one response cache stay correct.
 

@@ -1,4 +1,4 @@
-"""The runner at paper scale (SPEC 8): the pieces changed for it, and the benchmark itself at a small size."""
+"""The runner at paper scale: the pieces changed for it, and the benchmark itself at a small size."""
 
 from __future__ import annotations
 

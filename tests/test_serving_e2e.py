@@ -22,6 +22,11 @@ def client_for(rec, model="embedded", **kw):
 def test_detach_prints_url_and_status_lists_server(embedded_server, cli):
     assert embedded_server["base_url"] in embedded_server["cli_stdout"]
     assert "log:" in embedded_server["cli_stderr"]
+    if "log" in embedded_server:  # the KV cache capacity vLLM logged, what `concurrency: auto` is bounded by
+        from serving.launcher import kv_cache_tokens
+
+        kv = kv_cache_tokens(embedded_server["log"])
+        assert kv and kv > 2048 and f"its KV cache holds {kv:,} tokens" in embedded_server["cli_stderr"]
     status = cli("serve", "status", "--json", check=True)
     recs = json.loads(status.stdout)
     mine = [r for r in recs if r["port"] == embedded_server["port"]]

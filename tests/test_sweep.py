@@ -107,7 +107,7 @@ def test_sweep_two_models_resume_and_report(cli, embedded_server, tmp_path):
     assert 'id="section-craftmd"' in html and "4-choice MCQ accuracy by format" in html
 
 
-# ---------------------------------------------------------------- which roles vary (issue 34)
+# ---------------------------------------------------------------- which roles vary
 
 def _planned_roles(monkeypatch, tmp_path, study: str, models: list[str], args: list[str], vary: str | None = None):
     """The role -> model map of each run a sweep would start (the study command's body replaced by a recorder)."""
@@ -183,7 +183,7 @@ def test_sweep_dry_run_marks_nothing_finished(cli, tmp_path):
 
 @pytest.mark.e2e
 def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_path):
-    """Issue 30: two model entries, each run starting and stopping its own embedded server (a home of its own,
+    """Two model entries, each run starting and stopping its own embedded server (a home of its own,
     so no running server is reused), a fetched published release joined; killed mid-way, the same command
     resumes to one sweep summary and one report; the fixed patient role's model is in every record."""
     home = tmp_path / "home"

@@ -34,6 +34,7 @@ import typer
 from experiments.core.concurrency import run_async
 from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
+from experiments.core.scope import check_scope
 from experiments.core.study import Study
 from models.errors import DataError, MedstackError
 
@@ -45,7 +46,7 @@ COMMON: dict[str, tuple[Any, Any]] = {
     "set_": (List[str], typer.Option([], "--set", metavar="KEY=VALUE", help="SECTION.KEY=VALUE: override any config key (repeatable), e.g. --set sampling.doctor.temperature=0.")),
     "api_key": (Optional[str], typer.Option(None, "--api-key", metavar="KEY", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY, which other local users cannot see in ps). Never written to the results.")),
     "print_config": (bool, typer.Option(False, "--print-config", metavar="", help="Print the resolved settings (config file + flags + --set, "
-                                        "validated) as YAML and exit; nothing is read or run.")),
+                                        "validated as a run validates them before reading data) as YAML and exit; no data is read, nothing runs.")),
     "dry_run": (bool, typer.Option(False, "--dry-run", metavar="", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
                                    "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
                                    "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),
@@ -248,7 +249,11 @@ class StudyFlags:
         """The command's own help: ``text`` (the study's registration), its roles and where the defaults shown come from."""
         where = (f"the defaults shown are {_repo_path(self.config)}'s (--config replaces it)" if self.config
                  else "the defaults shown are the settings model's")
-        return escape(inspect.cleandoc(text) + "\n\n" + self.roles_text() + " Options below: " + where
+        text = inspect.cleandoc(text)
+        if "Exit 0" not in text:  # a study whose text names no exit status: the runner's
+            text += " Exit 0 done, 2 bad input, 3 some cases failed (the same command again retries them)."
+        return escape(text + " Exit 130: interrupted (Ctrl-C; finished cases are kept, the same command "
+                      "resumes).\n\n" + self.roles_text() + " Options below: " + where
                       + "; --print-config prints what a command line resolves to.")
 
     def overrides(self, values: dict) -> dict:
@@ -314,8 +319,8 @@ def resolve_data(value: str | None) -> str | None:
     return resolve(value) if value else value
 
 
-def build_settings(study: Study, common: dict, study_overrides: dict):
-    """Config file + overrides -> the study's validated settings object."""
+def build_settings(study: Study, common: dict, study_overrides: dict, resolve: bool = True):
+    """Config file + overrides -> the study's validated settings object (``resolve``: a data set's name -> its path)."""
     from serving.launcher import parse_lora
 
     config = common.get("config") or study.default_config(study_overrides)
@@ -340,31 +345,51 @@ def build_settings(study: Study, common: dict, study_overrides: dict):
         checked = {n: p for n, p in settings.lora.items() if given.get(n) == p}
         checked.update(check_lora({n: p for n, p in settings.lora.items() if n not in checked}, where=where))
         settings = settings.model_copy(update={"lora": checked})
-    if settings.data:
+    check_scope(settings)  # what a run refuses before it reads data, refused here too (--print-config, --dry-run, sweep)
+    check_models(settings.roles)
+    if settings.data and resolve:
         settings = settings.model_copy(update={"data": resolve_data(settings.data)})
     return settings
 
 
-def config_yaml(study: Study, settings: RunSettings, config: Path | None) -> str:
+def check_models(roles: dict[str, str]) -> None:
+    """Every role's model is a reference, and one served here (no @URL) is a registry alias: exit 2 naming it."""
+    from models.registry import get_spec
+    from serving.refs import ModelRef
+
+    for role, spec in roles.items():
+        ref = ModelRef.parse(spec, where=f"role {role}")
+        if not ref.url:
+            get_spec(ref.alias)
+
+
+def config_yaml(study: Study, settings: RunSettings, config: Path | None, data_note: str) -> str:
     """``--print-config``: the validated settings with every role resolved, as YAML (the shape of a run's config.yaml),
-    under a comment naming the config file they started from."""
+    under a comment naming the config file they started from and the checks left to a run (those that read the data)."""
     import yaml
 
     from experiments.core.runner import resolve_roles
 
-    data = settings.model_copy(update={"roles": resolve_roles(study, settings)}).model_dump(mode="json")
-    head = f"# medstack run {study.name}: {_repo_path(config) if config else 'the settings model'} + the command line\n"
-    return head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    settings = study.prepare(settings.model_copy(update={"roles": resolve_roles(study, settings)}))
+    head = (f"# medstack run {study.name}: {_repo_path(config) if config else 'the settings model'} + the command line\n"
+            f"# not checked: what needs the data ({data_note}); a run or --dry-run reads it\n")
+    return head + yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def run_command(study: Study, common: dict, study_overrides: dict) -> None:
     """The body of every study command."""
     from experiments.core.runner import prepare_run
 
-    settings = build_settings(study, common, study_overrides)
-    if common.get("print_config"):
-        typer.echo(config_yaml(study, settings, common.get("config") or study.default_config(study_overrides)), nl=False)
+    if common.get("print_config"):  # every check a run makes before it reads data; no data file is opened
+        settings = build_settings(study, common, study_overrides, resolve=False)
+        try:  # where a registered name points (no file is read): a set not fetched yet is said, not refused
+            note = (f"{resolve_data(settings.data)}: its cases, their ids, --limit/--sample against them" if settings.data
+                    else "no data named")
+        except DataError as e:
+            note = str(e)
+        typer.echo(config_yaml(study, settings, common.get("config") or study.default_config(study_overrides), note), nl=False)
         return
+    settings = build_settings(study, common, study_overrides)
     try:
         settings, cases = prepare_run(study, settings)  # every input check happens here, before a server starts
     except UnicodeDecodeError as e:

@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from experiments.core.concurrency import resolve_concurrency
+from experiments.core.concurrency import kv_bound, resolve_concurrency
 from experiments.common.grade import to_disk
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
@@ -112,17 +112,16 @@ def prepare_run(study: Study, settings: RunSettings) -> tuple[RunSettings, list[
     """Everything that can be checked without a model: settings, roles, cases. Raises MedstackError."""
     roles = resolve_roles(study, settings)
     settings = study.prepare(settings.model_copy(update={"roles": roles}))
-    settings = settings.model_copy(update={"out": settings.out or default_out(study, roles),
-                                           "concurrency": resolve_concurrency(settings.concurrency)})
+    settings = settings.model_copy(update={"out": settings.out or default_out(study, roles)})
     return settings, load_checked_cases(study, settings)
 
 
-def _open(settings: RunSettings, study: Study, api_key: str | None, client, log):
+def _open(settings: RunSettings, study: Study, api_key: str | None, client, log, concurrency: int):
     """The run's client: ours over the roles' servers, or one given (tests: a scripted backend)."""
     if client is not None:
         return nullcontext((client, {}))
     lora = {study.primary_role: settings.lora} if settings.lora else None
-    return open_client(settings.roles, lora=lora, concurrency=settings.concurrency, timeout=settings.timeout, retries=settings.retries,
+    return open_client(settings.roles, lora=lora, concurrency=concurrency, timeout=settings.timeout, retries=settings.retries,
                        use_cache=settings.use_cache, allow_remote=settings.allow_remote, api_key=api_key,
                        send_seed=settings.send_seed, startup_timeout=settings.startup_timeout, dtype=settings.dtype,
                        log=log)
@@ -153,7 +152,11 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     if done or retry:
         log(f"resuming {rundir.path}: {len(done)} case(s) already finished" + (f", {len(retry)} failed last time and run again" if retry else ""))
 
-    async with _open(settings, study, api_key, client, log) as (client, identities):
+    limit = resolve_concurrency(settings.concurrency)  # auto: by this machine's device
+    async with _open(settings, study, api_key, client, log, limit) as (client, identities):
+        if settings.concurrency == "auto":  # then by what the servers' KV caches hold
+            limit = kv_bound(limit, [i.get("kv_cache_tokens") for i in identities.values()], log)
+            settings = settings.model_copy(update={"concurrency": limit})
         if settings.answers == "constrained":  # an endpoint without structured outputs: exit 2 before any case runs
             await client.check_structured_outputs(list(settings.roles) or None)
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})

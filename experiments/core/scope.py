@@ -65,12 +65,17 @@ def composition(items: list, keys: tuple[str, ...]) -> dict[str, int]:
     return dict(Counter(stratum(i, keys[:1])[0] for i in items).most_common())
 
 
+def check_scope(s) -> None:
+    """--limit and --sample together are refused (before any data is read)."""
+    if getattr(s, "limit", None) is not None and getattr(s, "sample", None) is not None:
+        raise ConfigError("--limit takes the first N cases and --sample a stratified random sample: give one of them")
+
+
 def take(items: list, s, keys: tuple[str, ...] = ()) -> tuple[list, dict]:
     """(the cases a run with settings ``s`` takes, its scope): ``s.sample`` (stratified by ``keys``, seed ``s.seed``),
     ``s.limit`` (the first N) or all. Giving both is refused."""
+    check_scope(s)
     limit, sample = getattr(s, "limit", None), getattr(s, "sample", None)
-    if limit is not None and sample is not None:
-        raise ConfigError("--limit takes the first N cases and --sample a stratified random sample: give one of them")
     if sample is not None:
         chosen, how = stratified_sample(items, sample, s.seed, keys), "sample"
     elif limit is not None:

@@ -21,7 +21,7 @@ def review(
     run_dir: Path = typer.Argument(..., help="A results directory of any kind whose study declares judges (a study run, a judge calibration)."),
     judge: str = typer.Option(..., "--judge", help="The judge step to review, as the run's study declares it (e.g. frq, llm-exact, rubric; "
                                                    "a wrong step lists the run's steps). STEP@JUDGE reviews the grades a rescore added "
-                                                   "(frq@mistral-7b, frq@panel)."),
+                                                   "(frq@mistral-7b-instruct-v0.2, frq@panel: the label rescore wrote)."),
     sample: int = typer.Option(..., "--sample", min=1, help="How many items to review (stratified by the judge's verdict and format/arm/model; all when N >= the items)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sample (the same seed and N give the same sample)."),
     reviewer: Optional[str] = typer.Option(None, "--reviewer", help="Your name: labels go to RUN_DIR/reviews/<reviewer>.jsonl (default: your login). "

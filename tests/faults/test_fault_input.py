@@ -180,7 +180,7 @@ def subprocess_ps() -> str:
 @pytest.mark.parametrize("width", [40, 200])
 def test_resume_command_is_one_line_at_any_width_and_splits_back_to_the_argv(tmp_path, width):
     """The printed resume command is never folded by the console: the whole line after 'Resume with: ' is the
-    command, shell-quoted, and shlex.split gives the argv back (issue 30, item 4)."""
+    command, shell-quoted, and shlex.split gives the argv back."""
     import shlex
 
     out = tmp_path / "a run dir with spaces" / "r"

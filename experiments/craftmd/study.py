@@ -40,7 +40,7 @@ async def check_conversation_record(ctx: CaseContext, case: dict, record: dict, 
     if s.patient_checks:
         mcq = s.mcq and len(case.get("choices") or []) == 4
         record["patient_checks"] = check_conversation(turns, vignette=case["vignette"], correct=case["answer"], choices=case["choices"] if mcq else None,
-                                                      stop_reason=record.get("stop_reason"), n_words=s.copy_span_words)
+                                                      n_words=s.copy_span_words)
     if s.assess_conversations:
         # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
         record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
@@ -107,9 +107,8 @@ class CraftmdStudy(Study):
         metrics["concurrent_rule"] = s.concurrent_rule
         metrics["requests"] = loop_line(s)  # the settings unlike the authors' follow under the title (the runner's metrics["deviations"])
         metrics["additions"] = additions(s)
-        checked = [r["patient_checks"] for r in records if isinstance(r.get("patient_checks"), dict)]
-        if checked:
-            metrics["patient_checks"] = {**count_checks(checked), "span_words": s.copy_span_words}
+        if any(isinstance(r.get("patient_checks"), dict) for r in records):
+            metrics["patient_checks"] = {**count_checks(records), "span_words": s.copy_span_words}
         quality = question_rates(records)
         if quality:
             metrics["conversation_quality"] = quality
@@ -122,7 +121,7 @@ class CraftmdStudy(Study):
     def summary(self, metrics: dict, s: CraftSettings) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
         published = getattr(paper_values, "EXPERT_PUBLISHED", None)
-        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper)
+        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper, s.name)
                 + "\n" + run_paper_tables(s.out, metrics))
 
 

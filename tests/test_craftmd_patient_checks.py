@@ -123,6 +123,6 @@ def test_the_table_puts_a_run_beside_the_four_released_patients():
                                                                                vignette=VIGNETTE, correct="Plaque psoriasis")}])
     columns, rows = patient_check_table([("mine", pc)])
     assert columns[2:-1] == list(CHECKS) and [r[0] for r in rows] == ["mine"] + [f"{k} (authors' release)" for k in rel]
-    assert rows[0][2] == "100.0 [100.0, 100.0] (1/1)"
+    assert rows[0][2] == "100.00 [100.00, 100.00] (1/1)"
     md = conversation_markdown({"patient_checks": pc}, run_name="mine")
-    assert "| mine | 1 | 100.0 [100.0, 100.0] (1/1) |" in md and md.count("(authors' release)") == 4
+    assert "| mine | 1 | 100.00 [100.00, 100.00] (1/1) |" in md and md.count("(authors' release)") == 4

@@ -187,7 +187,7 @@ def patient_check_table(own: list[tuple[str, dict]]) -> tuple[list[str], list[li
         if not x or x.get("rate") is None:
             return "–"
         na = f"; {x['not_checkable']} not checkable" if x.get("not_checkable") else ""
-        return f"{_pct(x['rate'])} [{_pct(x['ci_low'])}, {_pct(x['ci_high'])}] ({x['conversations']}/{x['of']}{na})"
+        return f"{100 * x['rate']:.2f} [{100 * x['ci_low']:.2f}, {100 * x['ci_high']:.2f}] ({x['conversations']}/{x['of']}{na})"
     rows = [(name, pc) for name, pc in own] + [(f"{label} (authors' release)", pc) for label, pc in released_patient_checks().items()]
     columns = ["patient-AI of", "conversations", *CHECKS, "longest copied run, words: median / 90th pct / max"]
     return columns, [[name, str(pc.get("conversations", 0)), *(cell(pc.get(c)) for c in CHECKS), span_quantiles(pc.get("longest_span"))]

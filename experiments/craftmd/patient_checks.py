@@ -37,8 +37,8 @@ DESCRIPTIONS = {
 DEFAULT_SPAN_WORDS = 6
 STOP = {"of", "the", "a", "an", "and", "with", "in", "to", "due", "or", "on", "by", "for"}
 # a clause with one of these words (a negation, a hedge, a test of it) does not affirm a diagnosis it names; nor does a question
-NOT_AFFIRMED = {"no", "not", "never", "none", "nor", "neither", "without", "deny", "denie", "dont", "doesnt", "didnt", "havent", "hasnt",
-                "hadnt", "isnt", "wasnt", "arent", "werent", "cant", "cannot", "wont", "wouldnt", "couldnt", "unsure", "unaware", "whether",
+NOT_AFFIRMED = {"no", "not", "never", "none", "nobody", "nothing", "nor", "neither", "without", "deny", "denie", "dont", "doesnt", "didnt",
+                "havent", "hasnt", "hadnt", "isnt", "wasnt", "arent", "werent", "cant", "cannot", "wont", "wouldnt", "couldnt", "unsure", "unaware", "whether",
                 "might", "maybe", "perhap", "possibly", "heard", "tested", "test", "negative", "explain", "immunization", "vaccine", "vaccinated"}
 # partial names: a word of a longer name that names a disease on its own (by its ending, or one of these)
 DISEASE_ENDINGS = ("itis", "osis", "iasis", "oma", "emia", "aemia", "pathy", "plasia", "trophy", "ectasis")

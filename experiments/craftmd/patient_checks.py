@@ -187,6 +187,17 @@ def count_checks(records: list[dict]) -> dict:
     return out
 
 
+def legacy_counts(checked: list[dict]) -> dict:
+    """The counts of records checked before these rules (``names_diagnosis``, ``turn_cap``), as their runs wrote them."""
+    out: dict = {"conversations": len(checked)}
+    for c in ("names_diagnosis", "copies_vignette", "empty_turn", "turn_cap"):
+        flags = [pc.get(c) for pc in checked]
+        out[c] = {"conversations": sum(bool(f) for f in flags)}
+        if c != "turn_cap":
+            out[c]["turns"] = sum(len({e["patient_turn"] if isinstance(e, dict) else e for e in f or []}) for f in flags)
+    return out
+
+
 def flagged(checks: dict) -> list[str]:
     """The checks a conversation failed, in :data:`CHECKS` order."""
     return [c for c in CHECKS if checks.get(c)]

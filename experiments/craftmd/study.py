@@ -15,7 +15,7 @@ from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS, CALIBRATE_GRADER
 from experiments.craftmd.meld import MeldStudy
 from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.paper_values import ADAPTER
-from experiments.craftmd.patient_checks import check_conversation, count_checks
+from experiments.craftmd.patient_checks import check_conversation, count_checks, legacy_counts
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings, additions, loop_line, requests_line
@@ -107,8 +107,10 @@ class CraftmdStudy(Study):
         metrics["concurrent_rule"] = s.concurrent_rule
         metrics["requests"] = loop_line(s)  # the settings unlike the authors' follow under the title (the runner's metrics["deviations"])
         metrics["additions"] = additions(s)
-        if any(isinstance(r.get("patient_checks"), dict) for r in records):
-            metrics["patient_checks"] = {**count_checks(records), "span_words": s.copy_span_words}
+        checked = [r["patient_checks"] for r in records if isinstance(r.get("patient_checks"), dict)]
+        if checked:  # a run checked before these rules keeps its own counts
+            counts = count_checks(records) if any("longest_span" in pc for pc in checked) else legacy_counts(checked)
+            metrics["patient_checks"] = {**counts, "span_words": s.copy_span_words}
         quality = question_rates(records)
         if quality:
             metrics["conversation_quality"] = quality

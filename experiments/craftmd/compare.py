@@ -7,6 +7,7 @@ Tables of comparisons, each Holm–Bonferroni corrected on its own:
 Each pair is paired on case_id (cases scored in both), per-case correctness averaged over trials;
 paired two-sided bootstrap (experiments.common.stats, 10,000 resamples, fixed seed) and, where every paired
 value is 0/1 (one trial), McNemar's test.
+The runs' patient checks (counted from their records) sit in one table beside the authors' four released patients.
 """
 
 from __future__ import annotations

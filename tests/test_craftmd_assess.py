@@ -10,8 +10,7 @@ import pytest
 
 from experiments.craftmd.assess import QUESTIONS, conversation_text, parse_reply, question_rates, request_prompt
 from experiments.craftmd.metrics import conversation_markdown
-from experiments.craftmd.patient_checks import (check_conversation, copies_vignette, count_checks, empty_turns, flagged,
-                                                longest_copied_run, names_diagnosis)
+from experiments.craftmd.patient_checks import check_conversation, count_checks
 from experiments.craftmd.settings import CraftSettings, additions
 from experiments.craftmd.study import CraftmdStudy, paper_model
 from experiments.core.runner import run_study
@@ -30,44 +29,6 @@ TURNS = [("patient", "I have itchy patches on my elbows."),
          ("patient", "Well, silvery scaly plaques on her elbows and knees that began two months ago!"),  # turn 4: 13 copied words
          ("doctor", "**Final Diagnosis:** Plaque psoriasis"),
          ("patient", "Plaque psoriasis, thank you.")]                               # after the doctor's final turn: not checked
-
-
-# ------------------------------------------------------------------ patient checks, by hand
-
-def test_names_diagnosis_before_the_final_turn_and_choices_only_with_mcq():
-    assert names_diagnosis(TURNS, "Plaque psoriasis", CHOICES) == [
-        {"patient_turn": 2, "named": "Plaque psoriasis", "correct": True}, {"patient_turn": 2, "named": "Eczema", "correct": False}]
-    assert names_diagnosis(TURNS, "Plaque psoriasis") == [{"patient_turn": 2, "named": "Plaque psoriasis", "correct": True}]
-    # a part of the name is not the name; a word inside another word is not the word
-    assert names_diagnosis([("patient", "It might be psoriasis."), ("doctor", "Final Diagnosis: X")], "Plaque psoriasis") == []
-    assert names_diagnosis([("patient", "I eat eczematous food"), ("doctor", "?")], "x", ["Eczema"]) == []
-    # apostrophes and case do not matter
-    assert names_diagnosis([("patient", "crohns DISEASE runs in my family"), ("doctor", "ok")], "Crohn's disease") == [
-        {"patient_turn": 1, "named": "Crohn's disease", "correct": True}]
-    # no doctor turn after it: nothing the doctor could have used
-    assert names_diagnosis([("doctor", "Hi?"), ("patient", "Plaque psoriasis")], "Plaque psoriasis") == []
-
-
-def test_copied_vignette_span_counts_consecutive_words():
-    size, span = longest_copied_run(TURNS[6][1], VIGNETTE)
-    assert size == 13 and span == "silvery scaly plaques on her elbows and knees that began two months ago"
-    assert copies_vignette(TURNS, VIGNETTE, 13) == [{"patient_turn": 4, "words": 13, "span": span}]
-    assert copies_vignette(TURNS, VIGNETTE, 14) == []
-    assert copies_vignette(TURNS, VIGNETTE, 12)[0]["patient_turn"] == 4
-    # the 30-year-old: "30 year old woman has" is 5 words, far below
-    assert copies_vignette([("patient", "I am a 30-year-old woman, has it been long?")], VIGNETTE, 12) == []
-
-
-def test_empty_turns_and_the_whole_check():
-    assert empty_turns(TURNS) == [3]
-    assert empty_turns([("patient", ""), ("doctor", "?"), ("patient", "ok")]) == [1]
-    c = check_conversation(TURNS, vignette=VIGNETTE, correct="Plaque psoriasis", choices=CHOICES, stop_reason="final_diagnosis", n_words=12)
-    assert flagged(c) == ["names_diagnosis", "copies_vignette", "empty_turn"] and c["patient_turns"] == 5
-    capped = check_conversation([("patient", "fine"), ("doctor", "Q?")], vignette=VIGNETTE, correct="Plaque psoriasis", stop_reason="turn_cap")
-    assert flagged(capped) == ["turn_cap"]
-    counts = count_checks([c, capped])
-    assert counts == {"conversations": 2, "names_diagnosis": {"conversations": 1, "turns": 1}, "copies_vignette": {"conversations": 1, "turns": 1},
-                      "empty_turn": {"conversations": 1, "turns": 1}, "turn_cap": {"conversations": 1}}
 
 
 # ------------------------------------------------------------------ assessor requests and replies
@@ -101,14 +62,13 @@ def test_rates_leave_unscored_out_and_count_them():
 
 def test_summary_table_puts_the_papers_value_beside_the_run_where_it_has_one():
     metrics = {"conversation_quality": question_rates([{"case_id": "a", "assessment": {q: {"verdict": True} for q in QUESTIONS}}]),
-               "patient_checks": {**count_checks([check_conversation(TURNS, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=12)]), "span_words": 12}}
+               "patient_checks": count_checks([{"case_id": "a", "patient_checks": check_conversation(TURNS, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=12)}])}
     published = {"Q1": {"gpt-4": 53.33}, "Q2": {"gpt-4": 71.11}, "Q3_overall": 7.22}
     md = conversation_markdown(metrics, published, "gpt-4")
     assert "## Conversation quality" in md and "| Q1: one most likely diagnosis could be reached | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | 53.33 (GPT-4) |" in md
     assert "7.22 (all four models)" in md
     assert "| patient-AI answers complete for what was asked | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | – |" in md
-    assert "- a patient turn copies 12 or more consecutive words of the vignette: 1 of 1 (1 patient turn(s))" in md
-    assert "- the conversation reached the turn cap: 0 of 1" in md
+    assert "## Patient checks" in md and "| this run | 1 |" in md  # the table: tests/test_craftmd_patient_checks.py
     md = conversation_markdown(metrics, None, None)  # the published values absent: the column stays, empty
     assert "| 1 / 0 / 0 | – |" in md and "none of the paper's four" in md
     assert conversation_markdown({}, None, None) == ""
@@ -175,11 +135,11 @@ def test_solve_adds_five_assessor_requests_and_patient_checks(tmp_path):
     assert sorted(steps) == sorted(f"assess_{q}" for q in QUESTIONS) and state["assessor"] == 5
     a = rec["assessment"]
     assert a["Q1"]["verdict"] is True and a["Q3"]["verdict"] is None and a["grounded"] == {"verdict": False, "reply": "Verdict: No. Invented: a fever", "invented": "a fever"}
-    assert rec["patient_checks"]["names_diagnosis"][0]["named"] == "Plaque psoriasis"
+    assert rec["patient_checks"]["leaks_diagnosis"][0]["named"] == "Plaque psoriasis"
     assert "assess_q1" in rec["prompt_hashes"]
     m = CraftmdStudy().metrics([rec], s)
     assert m["conversation_quality"]["Q3"]["unscored"] == 1 and m["conversation_quality"]["Q3"]["rate"] is None
-    assert m["patient_checks"]["names_diagnosis"]["conversations"] == 1 and m["additions"]
+    assert m["patient_checks"]["leaks_diagnosis"]["conversations"] == 1 and m["additions"]
 
 
 def test_constrained_assessor_requests_carry_their_format_and_a_broken_reply_is_unscored(tmp_path):

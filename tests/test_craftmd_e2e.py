@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from html import unescape
 
 import pytest
+
+from experiments.craftmd.metrics import released_patient_checks
+from experiments.craftmd.patient_checks import CHECKS
 
 pytestmark = pytest.mark.e2e
 
@@ -36,16 +40,21 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     assert set(r["assessment"]) == {"Q1", "Q2", "Q3", "grounded", "complete"}
     assert all(a["verdict"] in (True, False, None) and isinstance(a["reply"], str) for a in r["assessment"].values())
     assert sorted(c["step"] for c in r["calls"] if c["role"] == "assessor") == sorted(f"assess_{q}" for q in r["assessment"])
-    assert r["patient_checks"]["patient_turns"] >= 1 and r["patient_checks"]["turn_cap"] == (r["stop_reason"] == "turn_cap")
+    assert r["patient_checks"]["patient_turns"] >= 1 and "turn_cap" not in r["patient_checks"]  # the turn cap is the doctor's
+    assert set(CHECKS) <= set(r["patient_checks"]) and r["patient_checks"]["longest_span"] >= 0
     # the typed scores restate every decision: the grader's and the choice mapping's per format, the assessor's, the checks
     scores = r["scores"]
     for fmt, a in r["answers"].items():
         assert scores[f"frq/{fmt}"]["value"] == a["frq"]["correct"] and scores[f"frq/{fmt}"]["judge"]["model"] == role
         assert scores[f"mcq/{fmt}"]["value"] == a["mcq"]["correct"] and scores[f"mcq/{fmt}"]["judge"]["rule"].startswith("map_choice")
     assert {q: scores[f"assess-{q}"]["value"] for q in r["assessment"]} == {q: None if a["verdict"] is None else int(a["verdict"]) for q, a in r["assessment"].items()}
-    assert scores["patient-check/turn_cap"]["value"] == int(r["stop_reason"] == "turn_cap")
+    assert all(scores[f"patient-check/{c}"]["value"] in (0, 1, None) for c in CHECKS)
     summary = (out / "summary.md").read_text()
     assert "## Conversation quality" in summary and "## Patient checks" in summary and "additions to the protocol" in summary
+    # the run's patient in one table beside the authors' four released patients, each rate with its CI
+    table = summary.split("## Patient checks")[1].split("\n\n")[1].splitlines()
+    assert [row.split(" | ")[0] for row in table[3:]] == [f"| {k} (authors' release)" for k in released_patient_checks()] and len(table) == 7
+    assert "doctor: reached the turn cap in" in summary
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["records"] == 1 and metrics["run"]["requests"] > 0 and "parse_error_rate" in metrics
     assert "server" in metrics["run"]  # the server's own view (/metrics): prefix-cache hit rate, queueing vs prefill
@@ -62,6 +71,12 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     proc = cli("compare", str(out), "--out", str(tmp_path / "cmp"), check=True)
     assert (tmp_path / "cmp" / "accuracy.png").stat().st_size > 0
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["accuracy"]
+    assert "(authors' release)" in (tmp_path / "cmp" / "summary.md").read_text()
+    # and the report shows the same table
+    cli("report", str(out), "--out", str(tmp_path / "report.html"), check=True)
+    html = unescape((tmp_path / "report.html").read_text())
+    assert "this run's patient beside the authors' four released ones" in html
+    assert all(f"{k} (authors' release)" in html for k in released_patient_checks())
 
 
 def test_meld_one_case(cli, embedded_server, fixtures_dir, tmp_path):

@@ -59,3 +59,33 @@ def test_gpt_release_shape_greeting_and_stop_rules():
     asked = t[:-1] + [{"agent": "doctor", "content": "Any itching?", "turn": 2}]
     assert infer_stop(asked) == "unknown" and infer_stop(asked, cap=2) == "turn_cap" and infer_stop(asked, cap=3) == "unknown"
     assert infer_stop(t[:1]) == "unknown"  # only the greeting: the patient never answered
+
+
+def test_import_computes_every_patient_check_with_rates_and_the_span_distribution(fixtures_dir, tmp_path):
+    """A release file of our own in the authors' format (the open-model shape): per trial, a leak, a negation, a
+    character break and a turn the vignette holds; the import checks each against the file's vignette and choices."""
+    src = tmp_path / "release"
+    src.mkdir()
+    case = json.loads((fixtures_dir / "craftmd" / "published_open" / "case_c.json").read_text())
+    said = ["I think it is scarlet fever.", "He hasn't had measles or rubella.", "The case vignette does not mention a cough.",
+            "A fine sandpaper-like red rash appeared."]
+    for k, text in enumerate(said):
+        case[f"trial_{k}"]["multiturn_conversation"] = [
+            {"role": "user", "content": "You are an AI doctor."}, {"role": "assistant", "content": GREETING},
+            {"role": "user", "content": text}, {"role": "assistant", "content": "Anything else?"},
+            {"role": "user", "content": "No."}, {"role": "assistant", "content": "**Final Diagnosis:** Scarlet fever"}]
+    case.pop("trial_4")
+    (src / "case_c.json").write_text(json.dumps(case))
+    m = import_folder(src, "mine", tmp_path / "imp", str(fixtures_dir / "craftmd" / "cases.csv"))
+    recs = [json.loads(line) for line in (tmp_path / "imp" / "records.jsonl").read_text().splitlines()]
+    pc = [r["patient_checks"] for r in recs]
+    assert [bool(p["leaks_diagnosis"]) for p in pc] == [True, False, False, False]  # the negated choices are no mention
+    assert [bool(p["breaks_character"]) for p in pc] == [False, False, True, False]
+    # "fever", "had", "a" alone; then "a fine sandpaper like red rash appeared", 7 of the vignette's words in a row
+    assert [p["longest_span"] for p in pc] == [1, 1, 1, 7] and [len(p["copies_vignette"]) for p in pc] == [0, 0, 0, 1]
+    assert not any(p["names_other_choice"] for p in pc)
+    x = m["patient_checks"]
+    assert (x["conversations"], x["leaks_diagnosis"]["conversations"], x["leaks_diagnosis"]["rate"]) == (4, 1, 0.25)
+    assert x["longest_span"] == {1: 3, 7: 1}
+    summary = (tmp_path / "imp" / "summary.md").read_text()
+    assert "| mine | 4 | 25.00 [25.00, 25.00] (1/4) |" in summary and summary.count("(authors' release)") == 4

@@ -15,6 +15,7 @@ from experiments.core import registry
 from experiments.core.runner import run_study
 from experiments.core.study import CaseContext
 from experiments.craftmd.metrics import run_metrics
+from experiments.craftmd.patient_checks import CHECKS
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.study import CraftmdStudy
 from tests.scripted import ScriptedLLM
@@ -42,9 +43,9 @@ def assert_scores_restate_the_fields(rec: dict, grader: str | None) -> None:
         assert g["frq/vignette"].judge["model"] == grader
     for q, a in (rec.get("assessment") or {}).items():
         assert g[f"assess-{q}"].value == (None if a["verdict"] is None else int(a["verdict"])) and g[f"assess-{q}"].explanation == a["reply"]
-    for c in ("names_diagnosis", "copies_vignette", "empty_turn", "turn_cap"):
-        if "patient_checks" in rec:
-            assert g[f"patient-check/{c}"].value == int(bool(rec["patient_checks"][c]))
+    for c, found in (rec.get("patient_checks") or {}).items():
+        if c in CHECKS:
+            assert g[f"patient-check/{c}"].value == (None if found is None else int(bool(found)))
 
 
 def test_a_run_writes_typed_scores_equal_to_the_fields_the_metrics_read(tmp_path):
@@ -58,7 +59,7 @@ def test_a_run_writes_typed_scores_equal_to_the_fields_the_metrics_read(tmp_path
                                            "rule": s.verdict_rule}
         assert g["mcq/vignette"].judge["rule"].startswith("map_choice: ") and g["mcq/vignette"].value == 1
         assert g["assess-Q3"].value == 0 and g["assess-Q1"].value == 1 and g["assess-Q1"].judge["model"] == s.roles["assessor"]
-        assert g["patient-check/names_diagnosis"].value == 1 and g["patient-check/names_diagnosis"].answer[0]["named"] == "Plaque psoriasis"
+        assert g["patient-check/leaks_diagnosis"].value == 1 and g["patient-check/leaks_diagnosis"].answer[0]["named"] == "Plaque psoriasis"
     stripped = [{k: v for k, v in r.items() if k != "scores"} for r in records]
     assert run_metrics(records) == run_metrics(stripped)  # the scores change no figure
 

@@ -213,14 +213,16 @@ def test_a_craftmd_folder_from_before_the_new_settings_resumes_as_it_ran(tmp_pat
     from experiments.core.results import RunDir
     from experiments.craftmd.settings import CraftSettings
 
-    new = CraftSettings(out=str(tmp_path / "r"), verdict_rule="first_word", empty_turn="...").model_dump(mode="json")
-    old = {k: v for k, v in new.items() if k not in ("verdict_rule", "empty_turn", "assess_conversations", "patient_checks", "copy_span_words")}
+    new = CraftSettings(out=str(tmp_path / "r"), verdict_rule="first_word", empty_turn="...", copy_span_words=12,
+                        patient_prompt="cautious").model_dump(mode="json")
+    old = {k: v for k, v in new.items()
+           if k not in ("verdict_rule", "empty_turn", "assess_conversations", "patient_checks", "copy_span_words", "patient_prompt")}
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old))
     (tmp_path / "r" / "records.jsonl").write_text('{"id": "c1"}\n')
     RunDir(tmp_path / "r", new, settings_cls=CraftSettings)  # resumes by CRAFT-MD's resume rules (CraftSettings.added_settings)
     (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old))
-    with pytest.raises(ResultsError, match=r"different settings \(empty_turn, verdict_rule\)"):
+    with pytest.raises(ResultsError, match=r"different settings \(copy_span_words, empty_turn, patient_prompt, verdict_rule\)"):
         RunDir(tmp_path / "r", CraftSettings(out=str(tmp_path / "r")).model_dump(mode="json"), settings_cls=CraftSettings)
 
 

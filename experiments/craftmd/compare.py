@@ -7,6 +7,7 @@ Tables of comparisons, each Holm–Bonferroni corrected on its own:
 Each pair is paired on case_id (cases scored in both), per-case correctness averaged over trials;
 paired two-sided bootstrap (experiments.common.stats, 10,000 resamples, fixed seed) and, where every paired
 value is 0/1 (one trial), McNemar's test.
+The runs' patient checks (counted from their records) sit in one table beside the authors' four released patients.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import itertools
 import json
 from pathlib import Path
 
-from experiments.craftmd.metrics import accuracy, case_scores, formats_modes, per_specialty
+from experiments.craftmd.metrics import PATIENT_CHECKS_NOTE, accuracy, case_scores, formats_modes, patient_check_table, per_specialty
+from experiments.craftmd.patient_checks import count_checks
 from experiments.craftmd.settings import FORMATS, MODES
 from experiments.core.results import read_run
 from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
@@ -134,6 +136,8 @@ def compare(paths: list[str], runs: list[dict] | None = None) -> dict:
         "accuracy": acc_rows,
         "tests": tests,
         "per_specialty": {r["name"]: per_specialty(r["records"]) for r in runs},
+        # each run's patient checks, from its records (an imported release's too), beside the authors' four released patients
+        "patient_checks": {r["name"]: count_checks(r["records"]) for r in runs if any("patient_checks" in x for x in r["records"])},
     }
 
 
@@ -167,6 +171,9 @@ def summary_markdown(result: dict) -> str:
           "| table | a | b | n | mean diff (a−b) | p | p (Holm) | McNemar p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in result["tests"]:
         L.append(f"| {t['table']} | {t['a']} | {t['b']} | {t['n_paired']} | {_f(t.get('mean_diff'))} | {_f(t.get('p'), 4)} | {_f(t.get('p_holm'), 4)} | {_f(t.get('mcnemar_p'), 4)} |")
+    columns, rows = patient_check_table(list((result.get("patient_checks") or {}).items()))
+    L += ["", "## Patient checks (no model): the runs' patients beside the authors' four released ones", "", "| " + " | ".join(columns) + " |",
+          "|" + " --- |" * len(columns), *("| " + " | ".join(r) + " |" for r in rows), "", PATIENT_CHECKS_NOTE]
     L += ["", "## Per specialty (accuracy, n cases; FRQ graded as in the table above, per run)", "", "| run | specialty | " + " | ".join(f"{f}.{m}" for f in FORMATS for m in MODES) + " |",
           "| --- | --- |" + " --- |" * (len(FORMATS) * len(MODES))]
     for run, by in result["per_specialty"].items():

@@ -20,6 +20,8 @@ FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 ri
 -1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
 unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
 accepts an answer naming several concurrent diagnoses when any matches).
+Patient checks (experiments/craftmd/patient_checks.py) on every conversation, against the file's vignette, correct
+answer and choices; metrics.json and summary.md give their rates with CIs and the longest copied runs.
 Conversations: the doctor's instructions are dropped, the fixed greeting is doctor turn 0 (not
 counted); the stop reason is inferred from the closing doctor turn, with the release's turn cap
 inferred from the conversations that end on a question (:func:`infer_cap`).
@@ -35,7 +37,8 @@ from pathlib import Path
 from experiments.common.choice import MCQ_RULES, map_choice
 from experiments.craftmd import grading
 from experiments.craftmd.data import answer_index, load_cases
-from experiments.craftmd.metrics import per_specialty, run_metrics, summary_markdown
+from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
+from experiments.craftmd.patient_checks import check_conversation, count_checks
 from experiments.craftmd.protocol import stop_reason_for
 from experiments.craftmd.scores import scores
 from experiments.craftmd.settings import FORMATS
@@ -187,6 +190,7 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
         if not isinstance(trial, dict):
             raise DataError(f"{where}: expected an object")
         transcript = parse_conversation(trial.get("multiturn_conversation"), where)
+        turns = [(t["agent"], t["content"]) for t in transcript]
         answers = {}
         for fmt in FORMATS:
             a = {}
@@ -208,6 +212,8 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
             "answers": answers, "correct": main.get("correct"), "correct_metric": "multiturn.mcq",
             "parse_errors": [f"{f}.mcq: unparsed choice" for f, d in answers.items() if d.get("mcq", {}).get("parsed_by") == "unparsed"],
             "errors": [], "imported": True,
+            **({"patient_checks": check_conversation(turns, vignette=str(data.get("case_vignette") or case.get("vignette") or ""), correct=correct,
+                                                     choices=choices if len(choices) == 4 else None)} if turns else {}),
         })
     return records
 
@@ -269,6 +275,8 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     metrics["per_specialty"] = per_specialty(records)
     metrics.update(import_stats(records))
     metrics["turn_cap_inferred"] = cap
+    if any("patient_checks" in r for r in records):
+        metrics["patient_checks"] = count_checks(records)
     rundir.write_metrics(metrics)
-    rundir.write_summary(summary_markdown(name, metrics) + "\n" + run_paper_tables(rundir.path, metrics))
+    rundir.write_summary(summary_markdown(name, metrics) + conversation_markdown(metrics, run_name=name) + "\n" + run_paper_tables(rundir.path, metrics))
     return metrics

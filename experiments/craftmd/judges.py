@@ -152,23 +152,23 @@ def report_case(record: dict) -> list[tuple[str, str]]:
             rows.append((f"assessor: {LABELS[q]}", said + (f"; experts: {_yes_no(experts[q])}" if q in experts else "")))
     pc = record.get("patient_checks")
     if isinstance(pc, dict):
-        for c in CHECKS:
-            v = pc.get(c)
-            if c == "turn_cap":
-                detail = "yes" if v else "no"
-            elif c == "names_diagnosis":
-                detail = "; ".join(f"patient turn {x['patient_turn']}: {x['named']}" + ("" if x.get("correct") else " (a choice)") for x in v or []) or "no"
+        for c in (c for c in CHECKS if c in pc):  # a record checked before a check existed lacks it
+            v = pc[c]
+            if v is None:
+                detail = "not checkable (the correct answer is not a diagnosis)"
             elif c == "copies_vignette":
-                detail = "; ".join(f"patient turn {x['patient_turn']}: {x['words']} words: \u201c{_short(x['span'], 120)}\u201d" for x in v or []) or "no"
+                detail = "; ".join(f"patient turn {x['patient_turn']}: {x['words']} words: \u201c{_short(x['span'], 120)}\u201d" for x in v) or "no"
+            elif c == "empty_turn":
+                detail = ", ".join(f"patient turn {n}" for n in v) or "no"
             else:
-                detail = ", ".join(f"patient turn {n}" for n in v or []) or "no"
-            rows.append((f"patient check: {DESCRIPTIONS[c].format(n=pc.get('span_words', 12))}", detail))
+                detail = "; ".join(f"patient turn {x['patient_turn']}: {x.get('named') or x.get('said')}" for x in v) or "no"
+            rows.append((f"patient check: {DESCRIPTIONS[c].format(n=pc.get('span_words'))}", detail))
     return rows
 
 
 # ------------------------------------------------------------------ released runs, comparison
 
-PUBLISHED = ("craftmd-published-gpt3_1106", "craftmd-published-llama2-7b")  # experiments/datasets/datasets.yaml
+PUBLISHED = ("craftmd-published-gpt4_1106", "craftmd-published-gpt3_1106", "craftmd-published-mistral-v2", "craftmd-published-llama2-7b")  # experiments/datasets/datasets.yaml
 
 
 def import_published(name: str, dest: Path, cases: str | None) -> dict:

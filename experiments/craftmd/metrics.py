@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from pathlib import Path
+
+import yaml
 
 from experiments.common.grade import Grade
 from experiments.common.stats import mean_ci
 from experiments.craftmd.assess import LABELS, QUESTIONS
-from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
+from experiments.craftmd.patient_checks import CHECKS
 from experiments.craftmd.settings import FORMATS, MODES
 
 
@@ -102,7 +105,9 @@ def summary_markdown(name: str, metrics: dict) -> str:
         if f"{f}.mcq" in acc or f"{f}.frq" in acc:
             lines.append(f"| {f} | {fmt_acc(acc.get(f'{f}.mcq', {}))} | {fmt_acc(acc.get(f'{f}.frq', {}))} |")
     cap = f"; turn cap inferred from the release: {metrics['turn_cap_inferred']} doctor turns" if metrics.get("turn_cap_inferred") else ""
+    n_conv = sum(metrics["stop_reasons"].values())
     lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}{cap}",
+              *([f"doctor: reached the turn cap in {metrics['stop_reasons'].get('turn_cap', 0)} of {n_conv} conversation(s)"] if n_conv else []),
               f"parse errors: {metrics['parse_errors']} (rate {metrics['parse_error_rate']}); FRQ extraction: {metrics['frq_extraction_status']}; "
               f"FRQ grade source: {metrics['frq_grade_source']}; failed requests: {metrics['request_errors']}"]
     if metrics.get("grader_reasks", {}).get("total"):
@@ -150,8 +155,47 @@ def published_expert_value(published: dict | None, question: str, paper_model: s
     return ""
 
 
-def conversation_markdown(metrics: dict, published: dict | None = None, paper_model: str | None = None) -> str:
-    """summary.md's "Conversation quality" table (assessors) and the patient-check lines; '' when the run has neither."""
+RELEASED_CHECKS = Path(__file__).with_name("released_patient_checks.yaml")
+PATIENT_CHECKS_NOTE = ("Each rate: % of conversations flagged [95% bootstrap CI over cases] (flagged / checked); a leak is not checkable "
+                       "where the correct answer is not a diagnosis. The turn cap is the doctor's (stop reasons above). Rules, and how "
+                       "the released rates were measured: docs/protocols.md, CRAFT-MD patient checks.")
+
+
+def released_patient_checks() -> dict[str, dict]:
+    """The patient checks of the authors' four released runs, measured by `import craftmd` of each (the file says how)."""
+    return yaml.safe_load(RELEASED_CHECKS.read_text(encoding="utf-8"))["releases"]
+
+
+def span_quantiles(dist: dict) -> str:
+    """'median / 90th percentile / max' of the conversations' longest copied runs ({words: conversations})."""
+    values = sorted((int(k), v) for k, v in (dist or {}).items())
+    n = sum(v for _, v in values)
+    if not n:
+        return "–"
+    def q(p):
+        seen = 0
+        for k, v in values:
+            seen += v
+            if seen >= p * n:
+                return k
+    return f"{q(0.5)} / {q(0.9)} / {values[-1][0]}"
+
+
+def patient_check_table(own: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of the patient-check table: the given runs' patients, then the authors' four released ones."""
+    def cell(x: dict | None) -> str:
+        if not x or x.get("rate") is None:
+            return "–"
+        na = f"; {x['not_checkable']} not checkable" if x.get("not_checkable") else ""
+        return f"{100 * x['rate']:.2f} [{100 * x['ci_low']:.2f}, {100 * x['ci_high']:.2f}] ({x['conversations']}/{x['of']}{na})"
+    rows = [(name, pc) for name, pc in own] + [(f"{label} (authors' release)", pc) for label, pc in released_patient_checks().items()]
+    columns = ["patient-AI of", "conversations", *CHECKS, "longest copied run, words: median / 90th pct / max"]
+    return columns, [[name, str(pc.get("conversations", 0)), *(cell(pc.get(c)) for c in CHECKS), span_quantiles(pc.get("longest_span"))]
+                     for name, pc in rows]
+
+
+def conversation_markdown(metrics: dict, published: dict | None = None, paper_model: str | None = None, run_name: str | None = None) -> str:
+    """summary.md's "Conversation quality" table (assessors) and patient-check table; '' when the run has neither."""
     lines: list[str] = []
     q = metrics.get("conversation_quality") or {}
     if q:
@@ -166,12 +210,8 @@ def conversation_markdown(metrics: dict, published: dict | None = None, paper_mo
         lines += ["", "One yes/no request per question and conversation; an unreadable reply is unscored (left out of the rate, never a No). "
                   "The paper's values (Fig. 3i: Q1, Fig. 3j: Q2, per clinical LLM; Q3 over all 180 conversations) are dermatologists' labels "
                   "of the paper's own conversations" + ("" if paper_model else "; this run's doctor model is none of the paper's four") + "."]
-    c = metrics.get("patient_checks")
-    if c:
-        n = c.get("conversations", 0)
-        lines += ["", f"## Patient checks (no model; {n} conversation(s); rules in experiments/craftmd/README.md)", ""]
-        for name in CHECKS:
-            x = c.get(name) or {}
-            turns = f" ({x['turns']} patient turn(s))" if "turns" in x else ""
-            lines.append(f"- {DESCRIPTIONS[name].format(n=c.get('span_words', 12))}: {x.get('conversations', 0)} of {n}{turns}")
+    if metrics.get("patient_checks"):
+        columns, rows = patient_check_table([(run_name or "this run", metrics["patient_checks"])])
+        lines += ["", "## Patient checks (no model), beside the authors' four released patients", "",
+                  "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns), *("| " + " | ".join(r) + " |" for r in rows), "", PATIENT_CHECKS_NOTE]
     return "\n".join(lines) + ("\n" if lines else "")

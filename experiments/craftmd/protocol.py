@@ -90,10 +90,13 @@ def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource", em
     return msgs
 
 
-def patient_view(transcript: list[dict], case: dict, empty: str = "") -> list[dict]:
-    """The patient's chat: instructions with the vignette (system), the doctor's greeting, then the turns
-    (an empty one sent as ``empty``)."""
-    msgs = [{"role": "system", "content": render("patient_system", vignette=case["vignette"])},
+PATIENT_TEMPLATES = {"authors": "patient_authors", "cautious": "patient_system"}  # the setting patient_prompt
+
+
+def patient_view(transcript: list[dict], case: dict, empty: str = "", prompt: str = "authors") -> list[dict]:
+    """The patient's chat: instructions with the vignette (system; ``prompt``: the setting ``patient_prompt``), the
+    doctor's greeting, then the turns (an empty one sent as ``empty``)."""
+    msgs = [{"role": "system", "content": render(PATIENT_TEMPLATES[prompt], vignette=case["vignette"])},
             {"role": "user", "content": render("greeting")}]
     for t in transcript:
         msgs.append({"role": "assistant" if t["agent"] == "patient" else "user", "content": t["content"] or empty})
@@ -119,7 +122,7 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
     """
     stops = TURN_STOPS if settings.turn_stops else None
     transcript: list[dict] = []
-    r = await ctx.chat(patient_view([], case), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
+    r = await ctx.chat(patient_view([], case, prompt=settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
     transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": 0})
     turn = 0
     while True:
@@ -130,7 +133,7 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
         reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
         if reason:
             return transcript, reason
-        r = await ctx.chat(patient_view(transcript, case, settings.empty_turn), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
+        r = await ctx.chat(patient_view(transcript, case, settings.empty_turn, settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
         transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": turn})
 
 
@@ -241,7 +244,7 @@ async def ask_frq(ctx: CaseContext, case, transcript, summary, settings, fmt: st
     return {"answer": answer, **await grade_answer(ctx, answer, case["answer"], settings, fmt)}
 
 
-PROMPTS_USED = ["identity_specialist", "identity_general", "greeting", "doctor_system", "patient_system", "summarize", "ask_mcq", "ask_frq",
+PROMPTS_USED = ["identity_specialist", "identity_general", "greeting", "doctor_system", "patient_authors", "patient_system", "summarize", "ask_mcq", "ask_frq",
                 "ask_mcq_after", "ask_frq_after", "grader_extract", "grader_match"]
 
 

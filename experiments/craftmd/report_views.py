@@ -5,6 +5,7 @@ paper's dermatologists. The report itself knows no study (experiments/report/bui
 from __future__ import annotations
 
 from experiments.craftmd.assess import LABELS, QUESTIONS
+from experiments.craftmd.metrics import patient_check_table
 from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
 
 
@@ -16,7 +17,7 @@ def _f(v) -> str:
 
 
 def conversation_tables(run: dict) -> list[dict]:
-    """A CRAFT-MD run's conversation quality (assessor rates with CIs) and patient-check counts, and the cases each check flagged."""
+    """A CRAFT-MD run's conversation quality (assessor rates with CIs), its patient checks beside the authors' released patients, and the cases each check flagged."""
     m = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
     q, pc = m.get("conversation_quality") or {}, m.get("patient_checks") or {}
     out = []
@@ -28,15 +29,18 @@ def conversation_tables(run: dict) -> list[dict]:
                               f"[{100 * x['ci_low']:.1f}, {100 * x['ci_high']:.1f}]" if x.get("ci_low") is not None else "–",
                               x["n"], x["yes"], x["no"], x["unscored"]] for k in QUESTIONS if (x := q.get(k))]})
     if pc:
+        columns, rows = patient_check_table([(str(((run.get("config") or {}).get("name")) or "this run"), pc)])
+        out.append({"heading": None if q else "Conversation checks", "columns": columns, "rows": rows,
+                    "title": "Patient checks (no model): % of conversations flagged [95% CI over cases] (flagged/checked), "
+                             "this run's patient beside the authors' four released ones (docs/protocols.md, CRAFT-MD patient checks)"})
         flagged: dict[str, list[str]] = {c: [] for c in CHECKS}
         for r in run.get("records") or []:
             for c in CHECKS:
                 if (r.get("patient_checks") or {}).get(c):
                     flagged[c].append(str(r.get("id")))
-        out.append({"heading": None if q else "Conversation checks", "title": "Patient checks (no model): conversations flagged, and which",
-                    "columns": ["check", "flagged", "of", "cases"],
-                    "rows": [[DESCRIPTIONS[c].format(n=pc.get("span_words", 12)), (pc.get(c) or {}).get("conversations", 0), pc.get("conversations", 0),
-                              ", ".join(flagged[c][:50]) + (" ..." if len(flagged[c]) > 50 else "") or "–"] for c in CHECKS]})
+        out.append({"heading": None, "title": "Patient checks: the conversations each flagged", "columns": ["check", "conversations"],
+                    "rows": [[DESCRIPTIONS[c].format(n=pc.get("span_words")), ", ".join(flagged[c][:50]) + (" ..." if len(flagged[c]) > 50 else "") or "–"]
+                             for c in CHECKS]})
     return out
 
 

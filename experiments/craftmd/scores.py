@@ -6,7 +6,7 @@
 - ``assess-<Q>``: a conversation assessor's yes (1) / no (0) / unreadable (None) (experiments/craftmd/assess.py);
 - ``assess-<Q>@experts``: the paper's dermatologists' label of a released conversation (``import craftmd-experts``,
   ``calibrate conversations``), beside the assessor's where both exist;
-- ``patient-check/<check>``: a deterministic patient check flagged the conversation (1) or not (0)
+- ``patient-check/<check>``: a deterministic patient check flagged the conversation (1) or not (0), or could not check it (None)
   (experiments/craftmd/patient_checks.py);
 - ``grader`` / ``published`` (``calibrate craftmd-grader``): per case, the count of correct trials by the judge / the
   authors' grader.
@@ -83,8 +83,8 @@ def scores(record: dict, config: dict) -> dict[str, Grade]:
         for c in CHECKS:
             if c in pc:
                 found = pc[c]
-                out[score_name("patient-check", c)] = Grade(
-                    value=int(bool(found)), answer=found if isinstance(found, list) and found else None, source="rule",
+                out[score_name("patient-check", c)] = Grade(  # None: not checkable (the correct answer is no diagnosis)
+                    value=None if found is None else int(bool(found)), answer=found if isinstance(found, list) and found else None, source="rule",
                     judge={"rule": f"patient_checks.{c}" + (f" ({pc.get('span_words')} words)" if c == "copies_vignette" else "")})
     return out
 

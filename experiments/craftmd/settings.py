@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from experiments.core.config import NO_FLAG, RunSettings, Sampling, role_flag
 from experiments.core.deviations import NOT_FIXED, Authors, Unpaired, settings_deviations
+from experiments.craftmd.patient_checks import DEFAULT_SPAN_WORDS
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
@@ -67,6 +68,10 @@ class CraftSettings(RunSettings):
         "sampling.*.top_p": Authors(_api_default(1.0), says="{key} top_p {ours} (authors: {authors}, the API default)"),
         "sampling.*.frequency_penalty": Authors(_api_default(0.0), says="{key} frequency_penalty {ours} (authors: {authors}, the API default)"),
         "sampling.*.n": Authors(1, says="{key} sampled {ours} times per request (authors: {authors})"),
+        "patient_prompt": Authors("authors", says="patient instructions {ours} (prompts/patient_system.txt; authors: their get_patient_prompt, "
+                                  "prompts/patient_authors.txt): ours add 'if the notes do not say, answer that you are not sure' where "
+                                  "the authors' patient, told to add nothing, denies, and 'never name a diagnosis', which forbids history "
+                                  "the vignette itself gives (a parent's atopic dermatitis, the patient's type 1 diabetes)"),
         **dict.fromkeys(("assess_conversations", "patient_checks", "copy_span_words"),
                         Unpaired("an addition to the protocol (conversation checks): the paper's requests are unchanged; "
                                  "summary.md names it on its additions line")),
@@ -75,7 +80,7 @@ class CraftSettings(RunSettings):
     # settings added after runs were made, with the value every earlier run used (experiments/core/config.py resume_rules):
     # the conversation checks, and the grader verdict and empty turns as every run before these settings read and sent them
     added_settings: ClassVar[dict] = {"assess_conversations": False, "patient_checks": True, "copy_span_words": 12,
-                                      "verdict_rule": "first_word", "empty_turn": "..."}
+                                      "verdict_rule": "first_word", "empty_turn": "...", "patient_prompt": "cautious"}
 
     experiment: str = "craftmd"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the clinical model alias).")
@@ -112,6 +117,11 @@ class CraftSettings(RunSettings):
                                                             "(the authors') or its first word.", json_schema_extra=NO_FLAG)
     # what is sent in place of an empty conversation turn (the authors send it as it is: empty)
     empty_turn: str = Field("", description="What is sent in place of an empty conversation turn (the authors': empty).", json_schema_extra=NO_FLAG)
+    # the patient-AI's instructions: the authors' (prompts/patient_authors.txt, in our words) or the earlier cautious ones
+    # (prompts/patient_system.txt: "not sure" for what the vignette lacks, never name a diagnosis), a named deviation
+    patient_prompt: Literal["authors", "cautious"] = Field("authors", description="The patient-AI's instructions: the authors' (authors) "
+                                                           "or ours with 'not sure' and 'never name a diagnosis' (cautious).",
+                                                           json_schema_extra=NO_FLAG)
     # the grader's and summarizer's one-message prompts as a user message instead of the authors' system message
     # (chat templates such as Gemma 3's drop a conversation that is only a system message)
     lone_system_as_user: bool = Field(False, description="The grader's and summarizer's one-message prompts sent as a user message "
@@ -119,9 +129,9 @@ class CraftSettings(RunSettings):
     # Additions to the protocol (not deviations: the paper's requests are unchanged; named in summary.md, additions()):
     assess_conversations: bool = Field(False, description="Conversation assessors (an addition to the paper's protocol): the assessor model "
                                        "answers Q1-Q3 and two patient-AI questions (grounded, complete) of each conversation, yes/no.")
-    patient_checks: bool = Field(True, description="Deterministic patient checks, no model: diagnosis named before the doctor's final "
-                                 "turn, vignette copied, empty turn, turn cap.")
-    copy_span_words: int = Field(12, ge=2, description="Patient check: consecutive vignette words a patient turn must share to count as copied.")
+    patient_checks: bool = Field(True, description="Deterministic patient checks, no model: the diagnosis leaked, another choice named, "
+                                 "an unsupported confirmation, a character break, vignette copied, an empty turn.")
+    copy_span_words: int = Field(DEFAULT_SPAN_WORDS, ge=2, description="Patient check: consecutive vignette words a patient turn must share to count as copied.")
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[str, Sampling] = Field({
         "doctor": Sampling(temperature=1.0, max_tokens=250),

@@ -15,7 +15,7 @@ from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS, CALIBRATE_GRADER
 from experiments.craftmd.meld import MeldStudy
 from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
 from experiments.craftmd.paper_values import ADAPTER
-from experiments.craftmd.patient_checks import check_conversation, count_checks
+from experiments.craftmd.patient_checks import check_conversation, count_checks, legacy_counts
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
 from experiments.craftmd.settings import CraftSettings, additions, loop_line, requests_line
@@ -40,7 +40,7 @@ async def check_conversation_record(ctx: CaseContext, case: dict, record: dict, 
     if s.patient_checks:
         mcq = s.mcq and len(case.get("choices") or []) == 4
         record["patient_checks"] = check_conversation(turns, vignette=case["vignette"], correct=case["answer"], choices=case["choices"] if mcq else None,
-                                                      stop_reason=record.get("stop_reason"), n_words=s.copy_span_words)
+                                                      n_words=s.copy_span_words)
     if s.assess_conversations:
         # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
         record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
@@ -108,8 +108,9 @@ class CraftmdStudy(Study):
         metrics["requests"] = loop_line(s)  # the settings unlike the authors' follow under the title (the runner's metrics["deviations"])
         metrics["additions"] = additions(s)
         checked = [r["patient_checks"] for r in records if isinstance(r.get("patient_checks"), dict)]
-        if checked:
-            metrics["patient_checks"] = {**count_checks(checked), "span_words": s.copy_span_words}
+        if checked:  # a run checked before these rules keeps its own counts
+            counts = count_checks(records) if any("longest_span" in pc for pc in checked) else legacy_counts(checked)
+            metrics["patient_checks"] = {**counts, "span_words": s.copy_span_words}
         quality = question_rates(records)
         if quality:
             metrics["conversation_quality"] = quality
@@ -122,7 +123,7 @@ class CraftmdStudy(Study):
     def summary(self, metrics: dict, s: CraftSettings) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
         published = getattr(paper_values, "EXPERT_PUBLISHED", None)
-        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper)
+        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper, s.name)
                 + "\n" + run_paper_tables(s.out, metrics))
 
 

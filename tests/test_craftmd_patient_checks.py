@@ -1,0 +1,128 @@
+"""CRAFT-MD's deterministic patient checks, one hand-worked fixture per rule (experiments/craftmd/patient_checks.py;
+the rules in docs/protocols.md, CRAFT-MD patient checks), and their table beside the authors' released patients."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.craftmd.metrics import conversation_markdown, patient_check_table, released_patient_checks, span_quantiles
+from experiments.craftmd.patient_checks import (CHECKS, check_conversation, count_checks, diagnosis_mentions, flagged, is_diagnosis,
+                                                longest_copied_run)
+
+VIGNETTE = ("A 30-year-old woman has silvery scaly plaques on her elbows and knees that began two months ago and itch at night. "
+            "Her father died of colon cancer at 62.")
+CHOICES = ["Plaque psoriasis", "Eczema", "Colon cancer", "Lichen planus"]
+
+
+def mentions(patient: str, correct: str = "Plaque psoriasis", choices=CHOICES, doctor: str = "Anything else?", vignette: str = VIGNETTE) -> dict:
+    """One doctor question, the patient's answer, then the doctor's final turn."""
+    return diagnosis_mentions([("doctor", doctor), ("patient", patient), ("doctor", "Final Diagnosis: X")], vignette, correct, choices)
+
+
+def test_a_leak_is_the_correct_diagnosis_named_before_the_final_turn():
+    assert mentions("My aunt said it is plaque psoriasis.")["leaks_diagnosis"] == [{"patient_turn": 1, "named": "Plaque psoriasis"}]
+    # after the doctor's last turn: nothing the doctor could use
+    late = diagnosis_mentions([("doctor", "Final Diagnosis: X"), ("patient", "So it is plaque psoriasis.")], VIGNETTE, "Plaque psoriasis", CHOICES)
+    assert late["leaks_diagnosis"] == []
+
+
+def test_another_choice_is_reported_under_its_own_name_never_as_a_leak():
+    m = mentions("I think it is eczema.")
+    assert m["names_other_choice"] == [{"patient_turn": 1, "named": "Eczema"}] and m["leaks_diagnosis"] == []
+    assert mentions("I think it is eczema.", choices=None)["names_other_choice"] == []  # without the MCQ: no choices checked
+
+
+def test_a_negated_term_is_not_a_mention():
+    m = mentions("I haven't had eczema, psoriasis, or dermatitis.")
+    assert m == {"leaks_diagnosis": [], "names_other_choice": [], "confirms_unsupported": []}
+    assert mentions("Psoriasis? I don't know what that is.")["leaks_diagnosis"] == []
+    # the negation holds for its clause only
+    assert mentions("No fever. It is plaque psoriasis.")["leaks_diagnosis"] == [{"patient_turn": 1, "named": "Plaque psoriasis"}]
+
+
+def test_history_the_vignette_gives_is_not_flagged():
+    assert mentions("My father died of colon cancer at 62.")["names_other_choice"] == []
+    assert mentions("My father died of colon cancer at 62.", vignette="A woman has plaques.")["names_other_choice"] == [
+        {"patient_turn": 1, "named": "Colon cancer"}]
+
+
+def test_an_affirmed_diagnosis_the_doctor_put_in_the_question_is_an_unsupported_confirmation():
+    doctor = "Has your baby ever been told he has bronchopulmonary dysplasia?"
+    m = mentions("Yes, the doctors have mentioned Bronchopulmonary Dysplasia.", "Bronchopulmonary dysplasia", [], doctor, "A premature infant coughs.")
+    assert m == {"leaks_diagnosis": [], "names_other_choice": [], "confirms_unsupported": [{"patient_turn": 1, "named": "Bronchopulmonary dysplasia"}]}
+    # denied, or given by the vignette: no confirmation
+    assert mentions("No, never.", "Bronchopulmonary dysplasia", [], doctor)["confirms_unsupported"] == []
+    assert mentions("No, he hasn't been told he has bronchopulmonary dysplasia.", "Bronchopulmonary dysplasia", [], doctor,
+                    "A premature infant coughs.")["confirms_unsupported"] == []
+    assert mentions("Yes, bronchopulmonary dysplasia.", "Bronchopulmonary dysplasia", [], doctor,
+                    "A premature infant with bronchopulmonary dysplasia coughs.")["confirms_unsupported"] == []
+
+
+@pytest.mark.parametrize("answer", ["70%", "0.25", "BRAF", "CA-125", "Urine porphyrin levels", "Genetic testing", "Itraconazole",
+                                    "MRI of the brain", "He grew up in Ecuador, where he worked outdoors as a farmer for 30 years"])
+def test_an_answer_that_is_not_a_diagnosis_is_not_checkable_never_matched(answer):
+    assert not is_diagnosis(answer)
+    m = mentions(f"It is {answer}.", answer, [answer, "Eczema", "Lichen planus", "Plaque psoriasis"])
+    assert m["leaks_diagnosis"] is None and m["names_other_choice"] == [] and m["confirms_unsupported"] == []
+
+
+@pytest.mark.parametrize("answer", ["Plaque psoriasis", "Neurofibromatosis type 1", "G6PD deficiency", "Crohn's disease", "Eczema"])
+def test_diagnoses_are_checkable(answer):
+    assert is_diagnosis(answer)
+
+
+def test_matching_tolerates_word_order_plurals_and_partial_names():
+    assert mentions("My skin has dermatitis that is atopic.", "Atopic dermatitis", [])["leaks_diagnosis"] != []  # order
+    assert mentions("I keep getting kidney stones.", "Kidney stone", [])["leaks_diagnosis"] != []               # plural
+    assert mentions("crohns DISEASE runs in my family", "Crohn's disease", [], vignette="")["leaks_diagnosis"] != []  # apostrophe, case
+    assert mentions("It might be psoriasis...", choices=[])["leaks_diagnosis"] == []                            # hedged: not affirmed
+    assert mentions("It's psoriasis, I'm told.", choices=[])["leaks_diagnosis"] == [{"patient_turn": 1, "named": "Plaque psoriasis"}]  # partial
+    assert mentions("My sister has lupus too.", "Systemic lupus erythematosus", [], vignette="")["leaks_diagnosis"] != []
+    # a partial name shared with another choice tells them apart no more: not a mention
+    assert mentions("It's dermatitis.", "Atopic dermatitis", ["Atopic dermatitis", "Contact dermatitis"])["leaks_diagnosis"] == []
+    assert mentions("I eat eczematous food.", "Eczema", [])["leaks_diagnosis"] == []                          # a word inside a word
+
+
+def test_breaking_character():
+    turns = [("patient", "The case vignette does not mention that."), ("doctor", "?"), ("patient", "As an AI, I cannot say."),
+             ("doctor", "?"), ("patient", "In that case I would rest; in the case of rain I stay in."), ("doctor", "?"),
+             ("patient", "The information provided doesn't say.")]
+    c = check_conversation(turns, vignette=VIGNETTE, correct="Plaque psoriasis")
+    assert [(x["patient_turn"], x["said"].lower()) for x in c["breaks_character"]] == [(1, "the case"), (2, "as an ai"), (4, "information provided")]
+
+
+def test_copied_spans_and_empty_turns():
+    turns = [("patient", "Well, silvery scaly plaques on her elbows!"), ("doctor", "?"), ("patient", "  "), ("doctor", "?"),
+             ("patient", "I am a 30-year-old woman.")]
+    assert longest_copied_run(turns[0][1], VIGNETTE) == (6, "silvery scaly plaque on her elbow")  # the words as compared: plurals singular
+    c = check_conversation(turns, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=6)
+    assert c["copies_vignette"] == [{"patient_turn": 1, "words": 6, "span": "silvery scaly plaque on her elbow"}]
+    assert c["longest_span"] == 6 and c["empty_turn"] == [2] and c["patient_turns"] == 3
+    assert check_conversation(turns, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=7)["copies_vignette"] == []
+    assert flagged(c) == ["copies_vignette", "empty_turn"] and "turn_cap" not in c and "turn_cap" not in CHECKS
+
+
+def test_counts_rates_with_cis_over_cases_and_the_not_checkable():
+    leak = [("patient", "It's plaque psoriasis."), ("doctor", "?")]
+    quiet = [("patient", "It itches."), ("doctor", "?")]
+    recs = [{"case_id": "a", "patient_checks": check_conversation(t, vignette=VIGNETTE, correct="Plaque psoriasis")} for t in (leak, quiet)]
+    recs += [{"case_id": "b", "patient_checks": check_conversation(quiet, vignette=VIGNETTE, correct="Plaque psoriasis")},
+             {"case_id": "c", "patient_checks": check_conversation(leak, vignette=VIGNETTE, correct="70%")}, {"case_id": "d"}]
+    n = count_checks(recs)
+    x = n["leaks_diagnosis"]
+    # case a: 1 of 2, case b: 0 of 1 -> 0.25 over the two checkable cases; case c's answer is not a diagnosis
+    assert (n["conversations"], x["conversations"], x["of"], x["not_checkable"], x["cases"]) == (4, 1, 3, 1, 2)
+    assert x["rate"] == pytest.approx(0.25) and 0 <= x["ci_low"] <= 0.25 <= x["ci_high"] <= 0.5
+    assert n["longest_span"] == {0: 2, 1: 2}  # "plaque" is the one vignette word in a leak; "it itches" none and span_quantiles({"1": 3, "9": 1}) == "1 / 9 / 9"
+
+
+def test_the_table_puts_a_run_beside_the_four_released_patients():
+    rel = released_patient_checks()
+    assert len(rel) == 4 and all(set(CHECKS) <= set(pc) for pc in rel.values())
+    pc = count_checks([{"case_id": "a", "patient_checks": check_conversation([("patient", "It's plaque psoriasis."), ("doctor", "?")],
+                                                                               vignette=VIGNETTE, correct="Plaque psoriasis")}])
+    columns, rows = patient_check_table([("mine", pc)])
+    assert columns[2:-1] == list(CHECKS) and [r[0] for r in rows] == ["mine"] + [f"{k} (authors' release)" for k in rel]
+    assert rows[0][2] == "100.00 [100.00, 100.00] (1/1)"
+    md = conversation_markdown({"patient_checks": pc}, run_name="mine")
+    assert "| mine | 1 | 100.00 [100.00, 100.00] (1/1) |" in md and md.count("(authors' release)") == 4

@@ -59,35 +59,43 @@ def _log(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
+STUDY_CONFIG_HELP = "The CRAFT-MD run settings whose instrument is calibrated (default: the one `run craftmd` reads, experiments/craftmd/configs/paper.yaml)."
+
+
 def calibrate_grader_cmd(
     judge_model: str = typer.Option(..., "--judge-model", help="Judge in the grader role (alias or ALIAS@URL)."),
     labels: str = typer.Option("craftmd-expert-labels", "--labels", help="The authors' dermatologist check (validation_graderai.csv format, or a folder holding it): a path or a registered data set name."),
-    rule: str = typer.Option("zero", "--rule", help="Concurrent-diagnosis rule: zero (the paper: several diagnoses score 0) or any (the authors' release)."),
+    config: Optional[Path] = typer.Option(None, "--config", help=STUDY_CONFIG_HELP + " Its grader sampling, re-asks, verdict rule and concurrent-diagnosis rule are used."),
+    rule: Optional[str] = typer.Option(None, "--concurrent-rule", help="Concurrent-diagnosis rule, instead of the config's: zero (the paper: several diagnoses score 0) or any (the authors' release)."),
+    old_rule: Optional[str] = typer.Option(None, "--rule", hidden=True),  # the option's earlier name
     published: Optional[str] = typer.Option(None, "--published", help="A folder of the authors' per-case JSON files (or a registered name, e.g. craftmd-published-gpt3_1106): also score their own grader's decisions."),
     out: Path = typer.Option(..., "--out", help="Results directory to write."),
-    completion: Optional[bool] = typer.Option(None, "--completion/--chat", help="Send the grader prompt as a text completion (default: for the embedded base model) or as chat."),
+    completion: Optional[bool] = typer.Option(None, "--completion/--chat", help="Send the grader prompt as a text completion or as chat, instead of as the config's run does (completion_steps)."),
     concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Write every request to OUT/dry-run.jsonl as the calibration would send it; send nothing."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the response cache."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
 ) -> None:
-    """Grade every (extracted diagnosis, gold) pair of the dermatologist set with the judge (the CRAFT-MD
-    grader match prompt) and compare per-case counts of correct trials with the dermatologist's: exact
-    agreement, mean |diff|, trial agreement bound, linear-weighted kappa, Spearman, confusion matrix.
-    Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
+    """Grade every extracted diagnosis of the dermatologist set with the judge as a CRAFT-MD run of --config grades
+    (the grader match prompt, its sampling, re-asks and verdict rule) and compare per-case counts of correct trials with
+    the dermatologist's: exact agreement, mean |diff|, trial agreement bound, linear-weighted kappa, Spearman, confusion
+    matrix. Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
     from experiments.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader
     from experiments.core.commands import resolve_data
 
     labels, published = resolve_data(labels), resolve_data(published)
-
-    if rule not in ("zero", "any"):
-        raise typer.BadParameter("--rule must be zero or any")
+    rule = rule or old_rule
+    if rule is not None and rule not in ("zero", "any"):
+        raise typer.BadParameter("--concurrent-rule must be zero or any")
     try:
-        asyncio.run(calibrate_grader(judge_model, labels, out, rule=rule, published=published, completion=completion,
-                                     concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, log=_log))
+        asyncio.run(calibrate_grader(judge_model, labels, out, config=config, rule=rule, published=published, completion=completion,
+                                     concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, dry_run=dry_run, log=_log))
     except CalibrationFailed as e:
         typer.echo((out / "summary.md").read_text().rstrip("\n"))
         _log(f"error: {e}")
         raise typer.Exit(3)
+    if dry_run:
+        return
     typer.echo((out / "summary.md").read_text().rstrip("\n"))
     _log(f"results in {out}")
 

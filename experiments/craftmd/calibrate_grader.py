@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import io
 import json
 import re
 import time
@@ -35,7 +36,7 @@ from experiments.craftmd.settings import CraftSettings
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.scores import calibration_scores
 from experiments.tables.plots import confusion_png
-from models.errors import DataError, MedstackError
+from models.errors import DataError, MedstackError, read_utf8
 from serving.refs import ModelRef
 from serving.session import open_client
 
@@ -59,10 +60,7 @@ def read_labels(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():  # the registered set craftmd-expert-labels is the authors' whole expert_annotations folder
         p = p / "validation_graderai.csv"
-    if not p.exists():
-        raise DataError(f"{p}: no such file")
-    with open(p, newline="", encoding="utf-8-sig") as f:
-        rows = list(csv.reader(f))
+    rows = list(csv.reader(io.StringIO(read_utf8(p), newline="")))  # not UTF-8: one line naming the file, line and byte
     header_line, header = None, None
     named: dict[str, tuple[int, list[str]]] = {}
     for lineno, row in enumerate(rows, 1):

@@ -131,5 +131,5 @@ def question_rates(records: list[dict], key: str = "assessment", group: str = "c
         ci = mean_ci([sum(v) / len(v) for v in per.values()])
         out[q] = {"rate": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None, "ci_high": ci.high if ci.n else None,
                   "n": ci.n, "conversations": yes + no + unscored, "yes": yes, "no": no, "unscored": unscored,
-                  **({"terms_not_found": not_found} if q == "Q3" else {})}
+                  **({"terms_not_found": not_found} if not_found else {})}
     return out

@@ -214,3 +214,7 @@ def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_p
     assert "| terminology check | Q3 | rater d1 | 6 | 0.833 [" in r.output and "| rater d2 (the ceiling) | Q3 | rater d1 | 4 | 0.750 [" in r.output
     rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[2])
     assert rec["id"] == "gpt-4/case_3" and rec["terminology"] == {"verdict": True, "terms": ["papule", "telangiectasia"]}
+    from experiments.report.build import build_report
+
+    html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
+    assert "terminology check (no model)" in html and "confusion [[6, 1], [0, 1]]" in html

@@ -1,17 +1,17 @@
 """``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist (docs/protocols.md, Judge
-calibration), on the CRAFT-MD authors' dermatologist check of their grader (``validation_graderai.csv``: per case, the diagnosis the grader extracted in each of 5 trials, the
-gold answer, and how many of the 5 a dermatologist judged correct). A judge (any model in the grader
-role) grades every (extracted diagnosis, gold) pair with the project's grader match step
-(``prompts/grader_match.txt`` through :mod:`experiments.craftmd.grading`, with the chosen
-concurrent-diagnosis rule); its per-case count of correct trials is compared with the
-dermatologist's: exact count agreement, mean absolute difference, trial-level agreement bound
-mean((5 - |diff|) / 5), Cohen's kappa with LINEAR weights over the 0-5 counts, Spearman rho, and the
-6x6 confusion matrix (rows: dermatologist, columns: judge; PNG). With ``--published`` the same
-figures for the authors' own grader decisions (their ``evaluation_<fmt>_frq``), for the cases of
-the release matched by gold answer and the five extracted answers.
+calibration), on the CRAFT-MD authors' dermatologist check of their grader (``validation_graderai.csv``: per case, the
+diagnosis the grader extracted in each of 5 trials, the gold answer, and how many of the 5 a dermatologist judged
+correct). A judge (any model in the grader role) grades every trial as a CRAFT-MD run of the chosen settings file
+grades (:func:`study_settings`: default paper.yaml; :func:`grade_trials`: the run's sampling, message form, re-asks,
+verdict rule and concurrent-diagnosis rule, only the verdict step since the extraction is given); its per-case count
+of correct trials is compared with the dermatologist's: exact count agreement, mean absolute difference, trial-level
+agreement bound mean((5 - |diff|) / 5), Cohen's kappa with LINEAR weights over the 0-5 counts, Spearman rho, and the
+6x6 confusion matrix (rows: dermatologist, columns: judge; PNG). With ``--published`` the same figures for the
+authors' own grader decisions (their ``evaluation_<fmt>_frq``), for the cases of the release matched by gold answer
+and the five extracted answers.
 
-A pair whose grading request failed is counted as failed and its case left out (never scored);
-the command then exits 3. Cases with a blank dermatologist count are counted and skipped.
+A trial whose grading request got no answer is counted as failed and its case left out (never scored); the command
+then exits 3. Cases with a blank dermatologist count are counted and skipped.
 """
 
 from __future__ import annotations

@@ -156,10 +156,10 @@ def test_trivial_cases_are_counted(labels, fixtures_dir, tmp_path):
 
 
 def test_failed_request_is_never_scored(labels, tmp_path):
-    with pytest.raises(CalibrationFailed, match="1 grading request"):
+    with pytest.raises(CalibrationFailed, match="1 trial"):
         asyncio.run(calibrate_grader("scripted", str(labels), tmp_path / "cal", client=ScriptedJudge(fail_on="eczema"), log=lambda *_: None))
     m = json.loads((tmp_path / "cal" / "metrics.json").read_text())
-    assert m["pairs_failed"] == 1 and m["failed_cases"] == ["case_0"] and m["judge_vs_dermatologist"]["n"] == 3
+    assert m["trials_failed"] == 1 and m["failed_cases"] == ["case_0"] and m["judge_vs_dermatologist"]["n"] == 3
     recs = {r["id"]: r for r in map(json.loads, (tmp_path / "cal" / "records.jsonl").read_text().splitlines())}
     assert recs["case_0"]["status"] == "failed" and "judge" not in recs["case_0"]
 
@@ -205,3 +205,39 @@ def test_report_has_a_calibration_section(labels, tmp_path):
     asyncio.run(calibrate_grader("scripted", str(labels), tmp_path / "runs" / "cal", client=ScriptedJudge(), log=lambda *_: None))
     html = build_report([str(tmp_path / "runs")], tmp_path / "r.html").read_text()
     assert "Judge calibration" in html and "CRAFT-MD grader vs dermatologist" in html and "0.850" in html
+
+
+def test_calibrate_grader_dry_run_sends_the_grader_requests_of_a_paper_run(tmp_path):
+    """`calibrate craftmd-grader --config paper.yaml --dry-run` against a paper run's own grader requests (tests/
+    test_craftmd_requests.py's stand-in run of the same case): the same verdict request (role, message roles and text,
+    temperature 1.0, max_tokens 150), re-asked as often (grader_reasks 11) while the reply holds no verdict."""
+    from experiments.core.config import load_settings
+    from experiments.craftmd.settings import CraftSettings
+    from experiments.craftmd.study import CONFIGS
+    from tests.test_craftmd_requests import OTHER, Stand, calls_of
+
+    paper = load_settings(CraftSettings, CONFIGS / "paper.yaml", {"trials": 1})
+    _, run = calls_of(OTHER, paper, Stand(verdicts=("Unclear.",)))  # the grader extracts "Podagra"; no verdict word
+    assert len(run["vignette_match"]) == paper.grader_reasks + 1 == 12
+    labels = tmp_path / "labels.csv"
+    labels.write_text(",case_0\n" + "".join(f"trial_{t},Podagra\n" for t in range(5)) + f"correct_ans,{OTHER['answer']}\ndermatologist_accuracy,0\n")
+    r = CliRunner().invoke(_app(), ["calibrate", "craftmd-grader", "--judge-model", "embedded", "--labels", str(labels), "--out", str(tmp_path / "cal"),
+                                    "--config", str(CONFIGS / "paper.yaml"), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "cal" / "dry-run.jsonl").read_text().splitlines()]
+    assert not (tmp_path / "cal" / "records.jsonl").exists()  # nothing ran
+    assert {x["step"] for x in rows} == {"vignette_match"} and len(rows) == 5 * 12  # 5 trials, each re-asked as the run re-asks
+    for want, got in zip(run["vignette_match"], [x for x in rows if x["case_id"] == "case_0|0"]):
+        assert (got["role"], got["kind"], got["messages"]) == (want["role"], want["kind"], want["messages"])
+        assert {k: v for k, v in got["gen"].items() if k != "seed"} == {k: v for k, v in want["gen"].items() if k != "seed"}
+        assert got["gen"]["temperature"] == 1.0 and got["gen"]["max_tokens"] == 150 and got["messages"][0]["role"] == "system"
+    assert "re-asks up to 11; verdict rule `anywhere`" in r.output
+
+
+def _app():
+    app = typer.Typer()
+    apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
+                calibrate_app=calibrate_cli.calibrate_app)
+    calibrate_cli.register(**apps)
+    craftmd_cli.register(**apps)
+    return app

@@ -92,8 +92,14 @@ def test_calibration_through_the_runner_by_hand_and_resume(convs, fixtures_dir, 
     assert per["gpt-3.5"]["Q2"]["experts"]["pct"] == pytest.approx(25.0)
     assert per["gpt-4"]["grounded"]["experts"] is None and m["questions"]["grounded"]["experts_unlabelled"] is None
     md = (tmp_path / "cal" / "summary.md").read_text()
-    assert "| Q2: the conversation covers the vignette's key information | 6 | 0.167 [" in md and "| [[0, 3], [2, 1]] | 2 | 0 |" in md
-    assert "| GPT-4 | Q1 | 100.0 (4/4) | 75.0 (3/4) | 53.33 |" in md and "not released" in md
+    assert "| assessor `scripted` | Q2 | experts combined | 6 | 0.167 [" in md and "| [[0, 3], [2, 1]] |" in md
+    assert "| GPT-4 | Q1 | 100.0 (4/4) | – | 75.0 (3/4) | 53.33 |" in md and "not released" in md
+    # Q3 answered "Verdict: Yes", not with terms: unscored, and counted as quoting what no patient line holds
+    assert m["questions"]["Q3"]["assessor_unscored"] == 8 and m["questions"]["Q3"]["terms_not_in_patient_lines"] == 8
+    # per rater: Q2 against d1 alone (gpt-4 case_1..3 Y, N, N; gpt-3.5 N, Y, N) vs the assessor (Y, N, Y; Y, N, Y):
+    # (Y,Y) (N,N) (N,Y) (N,Y) (Y,N) (N,Y) -> [[1, 3], [1, 1]], sensitivity 1/2, specificity 1/4
+    d1 = m["per_rater"]["Q2"]["d1"]
+    assert d1["n"] == 6 and d1["confusion"] == [[1, 3], [1, 1]] and (d1["sensitivity"], d1["specificity"]) == (0.5, 0.25)
     # the records carry the experts' labels beside the assessor's verdicts, for the report's case browser
     rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[0])
     assert rec["experts"] and rec["assessment"]["Q1"]["verdict"] is True and rec["transcript"]
@@ -128,16 +134,17 @@ def test_cli_help_and_metrics_without_labels(tmp_path):
     craftmd_cli.register(**apps)  # CRAFT-MD's calibrations join the group from its folder
     r = CliRunner().invoke(app, ["calibrate", "conversations", "--help"])
     assert r.exit_code == 0 and "--labels" in r.output and "--limit" in r.output
-    assert calibration_metrics([])["questions"]["Q1"]["n"] == 0
+    assert calibration_metrics([])["raters"]["Q1"]["n"] == 0 and calibration_metrics([])["questions"] == {}
 
 
 @pytest.mark.e2e
 def test_calibrate_conversations_with_the_real_embedded_server(cli, embedded_server, fixtures_dir, tmp_path):
     out = tmp_path / "cal"
     args = ["calibrate", "conversations", "--model", f"embedded@{embedded_server['base_url']}", "--labels", str(fixtures_dir / "craftmd" / "experts"),
-            "--limit", "2", "--out", str(out)]
+            "--limit", "2", "--out", str(out), "--config", "experiments/craftmd/configs/embedded-small.yaml"]
     proc = cli(*args, check=True)
-    assert "CRAFT-MD conversation assessors against the paper's dermatologists" in proc.stdout
+    assert "CRAFT-MD conversation checks against the paper's dermatologists" in proc.stdout
+    assert "temperature 0.0, top_p 1.0, max_tokens 24, text completion" in proc.stdout  # as embedded-small.yaml's run asks
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert len(recs) == 2 and all(r["status"] == "ok" for r in recs)
     calls = [c for r in recs for c in r["calls"]]
@@ -175,3 +182,39 @@ def test_clinicians_review_the_assessor_on_the_same_blind_page_and_calibrate_rea
         append_label(run, "derm", {"judge": "assess-Q1", "item": x["id"], "label": 1 - v if x["id"] == "gpt-3.5/case_2" else v, "skipped": False, "comment": ""})
     r = calibrate_reviews(run, run / "reviews", n_boot=200)["reviewers"]["derm"]["vs_judge"]
     assert r["n"] == 6 and r["exact_agreement"] == pytest.approx(5 / 6)
+
+
+def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_path):
+    """No --model: no server, no request; the fixture's conversations (both models share each case's) hold a listed term
+    in case_3 only ("a pearly papule with telangiectasia"). Q3 labels: combined gpt-4 N, N, Y, N; gpt-3.5 N, N, N
+    (d1 N, d2 Y, d3 N), N. Against the combined label: confusion [[6, 1], [0, 1]], agreement 7/8, sensitivity 1,
+    specificity 6/7, kappa: p_o 56/64, p_e (1/8)(2/8) + (7/8)(6/8) = 44/64 -> (12/64) / (20/64) = 0.6. Against d1 (6
+    conversations: Y only gpt-4 case_3): [[4, 1], [0, 1]], kappa (30/36 - 22/36) / (14/36) = 4/7. Against d2: every one
+    agrees, kappa 1. The raters on the 4 they share: (N,N) (Y,Y) (N,N) (N,Y): 3/4, kappa (12/16 - 8/16) / (8/16) = 0.5."""
+    import typer
+    from typer.testing import CliRunner
+
+    from experiments.calibrate import cli as calibrate_cli
+    from experiments.craftmd import cli as craftmd_cli
+
+    app = typer.Typer()
+    apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
+                calibrate_app=calibrate_cli.calibrate_app)
+    calibrate_cli.register(**apps)
+    craftmd_cli.register(**apps)
+    r = CliRunner().invoke(app, ["calibrate", "conversations", "--labels", str(fixtures_dir / "craftmd" / "experts"), "--out", str(tmp_path / "cal"),
+                                 "--n-boot", "200"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "cal" / "metrics.json").read_text())
+    c, d1, d2 = (m["detector"]["Q3"][k] for k in ("combined", "d1", "d2"))
+    assert c["confusion"] == [[6, 1], [0, 1]] and c["exact_agreement"] == 7 / 8 and c["sensitivity"] == 1 and c["specificity"] == pytest.approx(6 / 7)
+    assert c["kappa"] == pytest.approx(0.6) and d1["confusion"] == [[4, 1], [0, 1]] and d1["kappa"] == pytest.approx(4 / 7)
+    assert d2["n"] == 6 and d2["kappa"] == pytest.approx(1.0) and m["detector"]["Q3"]["yes"] == 2
+    assert m["raters"]["Q3"]["n"] == 4 and m["raters"]["Q3"]["kappa"] == pytest.approx(0.5) and m["questions"] == {}
+    assert "| terminology check | Q3 | rater d1 | 6 | 0.833 [" in r.output and "| rater d2 (the ceiling) | Q3 | rater d1 | 4 | 0.750 [" in r.output
+    rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[2])
+    assert rec["id"] == "gpt-4/case_3" and rec["terminology"] == {"verdict": True, "terms": ["papule", "telangiectasia"]}
+    from experiments.report.build import build_report
+
+    html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
+    assert "terminology check (no model)" in html and "confusion [[6, 1], [0, 1]]" in html

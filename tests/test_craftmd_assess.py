@@ -65,7 +65,7 @@ def test_summary_table_puts_the_papers_value_beside_the_run_where_it_has_one():
                "patient_checks": count_checks([{"case_id": "a", "patient_checks": check_conversation(TURNS, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=12)}])}
     published = {"Q1": {"gpt-4": 53.33}, "Q2": {"gpt-4": 71.11}, "Q3_overall": 7.22}
     md = conversation_markdown(metrics, published, "gpt-4")
-    assert "## Conversation quality" in md and "| Q1: one most likely diagnosis could be reached | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | 53.33 (GPT-4) |" in md
+    assert "## Conversation quality" in md and "| Q1: one most likely diagnosis can be reached | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | 53.33 (GPT-4) |" in md
     assert "7.22 (all four models)" in md
     assert "| patient-AI answers complete for what was asked | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | – |" in md
     assert "## Patient checks" in md and "| this run | 1 |" in md  # the table: tests/test_craftmd_patient_checks.py
@@ -187,7 +187,7 @@ def test_assessor_step_resumes_from_the_cache(tmp_path):
 def test_review_of_a_live_runs_assessor(tmp_path):
     from experiments.review.judges import load_judge
 
-    respond, _ = backend(lambda text: "Verdict: No" if "medical terminology" in text else "Verdict: Yes")
+    respond, _ = backend(lambda text: "Terms: None" if "medical terminology" in text else "Verdict: Yes")
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
     asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
     j = load_judge(tmp_path / "run", "assess-Q3")
@@ -204,7 +204,32 @@ def test_report_shows_the_rates_the_checks_and_each_cases_checks(tmp_path):
     asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
     html = build_report([str(tmp_path / "run")], tmp_path / "report.html").read_text()
     assert "Conversation checks" in html and "Patient checks (no model)" in html
-    assert "<td>Q1: one most likely diagnosis could be reached</td><td>100.0</td>" in html
+    assert "<td>Q1: one most likely diagnosis can be reached</td><td>100.0</td>" in html
     assert "<td>case_0/t0, case_1/t0</td>" in html  # the cases the diagnosis-naming check flagged
     assert "assessor: patient-AI answers grounded in the vignette (nothing invented)</th><td>no (invented: a fever)" in html
     assert "patient turn 1: Plaque psoriasis" in html
+
+
+def test_q3_is_answered_with_the_terms_and_each_must_be_in_a_patient_line():
+    turns = [("doctor", "Any papules or erythema?"), ("patient", "Yes, small  Papules on my arms."), ("patient", "It itches.")]
+    assert request_prompt("Q3", turns, VIGNETTE).rstrip().endswith("Terms:")
+    assert parse_reply("Q3", "Terms: papules", turns)["verdict"] is True
+    assert parse_reply("Q3", ' "small papules".', turns) == {"verdict": True, "terms": ["small papules"], "reply": ' "small papules".'}
+    assert parse_reply("Q3", "Terms: None", turns)["verdict"] is False and parse_reply("Q3", "None.", turns)["verdict"] is False
+    # erythema is only in the doctor's line: the quoted evidence is not the patient's, so the item is unscored and counted
+    bad = parse_reply("Q3", "Terms: papules, erythema", turns)
+    assert bad["verdict"] is None and bad["terms_not_found"] == ["erythema"]
+    assert parse_reply("Q3", "", turns)["verdict"] is None and "terms_not_found" not in parse_reply("Q3", "", turns)
+    rates = question_rates([{"case_id": "a", "assessment": {"Q3": bad}}, {"case_id": "b", "assessment": {"Q3": {"verdict": None}}}])
+    assert rates["Q3"]["unscored"] == 2 and rates["Q3"]["terms_not_found"] == 1
+
+
+def test_terminology_check_reads_the_patients_lines_only():
+    from experiments.craftmd.terminology import medical_terms, terminology_check, terms
+
+    assert terms()["macule"] == "flat spot" and "eczema" not in terms()  # a diagnosis name is no term of the list
+    # whole words, any case, -s / -es added; "plaques" -> plaque; "lesioned" and "Erythematousness" are no listed word
+    assert medical_terms("Papules, ERYTHEMA and two plaques; lesioned skin; Erythematousness") == ["papule", "erythema", "plaque"]
+    got = terminology_check([("doctor", "Is there pruritus?"), ("patient", "It itches, and there are bumps."), ("patient", "A vesicle burst.")])
+    assert got == {"verdict": True, "terms": ["vesicle"]}
+    assert terminology_check([("doctor", "Any macules?"), ("patient", "Just flat spots.")]) == {"verdict": False, "terms": []}

@@ -88,7 +88,8 @@ def test_exact_mcnemar_gives_the_published_supplementary_p_values():
     # 28 discordant pairs: the automatic choice would use chi-square; exact=True must not
     a, b = [0] * 28, [1] * 28
     assert mcnemar_test(a, b, exact=True)["exact"] and not mcnemar_test(a, b)["exact"]
-    assert truncate(0.999999) == "0.9999" and truncate(0.00012) == "0.0001"
+    assert truncate(0.999999) == "0.9999" and truncate(0.00012) == "0.0001" and truncate(0.00004) == "< 0.0001"
+    assert truncate(0.0001) == "0.0001"
 
 
 def test_import_writes_records_metrics_and_a_summary_beside_published_values(tmp_path):
@@ -102,6 +103,9 @@ def test_import_writes_records_metrics_and_a_summary_beside_published_values(tmp
     assert "| all 8 | 12.50 [" in s and "| 7.22 |" in s
     assert "| Q1 | GPT-4 | GPT-3.5 | 4 | 2 | 0 | 0.5000 | 0.0129 |" in s
     assert "| GPT-3.5 | 1/2 | 2/2 | 1/2 |" in s
+    # the column holds the released labels recomputed (no model's output); a pair the sources lack says so
+    assert "| model | released labels, recomputed: % yes [95% CI] (yes/n) | published % |" in s and "| GPT-4 | not in our sources |" not in s
+    assert "| Q2 | GPT-4 | GPT-3.5 | 4 |" in s and "| 0.0001 |" in s and s.count("| not in our sources |") >= 2
     assert m["conversations"] == 8
     # a second import into the same folder resumes: no record twice
     import_experts(EXPERTS, out, n_boot=200)

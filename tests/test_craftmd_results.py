@@ -23,7 +23,7 @@ from tests.test_craftmd_assess import CASE, ROLES, backend, settings
 
 
 def run_two_cases(tmp_path):
-    respond, _ = backend(lambda text: "Verdict: No" if "medical terminology" in text else "Verdict: Yes")
+    respond, _ = backend(lambda text: "Terms: None" if "medical terminology" in text else "Verdict: Yes")
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
     s = settings(tmp_path)
     asyncio.run(run_study(CraftmdStudy(), s, cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))

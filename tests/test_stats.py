@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.common.stats import holm, mcnemar_test, mean_ci, paired_bootstrap
+from experiments.common.stats import cluster_bootstrap, holm, mcnemar_test, mean_ci, paired_bootstrap, stratified_bootstrap
 
 
 def test_holm_known_list():
@@ -65,3 +65,22 @@ def test_bootstrap_in_blocks_draws_the_same_resamples(monkeypatch):
         ci = stats.mean_ci(x, n_boot=999)
         a = (1 - 0.95) / 2
         assert (ci.low, ci.high) == (float(np.quantile(whole, a)), float(np.quantile(whole, 1 - a)))
+
+
+def test_cluster_bootstrap_widens_the_ci_of_items_that_move_together():
+    # 4 cases x 2 models, both models alike within a case: yes, yes | yes, yes | no, no | no, no (mean 0.5).
+    # Items drawn alone: the mean is k/8 with k ~ Binomial(8, 1/2): P(k = 0) = 1/256 < 2.5 % < P(k <= 1) = 9/256, so the
+    # 95 % interval is [1/8, 7/8]. Cases drawn whole: the mean is j/4 with j ~ Binomial(4, 1/2): P(j = 0) = 1/16 > 2.5 %,
+    # so the interval is [0, 1].
+    y = [1, 1, 1, 1, 0, 0, 0, 0]
+    cases = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    mean = lambda idx: {"mean": sum(y[i] for i in idx) / len(idx)}
+    alone = stratified_bootstrap(mean, ["all"] * 8, n_boot=4000)["mean"]
+    clustered = cluster_bootstrap(mean, cases, n_boot=4000)["mean"]
+    assert alone == pytest.approx((0.125, 0.875)) and clustered == pytest.approx((0.0, 1.0))
+
+
+def test_cluster_bootstrap_of_singletons_is_the_plain_bootstrap():
+    y = [0.1, 0.9, 0.4, 0.3, 0.7]
+    mean = lambda idx: {"mean": sum(y[i] for i in idx) / len(idx)}
+    assert cluster_bootstrap(mean, range(5), n_boot=500) == stratified_bootstrap(mean, ["all"] * 5, n_boot=500)

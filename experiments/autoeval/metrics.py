@@ -7,13 +7,14 @@ they are never treated as 0.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from experiments.common.stats import mean_ci
-from models.errors import DataError
+from models.errors import DataError, read_utf8
 
 from experiments.autoeval.judge import RATINGS, Criterion
 
@@ -76,7 +77,7 @@ def load_reference(path: str | Path, criteria: list[Criterion]) -> list[dict]:
         lookup[c.key.lower()] = c.key
         lookup[c.name.lower()] = c.key
     rows = []
-    with open(p, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_utf8(p), newline="") as f:  # not UTF-8: one line naming the file, line and byte
         reader = csv.DictReader(f)
         cols = [c.strip().lower() for c in (reader.fieldnames or [])]
         missing = [c for c in ("id", "criterion", "rating") if c not in cols]

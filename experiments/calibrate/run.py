@@ -9,12 +9,13 @@ experiments/craftmd/calibrate_grader.py, calibrate_conversations.py.)
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.results import RunDir, read_jsonl
 from experiments.tables.plots import confusion_png
-from models.errors import DataError
+from models.errors import DataError, read_utf8
 
 
 def _fmt(x, nd=3):
@@ -25,7 +26,7 @@ def _fmt(x, nd=3):
 
 def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
     """CSV with columns id (or dialogue_id), [criterion], rating -> {(id, criterion): rating}."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(read_utf8(path), newline="") as f:  # not UTF-8: one line naming the file, line and byte
         reader = csv.DictReader(f)
         cols = [c.strip().lower() for c in reader.fieldnames or []]
         idc = next((c for c in ("id", "dialogue_id", "item", "case_id") if c in cols), None)

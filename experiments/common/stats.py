@@ -267,3 +267,24 @@ def stratified_bootstrap(stat, strata, *, n_boot: int = 2000, seed: int = DEFAUL
                 vals.setdefault(k, []).append(v)
     a = (1 - level) / 2
     return {k: (float(np.quantile(v, a)), float(np.quantile(v, 1 - a))) for k, v in vals.items()}
+
+
+def cluster_bootstrap(stat, clusters, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> dict:
+    """Percentile CIs of the figures ``stat(indices)`` returns over resamples that redraw whole clusters with
+    replacement (items of one cluster, e.g. one case's conversations with several models, are not independent):
+    {name: (low, high)}. With every item its own cluster it draws exactly as :func:`stratified_bootstrap` with one
+    stratum. NaN values of a resample are dropped for that figure."""
+    rng = np.random.default_rng(seed)
+    groups: dict = {}
+    for i, c in enumerate(clusters):
+        groups.setdefault(c, []).append(i)
+    members = [np.asarray(g) for g in groups.values()]
+    vals: dict[str, list[float]] = {}
+    for _ in range(n_boot):
+        drawn = rng.integers(0, len(members), size=len(members)) if members else []
+        idx = np.concatenate([members[j] for j in drawn]) if len(drawn) else np.asarray([], dtype=int)
+        for k, v in stat(idx.tolist()).items():
+            if v == v:
+                vals.setdefault(k, []).append(v)
+    a = (1 - level) / 2
+    return {k: (float(np.quantile(v, a)), float(np.quantile(v, 1 - a))) for k, v in vals.items()}

@@ -73,7 +73,8 @@ def _gen(gen: GenConfig) -> dict:
             **({"structured": json.loads(gen.structured)} if gen.structured else {})}
 
 
-def _line(case_id, call: dict) -> dict:
+def request_line(case_id, call: dict) -> dict:
+    """One line of ``dry-run.jsonl``: a recorded call of a case (``case_id`` None: a set-up call)."""
     row = {"case_id": case_id, "role": call["role"], "step": call.get("step", "setup"), "kind": call["kind"]}
     if "gen" in call:
         row["gen"] = call["gen"]
@@ -82,6 +83,16 @@ def _line(case_id, call: dict) -> dict:
         if call.get(key):
             row[key] = call[key]
     return row
+
+
+def write_requests(out: Path, rows: list[dict]) -> Path:
+    """``OUT/dry-run.jsonl``, one request a line; its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / DRY_RUN_FILE
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
 
 
 async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
@@ -102,20 +113,16 @@ async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
         records = {str(r["id"]): r for r in read_jsonl(Path(tmp) / "records.jsonl")} if (Path(tmp) / "records.jsonl").exists() else {}
     failed = [r for r in records.values() if r.get("status") == "failed"]
     per_case = sum(len(r.get("calls") or []) for r in records.values())
-    rows = [_line(None, c) for c in client.calls[: max(0, len(client.calls) - per_case)]]
+    rows = [request_line(None, c) for c in client.calls[: max(0, len(client.calls) - per_case)]]
     for c in cases:
         rec = records.get(str(c["id"]))
-        rows += [_line(c["id"], call) for call in (rec or {}).get("calls") or []]
+        rows += [request_line(c["id"], call) for call in (rec or {}).get("calls") or []]
     if cases and not rows:
         why = f"case {failed[0]['id']}: {failed[0].get('error')}" if failed else (cause or "the study made no request")
         raise DataError(f"dry run: no request was built for {len(cases)} case(s) ({why})")
     if failed:
         log(f"dry run: {len(failed)} case(s) stopped before their last request; the first: {failed[0]['id']}: {failed[0].get('error')}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / DRY_RUN_FILE
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    path = write_requests(out, rows)
     if study.scope:  # which cases: all, the first N or a stratified sample, with their composition
         log(scope_line(study.scope, study.scope.get("noun", "cases")))
     for line in study.describe(settings):

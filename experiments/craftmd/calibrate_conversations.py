@@ -1,36 +1,45 @@
-"""`medstack calibrate conversations`: the CRAFT-MD conversation assessors against the paper's dermatologists.
+"""`medstack calibrate conversations`: the CRAFT-MD conversation checks against the paper's dermatologists.
 
-The released expert labels (:func:`experiments.craftmd.experts.load_expert_labels`: 180 conversations, 45 per
-model, Q1-Q3 yes/no, combined as the paper did) are assessed with the same requests a CRAFT-MD run sends with
-``assess_conversations`` (:func:`experiments.craftmd.assess.assess_conversation`: the same templates, the same
-verdict parser, the same role ``assessor``), through the one study runner, so the results directory resumes and
-every answered request is cached. Per expert-labelled question (Q1-Q3), over the conversations where both the
-experts' label and the assessor's verdict exist:
+The released expert labels (:func:`experiments.craftmd.experts.load_expert_labels`: 180 conversations, 45 cases x 4
+models, Q1-Q3 yes/no; each rater's own label and the combined one, as the paper combined them) are checked by:
 
-- exact agreement and Cohen's kappa (two categories: unweighted), each with a 95 % percentile bootstrap CI over
-  conversations (experiments/common/stats.py ``rater_agreement``, ``stratified_bootstrap`` with one stratum);
-- the confusion matrix (rows: the experts, columns: the assessor; No, Yes);
-- per paper model, the assessor's % yes beside the experts' % yes (and the published figure where there is one).
+- the deterministic medical-terminology check of the patient's lines (Q3, :mod:`experiments.craftmd.terminology`:
+  no model, no server; the only check without ``--model``);
+- with ``--model``, the LLM assessors with the requests a CRAFT-MD run of ``--config`` sends with
+  ``assess_conversations`` (:func:`experiments.craftmd.assess.assess_conversation`: the same templates, parser, role
+  ``assessor``, sampling and message form), through the one study runner, so the results directory resumes and every
+  answered request is cached.
 
-The two patient-AI questions (grounded, complete) were not released with labels: their assessor rates per
-model are reported alone. An unreadable assessor reply is unscored (counted, left out of every figure); a
-conversation whose request got no answer fails, is left out, and runs again on resume (exit 3).
+Per check and question, against the combined label and against each rater (d1, d2) alone, over the conversations
+where both exist: exact agreement, Cohen's kappa (two categories), sensitivity and specificity (the check's yes
+against the experts' yes), each with a 95 % percentile bootstrap CI that resamples whole cases (a case's
+conversations with the four models move together: ``experiments.common.stats.cluster_bootstrap``), and the confusion
+matrix (rows: the experts, columns: the check; No, Yes). The two raters' own agreement on the conversations both
+labelled is shown beside them: no check can be expected to agree with one rater better than the other rater does.
+Per paper model, each check's % yes beside the experts'.
+
+The two patient-AI questions (grounded, complete) were not released with labels: their assessor rates per model are
+reported alone. An unreadable assessor reply is unscored (counted, left out of every figure); a conversation whose
+request got no answer fails, is left out, and runs again on resume (exit 3).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field
 
-from experiments.common.stats import mean_ci, rater_agreement, stratified_bootstrap
+from experiments.common.stats import cluster_bootstrap, mean_ci, rater_agreement
 from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.results import RunDir
 from experiments.core.study import CaseContext, Study
 from experiments.craftmd import paper_values
 from experiments.craftmd.assess import LABELS, QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
 from experiments.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels
 from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS
 from experiments.craftmd.prompts import PROMPTS
+from experiments.craftmd.terminology import TERMS_FILE, terminology_check
 
 N_BOOT = 2000
 
@@ -45,6 +54,8 @@ class ConversationCalibrationSettings(RunSettings):
     completion_steps: list[Literal["assessor"]] = []
     lone_system_as_user: bool = False
     n_boot: int = Field(N_BOOT, ge=100)
+    study_config: str = ""  # the CRAFT-MD settings file whose assessor this is
+    settings_line: str = ""  # how the assessor is asked, as a run of that file asks it (summary.md)
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
 
 
@@ -79,7 +90,7 @@ class ConversationCalibration(Study):
         return calibration_metrics(records, n_boot=s.n_boot)
 
     def summary(self, metrics: dict, s: ConversationCalibrationSettings) -> str:
-        return calibration_summary(metrics, s.roles.get("assessor", ""))
+        return calibration_summary(metrics, s.roles.get("assessor", ""), s.settings_line)
 
 
 def interleaved(convs: list) -> list:
@@ -100,32 +111,67 @@ def _rate(values: list[bool]) -> dict:
             "ci_low": 100 * ci.low if ci.n else None, "ci_high": 100 * ci.high if ci.n else None}
 
 
-def agreement(experts: list[bool], assessor: list[bool], *, n_boot: int = N_BOOT) -> dict:
-    """Two raters' yes/no on the same conversations: exact agreement and Cohen's kappa with percentile bootstrap
-    95 % CIs (one stratum), and the confusion matrix (rows: experts, columns: assessor; No, Yes)."""
-    a, b = [int(x) for x in experts], [int(x) for x in assessor]
+RATERS = ("combined", "d1", "d2")
+
+
+def agreement(experts: list[bool], check: list[bool], clusters: list | None = None, *, n_boot: int = N_BOOT) -> dict:
+    """The experts' and a check's yes/no on the same conversations: exact agreement, Cohen's kappa, sensitivity and
+    specificity (the check's yes on the experts' yes; its no on their no), each with a percentile bootstrap 95 % CI
+    resampling whole ``clusters`` (cases; None: each conversation alone), and the confusion matrix (rows: experts,
+    columns: the check; No, Yes). A figure undefined on the data (kappa with one category on both sides) is None."""
+    a, b = [int(x) for x in experts], [int(x) for x in check]
     if not a:
-        return {"n": 0, "exact_agreement": None, "kappa": None, "confusion": [[0, 0], [0, 0]], "ci95": {}}
-    r = rater_agreement(a, b, [0, 1], rank=False)
+        return {"n": 0, "exact_agreement": None, "kappa": None, "sensitivity": None, "specificity": None, "confusion": [[0, 0], [0, 0]], "ci95": {}}
 
     def stat(idx):
         x = rater_agreement([a[i] for i in idx], [b[i] for i in idx], [0, 1], rank=False)
-        return {"exact_agreement": x["exact_agreement"], "kappa": x["weighted_kappa_linear"]}
+        (nn, ny), (yn, yy) = x["confusion"]
+        return {"exact_agreement": x["exact_agreement"], "kappa": x["weighted_kappa_linear"],
+                "sensitivity": yy / (yy + yn) if yy + yn else float("nan"), "specificity": nn / (nn + ny) if nn + ny else float("nan")}
 
-    ci = stratified_bootstrap(stat, ["all"] * len(a), n_boot=n_boot)
-    kappa = r["weighted_kappa_linear"]
-    return {"n": len(a), "exact_agreement": r["exact_agreement"], "kappa": None if kappa != kappa else kappa,
-            "confusion": r["confusion"], "ci95": {k: list(v) for k, v in ci.items()}}
+    point = stat(range(len(a)))
+    ci = cluster_bootstrap(stat, clusters if clusters is not None else range(len(a)), n_boot=n_boot)
+    return {"n": len(a), **{k: None if v != v else v for k, v in point.items()},
+            "confusion": rater_agreement(a, b, [0, 1], rank=False)["confusion"], "ci95": {k: list(v) for k, v in ci.items()}}
+
+
+def detector(record: dict) -> dict:
+    """The terminology check over the record's conversation (the patient's lines)."""
+    return terminology_check(transcript_turns(record.get("transcript")))
+
+
+def _label(record: dict, rater: str, q: str):
+    return (record.get("experts") or {}).get(q) if rater == "combined" else ((record.get("expert_raters") or {}).get(rater) or {}).get(q)
+
+
+def _versus(records: list[dict], verdicts: list, q: str, n_boot: int) -> dict:
+    """A check's verdicts against the combined label and each rater's, clustered by case."""
+    out = {}
+    for rater in RATERS:
+        keep = [(_label(r, rater, q), v, r.get("case_id")) for r, v in zip(records, verdicts)]
+        keep = [k for k in keep if k[0] is not None and k[1] is not None]
+        out[rater] = agreement([k[0] for k in keep], [k[1] for k in keep], [k[2] for k in keep], n_boot=n_boot)
+    return out
 
 
 def calibration_metrics(records: list[dict], *, n_boot: int = N_BOOT) -> dict:
-    out: dict = {"conversations": len(records), "questions": {}, "per_model": {}}
-    for q in QUESTIONS:
-        verdicts = [(r.get("experts") or {}).get(q) for r in records], [((r.get("assessment") or {}).get(q) or {}).get("verdict") for r in records]
-        pairs = [(e, v) for e, v in zip(*verdicts) if e is not None and v is not None]
-        entry = {"assessor_unscored": sum(v is None for v in verdicts[1]), "experts_unlabelled": sum(e is None for e in verdicts[0])}
+    assessed = any(r.get("assessment") for r in records)
+    out: dict = {"conversations": len(records), "questions": {}, "per_rater": {}, "raters": {}, "detector": {}, "per_model": {},
+                 "ci": "percentile bootstrap resampling whole cases", "terminology_list": TERMS_FILE.name}
+    for q in EXPERT_LABELLED:  # the ceiling: the two raters on the conversations both labelled
+        both = [r for r in records if _label(r, "d1", q) is not None and _label(r, "d2", q) is not None]
+        out["raters"][q] = agreement([_label(r, "d1", q) for r in both], [_label(r, "d2", q) for r in both], [r.get("case_id") for r in both], n_boot=n_boot)
+    checks = {r["id"]: detector(r) for r in records}
+    out["detector"]["Q3"] = {**_versus(records, [checks[r["id"]]["verdict"] for r in records], "Q3", n_boot),
+                             "yes": sum(c["verdict"] for c in checks.values())}
+    for q in QUESTIONS if assessed else ():
+        verdicts = [((r.get("assessment") or {}).get(q) or {}).get("verdict") for r in records]
+        entry = {"assessor_unscored": sum(v is None for v in verdicts),
+                 "terms_not_in_patient_lines": sum(bool(((r.get("assessment") or {}).get(q) or {}).get("terms_not_found")) for r in records)}
         if q in EXPERT_LABELLED:
-            entry.update(agreement([e for e, _ in pairs], [v for _, v in pairs], n_boot=n_boot))
+            versus = _versus(records, verdicts, q, n_boot)
+            entry.update(versus["combined"], experts_unlabelled=sum(r.get("experts", {}).get(q) is None for r in records))
+            out["per_rater"][q] = {k: versus[k] for k in ("d1", "d2")}
         else:
             entry["experts_unlabelled"] = None  # the paper released no labels for the patient-AI questions
         out["questions"][q] = entry
@@ -134,10 +180,12 @@ def calibration_metrics(records: list[dict], *, n_boot: int = N_BOOT) -> dict:
         if not recs:
             continue
         out["per_model"][m] = {}
-        for q in QUESTIONS:
+        for q in QUESTIONS if assessed else ("Q3",):
             mine = [v for r in recs if (v := ((r.get("assessment") or {}).get(q) or {}).get("verdict")) is not None]
             theirs = [e for r in recs if (e := (r.get("experts") or {}).get(q)) is not None] if q in EXPERT_LABELLED else None
-            out["per_model"][m][q] = {"conversations": len(recs), "assessor": _rate(mine), "experts": _rate(theirs) if theirs is not None else None}
+            out["per_model"][m][q] = {"conversations": len(recs), "assessor": _rate(mine) if assessed else None,
+                                      "detector": _rate([checks[r["id"]]["verdict"] for r in recs]) if q == "Q3" else None,
+                                      "experts": _rate(theirs) if theirs is not None else None}
     return out
 
 
@@ -154,27 +202,76 @@ def _p(x: dict | None) -> str:
     return "–" if not x or x["pct"] is None else f"{x['pct']:.1f} ({x['yes']}/{x['n']})"
 
 
-def calibration_summary(m: dict, assessor: str) -> str:
+ROW_HEAD = ["| check | question | against | n | agreement [95% CI] | Cohen's kappa [95% CI] | sensitivity [95% CI] | specificity [95% CI] | "
+            "confusion [[No/No, No/Yes], [Yes/No, Yes/Yes]] |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+
+def _row(check: str, q: str, against: str, x: dict) -> str:
+    return (f"| {check} | {q} | {against} | {x['n']} | {_ci(x, 'exact_agreement')} | {_ci(x, 'kappa')} | {_ci(x, 'sensitivity')} | "
+            f"{_ci(x, 'specificity')} | {x['confusion']} |")
+
+
+def calibration_summary(m: dict, assessor: str, settings_line: str = "") -> str:
     published = getattr(paper_values, "EXPERT_PUBLISHED", None) or {}
-    L = ["# CRAFT-MD conversation assessors against the paper's dermatologists", "",
-         f"assessor: `{assessor}`; {m['conversations']} released conversation(s) assessed with the requests of a CRAFT-MD run's "
-         "`assess_conversations` (prompts/assess_*.txt); experts' label: the two raters' shared label, the tie-breaker's where they disagree.",
-         "Kappa: Cohen's (two categories); 95 % CIs: percentile bootstrap over conversations. Confusion: rows experts, columns assessor, (No, Yes).", "",
-         "| question | n pairs | agreement [95% CI] | Cohen's kappa [95% CI] | confusion [[No/No, No/Yes], [Yes/No, Yes/Yes]] | assessor unscored | experts unlabelled |",
-         "| --- | --- | --- | --- | --- | --- | --- |"]
+    against = {"combined": "experts combined", "d1": "rater d1", "d2": "rater d2"}
+    L = ["# CRAFT-MD conversation checks against the paper's dermatologists", "",
+         f"{m['conversations']} released conversation(s). Experts' combined label: the two raters' shared label, the tie-breaker's where "
+         "they disagree, the one rater's where only one labelled it; each rater's own label in the rows against d1 and d2.",
+         f"Terminology check (no model): a listed medical term ({m.get('terminology_list', 'terminology.tsv')}) in a patient line = Yes (Q3).",
+         (f"Assessor: `{assessor}`, the requests of a CRAFT-MD run's `assess_conversations` (prompts/assess_*.txt); {settings_line}." if m["questions"] else
+          "No assessor (no --model): the deterministic check alone."),
+         "Kappa: Cohen's (two categories); sensitivity: the check's Yes among the experts' Yes; specificity: its No among their No. "
+         f"95 % CIs: {m.get('ci', 'percentile bootstrap')} (45 cases x 4 models: a case's conversations are not independent).", "",
+         "## Agreement with the experts, combined and per rater", ""] + ROW_HEAD
+    for rater in RATERS:
+        x = (m["detector"].get("Q3") or {}).get(rater)
+        if x:
+            L.append(_row("terminology check", "Q3", against[rater], x))
     for q in EXPERT_LABELLED:
         x = m["questions"].get(q)
         if x:
-            L.append(f"| {LABELS[q]} | {x['n']} | {_ci(x, 'exact_agreement')} | {_ci(x, 'kappa')} | {x['confusion']} | {x['assessor_unscored']} | {x['experts_unlabelled']} |")
-    L += ["", "## % yes per model: the assessor beside the experts", "",
-          "| model | question | assessor: % yes (yes/n) | experts: % yes (yes/n) | published % |", "| --- | --- | --- | --- | --- |"]
+            L.append(_row(f"assessor `{assessor}`", q, against["combined"], x))
+            for rater in ("d1", "d2"):
+                L.append(_row(f"assessor `{assessor}`", q, against[rater], m["per_rater"][q][rater]))
+    for q in EXPERT_LABELLED:
+        if m["raters"].get(q, {}).get("n"):
+            L.append(_row("rater d2 (the ceiling)", q, against["d1"], m["raters"][q]))
+    if m["questions"]:
+        L += ["", "Assessor replies left unscored: " + ", ".join(f"{q} {x['assessor_unscored']}" for q, x in m["questions"].items())
+              + f"; of them, Q3 replies quoting a term no patient line holds: {m['questions'].get('Q3', {}).get('terms_not_in_patient_lines', 0)}."]
+    L += ["", "## % yes per model: the checks beside the experts", "",
+          "| model | question | assessor: % yes (yes/n) | terminology check: % yes (yes/n) | experts: % yes (yes/n) | published % |",
+          "| --- | --- | --- | --- | --- | --- |"]
     for model, qs in m["per_model"].items():
-        for q in QUESTIONS:
-            x = qs[q]
+        for q, x in qs.items():
             pub = (published.get(q) or {}).get(model) if isinstance(published.get(q), dict) else None
             if q == "Q3" and published.get("Q3_overall") is not None:
                 pub_text = f"{published['Q3_overall']:.2f} (all four models)"
             else:
                 pub_text = "–" if pub is None else f"{pub:.2f}"
-            L.append(f"| {PAPER_LABELS.get(model, model)} | {q} | {_p(x['assessor'])} | {_p(x['experts']) if x['experts'] is not None else 'not released'} | {pub_text} |")
+            L.append(f"| {PAPER_LABELS.get(model, model)} | {q} | {_p(x['assessor'])} | {_p(x.get('detector'))} | "
+                     f"{_p(x['experts']) if x['experts'] is not None else 'not released'} | {pub_text} |")
     return "\n".join(L) + "\n"
+
+
+def expert_records(convs: list) -> list[dict]:
+    """The labelled conversations as the calibration's records (without an assessment)."""
+    return [{"id": c.id, "case_id": c.case_id, "model": c.model, "vignette": c.vignette, "correct_answer": c.correct_diagnosis,
+             "final_diagnosis": c.final_diagnosis, "transcript": c.transcript, "experts": dict(c.combined),
+             "expert_raters": {r: dict(v) for r, v in c.raters.items()}} for c in convs]
+
+
+def calibrate_without_model(labels: str, out: str | Path, *, n_boot: int = N_BOOT) -> dict:
+    """The deterministic checks alone (no model, no server): records, metrics.json and summary.md in ``out``."""
+    records = expert_records(load_expert_labels(labels))
+    for r in records:
+        r["terminology"] = detector(r)
+    outp = Path(out)
+    if (outp / "records.jsonl").exists():
+        (outp / "records.jsonl").unlink()  # recomputed whole: no request is made
+    rundir = RunDir(outp, {"experiment": "calibrate-craftmd-conversations", "data": str(labels), "roles": {}, "n_boot": n_boot})
+    rundir.append_many(records)
+    metrics = calibration_metrics(records, n_boot=n_boot)
+    rundir.write_metrics(metrics)
+    rundir.write_summary(calibration_summary(metrics, ""))
+    return metrics

@@ -1,23 +1,24 @@
 """``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist (docs/protocols.md, Judge
-calibration), on the CRAFT-MD authors' dermatologist check of their grader (``validation_graderai.csv``: per case, the diagnosis the grader extracted in each of 5 trials, the
-gold answer, and how many of the 5 a dermatologist judged correct). A judge (any model in the grader
-role) grades every (extracted diagnosis, gold) pair with the project's grader match step
-(``prompts/grader_match.txt`` through :mod:`experiments.craftmd.grading`, with the chosen
-concurrent-diagnosis rule); its per-case count of correct trials is compared with the
-dermatologist's: exact count agreement, mean absolute difference, trial-level agreement bound
-mean((5 - |diff|) / 5), Cohen's kappa with LINEAR weights over the 0-5 counts, Spearman rho, and the
-6x6 confusion matrix (rows: dermatologist, columns: judge; PNG). With ``--published`` the same
-figures for the authors' own grader decisions (their ``evaluation_<fmt>_frq``), for the cases of
-the release matched by gold answer and the five extracted answers.
+calibration), on the CRAFT-MD authors' dermatologist check of their grader (``validation_graderai.csv``: per case, the
+diagnosis the grader extracted in each of 5 trials, the gold answer, and how many of the 5 a dermatologist judged
+correct). A judge (any model in the grader role) grades every trial as a CRAFT-MD run of the chosen settings file
+grades (:func:`study_settings`: default paper.yaml; :func:`grade_trials`: the run's sampling, message form, re-asks,
+verdict rule and concurrent-diagnosis rule, only the verdict step since the extraction is given); its per-case count
+of correct trials is compared with the dermatologist's: exact count agreement, mean absolute difference, trial-level
+agreement bound mean((5 - |diff|) / 5), Cohen's kappa with LINEAR weights over the 0-5 counts, Spearman rho, and the
+6x6 confusion matrix (rows: dermatologist, columns: judge; PNG). With ``--published`` the same figures for the
+authors' own grader decisions (their ``evaluation_<fmt>_frq``), for the cases of the release matched by gold answer
+and the five extracted answers.
 
-A pair whose grading request failed is counted as failed and its case left out (never scored);
-the command then exits 3. Cases with a blank dermatologist count are counted and skipped.
+A trial whose grading request got no answer is counted as failed and its case left out (never scored); the command
+then exits 3. Cases with a blank dermatologist count are counted and skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import io
 import json
 import re
 import time
@@ -26,13 +27,16 @@ from pathlib import Path
 
 from experiments.common.grade import to_disk
 from experiments.common.stats import count_agreement
+from experiments.core.dryrun import RecordingClient, request_line, write_requests
 from experiments.core.results import RunDir
+from experiments.core.study import CaseContext, RequestFailed
 from experiments.craftmd import grading
-from experiments.craftmd.prompts import PROMPTS, render
+from experiments.craftmd.protocol import grade_answer
+from experiments.craftmd.settings import CraftSettings
+from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.scores import calibration_scores
 from experiments.tables.plots import confusion_png
-from models.errors import DataError, MedstackError
-from serving.client import GenConfig
+from models.errors import DataError, MedstackError, read_utf8
 from serving.refs import ModelRef
 from serving.session import open_client
 
@@ -56,10 +60,7 @@ def read_labels(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():  # the registered set craftmd-expert-labels is the authors' whole expert_annotations folder
         p = p / "validation_graderai.csv"
-    if not p.exists():
-        raise DataError(f"{p}: no such file")
-    with open(p, newline="", encoding="utf-8-sig") as f:
-        rows = list(csv.reader(f))
+    rows = list(csv.reader(io.StringIO(read_utf8(p), newline="")))  # not UTF-8: one line naming the file, line and byte
     header_line, header = None, None
     named: dict[str, tuple[int, list[str]]] = {}
     for lineno, row in enumerate(rows, 1):
@@ -101,45 +102,37 @@ def read_labels(path: str | Path) -> dict:
     return {"cases": cases, "skipped_blank": blank}
 
 
-# ------------------------------------------------------------------ grading the pairs
+# ------------------------------------------------------------------ grading the trials, as a run grades
 
-async def grade_pairs(client, pairs: list[tuple[str, str]], rule: str, *, completion: bool, max_tokens: int = 48, log=print) -> dict:
-    """(extracted, gold) -> {"correct": 0|1|None, "grade_source", "targets", "replies", "error"}.
+async def grade_trials(client, cases: list[dict], settings, *, log=print) -> dict[str, list[dict]]:
+    """Case id -> per trial ``{"extracted", "status", "targets", "replies", "correct", "grade_source", "grader_reasks", "calls"}``.
 
-    The extracted diagnosis is already given (step 1 of the grader happened in the release), so
-    only step 2 runs: grading.match_targets decides which given diagnoses need a verdict (exact
-    normalized equality alone skips the judge), one grader_match request each, grading.grade_frq
-    scores the replies. A failed request makes the pair ``failed`` (correct None, error set).
-    """
-    gen = GenConfig(temperature=0.0, max_tokens=max_tokens)
+    The extracted diagnosis is given (the grader's first step happened in the release), so each trial goes through the
+    run's own grading (:func:`experiments.craftmd.protocol.grade_answer` with ``given``): the verdict request per target
+    (:func:`grading.match_targets`: exact normalized equality alone skips the judge) with the run's sampling, message
+    roles, completion steps, re-asks and verdict rule, through a case context (steps ``vignette_match``, as a run names
+    the vignette format's). A request that gets no answer makes the trial ``failed`` (correct None, error set)."""
     done = {"n": 0}
 
-    async def one(extracted: str, gold: str) -> dict:
+    async def one(case: dict, t: int, extracted: str) -> dict:
+        ctx = CaseContext(client, f"{case['id']}|{t}", seed=settings.seed, answers=settings.answers)
         value, status = grading.classify_extracted(extracted)
-        targets = grading.match_targets(value, status, gold, rule)
-        replies, error = {}, None
-        for t in targets:
-            prompt = render("grader_match", correct=gold, given=t)
-            if completion:
-                r = await client.complete(prompt, role="grader", gen=gen)
-                text = next((ln.strip() for ln in r.text.splitlines() if ln.strip()), "")
-            else:
-                r = await client.chat([{"role": "user", "content": prompt}], role="grader", gen=gen)
-                text = r.text
-            if not r.ok:
-                error = r.error or "request failed"
-                break
-            replies[t] = text
+        targets = grading.match_targets(value, status, case["gold"], settings.concurrent_rule)
+        try:
+            g = await grade_answer(ctx, "", case["gold"], settings, "vignette", given=extracted)
+            out = {"correct": g["correct"], "grade_source": g["grade_source"], "grader_reasks": g["grader_reasks"],
+                   "replies": g["grader_match_reply"] if isinstance(g["grader_match_reply"], dict) else
+                   ({targets[0]: g["grader_match_reply"]} if targets else {})}
+        except RequestFailed as e:
+            out = {"correct": None, "grade_source": "failed", "replies": {}, "error": str(e)}
         done["n"] += 1
         if done["n"] % 200 == 0:
-            log(f"graded {done['n']}/{len(pairs)} pairs")
-        if error:
-            return {"extracted": extracted, "status": status, "targets": targets, "replies": replies, "correct": None, "grade_source": "failed", "error": error}
-        g = grading.grade_frq(value, status, gold, replies if len(targets) > 1 else (replies.get(targets[0]) if targets else None), rule)
-        return {"extracted": extracted, "status": status, "targets": targets, "replies": replies, **g}
+            log(f"graded {done['n']} trials")
+        return {"extracted": extracted, "status": status, "targets": targets, **out, "calls": ctx.calls}
 
-    results = await asyncio.gather(*(one(e, g) for e, g in pairs))
-    return dict(zip(pairs, results))
+    graded = await asyncio.gather(*(one(c, t, e) for c in cases for t, e in enumerate(c["trials"])))
+    it = iter(graded)
+    return {c["id"]: [next(it) for _ in c["trials"]] for c in cases}
 
 
 # ------------------------------------------------------------------ the authors' grader decisions
@@ -222,45 +215,81 @@ def figures_table(rows: list[tuple[str, dict]]) -> list[str]:
 
 # ------------------------------------------------------------------ the command
 
-async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: str = "zero", published: str | None = None,
-                           completion: bool | None = None, concurrency: int = 16, use_cache: bool = True, allow_remote: bool = False,
-                           client=None, log=print) -> dict:
-    """Run the calibration; write the results directory; return metrics. ``client`` (tests) replaces open_client."""
-    grading.check_rule(rule)
+def study_settings(config: str | Path | None, roles: dict[str, str], *, concurrent_rule: str | None = None, completion: bool | None = None,
+                   step: str = "grader") -> CraftSettings:
+    """The settings a CRAFT-MD run of ``config`` (default: the one `run craftmd` reads, paper.yaml) would use, with the
+    calibrated ``roles``: the sampling, re-asks, verdict rule, message roles and completion steps the calibration then
+    sends as that run. ``concurrent_rule`` / ``completion`` (``--completion/--chat`` for ``step``): None keeps the config's."""
+    from experiments.core.config import load_settings
+    from experiments.craftmd.study import CONFIGS
+
+    overrides: dict = {"roles": roles, "assess_conversations": True}  # the assessor's role and sampling filled as a run fills them
+    if concurrent_rule is not None:
+        overrides["concurrent_rule"] = grading.check_rule(concurrent_rule)
+    s = load_settings(CraftSettings, Path(config) if config else CONFIGS / "paper.yaml", overrides)
+    if completion is not None:
+        steps = [x for x in s.completion_steps if x != step] + ([step] if completion else [])
+        s = s.model_copy(update={"completion_steps": steps})
+    return s
+
+
+def settings_line(s: CraftSettings, step: str, config: str | Path | None) -> str:
+    """How the calibrated instrument was asked, for the summary: the run's settings of ``step``."""
+    g = s.sampling[step]
+    how = "text completion" if step in s.completion_steps else f"chat ({'user' if s.lone_system_as_user else 'system'} message)"
+    line = f"asked as a run of `{config or 'experiments/craftmd/configs/paper.yaml'}` asks it: temperature {g.temperature}, top_p {g.top_p}, max_tokens {g.max_tokens}, {how}"
+    if step == "grader":
+        line += f"; re-asks up to {s.grader_reasks}; verdict rule `{s.verdict_rule}`; concurrent-diagnosis rule `{s.concurrent_rule}`"
+    return line + f"; answers {s.answers}"
+
+
+async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: str | Path | None = None, rule: str | None = None,
+                           published: str | None = None, completion: bool | None = None, concurrency: int = 16, use_cache: bool = True,
+                           allow_remote: bool = False, client=None, dry_run: bool = False, log=print) -> dict | None:
+    """Run the calibration with the grader of ``config``'s run; write the results directory; return metrics. ``client``
+    (tests) replaces open_client. ``dry_run``: every request recorded, none sent, ``OUT/dry-run.jsonl`` written, no results."""
+    s = study_settings(config, {"grader": judge}, concurrent_rule=rule, completion=completion)
     data = read_labels(labels)
     cases = data["cases"]
     if not cases:
         raise DataError(f"{labels}: no case with a dermatologist count")
-
     alias = ModelRef.parse(judge, where="--judge-model").alias
-    completion = (alias == "embedded") if completion is None else completion
-    pairs = sorted({(e, c["gold"]) for c in cases for e in c["trials"]})
+    if dry_run:
+        graded = await grade_trials(RecordingClient(), cases, s, log=log)
+        rows = [request_line(f"{c['id']}|{t}", call) for c in cases for t, trial in enumerate(graded[c["id"]]) for call in trial["calls"]]
+        path = write_requests(Path(out), rows)
+        log(settings_line(s, "grader", config))
+        log(f"dry run: {len(rows)} request(s) of {len(cases)} case(s) written to {path}; nothing was sent")
+        return None
     t0 = time.perf_counter()
     if client is None:
         async with open_client({"grader": judge}, concurrency=concurrency, use_cache=use_cache, allow_remote=allow_remote, log=log) as (cl, identities):
-            graded = await grade_pairs(cl, pairs, rule, completion=completion, log=log)
+            graded = await grade_trials(cl, cases, s, log=log)
             usage = {k: vars(v) for k, v in cl.usage.items()}
     else:
         identities = {"grader": {"alias": alias}}
-        graded = await grade_pairs(client, pairs, rule, completion=completion, log=log)
+        graded = await grade_trials(client, cases, s, log=log)
         usage = {}
     wall = time.perf_counter() - t0
 
+    rule = s.concurrent_rule
     pub = published_counts(published, cases) if published else {}
-    config = {"experiment": "calibrate-craftmd-grader", "judge": judge, "labels": str(labels), "concurrent_rule": rule,
-              "published": str(published) if published else None, "mode": "completion" if completion else "chat",
-              "grader_prompt": "experiments/craftmd/prompts/grader_match.txt", "prompt_hash": PROMPTS.hash("grader_match"),
-              "kappa_weights": "linear", "roles": {"grader": judge}}
+    config_out = {"experiment": "calibrate-craftmd-grader", "judge": judge, "labels": str(labels), "concurrent_rule": rule,
+                  "published": str(published) if published else None, "mode": "completion" if "grader" in s.completion_steps else "chat",
+                  "grader_prompt": "experiments/craftmd/prompts/grader_match.txt", "prompt_hash": PROMPTS.hash("grader_match"),
+                  "kappa_weights": "linear", "roles": {"grader": judge}, "study_config": str(config or "experiments/craftmd/configs/paper.yaml"),
+                  "sampling": {"grader": s.sampling["grader"].model_dump(mode="json")}, "grader_reasks": s.grader_reasks,
+                  "verdict_rule": s.verdict_rule, "lone_system_as_user": s.lone_system_as_user, "answers": s.answers}
     outp = Path(out)
     if (outp / "records.jsonl").exists():
-        (outp / "records.jsonl").unlink()  # a calibration is recomputed whole (graded pairs come from the cache)
-    rundir = RunDir(outp, config)
+        (outp / "records.jsonl").unlink()  # a calibration is recomputed whole (answered requests come from the cache)
+    rundir = RunDir(outp, config_out)
     records, failed, unscored = [], [], []
     for c in cases:
-        trials = [graded[(e, c["gold"])] for e in c["trials"]]
+        trials = graded[c["id"]]
         rec = {"id": c["id"], "gold": c["gold"], "dermatologist": c["dermatologist"],
-               "trials": [{"extracted": t["extracted"], "status": t["status"], "correct": t["correct"], "grade_source": t["grade_source"],
-                           "replies": t["replies"], **({"error": t["error"]} if t.get("error") else {})} for t in trials]}
+               "trials": [{k: t[k] for k in ("extracted", "status", "correct", "grade_source", "replies", "grader_reasks", "error") if k in t}
+                          for t in trials]}
         if any(t["grade_source"] == "failed" for t in trials):
             rec["status"] = "failed"
             failed.append(c["id"])
@@ -271,10 +300,12 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
             rec["judge"] = sum(t["correct"] == 1 for t in trials)
         if c["id"] in pub:
             rec["published"] = pub[c["id"]]
-        rec["scores"] = to_disk(calibration_scores(rec, config))
+        rec["scores"] = to_disk(calibration_scores(rec, config_out))
         rundir.append(rec)
         records.append(rec)
     rundir.write_identity(identities)
+    trials_all = [t for ts in graded.values() for t in ts]
+    pairs = {(t["extracted"], c["gold"]) for c in cases for t in graded[c["id"]]}
 
     scored = [r for r in records if r.get("status") != "failed" and "judge_unscored_trials" not in r]
     judge_m = count_agreement([r["dermatologist"] for r in scored], [r["judge"] for r in scored], N_TRIALS) if scored else None
@@ -283,13 +314,14 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
     pub_recs = [r for r in records if "published" in r]
     pub_m = count_agreement([r["dermatologist"] for r in pub_recs], [r["published"]["count"] for r in pub_recs], N_TRIALS) if pub_recs else None
     pub_same = [r for r in pub_recs if r.get("status") != "failed" and "judge_unscored_trials" not in r]
-    pair_sources = Counter(v["grade_source"] for v in graded.values())
+    pair_sources = Counter(t["grade_source"] for t in trials_all)
     metrics = {
         "cases_labelled": len(cases) + len(data["skipped_blank"]), "cases_blank_skipped": len(data["skipped_blank"]), "blank_cases": data["skipped_blank"],
-        "cases": len(cases), "pairs": len(pairs), "pairs_failed": pair_sources.get("failed", 0), "cases_failed": len(failed), "failed_cases": failed,
-        "cases_unscored": len(unscored), "unscored_cases": unscored, "pair_grade_source": dict(pair_sources),
-        "requests": sum(len(v["targets"]) for v in graded.values()),
-        "concurrent_rule": rule, "kappa_weights": "linear", "judge": judge,
+        "cases": len(cases), "trials": len(trials_all), "pairs": len(pairs), "trials_failed": pair_sources.get("failed", 0),
+        "cases_failed": len(failed), "failed_cases": failed, "cases_unscored": len(unscored), "unscored_cases": unscored,
+        "trial_grade_source": dict(pair_sources), "requests": sum(len(t["calls"]) for t in trials_all),
+        "reasks": sum(t.get("grader_reasks") or 0 for t in trials_all),
+        "concurrent_rule": rule, "kappa_weights": "linear", "judge": judge, "settings": settings_line(s, "grader", config),
         "judge_vs_dermatologist": judge_m,
         "judge_vs_dermatologist_unscored_as_wrong": judge_m_lenient,
         "published": {"release": str(published), "cases_matched": len(pub_recs), "matched_by_format": dict(Counter(r["published"]["format"] for r in pub_recs)),
@@ -308,7 +340,7 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
     rundir.write_metrics(metrics)
     rundir.write_summary(grader_summary(metrics))
     if failed:
-        raise CalibrationFailed(f"{metrics['pairs_failed']} grading request(s) failed; {len(failed)} case(s) left out: {', '.join(failed[:10])}"
+        raise CalibrationFailed(f"{metrics['trials_failed']} trial(s) got no grading answer; {len(failed)} case(s) left out: {', '.join(failed[:10])}"
                                 f"{' ...' if len(failed) > 10 else ''} (results in {out})")
     return metrics
 
@@ -316,9 +348,11 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, rule: st
 def grader_summary(m: dict) -> str:
     L = ["# CRAFT-MD grader calibration against a dermatologist (docs/protocols.md, Judge calibration)", "",
          f"judge: `{m['judge']}`; concurrent-diagnosis rule: `{m['concurrent_rule']}`; kappa weights: {m['kappa_weights']} over counts 0-5",
+         f"{m['settings']}",
          f"cases: {m['cases_labelled']} labelled, {m['cases_blank_skipped']} with a blank dermatologist count skipped, {m['cases']} graded; "
-         f"{m['pairs']} distinct (diagnosis, gold) pairs, {m['requests']} judge requests; pair grade sources: {m['pair_grade_source']}",
-         f"failed: {m['pairs_failed']} pair(s), {m['cases_failed']} case(s) left out; cases with an unreadable verdict (left out of the main row): {m['cases_unscored']}",
+         f"{m['trials']} trials ({m['pairs']} distinct (diagnosis, gold) pairs), {m['requests']} judge requests ({m['reasks']} re-asks); "
+         f"trial grade sources: {m['trial_grade_source']}",
+         f"failed: {m['trials_failed']} trial(s), {m['cases_failed']} case(s) left out; cases with an unreadable verdict (left out of the main row): {m['cases_unscored']}",
          f"wall time: {m['run']['wall_seconds']} s", ""]
     rows = []
     if m["judge_vs_dermatologist"]:

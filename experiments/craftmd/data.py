@@ -12,11 +12,12 @@ none), ``answer`` (correct diagnosis text), ``answer_index`` (0-based index into
 from __future__ import annotations
 
 import csv
+import io
 import re
 from pathlib import Path
 
 from experiments.core.results import iter_jsonl
-from models.errors import DataError
+from models.errors import DataError, read_utf8
 from experiments.common.choice import LETTERS, map_choice, pick_letter
 
 CSV_COLUMNS = ("case_vignette", "choice_1", "choice_2", "choice_3", "choice_4", "answer", "category", "dataset", "case_id")
@@ -71,7 +72,7 @@ def answer_index(answer: str, choices: list[str]) -> int | None:
 
 
 def load_csv(path: Path) -> list[dict]:
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_utf8(path), newline="") as f:  # not UTF-8: one line naming the file, line and byte
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
         missing = [c for c in CSV_COLUMNS if c not in header]

@@ -179,10 +179,16 @@ def load_expert_labels(path: str | Path) -> list[ExpertConversation]:
 # ------------------------------------------------------------------ figures
 
 def truncate(p: float, places: int = 4) -> str:
-    """p cut (not rounded) to ``places`` decimals, as the paper prints its tables."""
+    """p cut (not rounded) to ``places`` decimals, as the paper prints its tables; below the last place ``< 0.0001``."""
     if p != p:
         return "n/a"
+    if p < 10 ** -places:
+        return f"< {10 ** -places:.{places}f}"
     return f"{math.floor(p * 10 ** places) / 10 ** places:.{places}f}"
+
+
+NOT_IN_SOURCES = "not in our sources"
+RECOMPUTED = "released labels, recomputed"  # the authors' own labels, recomputed here: no model's output
 
 
 def rate(values: list[bool | None], *, n_boot: int = 10_000) -> dict:
@@ -240,24 +246,25 @@ def expert_summary(metrics: dict, published: dict, source: str) -> str:
     ]
     for q, fig in (("Q1", "Fig. 3i"), ("Q2", "Fig. 3j"), ("Q3", None)):
         lines += [f"## {q}: {QUESTION_TEXT[q]}" + (f" ({fig})" if fig else ""), "",
-                  "| model | ours: % yes [95% CI] (yes/n) | published % |", "| --- | --- | --- |"]
+                  f"| model | {RECOMPUTED}: % yes [95% CI] (yes/n) | published % |", "| --- | --- | --- |"]
         for m in models:
             pub = (published.get(q) or {}).get(m)
-            lines.append(f"| {PAPER_LABELS[m]} | {_pct(metrics['rates'][m][q])} | {'—' if pub is None else f'{pub:.2f}'} |")
+            lines.append(f"| {PAPER_LABELS[m]} | {_pct(metrics['rates'][m][q])} | {NOT_IN_SOURCES if pub is None else f'{pub:.2f}'} |")
         if q == "Q3":
             pub = published.get("Q3_overall")
-            lines.append(f"| all {metrics['conversations']} | {_pct(metrics['overall']['Q3'])} | {'—' if pub is None else f'{pub:.2f}'} |")
+            lines.append(f"| all {metrics['conversations']} | {_pct(metrics['overall']['Q3'])} | {NOT_IN_SOURCES if pub is None else f'{pub:.2f}'} |")
         if q in ("Q1", "Q2"):
             lines += ["", "The paper truncates to two decimals: its 35.55 and 8.88 are 35.56 and 8.89 rounded."]
         lines.append("")
     lines += ["## Exact McNemar tests between models (Supplementary Table 18)", "",
-              "Paired by case; exact binomial test on the discordant pairs; p truncated to 4 decimals as the paper prints it.", "",
-              "| question | model A | model B | pairs | A yes/B no | A no/B yes | p (ours) | p (published) |",
+              "Paired by case; exact binomial test on the discordant pairs; p truncated to 4 decimals as the paper prints it "
+              "(below 0.0001: < 0.0001). Published: the values of the paper's Supplementary Table 18 that our sources give.", "",
+              f"| question | model A | model B | pairs | A yes/B no | A no/B yes | p ({RECOMPUTED}) | p (published) |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for key, t in metrics["mcnemar_exact"].items():
         pub = (published.get("mcnemar") or {}).get(key)
         lines.append(f"| {t['question']} | {PAPER_LABELS[t['a']]} | {PAPER_LABELS[t['b']]} | {t['n_pairs']} | {t['table'][0][1]} | "
-                     f"{t['table'][1][0]} | {truncate(t['p_value'])} | {'not transcribed' if pub is None else f'{pub:.4f}'} |")
+                     f"{t['table'][1][0]} | {truncate(t['p_value'])} | {NOT_IN_SOURCES if pub is None else f'{pub:.4f}'} |")
     lines += ["", "## Agreement of the two raters on the dual-labelled conversations (Extended Data Table 3)", "",
               "| model | " + " | ".join(EXPERT_QUESTIONS) + " |", "| --- |" + " --- |" * len(EXPERT_QUESTIONS)]
     for m in models:

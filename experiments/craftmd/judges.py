@@ -30,10 +30,10 @@ DX_RULE = ("Synonyms count as correct. An answer broader than the correct diagno
 FRQ_QUESTION = "Does the doctor-AI's answer name the correct diagnosis? " + DX_RULE
 COUNT_QUESTION = "How many of these diagnoses are the correct diagnosis? " + DX_RULE
 ASSESS_QUESTIONS = {  # the assessor's questions (prompts/assess_*.txt), asked of the same case notes and conversation
-    "Q1": "From this conversation alone, could one most likely diagnosis be reached (did the doctor-AI stop asking when only one was left)?",
-    "Q2": "Does the conversation cover the key information of the case notes (the history; examination and test results are not expected)?",
-    "Q3": "Does the patient-AI use medical terminology where a patient would use everyday words?",
-    "grounded": "Is every answer of the patient-AI grounded in the case notes, with nothing invented?",
+    "Q1": "From this conversation, is it possible to arrive at one most likely diagnosis?",
+    "Q2": "Does the conversation cover all the key information in the case notes (the physical examination and laboratory results left out)?",
+    "Q3": "Does the patient-AI use medical terminology (macule, papule, lichenification, glabella), not everyday words (spot, bump, blister)?",
+    "grounded": "Is every answer of the patient-AI grounded in the case notes, with nothing invented (denying what the notes do not mention is grounded)?",
     "complete": "Is each answer of the patient-AI complete for what the doctor-AI asked?",
 }
 

@@ -54,11 +54,12 @@ ADAPTER = CraftmdPaper()
 
 # The expert assessment of conversations (`medstack import craftmd-experts`, docs/protocols.md):
 # Q1 Fig. 3i, Q2 Fig. 3j (the paper truncates: 35.55 and 8.88 are 35.56 and 8.89 rounded), Q3 of all 180
-# conversations, and the exact McNemar p-values of Supplementary Table 18 that our sources quote
-# ("Q|model A|model B"; the other pairs are computed and shown without a published value).
+# conversations, and the exact McNemar p-values of Supplementary Table 18 as printed there ("Q|model A|model B"; the
+# pairs missing here are not in our sources and are shown without a published value).
 EXPERT_PUBLISHED = {
     "Q1": {"gpt-4": 53.33, "gpt-3.5": 31.11, "mistral-v2-7b": 11.11, "llama-2-7b": 35.55},
     "Q2": {"gpt-4": 71.11, "gpt-3.5": 31.11, "mistral-v2-7b": 8.88, "llama-2-7b": 51.11},
     "Q3_overall": 7.22,
-    "mcnemar": {"Q1|gpt-4|gpt-3.5": 0.0129, "Q1|gpt-3.5|llama-2-7b": 0.7744},
+    "mcnemar": {"Q1|gpt-4|gpt-3.5": 0.0129, "Q1|gpt-3.5|mistral-v2-7b": 0.0039, "Q1|gpt-3.5|llama-2-7b": 0.7744, "Q1|gpt-4|llama-2-7b": 0.0573,
+                "Q2|gpt-4|gpt-3.5": 0.0001, "Q2|gpt-3.5|mistral-v2-7b": 0.0212, "Q2|gpt-4|llama-2-7b": 0.0635},
 }

@@ -207,7 +207,7 @@ def settled(status: str, replies: dict, verdict_rule: str = "anywhere") -> bool:
     return status != "unparsed" and all(grading.read_verdict(r, verdict_rule) is not None for r in replies.values())
 
 
-async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str, role: str = "grader") -> dict:
+async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str, role: str = "grader", given: str | None = None) -> dict:
     """Grader-AI: extract the diagnosis (Multiple/None score 0), then judge equivalence (subtype rule).
 
     As the authors' ``diagnosis_evaluation``, both steps are asked again while the verdict holds neither
@@ -215,20 +215,25 @@ async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fm
     number of re-asks is recorded (``grader_reasks``). Under ``concurrent_rule: any`` an answer naming
     several concurrent diagnoses is graded per diagnosis (one verdict request each) and is correct when
     any matches; under ``zero`` it scores 0. ``role``: the role asked (another judge's, ``medstack rescore``), with the
-    grader's sampling.
+    grader's sampling. ``given``: a diagnosis already extracted (``calibrate craftmd-grader``: the release's extraction),
+    so only the verdict step is asked, and re-asked, as a run asks it.
     """
     rule = settings.concurrent_rule
-    if not answer.strip():
-        extracted, status, raw1, replies, reasks = None, "none", None, {}, 0
+    raw1 = None
+    if given is not None:
+        extracted, status = grading.classify_extracted(given)
+    if given is None and not answer.strip():
+        extracted, status, replies, reasks = None, "none", {}, 0
     else:
         for reasks in range(settings.grader_reasks + 1):
-            raw1 = await ask(ctx, settings, role, "grader", f"{fmt}_extract", single(render("grader_extract", answer=answer), settings),
-                             constraint=PROMPTS.constraint("grader_extract"))
-            extracted, status = grading.parse_extraction(raw1)
+            if given is None:
+                raw1 = await ask(ctx, settings, role, "grader", f"{fmt}_extract", single(render("grader_extract", answer=answer), settings),
+                                 constraint=PROMPTS.constraint("grader_extract"))
+                extracted, status = grading.parse_extraction(raw1)
             replies = {}
-            for i, given in enumerate(grading.match_targets(extracted, status, correct, rule)):
+            for i, target in enumerate(grading.match_targets(extracted, status, correct, rule)):
                 step = f"{fmt}_match" + (f"_{i}" if i else "")
-                replies[given] = await ask(ctx, settings, role, "grader", step, single(render("grader_match", correct=correct, given=given), settings),
+                replies[target] = await ask(ctx, settings, role, "grader", step, single(render("grader_match", correct=correct, given=target), settings),
                                            constraint=PROMPTS.constraint("grader_match"))
             if settled(status, replies, settings.verdict_rule):
                 break

@@ -48,14 +48,17 @@ def conversations_calibration_tables(run: dict) -> list[dict]:
     """A `calibrate conversations` run: per question, the assessor against the paper's dermatologists."""
     m = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
     rows = []
-    for q, x in (m.get("questions") or {}).items():
+    checks = [(f"assessor {((run.get('config') or {}).get('roles') or {}).get('assessor', '')}: {LABELS.get(q, q)}", x)
+              for q, x in (m.get("questions") or {}).items()]
+    if ((m.get("detector") or {}).get("Q3") or {}).get("combined"):  # the terminology check (no model)
+        checks.insert(0, (f"terminology check (no model): {LABELS['Q3']}", m["detector"]["Q3"]["combined"]))
+    for name, x in checks:
         if "exact_agreement" not in x:
             continue  # no expert label released for this question
         ci = x.get("ci95") or {}
         kappa = _f(x["kappa"]) + (f" [{_f(ci['kappa'][0])}, {_f(ci['kappa'][1])}]" if ci.get("kappa") else "")
         agree = _f(x["exact_agreement"]) + (f" [{_f(ci['exact_agreement'][0])}, {_f(ci['exact_agreement'][1])}]" if ci.get("exact_agreement") else "")
-        rows.append([f"assessor {((run.get('config') or {}).get('roles') or {}).get('assessor', '')}: {LABELS.get(q, q)}", x["n"], agree,
-                     f"confusion {x['confusion']} (rows experts, cols assessor: no, yes)", "–", kappa, "–", "–"])
+        rows.append([name, x["n"], agree, f"confusion {x['confusion']} (rows experts, cols the check: no, yes)", "–", kappa, "–", "–"])
     return [{"heading": "Judge calibration",
              "title": "CRAFT-MD conversation assessors vs the paper's dermatologists (yes/no per conversation; Cohen's kappa; 95% bootstrap CIs)",
              "columns": CALIBRATION_COLUMNS, "rows": rows}] if m else []

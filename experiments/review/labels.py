@@ -30,7 +30,7 @@ import re
 import time
 from pathlib import Path
 
-from models.errors import DataError, StorageError
+from models.errors import DataError, StorageError, read_utf8
 from models.paths import private_dir, private_file
 
 REVIEWER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -127,17 +127,8 @@ def sample_tag(sample: dict) -> str:
 
 
 def _utf8_lines(f: Path) -> tuple[list[str], str]:
-    """The file's lines and text; bytes that are not UTF-8 are bad input naming the file and line."""
-    try:
-        raw = f.read_bytes()
-    except OSError as e:
-        raise StorageError.from_os(f, e) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(f"{f}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}); save the file as UTF-8") from None
+    """The file's lines and text (:func:`models.errors.read_utf8`: not UTF-8 is bad input naming the file and line)."""
+    text = read_utf8(f)
     return text.splitlines(), text
 
 

@@ -145,7 +145,7 @@ class CraftSettings(RunSettings):
     # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
     completion_steps: list[Literal["answer", "grader", "summarizer", "assessor"]] = Field(
         [], description="Steps sent as plain text completions instead of chat (for base models).", json_schema_extra=NO_FLAG)
-    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"  # "auto": 256 per GPU, 16 on CPU (experiments/core/concurrency.py)
+    concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"  # "auto": 256 per GPU, 16 on CPU, bounded by the KV caches
 
     @field_validator("formats", mode="before")
     @classmethod

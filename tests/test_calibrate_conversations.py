@@ -140,7 +140,7 @@ def test_cli_help_and_metrics_without_labels(tmp_path):
 @pytest.mark.e2e
 def test_calibrate_conversations_with_the_real_embedded_server(cli, embedded_server, fixtures_dir, tmp_path):
     out = tmp_path / "cal"
-    args = ["calibrate", "conversations", "--model", f"embedded@{embedded_server['base_url']}", "--labels", str(fixtures_dir / "craftmd" / "experts"),
+    args = ["calibrate", "conversations", "--assessor-model", f"embedded@{embedded_server['base_url']}", "--labels", str(fixtures_dir / "craftmd" / "experts"),
             "--limit", "2", "--out", str(out), "--config", "experiments/craftmd/configs/embedded-small.yaml"]
     proc = cli(*args, check=True)
     assert "CRAFT-MD conversation checks against the paper's dermatologists" in proc.stdout

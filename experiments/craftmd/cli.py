@@ -101,7 +101,8 @@ def calibrate_grader_cmd(
 
 
 def calibrate_conversations_cmd(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="The assessor (alias or ALIAS@URL): the model that answers the conversation questions. Without it, the deterministic checks alone (no server)."),
+    model: Optional[str] = typer.Option(None, "--assessor-model", help="The assessor (alias or ALIAS@URL): the model that answers the conversation questions. Without it, the deterministic checks alone (no server)."),
+    old_model: Optional[str] = typer.Option(None, "--model", "-m", hidden=True),  # the option's earlier name
     labels: str = typer.Option("craftmd-expert-labels", "--labels", help="The paper's expert labels: the folder of the three workbooks, or a registered data set name."),
     out: Path = typer.Option(..., "--out", help="Results directory to write (the same --out again resumes)."),
     config: Optional[Path] = typer.Option(None, "--config", help=STUDY_CONFIG_HELP + " Its assessor sampling and message form are used."),
@@ -115,8 +116,8 @@ def calibrate_conversations_cmd(
     api_key: Optional[str] = typer.Option(None, "--api-key", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY)."),
 ) -> None:
     """Check the paper's expert-labelled conversations and compare with the dermatologists, combined and per rater, the
-    raters' own agreement beside: the medical-terminology check of the patient's lines (Q3, no model) and, with --model,
-    the CRAFT-MD conversation assessor's questions as a run of --config asks them (`run craftmd --assess-conversations`):
+    raters' own agreement beside: the medical-terminology check of the patient's lines (Q3, no model) and, with
+    --assessor-model, the CRAFT-MD conversation assessor's questions as a run of --config asks them (`run craftmd --assess-conversations`):
     agreement, Cohen's kappa, sensitivity, specificity with case-clustered bootstrap CIs, the confusion matrix, the %
     yes per model beside the experts'. With a model it runs on the study runner (resume, cache). Exit 0 done, 2 bad
     input, 3 some conversations got no answer (run the same command again)."""
@@ -127,6 +128,7 @@ def calibrate_conversations_cmd(
 
     if answers not in (None, "free", "constrained"):
         raise typer.BadParameter("--answers must be free or constrained")
+    model = model or old_model
     if model is None:
         calibrate_without_model(resolve_data(labels), out, n_boot=n_boot)
         _print((out / "summary.md").read_text())

@@ -137,7 +137,7 @@ class SlurmSubmit:
                 else:
                     todo.append(r)
             check_visible(todo)
-            plan_doc = {"spec": self.spec, "cwd": str(Path.cwd()), "python": self.python, "home": str(medstack_home().resolve()),
+            plan_doc = {"spec": self.spec, "cwd": str(Path.cwd()), "python": self.python, "home": str(medstack_home().absolute()),
                         "weights": _abs(os.environ.get("MEDSTACK_WEIGHTS")), "options": self.opts.__dict__, "entries": entries,
                         "join_job": old.get("join_job")}
             if not todo and not in_queue and not dry:  # every entry finished: the join, here and now
@@ -193,6 +193,7 @@ class SlurmSubmit:
             after = [f"--dependency=afterany:$JOB{k - 1}"] if chained and k else []
             commands.append(f"JOB{k}=$(sbatch --parsable {' '.join(after + [shlex.quote(str(script))])})  # {', '.join(labels)}")
             for i, r in enumerate(group):
+                make_results_dir(r.out)  # where the job's log goes, should the script be submitted by hand
                 r.status, r.message = "dry run", f"task {i} of {script}; nothing submitted"
         join_script = write_join(sweep_dir, plan_doc)
         scripts.append(str(join_script))
@@ -223,7 +224,7 @@ class SlurmSubmit:
 
 
 def _abs(path: str | None) -> str | None:
-    return str(Path(path).expanduser().resolve()) if path else None
+    return os.path.abspath(os.path.expanduser(path)) if path else None
 
 
 def check_visible(runs: list) -> None:

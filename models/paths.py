@@ -77,6 +77,16 @@ def medstack_home() -> Path:
     return private_dir(os.environ.get("MEDSTACK_HOME") or Path.home() / ".cache" / "medstack")
 
 
+USER_HOME_ENV = "MEDSTACK_USER_HOME"
+
+
+def user_home() -> Path:
+    """The medstack home the fetched data sets and the prepared embedded model are read from: $MEDSTACK_HOME, except
+    in a sweep's Slurm job, whose own $MEDSTACK_HOME holds only its servers, their logs and its response cache and
+    which reads the submitting user's home ($MEDSTACK_USER_HOME, set by the job; docs/cluster.md)."""
+    return Path(os.environ[USER_HOME_ENV]) if os.environ.get(USER_HOME_ENV) else medstack_home()
+
+
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 

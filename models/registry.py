@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from models.errors import MedstackError
-from models.paths import medstack_home
+from models.paths import user_home
 
 REGISTRY_FILE = Path(__file__).with_name("registry.yaml")
 TEMPLATE_DIR = Path(__file__).with_name("chat_templates")
@@ -73,7 +73,7 @@ def get_spec(alias: str) -> ModelSpec:
 
 
 def embedded_dir() -> Path:
-    return medstack_home() / "models" / "embedded"
+    return user_home() / "models" / "embedded"
 
 
 def _hf_cache_snapshot(hf_id: str) -> Path | None:

@@ -517,10 +517,10 @@ def stop_servers(alias: str | None = None, log=print, port: int | None = None) -
     return stopped
 
 
-def gpu_memory_gib() -> tuple[float, float] | None:
-    """(total, free) GiB of the GPU a new server starts on (the first of $CUDA_VISIBLE_DEVICES, else GPU 0), from
-    nvidia-smi; None when it cannot tell."""
-    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+def gpu_memory_gib(device: str | None = None) -> tuple[float, float] | None:
+    """(total, free) GiB of GPU ``device`` (default: the one a new server starts on, the first of $CUDA_VISIBLE_DEVICES,
+    else GPU 0), from nvidia-smi; None when it cannot tell."""
+    first = device or (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
     try:
         out = subprocess.run(["nvidia-smi", "-i", first or "0", "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20)
@@ -537,10 +537,23 @@ def will_start(alias: str, lora: dict[str, str] | None = None, api_key: str | No
 
 
 def plan_gpu_shares(aliases: list[str], dtype: str | None = None, log=print) -> dict[str, float]:
-    """alias -> --gpu-memory-utilization for servers about to start together on one GPU (serving/gpu_memory.py), or
-    :class:`~serving.gpu_memory.GpuMemoryError` with the numbers when they do not fit. Empty (vLLM's default) on a
+    """alias -> --gpu-memory-utilization for servers about to start together, or :class:`~serving.gpu_memory.GpuMemoryError`
+    with the numbers when they do not fit. Servers a cluster job put on GPUs of their own ($MEDSTACK_GPU_PLAN) are
+    planned per GPU, each against its own GPU's memory; the others share the first GPU. Empty (vLLM's default) on a
     CPU, for one server on a GPU with room for it, or where the registry gives no size (said)."""
-    if not aliases or not has_nvidia_gpu() or (mem := gpu_memory_gib()) is None:
+    if not aliases or not has_nvidia_gpu():
+        return {}
+    by_gpu: dict[str, list[str]] = {}
+    for a in aliases:
+        by_gpu.setdefault(planned_gpus(a).get("CUDA_VISIBLE_DEVICES", "").split(",")[0], []).append(a)
+    out: dict[str, float] = {}
+    for device, group in by_gpu.items():
+        out.update(_plan_one_gpu(group, device or None, dtype, log))
+    return out
+
+
+def _plan_one_gpu(aliases: list[str], device: str | None, dtype: str | None, log) -> dict[str, float]:
+    if (mem := gpu_memory_gib(device)) is None:
         return {}
     total, free = mem
     if len(aliases) == 1 and total - free < IDLE_GIB:
@@ -553,7 +566,7 @@ def plan_gpu_shares(aliases: list[str], dtype: str | None = None, log=print) -> 
         return {}
     shares = split_gpu([need(a, sz) for a, sz in sizes.items()], total, free)
     for line in plan_lines(shares, total):
-        log(f"GPU memory: {line}")
+        log(f"GPU memory{f' (GPU {device})' if device else ''}: {line}")
     return {s.name: s.fraction for s in shares}
 
 

@@ -7,6 +7,8 @@ sweep and the fine-tune executors share:
 - :class:`SlurmOptions`: the resources and site options (``--slurm-partition`` ... ``--slurm-extra``);
 - :func:`sbatch_script`: the ``#SBATCH`` header + body of one script; :func:`submit`: ``sbatch --parsable``;
 - :func:`queue_states`: ``squeue`` states of the jobs still in the queue (array tasks one per line);
+- :func:`slurm_command`: every Slurm command, retried with backoff while it fails or times out; a scheduler that
+  still does not answer is :class:`QueueUnknown` (a fault, never a job state: nothing is resubmitted on it);
 - job state files: the job itself writes ``JOB.json`` (running -> done | failed | interrupted, with the
   last lines of its log on failure), so the state is known from the shared file system alone, also on
   a cluster without job accounting (``sacct``).
@@ -42,6 +44,26 @@ class SlurmError(MedstackError):
     exit_code = 3
 
 
+class QueueUnknown(SlurmError):
+    """``squeue`` did not answer (after retries): where the jobs are is unknown."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"squeue: {reason}")
+        self.reason = reason
+
+
+RETRY_DELAYS = (1, 2, 4)  # seconds between the tries of a Slurm command that fails or times out
+TIMEOUT_S = 30
+
+
+def check_text(option: str, value: str) -> str:
+    """A value that goes into a job script: a newline or another control character would end the #SBATCH line (sbatch
+    then silently stops reading directives) or add a shell line: refused, naming the option (exit 2)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+        raise MedstackError(f"{option} {str(value)!r}: a newline or control character cannot go into a job script")
+    return value
+
+
 @dataclass
 class SlurmOptions:
     partition: str | None = None
@@ -53,20 +75,29 @@ class SlurmOptions:
     setup: list[str] = field(default_factory=list)  # shell lines run before medstack (module load ..., source venv)
     python: str | None = None  # the command that runs Python in the job (default: this interpreter)
 
+    def __post_init__(self):
+        for name in ("partition", "account", "time", "python"):
+            if getattr(self, name) is not None:
+                check_text(f"--slurm-{name}", getattr(self, name))
+        for line in self.setup:
+            check_text("--slurm-setup", line)
+        for key, value in self.extra.items():
+            check_text("--slurm-extra", f"{key}={value}")
+
     def python_argv(self, python: str) -> list[str]:
         return shlex.split(self.python) if self.python else [python]
 
 
 def parse_extra(items: list[str]) -> dict[str, str]:
-    """``--slurm-extra KEY=VALUE`` (repeatable, also a comma list) -> {KEY: VALUE}; a bare KEY is a flag."""
+    """``--slurm-extra KEY=VALUE`` (repeatable; the value is kept whole, commas included: ``mail-type=BEGIN,END``)
+    -> {KEY: VALUE}; a bare KEY is a flag."""
     out: dict[str, str] = {}
     for item in items or []:
-        for part in (x.strip() for x in item.split(",") if x.strip()):
-            key, _, value = part.partition("=")
-            key = key.strip().lstrip("-")
-            if not key or any(c.isspace() for c in key):
-                raise MedstackError(f"--slurm-extra {item!r}: give KEY=VALUE, e.g. --slurm-extra constraint=a100 --slurm-extra qos=normal")
-            out[key] = value.strip()
+        key, _, value = check_text("--slurm-extra", item).partition("=")
+        key = key.strip().lstrip("-")
+        if not key or any(c.isspace() or c in "='\"#" for c in key):
+            raise MedstackError(f"--slurm-extra {item!r}: give KEY=VALUE, e.g. --slurm-extra constraint=a100 --slurm-extra mail-type=BEGIN,END")
+        out[key] = value.strip()
     return out
 
 
@@ -78,10 +109,12 @@ def require_slurm() -> None:
 
 
 def header(name: str, opts: SlurmOptions, *, gpus: int, mem_gb: int | None, output: Path, array: str | None = None,
-           dependency: str | None = None, requeue: bool = True) -> list[str]:
-    """The ``#SBATCH`` lines of one job: what it asks for, where its log goes."""
+           requeue: bool = True) -> list[str]:
+    """The ``#SBATCH`` lines of one job: what it asks for, where its log goes. Values are quoted as a shell would
+    (sbatch reads quotes and backslashes in a directive's value), so a path with spaces stays one value."""
     cpus = opts.cpus or (8 * gpus if gpus else 2)
-    lines = [f"--job-name={name}", f"--output={output}", "--open-mode=append", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
+    lines = [f"--job-name={name}", f"--output={check_text('--out', output)}", "--open-mode=append", "--nodes=1", "--ntasks=1",
+             f"--cpus-per-task={cpus}"]
     if gpus:
         lines.append(f"--gres=gpu:{gpus}")
     if mem_gb:
@@ -90,17 +123,22 @@ def header(name: str, opts: SlurmOptions, *, gpus: int, mem_gb: int | None, outp
         if value:
             lines.append(f"--{key}={value}")
     if array:
-        lines.append(f"--array={array}" + (f"%{opts.max_parallel}" if opts.max_parallel else ""))
-    if dependency:
-        lines.append(f"--dependency={dependency}")
+        lines.append(f"--array={array}")  # 0-N%LIMIT: at most LIMIT of its tasks at once
     if requeue:
         lines.append("--requeue")  # preempted or its node lost: back in the queue; the same job resumes its work
     lines += [f"--{k}={v}" if v else f"--{k}" for k, v in opts.extra.items()]
-    return ["#SBATCH " + x for x in lines]
+    return ["#SBATCH " + directive(x) for x in lines]
+
+
+def directive(option: str) -> str:
+    """'--key=value' with the value quoted where it needs it ('--output='/a b/x.out'')."""
+    key, sep, value = option.partition("=")
+    return key + sep + shlex.quote(value) if sep else key
 
 
 def sbatch_script(header_lines: list[str], body: list[str], *, chdir: Path, opts: SlurmOptions, comment: str) -> str:
-    return "\n".join(["#!/bin/bash", f"# {comment}", *header_lines, "#SBATCH --chdir=" + str(chdir), "",
+    return "\n".join(["#!/bin/bash", f"# {check_text('comment', comment)}", *header_lines,
+                      "#SBATCH " + directive(f"--chdir={check_text('the working folder', chdir)}"), "",
                       "set -euo pipefail", *opts.setup, *body, ""])
 
 
@@ -110,37 +148,71 @@ def write_script(path: Path, text: str) -> Path:
     return private_file(path)
 
 
-def submit(script: Path, *, cwd: Path) -> str:
-    """``sbatch --parsable SCRIPT`` -> the job id (an array's id without a task)."""
+def slurm_command(argv: list[str], *, cwd: Path | None = None, retry_timeout: bool = True) -> subprocess.CompletedProcess:
+    """Run a Slurm command, again after each of :data:`RETRY_DELAYS` while it fails or does not answer in
+    :data:`TIMEOUT_S`; :class:`SlurmError` with its last reason. ``retry_timeout=False``: a command that may have done
+    its work before it timed out (``sbatch``) is not run twice."""
+    reason = ""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
+            if p.returncode == 0:
+                return p
+            reason = (p.stderr.strip() or p.stdout.strip() or f"exit {p.returncode}").splitlines()[-1]
+            if "Invalid job id" in reason:  # squeue: every job asked about has left the queue (an answer, not a fault)
+                return p
+        except subprocess.TimeoutExpired:
+            reason = f"no answer within {TIMEOUT_S} s"
+            if not retry_timeout:
+                break
+        except OSError as e:  # not on PATH
+            reason = e.strerror or str(e)
+            break
+        if delay is not None:
+            time.sleep(delay)
+    raise SlurmError(f"{argv[0]}: {reason}")
+
+
+def submit(script: Path, *, cwd: Path, args: list[str] = ()) -> str:
+    """``sbatch --parsable [ARGS] SCRIPT`` -> the job id (an array's id without a task)."""
     require_slurm()
-    p = subprocess.run(["sbatch", "--parsable", str(script)], cwd=cwd, capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        raise SlurmError(f"sbatch {script} refused the job: {p.stderr.strip() or p.stdout.strip()}")
+    try:
+        p = slurm_command(["sbatch", "--parsable", *args, str(script)], cwd=cwd, retry_timeout=False)
+    except SlurmError as e:
+        raise SlurmError(f"sbatch {script} did not submit the job: {e}" + (
+            "; it may be queued all the same: look with `squeue --me` before running the command again" if "no answer" in str(e) else "")) from None
     return p.stdout.strip().split(";")[0]
 
 
 def queue_states(job_ids: list[str]) -> dict[str, str]:
-    """{job id (``123`` or ``123_4`` for an array task): squeue state} of the jobs still in the queue."""
+    """{job id (``123`` or ``123_4`` for an array task): squeue state} of the jobs still in the queue;
+    :class:`QueueUnknown` when ``squeue`` does not answer (missing, failing, timing out), after its retries."""
     ids = sorted({j.split("_")[0] for j in job_ids if j})
-    if not ids or shutil.which("squeue") is None:
+    if not ids:
         return {}
-    p = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"], capture_output=True, text=True, timeout=60)
+    try:
+        p = slurm_command(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i %T"])
+    except SlurmError as e:
+        raise QueueUnknown(str(e).removeprefix("squeue: ")) from None
     out = {}
-    for line in p.stdout.splitlines():  # a finished job is no longer listed (squeue then says 'Invalid job id' for it)
+    for line in p.stdout.splitlines() if p.returncode == 0 else []:  # a finished job is no longer listed
         parts = line.split()
         if len(parts) == 2:
             out[parts[0]] = parts[1]
     return out
 
 
-def shown_state(queued: str | None, written: dict) -> str:
-    """pending | running | done | failed from the queue (when listed) and the job's own state file."""
+def shown_state(queued: str | None, written: dict, unknown: str | None = None) -> str:
+    """pending | running | done | failed from the queue (when listed) and the job's own state file; ``unknown``
+    (squeue's reason) when the queue could not be read: 'unknown (squeue: REASON)' for a job that has not ended."""
     if queued:
         return QUEUE_STATES.get(queued, queued.lower())
     state = written.get("state")
     if state in ("done", "failed"):
         return state
     if state in ("running", "interrupted", "submitted"):
+        if unknown is not None:
+            return f"unknown (squeue: {unknown})"
         return "failed"  # left the queue without saying how it ended: cancelled, killed at its time limit, or never started
     return "not submitted"
 

@@ -67,17 +67,17 @@ def test_plan_on_cpu_and_alone_changes_nothing(monkeypatch):
     monkeypatch.setattr(launcher, "has_nvidia_gpu", lambda: False)
     assert launcher.plan_gpu_shares(["llama3-8b-instruct", "mistral-7b-instruct-v0.2"]) == {}
     monkeypatch.setattr(launcher, "has_nvidia_gpu", lambda: True)
-    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda: (H100_GIB, H100_GIB - 0.5))
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda device=None: (H100_GIB, H100_GIB - 0.5))
     assert launcher.plan_gpu_shares(["llama3-8b-instruct"]) == {}  # alone on an idle GPU: vLLM's own default
 
 
 def test_plan_for_two_servers_a_run_starts(monkeypatch):
     monkeypatch.setattr(launcher, "has_nvidia_gpu", lambda: True)
-    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda: (H100_GIB, H100_GIB - 0.5))
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda device=None: (H100_GIB, H100_GIB - 0.5))
     said = []
     shares = launcher.plan_gpu_shares(["llama3-8b-instruct", "openbiollm-8b"], log=said.append)
     assert shares == {"llama3-8b-instruct": 0.45, "openbiollm-8b": 0.45}
     assert said[0].startswith("GPU memory: llama3-8b-instruct: --gpu-memory-utilization 0.450")
-    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda: (H100_GIB / 4, H100_GIB / 4 - 0.5))  # a 20 GB card
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda device=None: (H100_GIB / 4, H100_GIB / 4 - 0.5))  # a 20 GB card
     with pytest.raises(GpuMemoryError, match="2 vLLM server"):
         launcher.plan_gpu_shares(["llama3-8b-instruct", "openbiollm-8b"])

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from experiments.core.results import RunDir, read_jsonl
-from experiments.core.runlock import LOCK_NAME, RunDirInUse, RunLock
+from experiments.core import runlock
+from experiments.core.runlock import LOCK_NAME, LockUnsupported, RunDirInUse, RunLock
 from tests.conftest import FIXTURES, MEDSTACK, REPO, run_cli
 
 CASES = FIXTURES / "craftmd" / "cases.csv"
@@ -50,6 +51,54 @@ def test_lock_refuses_second_holder_and_names_it(tmp_path):
     with RunLock(tmp_path / "out"):  # released on exit: free again
         pass
     assert (tmp_path / "out" / LOCK_NAME).read_text() == ""  # a clean release leaves no holder behind
+
+
+def _access(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+
+
+def test_lock_descriptor_is_open_for_writing_where_flock_needs_it(tmp_path, monkeypatch):
+    """NFS emulates flock with a whole-file byte-range lock, whose exclusive form needs a descriptor open for writing
+    (EBADF on a read-only one, flock(2)): played here by a flock that refuses read-only descriptors so."""
+    import errno
+    import fcntl
+
+    with RunLock(tmp_path / "local") as lock:  # a local file system: a read-only descriptor holds it
+        assert _access(lock._fd) == os.O_RDONLY
+    real, seen = fcntl.flock, []
+
+    def nfs_flock(fd, op):
+        seen.append(_access(fd))
+        if _access(fd) == os.O_RDONLY and op & fcntl.LOCK_EX:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, op)
+
+    monkeypatch.setattr(runlock.fcntl, "flock", nfs_flock)
+    with RunLock(tmp_path / "nfs") as lock:
+        assert _access(lock._fd) == os.O_RDWR and seen == [os.O_RDONLY, os.O_RDWR]
+        monkeypatch.setattr(runlock.fcntl, "flock", real)
+        with pytest.raises(RunDirInUse):  # and it is held: a second process is refused
+            RunLock(tmp_path / "nfs").acquire()
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP", "ENOSYS", "EBADF"])
+def test_a_file_system_that_refuses_the_lock_is_refused_in_one_line(tmp_path, monkeypatch, code):
+    """No lock manager (NFS mounted without lockd: ENOLCK), a file system without flock: exit 2 naming the folder and
+    docs/cluster.md, no descriptor left open, nothing run unlocked."""
+    import errno
+
+    def refused(fd, op):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(runlock.fcntl, "flock", refused)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(LockUnsupported) as e:
+        RunLock(tmp_path / "out").acquire()
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'out'}: its file system refuses the lock") and f"({errno.errorcode[getattr(errno, code)]}:" in msg and "docs/cluster.md" in msg
+    assert "\n" not in msg and getattr(e.value, "exit_code", 2) == 2 and len(os.listdir("/proc/self/fd")) == before
 
 
 def test_lock_of_killed_process_is_taken_over(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,17 +18,37 @@ from tests.conftest import FIXTURES, run_cli
 
 
 def test_header_asks_for_what_the_options_say(tmp_path):
-    opts = slurm.SlurmOptions(partition="gpu", account="proj", time="04:00:00", max_parallel=2,
-                              extra=slurm.parse_extra(["constraint=a100", "qos=normal,hold"]))
-    lines = slurm.header("medstack-x", opts, gpus=2, mem_gb=96, output=tmp_path / "log", array="0-3")
+    opts = slurm.SlurmOptions(partition="gpu", account="proj", time="04:00:00",
+                              extra=slurm.parse_extra(["constraint=a100", "mail-type=BEGIN,END", "exclude=n1,n2", "hold"]))
+    lines = slurm.header("medstack-x", opts, gpus=2, mem_gb=96, output=tmp_path / "log", array="0-3%2")
     assert lines == ["#SBATCH " + x for x in [
         "--job-name=medstack-x", f"--output={tmp_path / 'log'}", "--open-mode=append", "--nodes=1", "--ntasks=1", "--cpus-per-task=16",
         "--gres=gpu:2", "--mem=96G", "--partition=gpu", "--account=proj", "--time=04:00:00", "--array=0-3%2", "--requeue",
-        "--constraint=a100", "--qos=normal", "--hold"]]
+        "--constraint=a100", "--mail-type=BEGIN,END", "--exclude=n1,n2", "--hold"]]  # a value keeps its commas
     cpu = slurm.header("j", slurm.SlurmOptions(), gpus=0, mem_gb=None, output=tmp_path / "l", requeue=False)
     assert "#SBATCH --cpus-per-task=2" in cpu and not any("gres" in x or "mem" in x or "requeue" in x for x in cpu)
     with pytest.raises(MedstackError, match="--slurm-extra"):
         slurm.parse_extra(["=x"])
+
+
+@pytest.mark.parametrize("kw, option", [({"partition": "gpu\n#SBATCH --x"}, "--slurm-partition"), ({"account": "a\rb"}, "--slurm-account"),
+                                        ({"time": "10\n"}, "--slurm-time"), ({"setup": ["module load x\nrm -r y"]}, "--slurm-setup"),
+                                        ({"extra": {"comment": "a\x1bb"}}, "--slurm-extra")])
+def test_control_characters_refused_naming_the_option(kw, option):
+    with pytest.raises(MedstackError, match=f"^{option} .*newline or control character"):
+        slurm.SlurmOptions(**kw)
+    with pytest.raises(MedstackError, match="^--slurm-extra "):
+        slurm.parse_extra(["mail-user=a@b\n#SBATCH --requeue"])
+
+
+def test_paths_with_spaces_are_quoted_as_sbatch_reads_them(tmp_path):
+    folder = tmp_path / "my sweep"
+    (hdr,) = [x for x in slurm.header("j", slurm.SlurmOptions(), gpus=0, mem_gb=None, output=folder / "x.out") if "--output" in x]
+    assert hdr == f"#SBATCH --output='{folder}/x.out'"
+    text = slurm.sbatch_script([hdr], ["echo hi"], chdir=folder, opts=slurm.SlurmOptions(), comment="c")
+    assert f"#SBATCH --chdir='{folder}'" in text
+    with pytest.raises(MedstackError, match="newline or control character"):
+        slurm.header("j", slurm.SlurmOptions(), gpus=0, mem_gb=None, output=tmp_path / "a\nb" / "x.out")
 
 
 def test_script_file_is_private_and_runnable(tmp_path):
@@ -70,6 +91,66 @@ def test_resources_and_gpu_split_from_the_registry():
         del os.environ["MEDSTACK_GPU_PLAN"]
 
 
+def test_servers_on_gpus_of_their_own_are_planned_each_against_its_gpu(monkeypatch):
+    """Two 8B servers a job put on GPUs 3 and 5: each is alone on its (idle) GPU, so each gets vLLM's default share; on
+    one GPU they split it. A 20 GB GPU holds one of them but not both: refused only when they would share it."""
+    asked = []
+    monkeypatch.setattr(launcher, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda device=None: asked.append(device) or (20.0, 19.6))
+    pair = ["llama3-8b-instruct", "mistral-7b-instruct-v0.2"]
+    monkeypatch.setenv("MEDSTACK_GPU_PLAN", "llama3-8b-instruct=3;mistral-7b-instruct-v0.2=5")
+    assert launcher.plan_gpu_shares(pair, log=lambda m: None) == {} and asked == ["3", "5"]
+    monkeypatch.delenv("MEDSTACK_GPU_PLAN")
+    with pytest.raises(MedstackError, match="2 vLLM server"):
+        launcher.plan_gpu_shares(pair, log=lambda m: None)
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda device=None: (79.6, 79.2))
+    shares = launcher.plan_gpu_shares(pair, log=lambda m: None)
+    assert set(shares) == set(pair) and all(0.3 < f < 0.6 for f in shares.values()) and sum(shares.values()) <= 0.9
+
+
+@pytest.mark.parametrize("sizes, limit, expected", [
+    ([3, 1], 1, [(1, True), (1, True)]),  # fewer than one per array: the arrays one after another
+    ([3, 1], 2, [(1, False), (1, False)]), ([3, 1], 4, [(3, False), (1, False)]), ([3, 1], 9, [(3, False), (1, False)]),
+    ([4], None, [(None, False)])])
+def test_max_parallel_caps_the_sweep_over_its_arrays(monkeypatch, sizes, limit, expected):
+    runs = [type("R", (), {"roles": {"clinical": f"m{g}"}})() for g, n in enumerate(sizes) for _ in range(n)]
+    monkeypatch.setattr(sweep_slurm, "entry_resources", lambda roles: (1, int(roles["clinical"][1:])))
+    arrays = sweep_slurm._arrays(runs, limit)
+    assert [len(g) for g, *_ in arrays] == sizes and [(n, chained) for _, n, chained in arrays] == expected
+
+
+def test_slurm_commands_retried_and_an_unanswered_queue_is_unknown(monkeypatch):
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv[0])
+        if len(calls) <= 2:
+            raise subprocess.TimeoutExpired(argv, kw.get("timeout"))
+        if len(calls) == 3:
+            return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")
+        return subprocess.CompletedProcess(argv, 0, "8_0 RUNNING\n8_1 PENDING\n", "")
+
+    monkeypatch.setattr(slurm, "RETRY_DELAYS", (0, 0, 0))
+    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
+    assert slurm.queue_states(["8_0", "8_1"]) == {"8_0": "RUNNING", "8_1": "PENDING"} and len(calls) == 4
+    calls.clear()
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: calls.append(1) or subprocess.CompletedProcess(
+        argv, 1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"))
+    with pytest.raises(slurm.QueueUnknown) as e:
+        slurm.queue_states(["8_0"])
+    assert len(calls) == 4 and e.value.reason == "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    assert e.value.exit_code == 3
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n"))
+    assert slurm.queue_states(["8_0"]) == {}  # every job asked about has left the queue: an answer
+    calls.clear()
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: calls.append(1) or (_ for _ in ()).throw(subprocess.TimeoutExpired(argv, 30)))
+    monkeypatch.setattr(slurm, "require_slurm", lambda: None)
+    with pytest.raises(slurm.SlurmError, match="may be queued all the same"):
+        slurm.submit(Path("x.sbatch"), cwd=Path("."))
+    assert len(calls) == 1  # an sbatch that timed out may have submitted: never run twice
+
+
 def test_status_from_state_files(tmp_path, monkeypatch):
     """`sweep status` reads the plan and each job's state file; a failed entry shows its reason and log tail."""
     sweep = tmp_path / "sweep"
@@ -87,6 +168,46 @@ def test_status_from_state_files(tmp_path, monkeypatch):
     text = "\n".join(sweep_slurm.status_lines(sweep))
     assert "| a | m1 | 8_0 | running | 1/3 | 0 |" in text and "| b | m2 | 8_1 | failed | 0/3 | 2 |" in text
     assert "join: job 9 pending" in text and "b failed: weights for 'x' not found" in text and "    weights missing" in text.replace("Traceback-free error: ", "")
+
+    def no_answer(ids):
+        raise slurm.QueueUnknown("slurm_load_jobs error: Socket timed out on send/recv operation")
+
+    monkeypatch.setattr(sweep_slurm, "queue_states", no_answer)  # the queue unread: a job still running is unknown, never failed
+    slurm.write_state(sweep / "a" / "slurm-job.json", state="running")
+    text = "\n".join(sweep_slurm.status_lines(sweep))
+    assert "| a | m1 | 8_0 | unknown (squeue: slurm_load_jobs error: Socket timed out on send/recv operation) | 1/3 | 0 |" in text
+    assert "| b | m2 | 8_1 | failed |" in text and "join: job 9 unknown (squeue: " in text  # b said itself that it failed
+
+
+def test_dry_run_writes_the_scripts_and_runs_no_slurm_command(tmp_path):
+    """`--executor slurm --dry-run` with an sbatch, squeue, scontrol and scancel on PATH that record any call: none is
+    called; the scripts (in a sweep folder whose path holds a space) and the plan are written; the sbatch commands
+    are printed. A value with a newline is refused, naming the option, before anything is written."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "slurm-calls"
+    bin_dir.mkdir()
+    for name in ("sbatch", "squeue", "scontrol", "scancel"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit 1\n')
+        (bin_dir / name).chmod(0o700)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    sweep = tmp_path / "my sweep"
+    args = ["sweep", "craftmd", "--models", "embedded,embedded", "--data", str(FIXTURES / "craftmd" / "cases.csv"), "--limit", "2",
+            "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/craftmd/configs/embedded-small.yaml",
+            "--executor", "slurm", "--slurm-extra", "mail-type=BEGIN,END", "--slurm-max-parallel", "1", "--out", str(sweep)]
+    p = run_cli(*args, "--dry-run", env=env)
+    assert p.returncode == 0, p.stderr
+    assert not calls.exists(), calls.read_text()
+    script = (sweep / "slurm" / "entries-0.sbatch").read_text()
+    assert f"#SBATCH --output='{sweep}/slurm/entries-%A_%a.out'" in script and "#SBATCH --mail-type=BEGIN,END" in script
+    assert "#SBATCH --array=0-1%1" in script and "#SBATCH --dependency" not in script
+    plan = json.loads((sweep / "slurm" / "sweep.json").read_text())
+    assert "--dry-run" not in plan["spec"]["args"] and not any(e.get("job") for e in plan["entries"].values())
+    said = " ".join(p.stderr.split())
+    assert "no Slurm command was run, nothing submitted" in said and "JOB0=$(sbatch --parsable" in said
+    assert "--dependency=afterany:$JOB0 " in said and "join.sbatch" in said and p.stdout.count("| dry run: task ") == 2
+    assert subprocess.run(["bash", "-n", str(sweep / "slurm" / "entries-0.sbatch")]).returncode == 0
+    bad = run_cli(*args[:-2], "--out", str(tmp_path / "other"), "--slurm-partition", "gpu\n#SBATCH --requeue", "--dry-run", env=env)
+    assert bad.returncode == 2 and "--slurm-partition" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "other").exists() and not calls.exists()
 
 
 def test_bad_options_and_missing_slurm(tmp_path):

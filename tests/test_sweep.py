@@ -269,7 +269,7 @@ def test_sweep_refuses_models_that_do_not_fit_one_gpu_before_anything_runs(monke
     from serving.gpu_memory import GpuMemoryError
 
     monkeypatch.setattr(launcher, "has_nvidia_gpu", lambda: True)
-    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda: (20.0, 19.6))
+    monkeypatch.setattr(launcher, "gpu_memory_gib", lambda device=None: (20.0, 19.6))
     args = ["--data", CASES, "--trials", "1", "--role", "patient=openbiollm-8b", "--role", "grader=openbiollm-8b"]
     with pytest.raises(GpuMemoryError, match=r"2 vLLM server\(s\) on one GPU need 35.9 GiB but 0.90 of the GPU's 20.0 GiB = 18.0 GiB"):
         _planned_roles(monkeypatch, tmp_path, "craftmd", ["openbiollm-8b", "llama3-8b-instruct"], args)

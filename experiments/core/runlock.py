@@ -9,14 +9,16 @@ dead process is simply taken over: its stale contents are overwritten.
 Across nodes (a cluster's shared file system, docs/cluster.md): a Linux NFS client (2.6.12 and later)
 sends a flock to the server as a whole-file byte-range lock (NFSv4 locking; NFSv3 through lockd), so
 the lock holds between nodes, and the server releases the lock of a node that died when its lease
-expires. It is node-local where the mount says ``local_lock=flock`` or ``local_lock=all``, on Lustre
-without the ``flock`` mount option, and on older clients; there, run one process per folder by hand.
-(fcntl byte-range locks would need a descriptor open for writing, which keeps a file system from being
-remounted read-only under a run, and are dropped when any descriptor of the file in the process closes.)
+expires. Such an emulated exclusive lock needs a descriptor open for writing (flock(2), NFS details:
+EBADF on a read-only one), so the lock file is opened for writing where the read-only descriptor is
+refused. A file system that refuses the lock otherwise (ENOLCK: no lock manager; EOPNOTSUPP, ENOSYS, ...)
+is refused with :class:`LockUnsupported` (exit 2), naming the folder and the remedy: nothing runs unlocked. The lock is node-local where the mount says ``local_lock=flock`` or ``local_lock=all`` and on
+Lustre mounted with ``localflock``; there, run one process per folder by hand.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -32,6 +34,11 @@ LOCK_NAME = ".medstack.lock"
 
 class RunDirInUse(ResultsError):
     """Another live process holds the results directory."""
+
+
+class LockUnsupported(ResultsError):
+    """The folder's file system refuses the lock (NFS without a lock manager, a mount without locks)."""
+
 
 
 def _holder(path: Path) -> dict:
@@ -51,14 +58,25 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         make_results_dir(self.dir)
-        # held through a read-only descriptor (flock does not need write access), so the run keeps no file open for
-        # writing between writes: a file system can then be remounted read-only under it (a fault the tests provoke)
-        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RunDirInUse(self._refusal()) from None
+        # first through a read-only descriptor, so a local run keeps no file open for writing between writes (a file
+        # system can then be remounted read-only under it: a fault the tests provoke); where the file system emulates
+        # flock with a byte-range lock (NFS) an exclusive lock needs a descriptor open for writing: EBADF, then that
+        for mode in (os.O_RDONLY, os.O_RDWR):
+            fd = os.open(self.path, mode | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                os.close(fd)
+                raise RunDirInUse(self._refusal()) from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno == errno.EBADF and mode == os.O_RDONLY:
+                    continue
+                raise LockUnsupported(f"{self.dir}: its file system refuses the lock medstack holds on a folder in use "
+                                      f"({errno.errorcode.get(e.errno, e.errno)}: {e.strerror}); nothing was run. Use a folder on "
+                                      "a file system that holds flock locks (a local disk; NFS with its lock manager; Lustre "
+                                      "mounted with -o flock): docs/cluster.md, Locks") from None
         info = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "since_unix": round(time.time(), 3), "command": " ".join(sys.argv)}
         try:

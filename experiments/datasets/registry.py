@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from models.errors import DataError
-from models.paths import medstack_home
+from models.paths import user_home
 
 REGISTRY_FILE = Path(__file__).with_name("datasets.yaml")
 REGISTRY_ENV = "MEDSTACK_DATA_REGISTRY"  # another registry YAML (tests, private sets)
@@ -95,7 +95,7 @@ def _get(name: str, registry: dict[str, DataSet]) -> DataSet:
 
 
 def data_root() -> Path:
-    return medstack_home() / "data"
+    return user_home() / "data"  # a Slurm job reads the user's (models/paths.py)
 
 
 def set_dir(name: str) -> Path:

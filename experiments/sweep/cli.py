@@ -38,10 +38,11 @@ def sweep(
     slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help=f"{SLURM_HELP}: the partition."),
     slurm_account: Optional[str] = typer.Option(None, "--slurm-account", help=f"{SLURM_HELP}: the account charged."),
     slurm_time: Optional[str] = typer.Option(None, "--slurm-time", help=f"{SLURM_HELP}: each entry job's time limit (MINUTES, HH:MM:SS or D-HH:MM:SS)."),
-    slurm_max_parallel: Optional[int] = typer.Option(None, "--slurm-max-parallel", min=1, help=f"{SLURM_HELP}: at most N entry jobs running at once."),
+    slurm_max_parallel: Optional[int] = typer.Option(None, "--slurm-max-parallel", min=1, help=f"{SLURM_HELP}: at most N of the entry jobs "
+                                                     "submitted together running at once (over every job array)."),
     slurm_cpus: Optional[int] = typer.Option(None, "--slurm-cpus", min=1, help=f"{SLURM_HELP}: CPUs per entry job (default 8 per GPU, 2 without GPUs)."),
-    slurm_extra: List[str] = typer.Option([], "--slurm-extra", help=f"{SLURM_HELP}: KEY=VALUE, one more #SBATCH --KEY=VALUE line (repeatable), "
-                                          "e.g. constraint=a100, qos=normal, gres=gpu:a100:1."),
+    slurm_extra: List[str] = typer.Option([], "--slurm-extra", help=f"{SLURM_HELP}: KEY=VALUE, one more #SBATCH --KEY=VALUE line (repeatable; "
+                                          "the value is kept whole, commas included), e.g. constraint=a100, mail-type=BEGIN,END, gres=gpu:a100:1."),
     slurm_setup: List[str] = typer.Option([], "--slurm-setup", help=f"{SLURM_HELP}: a shell line each job runs first (repeatable), "
                                           "e.g. 'module load cuda/12.1'."),
     slurm_python: Optional[str] = typer.Option(None, "--slurm-python", help=f"{SLURM_HELP}: the command that runs Python in a job "
@@ -62,6 +63,7 @@ def sweep(
 
     --executor slurm: each entry is a Slurm job on the cluster (its servers started inside it, requeued and
     resumed when preempted), then a join job; `medstack sweep status SWEEP` shows the jobs (docs/cluster.md).
+    With --dry-run it writes the sbatch scripts and the plan, prints the sbatch commands and submits nothing.
     """
     from experiments.sweep.run import parse_models, summary_lines
 
@@ -82,7 +84,8 @@ def sweep(
         from experiments.sweep.slurm import SlurmSubmit
         from serving.slurm import SlurmOptions, parse_extra, require_slurm
 
-        require_slurm()
+        if "--dry-run" not in ctx.args:  # a dry run writes the scripts and runs no Slurm command
+            require_slurm()
         run_exec = SlurmSubmit(SlurmOptions(partition=slurm_partition, account=slurm_account, time=slurm_time, max_parallel=slurm_max_parallel,
                                             cpus=slurm_cpus, extra=parse_extra(slurm_extra), setup=list(slurm_setup), python=slurm_python), spec)
     parse_models(models)
@@ -123,8 +126,6 @@ def _run(spec: dict, executor=None):
 
 def _slurm_command(name: str, args: list[str]) -> None:
     """`sweep status DIR`; inside the jobs: `sweep slurm-job DIR LABEL`, `sweep slurm-join DIR`."""
-    import os
-
     from experiments.sweep import slurm
 
     if len(args) != {"status": 1, "slurm-job": 2, "slurm-join": 1}[name] or args[0].startswith("-"):
@@ -134,11 +135,12 @@ def _slurm_command(name: str, args: list[str]) -> None:
         typer.echo("\n".join(slurm.status_lines(sweep_dir)))
         return
     doc = slurm.read_plan(sweep_dir)
-    if name == "slurm-job":  # the entry's own medstack home: its servers (free ports), their logs, its cache
+    if name == "slurm-job":
         entry = doc.get("entries", {}).get(args[1])
         if entry is None:
             raise ConfigError(f"sweep slurm-job: {args[1]!r} is not an entry of {sweep_dir}")
-        os.environ["MEDSTACK_HOME"] = str(slurm.job_home(sweep_dir, args[1], doc.get("home", "")))
+    slurm.job_environment(doc, sweep_dir, args[1] if name == "slurm-job" else None)
+    if name == "slurm-job":
         try:
             outcome = _run(doc["spec"], slurm.EntryJob(args[1]))
         except MedstackError as e:  # its input changed since it was submitted (a file gone, ...): failed, said in its state

@@ -198,7 +198,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         common, given, settings, case_ids = plan(r, idle)
         r.roles = dict(settings.roles)
         planned.append((r, common, given, settings, case_ids))
-    if not values.get("dry_run"):
+    if executor is None and not values.get("dry_run"):  # a Slurm job checks its own entry on the GPUs it was given
         for *_, settings, _ in planned:  # servers a run will start together on one GPU that do not fit: refused now, not mid-sweep
             check_gpu_fit(settings)
     pub_dirs = _published_plan(published or [], sweep_dir, study.name)

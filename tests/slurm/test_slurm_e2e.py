@@ -1,7 +1,10 @@
 """Sweeps and fine-tunes on a real Slurm (the one-node cluster of conftest.py) with the embedded model.
 
-A 2-entry CRAFT-MD sweep with ``--executor slurm``: one entry job requeued mid-run (``scontrol requeue``),
-``sweep status`` polled (its outputs printed: ``pytest -s`` shows them), one report with every case done once;
+A 2-entry CRAFT-MD sweep with ``--executor slurm`` as a cluster user runs it: a data set and an authors' release
+registered by name (a registry of the test's own, ``MEDSTACK_DATA_REGISTRY``) and fetched into the user's medstack
+home, a sweep folder whose path holds a space, a ``squeue`` that fails for a while (nothing submitted twice,
+``status`` says "unknown"), one entry job requeued mid-run (``scontrol requeue``), ``sweep status`` polled (its
+outputs printed: ``pytest -s`` shows them), one report with every case done once and the release joined;
 a job whose input went away fails for good and is recorded with its log's last lines; a 10-step fine-tune
 job, requeued after its first checkpoint, resumes and writes its adapter. Each entry job starts its own vLLM
 server (about a minute on 2 vCPUs); the entries run one at a time (``--slurm-max-parallel 1``).
@@ -10,11 +13,15 @@ server (about a minute on 2 vCPUs); the entries run one at a time (``--slurm-max
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from experiments.datasets.registry import tree_digest
 from tests.conftest import FIXTURES, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -41,10 +48,43 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
 
 
+def _user_home(tmp_path: Path) -> tuple[Path, dict]:
+    """A user's medstack home (the embedded model linked in) and a data registry of the test's own naming the fixture
+    cases and a fixture release of the authors' runs; both fetched by name, as a user fetches on the login node."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to((Path(os.environ["MEDSTACK_HOME"]) / "models").resolve(), target_is_directory=True)
+    release = FIXTURES / "craftmd" / "published_demo"
+    sets = {"craftmd-fixture-cases": {"license": "test fixture", "format": "CRAFT-MD case CSV", "main": "cases.csv",
+                                      "files": [{"name": "cases.csv", "sha256": _sha256(CASES)}]},
+            "craftmd-published-fixture": {"license": "test fixture", "format": "folder of per-case JSON", "main": "fixture",
+                                          "files": [{"name": "fixture.tar.gz", "sha256": "0" * 64, "unpack": True,
+                                                     "tree_sha256": tree_digest(release)}]}}
+    (tmp_path / "datasets.yaml").write_text(yaml.safe_dump({"version": 1, "sets": sets}))
+    env = {"MEDSTACK_HOME": str(home), "MEDSTACK_DATA_REGISTRY": str(tmp_path / "datasets.yaml")}
+    run_cli("data", "fetch", "craftmd-fixture-cases", "--from", CASES, "--no-progress", env=env, check=True)
+    run_cli("data", "fetch", "craftmd-published-fixture", "--from", str(release), "--no-progress", env=env, check=True)
+    return home, env
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def test_sweep_requeued_entry_resumes_to_one_report(slurm_cluster, tmp_path):
-    env = {**slurm_cluster.env}
-    sweep = tmp_path / "sweep"
-    args = ["sweep", "craftmd", "--models", "embedded,embedded", *SMALL, "--out", str(sweep), *SLURM]
+    home, user = _user_home(tmp_path)
+    down, wrapped = tmp_path / "squeue-down", tmp_path / "bin"
+    wrapped.mkdir()  # a squeue earlier on PATH that fails while `down` exists, as a slurmctld that does not answer
+    (wrapped / "squeue").write_text(f"#!/bin/sh\nif [ -e '{down}' ]; then\n  echo 'slurm_load_jobs error: Unable to contact slurm controller "
+                                    f"(connect failure)' >&2\n  exit 1\nfi\nexec {shutil.which('squeue')} \"$@\"\n")
+    (wrapped / "squeue").chmod(0o700)
+    env = {**slurm_cluster.env, **user, "PATH": f"{wrapped}:{os.environ['PATH']}"}
+    sweep = tmp_path / "sweep dir"  # quoted in every #SBATCH line and shell line of the scripts
+    by_name = [x if x != CASES else "craftmd-fixture-cases" for x in SMALL]
+    args = ["sweep", "craftmd", "--models", "embedded,embedded", *by_name, "--published", "craftmd-published-fixture",
+            "--out", str(sweep), *SLURM]
     t0 = time.monotonic()
     p = run_cli(*args, env=env, check=True)
     err = " ".join(p.stderr.split())
@@ -52,10 +92,23 @@ def test_sweep_requeued_entry_resumes_to_one_report(slurm_cluster, tmp_path):
     script = (sweep / "slurm" / "entries-0.sbatch").read_text()
     print("\n---- the entries' sbatch script\n" + script)
     assert "#SBATCH --array=0-1%1" in script and "#SBATCH --requeue" in script and "#SBATCH --mem=4G" in script
+    assert f"#SBATCH --output='{sweep}/slurm/entries-%A_%a.out'" in script
     assert "--gres" not in script and "sweep slurm-job" in script  # the embedded model asks for no GPU (registry gpus: 0)
+    jobs = {lbl: e["job"] for lbl, e in json.loads((sweep / "slurm" / "sweep.json").read_text())["entries"].items()}
+
+    down.touch()  # squeue fails: `status` says unknown (never failed), the same command submits nothing and exits 3
+    st = _status(env, sweep)
+    print("\n---- sweep status while squeue fails\n" + st)
+    assert all(_row(st, lbl)[3].startswith("unknown (squeue: slurm_load_jobs error: Unable to contact slurm controller") for lbl in jobs), st
+    unsure = run_cli(*args, env=env)
+    said = " ".join(unsure.stderr.split())
+    assert unsure.returncode == 3 and f"embedded (job {jobs['embedded']}), embedded-2 (job {jobs['embedded-2']}) is unknown" in said, said
+    assert "nothing was submitted" in said and "Traceback" not in unsure.stderr
+    down.unlink()
     job0 = _row(_status(env, sweep), "embedded")[2]
     early = run_cli(*args, env=env, check=True)  # the same command while the jobs are queued: nothing submitted twice
     assert early.stdout.count("| submitted: job") == 2 and not (sweep / "slurm" / "entries-1.sbatch").exists()
+    assert {lbl: e["job"] for lbl, e in json.loads((sweep / "slurm" / "sweep.json").read_text())["entries"].items()} == jobs
 
     seen, requeued, deadline = [], False, time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -88,8 +141,12 @@ def test_sweep_requeued_entry_resumes_to_one_report(slurm_cluster, tmp_path):
     assert m0["run"]["cases_resumed"] >= 1  # the requeued job resumed: what finished before the requeue was kept
     assert any("| running |" in s for s in seen) and any(_row(s, "embedded-2")[3] == "pending" for s in seen)
     summary = (sweep / "summary.md").read_text()
-    assert summary.count("| finished |") == 2, summary
-    assert (sweep / "compare" / "summary.md").exists() and 'id="section-craftmd"' in (sweep / "report.html").read_text()
+    assert summary.count("| finished |") == 2 and "| (published) |" in summary, summary
+    assert "fixture-published" in (sweep / "compare" / "summary.md").read_text()
+    assert 'id="section-craftmd"' in (sweep / "report.html").read_text()
+    for label in ("embedded", "embedded-2"):  # the data set read from the user's home; the job's own holds no data or models
+        assert str(home / "data" / "craftmd-fixture-cases" / "cases.csv") in (sweep / label / "config.yaml").read_text()
+        assert {x.name for x in (sweep / label / ".home").iterdir()} <= {"cache", "logs", "servers"}
 
     again = run_cli(*args, env=env, check=True)  # the same command again: nothing to submit, the join runs here
     assert "every entry of" in again.stderr and again.stdout.count("| skipped: finished earlier |") == 2

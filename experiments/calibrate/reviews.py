@@ -28,11 +28,11 @@ items in the tiebreaker's own row: they are the disputed ones too).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 from experiments.common.stats import count_agreement, rater_agreement, spearman, stratified_bootstrap
+from experiments.core.results import strict_json
 from experiments.review.judges import load_judge
 from experiments.review.labels import check_label, read_labels, read_sample, reviews_dir, sample_path
 from models.errors import DataError, StorageError
@@ -232,7 +232,7 @@ def summary(r: dict) -> str:
 def write(run_dir: Path, r: dict) -> None:
     """reviews/calibration-<judge>.json (the report reads it) and .md, private."""
     d = reviews_dir(run_dir)
-    for name, text in ((f"calibration-{r['judge']}.json", json.dumps(r, indent=1, default=str)), (f"calibration-{r['judge']}.md", summary(r))):
+    for name, text in ((f"calibration-{r['judge']}.json", strict_json(r, indent=1)), (f"calibration-{r['judge']}.md", summary(r))):
         try:
             private_file(d / name)
             (d / name).write_text(text, encoding="utf-8")

@@ -13,13 +13,12 @@ each. Unscored and skipped grades are counted, never averaged.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from experiments.common.grade import grades
 from experiments.common.stats import mean_ci
 from experiments.core.registry import open_run, results_of
-from experiments.core.results import Run, make_results_dir
+from experiments.core.results import Run, make_results_dir, strict_json
 from models.errors import MedstackError, StorageError
 from models.paths import private_file
 
@@ -93,6 +92,6 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     warnings = list((study or {}).get("warnings") or []) if isinstance(study, dict) else []
     if len(kinds) > 1:
         warnings.append(f"runs of different kinds ({', '.join(sorted(k or '?' for k in kinds))}): only their typed scores are compared")
-    _write(out / "scores.json", json.dumps(table, indent=1))
+    _write(out / "scores.json", strict_json(table, indent=1))
     _write(out / "summary.md", (head.rstrip("\n") + "\n\n" if head else "# Comparison\n\n") + scores_markdown(table))
     return {"study": study, "experiment": next(iter(kinds)) if len(kinds) == 1 else None, "scores": table, "warnings": warnings}

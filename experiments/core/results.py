@@ -18,6 +18,7 @@ settings or an edited prompt is refused, naming what changed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -53,6 +54,26 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
+
+
+def finite(obj, empty: list[str] | None = None, where: str = ""):
+    """``obj`` with every NaN / infinite float replaced by None (strict JSON has neither); ``empty`` collects where they
+    were (``a.b.0``)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        if empty is not None:
+            empty.append(where)
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v, empty, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v, empty, f"{where}.{i}" if where else str(i)) for i, v in enumerate(obj)]
+    return obj
+
+
+def strict_json(obj, **kw) -> str:
+    """What every file of results is written with: strict JSON (no NaN / Infinity: :func:`finite` writes them null),
+    anything else not JSON as its ``str``."""
+    return json.dumps(finite(obj), allow_nan=False, default=str, **kw)
 
 
 def iter_jsonl(path: str | Path, *, objects: bool = True):
@@ -312,7 +333,7 @@ class RunDir:
 
     def append_many(self, records: list[dict]) -> None:
         """Append records, one line each, with one fsync for all of them (durable when this returns)."""
-        lines = "".join(json.dumps(record, ensure_ascii=False, default=str) + "\n" for record in records)
+        lines = "".join(strict_json(record, ensure_ascii=False) + "\n" for record in records)
         try:
             with open(self.records_path, "a", encoding="utf-8") as f:
                 f.write(lines)
@@ -324,11 +345,17 @@ class RunDir:
     # -- outputs --------------------------------------------------------------
     def write_identity(self, models: dict, extra: dict | None = None) -> None:
         ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), "records_schema": SCHEMA, **(extra or {})}
-        self._write(self.path / "identity.json", json.dumps(ident, indent=2, default=str))
+        self._write(self.path / "identity.json", strict_json(ident, indent=2))
 
     def write_metrics(self, metrics: dict) -> None:
+        """metrics.json, strict: a figure that came out NaN or infinite (a mean over nothing) is written null, and
+        ``null_metrics`` counts them and names where they are (absent when every figure is a number)."""
+        empty: list[str] = []
+        clean = finite(metrics, empty)
+        if empty:
+            clean["null_metrics"] = {"count": len(empty), "where": empty}
         tmp = self.path / "metrics.json.tmp"
-        self._write(tmp, json.dumps(metrics, indent=2, default=str))
+        self._write(tmp, strict_json(clean, indent=2))
         tmp.replace(self.path / "metrics.json")
 
     def write_summary(self, markdown: str) -> None:

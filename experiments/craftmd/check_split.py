@@ -12,16 +12,17 @@ id, and the counts close the output. Exit 0 when all are equal, 1 otherwise, 2 o
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
+from experiments.common.normalize import normalize
 from experiments.craftmd.data import load_csv
 from models.errors import DataError
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", text or "").strip()
+def same(ours: str | None, theirs: str | None) -> bool:
+    """Equal but for runs of whitespace."""
+    return normalize(ours, split="space", lower=False) == normalize(theirs, split="space", lower=False)
 
 
 def compare(cases: list[dict], release: Path) -> dict:
@@ -34,9 +35,9 @@ def compare(cases: list[dict], release: Path) -> dict:
             continue
         theirs = json.loads(path.read_text(encoding="utf-8"))
         out["checked"] += 1
-        if _norm(c["question"]) != _norm(theirs.get("question")):
+        if not same(c["question"], theirs.get("question")):
             out["question"].append(c["case_id"])
-        if _norm(c["vignette"]) != _norm(theirs.get("case_vignette")):
+        if not same(c["vignette"], theirs.get("case_vignette")):
             out["vignette"].append(c["case_id"])
     return out
 

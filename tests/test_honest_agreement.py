@@ -55,7 +55,8 @@ def test_one_rule_puts_a_mean_on_the_scale():
     assert [on_scale(v, count_scale(3)) for v in (0.5, 1.4999, 2.5)] == [1, 1, 3]
     assert on_scale(1.0, BINARY) == 1 and on_scale(0.0, BINARY) == 0
     assert on_scale(0.37, UNIT) == 0.37
-    # review uses it: a panel's mean 2.5 is reviewed as 3 (int() truncated it to 2), the rule-decided grade is no item
+    # review uses it: a panel's mean 2.5 is reviewed as 3 (int() truncated it to 2); a rescore judge's grade that a
+    # rule decided (it was never asked) is no item
     judge = Judge("rate", RATING, "How good?")
     recs = [{"id": "a", "scores": {"rate@panel": {"value": 2.5, "judge": M}}},
             {"id": "b", "scores": {"rate@panel": {"value": 3.6667, "judge": M}}},
@@ -66,12 +67,12 @@ def test_one_rule_puts_a_mean_on_the_scale():
 
 def test_agreement_leaves_out_what_a_rule_decided_and_counts_it():
     judge = Judge("match", BINARY, "Match?")
-    own = {("1", "x"): g(1), ("2", "x"): g(0, RULE), ("3", "x"): g(0), ("4", "x"): g(1), ("5", "x"): g(None)}
-    new = {("1", "x"): g(1), ("2", "x"): g(0, RULE), ("3", "x"): g(1), ("4", "x"): g(1), ("5", "x"): g(1)}
+    own = {("1", "x"): g(1), ("2", "x"): g(0, RULE), ("3", "x"): g(0), ("4", "x"): g(1), ("5", "x"): g(None), ("6", "x"): g(1, RULE)}
+    new = {("1", "x"): g(1), ("2", "x"): g(0, RULE), ("3", "x"): g(1), ("4", "x"): g(1), ("5", "x"): g(1), ("6", "x"): g(0)}
     a = agreement(own, new, judge)
-    # items 1, 3, 4 (item 2: both 0 by rule, left out; item 5: unscored by the run's judge): 2 of 3 agree
-    assert a["n"] == 3 and a["by_rule"] == 1 and a["percent_agreement"] == pytest.approx(66.6667)
-    assert a["mean_abs_diff"] == pytest.approx(0.3333)
+    # items 1, 3, 4, 6 (item 2: both 0 by rule, no judge decided it, left out; item 5: unscored by the run's judge;
+    # item 6: a rule on one side, a judge on the other, kept): 2 of 4 agree
+    assert a["n"] == 4 and a["by_rule"] == 1 and a["percent_agreement"] == 50.0 and a["mean_abs_diff"] == 0.5
     # a panel's means on the scale by on_scale: 2.5 -> 3 against 2 (differ), 3.5 -> 4 against 4 (agree); the difference is the mean's
     rated = agreement({("1", None): g(2), ("2", None): g(4)}, {("1", None): g(2.5), ("2", None): g(3.5)}, Judge("rate", RATING, "?"))
     assert (rated["n"], rated["percent_agreement"], rated["mean_abs_diff"], rated["kappa_kind"]) == (2, 50.0, 0.5, "linear-weighted")

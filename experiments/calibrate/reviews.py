@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from experiments.common.markdown import md_table
 from experiments.common.stats import count_agreement, rater_agreement, spearman, stratified_bootstrap
 from experiments.core.results import strict_json
 from experiments.review.judges import load_judge
@@ -215,8 +216,7 @@ def summary(r: dict) -> str:
          f"{len(s['strata'])} strata, seed {s['seed']}; labels: {r['labels']}",
          "weights: " + ("N_h / m_h per stratum (the sample's oversampling undone)" if any(v["vs_judge"].get("weighted") for v in r["reviewers"].values())
                         else "none needed (every stratum sampled at the same rate)") + f"; CIs: stratified percentile bootstrap, {r['n_boot']} resamples", "",
-         "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    L += ["| " + " | ".join(row) + " |" for row in table_rows(r)]
+         *md_table(COLUMNS, table_rows(r))]
     for w, v in r["reviewers"].items():
         gap = v.get("strata_without_label") or []
         L.append(f"\n{w}: {v['labelled']} labelled, {v['skipped']} skipped"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from experiments.common.markdown import md_table
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.results import RunDir, read_jsonl
 from experiments.tables.plots import confusion_png
@@ -105,9 +106,9 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     rundir.write_metrics(metrics)
     L = ["# Rubric judge calibration against reference ratings (docs/protocols.md, Auto-evaluation)", "", f"judge ratings: {ratings}; reference: {reference}; "
          f"{len(keys)} matched items ({len(judge)} judge, {len(ref)} reference)", "",
-         "| criterion | n | Spearman rho | Kendall tau-b | exact agreement | weighted kappa (linear) |", "| --- | --- | --- | --- | --- | --- |"]
-    for crit, m in [("all", overall)] + list(per.items()):
-        L.append(f"| {crit} | {m['n']} | {_fmt(m['spearman']['rho'])} | {_fmt(m['kendall']['tau_b'])} | {_fmt(m['exact_agreement'])} | {_fmt(m['weighted_kappa_linear'])} |")
+         *md_table(["criterion", "n", "Spearman rho", "Kendall tau-b", "exact agreement", "weighted kappa (linear)"],
+                   [[crit, m["n"], *map(_fmt, (m["spearman"]["rho"], m["kendall"]["tau_b"], m["exact_agreement"], m["weighted_kappa_linear"]))]
+                    for crit, m in [("all", overall)] + list(per.items())])]
     L += ["", f"mean absolute difference: {_fmt(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
     rundir.write_summary("\n".join(L) + "\n")
     return metrics

@@ -1,18 +1,9 @@
-"""The one word normaliser: a text as the words it is compared or scored in, with named options.
-
-``split`` says what a word is:
-
-- ``"alnum"``: a run of ASCII letters and digits (after lower-casing); anything else separates, accented letters
-  included (``"café"`` -> ``caf``). Choice texts, CRAFT-MD's exact match and its word overlap.
-- ``"letters"``: a run of Unicode letters and digits (``"café"`` stays whole). CRAFT-MD's patient checks.
-- ``"punct"``: words between whitespace, each ASCII punctuation mark a word of its own (``"b)."`` -> ``b ) .``).
-  MediTOD's NLG normalization (BLEU; ROUGE's own tokenizer keeps ASCII letters and digits only).
-- ``"space"``: words between whitespace, as written.
-
-``lower``: lower-case first; ``drop_apostrophes``: remove ``'``, ``’`` and `````` first, so ``"Crohn's"`` is one word;
-``stop``: words left out; ``singular``: a word longer than three characters loses its trailing ``s``\\ es (``spots`` ->
-``spot``).
-"""
+"""The one word normaliser: a text as the words it is compared or scored in. ``split``, what a word is: ``alnum`` a run
+of ASCII letters and digits, anything else separating (choice texts, CRAFT-MD's exact match and word overlap);
+``letters`` a run of Unicode letters and digits (patient checks); ``punct`` words between whitespace with each ASCII
+punctuation mark a word (MediTOD's NLG normalization); ``space`` words between whitespace. ``lower``: lower-case first;
+``drop_apostrophes``: ' ’ ` removed first ("Crohn's" one word); ``stop``: words left out; ``singular``: a word of more
+than three characters loses its trailing s's."""
 
 from __future__ import annotations
 

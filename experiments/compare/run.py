@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.common.grade import grades
+from experiments.common.markdown import md_table
 from experiments.common.stats import mean_ci
 from experiments.core.registry import open_run, results_of
 from experiments.core.results import Run, make_results_dir, strict_json
@@ -58,11 +59,10 @@ def _f(v) -> str:
 def scores_markdown(table: list[dict]) -> str:
     lines = ["## Typed scores", "",
              "Per run and score: the mean of the scored values [95% percentile-bootstrap CI], n scored, and the grades left unscored "
-             "(unreadable, skipped).", "", "| run | experiment | score | mean [95% CI] | n | unscored |", "| --- | --- | --- | --- | --- | --- |"]
-    for run in table:
-        for row in run["scores"] or [{"score": "(no typed scores)", "mean": None, "ci_low": None, "ci_high": None, "n": 0, "unscored": 0}]:
-            ci = f" [{_f(row['ci_low'])}, {_f(row['ci_high'])}]" if row["mean"] is not None else ""
-            lines.append(f"| {run['run']} | {run['experiment'] or '?'} | {row['score']} | {_f(row['mean'])}{ci} | {row['n']} | {row['unscored']} |")
+             "(unreadable, skipped).", "", *md_table(["run", "experiment", "score", "mean [95% CI]", "n", "unscored"], [
+                 [run["run"], run["experiment"] or "?", row["score"], _f(row["mean"]) + (f" [{_f(row['ci_low'])}, {_f(row['ci_high'])}]" if row["mean"] is not None else ""),
+                  row["n"], row["unscored"]]
+                 for run in table for row in run["scores"] or [{"score": "(no typed scores)", "mean": None, "n": 0, "unscored": 0}]])]
     return "\n".join(lines) + "\n"
 
 

@@ -63,7 +63,7 @@ def review_items(judge: Judge, records: list[dict], config: dict, path: Path, by
             step, part, who = split_name(name)
             if step != judge.step or who != by or not g.scored or isinstance(g.value, Mapping):
                 continue
-            if not by_judge(g):
+            if by is not None and not by_judge(g):  # a rescore's judge never saw it (DERA: no answer, 0 by rule)
                 continue
             v = g.value
             verdict = on_scale(v, judge.scale)
@@ -85,8 +85,8 @@ def on_scale(value: float, scale: Mapping[str, Any]) -> float | int:
 
 
 def by_judge(g: Grade) -> bool:
-    """Whether a judge decided this grade, not a rule of ours (a DERA arm without an answer: 0 by the rule ``no
-    answer``): a grade whose ``judge`` names a rule and no model. Agreement and review leave the others out."""
+    """Whether a judge decided this grade, not a rule of ours alone (a DERA arm without an answer: 0 by the rule ``no
+    answer``): a grade whose ``judge`` names a rule and no model. Agreement leaves out the items no judge decided."""
     return bool(g.judge.get("model")) or not g.judge.get("rule")
 
 

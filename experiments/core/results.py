@@ -57,22 +57,18 @@ def package_versions() -> dict[str, str]:
 
 
 def finite(obj, empty: list[str] | None = None, where: str = ""):
-    """``obj`` with every NaN / infinite float replaced by None (strict JSON has neither); ``empty`` collects where they
-    were (``a.b.0``)."""
+    """``obj`` with every NaN / infinite float None (strict JSON has neither); ``empty`` collects where (``a.b.0``)."""
     if isinstance(obj, float) and not math.isfinite(obj):
-        if empty is not None:
-            empty.append(where)
-        return None
-    if isinstance(obj, dict):
-        return {k: finite(v, empty, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v, empty, f"{where}.{i}" if where else str(i)) for i, v in enumerate(obj)]
+        return None if empty is None else empty.append(where)
+    if isinstance(obj, (dict, list, tuple)):
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        out = {k: finite(v, empty, f"{where}.{k}".lstrip(".")) for k, v in items}
+        return out if isinstance(obj, dict) else list(out.values())
     return obj
 
 
 def strict_json(obj, **kw) -> str:
-    """What every file of results is written with: strict JSON (no NaN / Infinity: :func:`finite` writes them null),
-    anything else not JSON as its ``str``."""
+    """Every results file's JSON: strict (:func:`finite`), anything else not JSON as its ``str``."""
     return json.dumps(finite(obj), allow_nan=False, default=str, **kw)
 
 
@@ -348,8 +344,7 @@ class RunDir:
         self._write(self.path / "identity.json", strict_json(ident, indent=2))
 
     def write_metrics(self, metrics: dict) -> None:
-        """metrics.json, strict: a figure that came out NaN or infinite (a mean over nothing) is written null, and
-        ``null_metrics`` counts them and names where they are (absent when every figure is a number)."""
+        """metrics.json, strict: a NaN / infinite figure (a mean over nothing) is null, ``null_metrics`` counts and names them."""
         empty: list[str] = []
         clean = finite(metrics, empty)
         if empty:

@@ -27,6 +27,7 @@ from pathlib import Path
 from pydantic import ConfigDict, ValidationError
 
 from experiments.common.grade import Grade, grades, score_name, split_name
+from experiments.common.markdown import md_table
 from experiments.common.stats import fleiss_kappa, weighted_kappa
 from experiments.core.config import ConfigError, RunSettings, validation_lines
 from experiments.core.deviations import settings_deviations
@@ -215,13 +216,13 @@ def _judged(records: list[dict], step: str, who: list[str]) -> dict[str, dict[tu
 
 
 def agreement(own: dict[tuple, Grade], other: dict[tuple, Grade], judge: Judge) -> dict:
-    """Agreement of ``other`` with the run's own judge over the items both scored and a judge decided on both sides
-    (``by_rule``: the items both scored that a rule decided instead, e.g. 0 for no answer, left out): percent (exact)
+    """Agreement of ``other`` with the run's own judge over the items both scored that a judge decided on either side
+    (``by_rule``: the items both sides left to a rule, e.g. 0 for no answer, left out): percent (exact)
     agreement and Cohen's kappa (binary) or linear-weighted kappa and the mean |difference| (ordinal; a panel's mean
     rating is put on the scale by :func:`~experiments.core.judging.on_scale` for agreement and kappa, not for the
     difference); unit scale: the mean |difference| only."""
     both = [k for k in own if k in other and own[k].scored and other[k].scored]
-    keys = [k for k in both if by_judge(own[k]) and by_judge(other[k])]
+    keys = [k for k in both if by_judge(own[k]) or by_judge(other[k])]
     a, b = [float(own[k].value) for k in keys], [float(other[k].value) for k in keys]
     kind = judge.scale.get("kind")
     out: dict = {"n": len(keys), "by_rule": len(both) - len(keys),
@@ -258,7 +259,7 @@ def rescore_metrics(records: list[dict], judge: Judge, models: dict[str, str], b
                  "agreement": {w: agreement(judged[OWN], judged[w], judge) for w in who}}
     if len(labels) > 1:
         scored = [k for k in judged[labels[0]] if all(k in judged[m] and judged[m][k].scored for m in labels)]
-        keys = [k for k in scored if all(by_judge(judged[m][k]) for m in labels)]
+        keys = [k for k in scored if any(by_judge(judged[m][k]) for m in labels)]
         ratings = [[on_scale(float(judged[m][k].value), judge.scale) for m in labels] for k in keys]
         ordinal_unit = judge.scale.get("kind") == "unit"
         out["panel_agreement"] = {"members": labels, "n": len(keys), "by_rule": len(scored) - len(keys),
@@ -297,11 +298,7 @@ def panel_line(m: dict) -> str | None:
     if not pa:
         return None
     return (f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member "
-            f"({', '.join(pa['members'])}) scored and a judge decided ({pa.get('by_rule', 0)} decided by a rule left out).")
-
-
-def _markdown(columns: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+            f"({', '.join(pa['members'])}) scored ({pa.get('by_rule', 0)} that a rule decided for every member left out).")
 
 
 def rescore_summary(m: dict, n_records: int) -> str:
@@ -310,10 +307,10 @@ def rescore_summary(m: dict, n_records: int) -> str:
              f"Source run: {m['source']} ({n_records} records; its own {m['judge']} judge, role {m['role']}: {m['models'].get(OWN) or 'unknown'}). "
              f"New judges: " + ", ".join(new)
              + (f"; the panel is the {'mean' if m['scale'] != 'binary' else 'majority of all members (otherwise unscored)'} of their grades." if PANEL in m["judges"] else "."),
-             "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "", *_markdown(*grade_table(m)),
-             "", "## Agreement with the run's own judge (items both scored)", "", *_markdown(*agreement_table(m)), "",
+             "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "", *md_table(*grade_table(m)),
+             "", "## Agreement with the run's own judge (items both scored)", "", *md_table(*agreement_table(m)), "",
              "Left out of agreement: " + ", ".join(f"{w} {a.get('by_rule', 0)}" for w, a in m["agreement"].items())
-             + " item(s) that a rule decided, not a judge (e.g. no answer: 0 by rule)."]
+             + " item(s) that a rule decided on both sides, no judge (e.g. no answer: 0 by rule)."]
     if line := panel_line(m):
         lines += ["", line]
     return "\n".join(lines) + "\n"

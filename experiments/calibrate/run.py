@@ -11,17 +11,11 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from experiments.common.markdown import md_table
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.results import RunDir, read_jsonl
 from experiments.tables.plots import confusion_png
 from models.errors import DataError
-
-
-def _fmt(x, nd=3):
-    if x is None or (isinstance(x, float) and x != x):
-        return "–"
-    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
 def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
@@ -107,8 +101,8 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     L = ["# Rubric judge calibration against reference ratings (docs/protocols.md, Auto-evaluation)", "", f"judge ratings: {ratings}; reference: {reference}; "
          f"{len(keys)} matched items ({len(judge)} judge, {len(ref)} reference)", "",
          *md_table(["criterion", "n", "Spearman rho", "Kendall tau-b", "exact agreement", "weighted kappa (linear)"],
-                   [[crit, m["n"], *map(_fmt, (m["spearman"]["rho"], m["kendall"]["tau_b"], m["exact_agreement"], m["weighted_kappa_linear"]))]
+                   [[crit, m["n"], *map(num, (m["spearman"]["rho"], m["kendall"]["tau_b"], m["exact_agreement"], m["weighted_kappa_linear"]))]
                     for crit, m in [("all", overall)] + list(per.items())])]
-    L += ["", f"mean absolute difference: {_fmt(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
+    L += ["", f"mean absolute difference: {num(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
     rundir.write_summary("\n".join(L) + "\n")
     return metrics

@@ -72,6 +72,17 @@ def strict_json(obj, **kw) -> str:
     return json.dumps(finite(obj), allow_nan=False, default=str, **kw)
 
 
+def write_private(path: Path, text: str, hint: str = "") -> None:
+    """Write one results file, private (an existing file tightened before, a new one after); a refused write is a
+    StorageError naming it."""
+    try:
+        private_file(path)
+        path.write_text(text, encoding="utf-8")
+        private_file(path)
+    except OSError as e:
+        raise StorageError.from_os(path, e, hint=hint) from None
+
+
 def iter_jsonl(path: str | Path, *, objects: bool = True):
     """Yield (line number, value) for each non-blank line of a JSONL file.
 
@@ -254,12 +265,7 @@ class RunDir:
         self._write(cfg_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
     def _write(self, path: Path, text: str) -> None:
-        """Write one of the folder's files (private; a refused write is a StorageError naming it)."""
-        try:
-            private_file(path)
-            path.write_text(text)
-        except OSError as e:
-            raise StorageError.from_os(path, e, hint=f"finished records in {self.records_path} are kept") from None
+        write_private(path, text, f"finished records in {self.records_path} are kept")
 
     # -- records --------------------------------------------------------------
     def _repair(self) -> None:

@@ -13,8 +13,7 @@ ordinal: the mean, put on the scale for review and agreement by one rule, ``judg
 RUN2's config.yaml is the source's (its ``experiment`` included: review, calibrate and the report read RUN2 as a run of
 that study) with the judge roles and a ``rescore`` block; metrics.json holds, per judge, each part's mean, scored and
 unscored counts, each new judge's agreement with the run's own and the panel's internal agreement (Fleiss' kappa), over
-the items a judge decided (those a rule decided, e.g. 0 for no answer, left out and counted: ``by_rule``); its
-summary repeats the source run's deviations from the authors' settings.
+the items a judge decided (``by_rule`` counts those left out); summary.md repeats the source's deviations.
 """
 
 from __future__ import annotations
@@ -287,7 +286,7 @@ def grade_table(m: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def agreement_table(m: dict) -> tuple[list[str], list[list[str]]]:
-    """Each new judge (and the panel) against the run's own, over the items both scored (and a judge decided: {pa.get('by_rule', 0)} decided by a rule left out)."""
+    """Each new judge (and the panel) against the run's own, over the items both scored that a judge decided."""
     rows = [[w, str(a["n"]), _fmt(a["percent_agreement"], pct=True), "-" if a["kappa"] is None else f"{a['kappa']:.3f} ({a['kappa_kind']})",
              _fmt(a["mean_abs_diff"])] for w, a in m["agreement"].items()]
     return ["judge", "n", "agreement", "kappa", "mean abs diff"], rows

@@ -30,10 +30,10 @@ from pathlib import Path
 from aiohttp import web
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from experiments.core.results import write_private
 from experiments.review.labels import append_label, check_label, check_reviewer, read_labels, sample_tag
 from models.errors import DataError, MedstackError, StorageError
 from models.jsontext import for_script
-from models.paths import private_file
 from serving.secrets import is_loopback_host
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -73,10 +73,9 @@ def render_page(data: dict) -> str:
 def export(run_dir: Path, sample: dict, items: dict[str, dict], reviewer: str, out: Path) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render_page(page_data(run_dir, sample, items, reviewer, "file")), encoding="utf-8")
-        private_file(out)
     except OSError as e:
         raise StorageError.from_os(out, e) from None
+    write_private(out, render_page(page_data(run_dir, sample, items, reviewer, "file")))
     return out
 
 

@@ -75,9 +75,8 @@ def review_items(judge: Judge, records: list[dict], config: dict, path: Path, by
 
 
 def on_scale(value: float, scale: Mapping[str, Any]) -> float | int:
-    """The one rule that puts a value (a panel's mean rating) on a judge's scale, for review and for agreement: the
-    nearest point of the scale, a value halfway between two points going to the higher one (2.5 -> 3); a unit scale
-    keeps the value as it is."""
+    """The one rule that puts a value (a panel's mean rating) on a judge's scale, for review and agreement alike: the
+    nearest point, halfway going up (2.5 -> 3); a unit scale keeps the value."""
     if scale.get("kind") == "unit":
         return float(value)
     points = sorted(scale.get("values") or []) or [math.floor(value + 0.5)]
@@ -85,8 +84,7 @@ def on_scale(value: float, scale: Mapping[str, Any]) -> float | int:
 
 
 def by_judge(g: Grade) -> bool:
-    """Whether a judge decided this grade, not a rule of ours alone (a DERA arm without an answer: 0 by the rule ``no
-    answer``): a grade whose ``judge`` names a rule and no model. Agreement leaves out the items no judge decided."""
+    """False for a grade a rule of ours decided alone (``judge`` names a rule, no model: DERA's 0 for no answer)."""
     return bool(g.judge.get("model")) or not g.judge.get("rule")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 from experiments.common.normalize import normalize
@@ -20,13 +21,9 @@ from experiments.craftmd.data import load_csv
 from models.errors import DataError
 
 
-def same(ours: str | None, theirs: str | None) -> bool:
-    """Equal but for runs of whitespace."""
-    return normalize(ours, split="space", lower=False) == normalize(theirs, split="space", lower=False)
-
-
 def compare(cases: list[dict], release: Path) -> dict:
     """{checked, missing, question: [ids], vignette: [ids]} over the cases with a release file."""
+    spaced = partial(normalize, split="space", lower=False)  # equal but for runs of whitespace
     out: dict = {"checked": 0, "missing": [], "question": [], "vignette": []}
     for c in cases:
         path = release / f"{c['case_id']}.json"
@@ -35,9 +32,9 @@ def compare(cases: list[dict], release: Path) -> dict:
             continue
         theirs = json.loads(path.read_text(encoding="utf-8"))
         out["checked"] += 1
-        if not same(c["question"], theirs.get("question")):
+        if spaced(c["question"]) != spaced(theirs.get("question")):
             out["question"].append(c["case_id"])
-        if not same(c["vignette"], theirs.get("case_vignette")):
+        if spaced(c["vignette"]) != spaced(theirs.get("case_vignette")):
             out["vignette"].append(c["case_id"])
     return out
 

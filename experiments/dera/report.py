@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from statistics import mean
 
 from experiments.common.grade import Grade
-from experiments.common.markdown import md_table
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci, paired_bootstrap
 from experiments.common.text import bertscore_config, bertscore_label
 from experiments.dera.qa_metrics import ARMS, arm_scores, normalize_similarity
@@ -36,8 +37,7 @@ def common_metrics(records: list[dict]) -> dict:
     }
 
 
-def _fmt(x, digits: int = 3) -> str:
-    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
+_fmt = partial(num, none="n/a")
 
 
 # -- summaries / care plans / corruption ----------------------------------------------------------

@@ -275,13 +275,8 @@ def grade_table(m: dict) -> tuple[list[str], list[list[str]]]:
     first), each cell the mean of scored values (n scored, unscored). summary.md and the report show it."""
     judges = list(m["judges"])
     parts = sorted({p for w in judges for p in m["judges"][w]})
-    rows = []
-    for p in parts:
-        cells = [p]
-        for w in judges:
-            s = m["judges"][w].get(p)
-            cells.append("-" if s is None else f"{_fmt(s['mean'])} ({s['n']}, {s['unscored']})")
-        rows.append(cells)
+    rows = [[p, *("-" if (s := m["judges"][w].get(p)) is None else f"{_fmt(s['mean'])} ({s['n']}, {s['unscored']})" for w in judges)]
+            for p in parts]
     return ["part", *("the run's own" if w == OWN else w for w in judges)], rows
 
 
@@ -294,9 +289,7 @@ def agreement_table(m: dict) -> tuple[list[str], list[list[str]]]:
 
 def panel_line(m: dict) -> str | None:
     pa = m.get("panel_agreement")
-    if not pa:
-        return None
-    return (f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member "
+    return None if not pa else (f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member "
             f"({', '.join(pa['members'])}) scored ({pa.get('by_rule', 0)} that a rule decided for every member left out).")
 
 

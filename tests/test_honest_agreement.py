@@ -121,3 +121,19 @@ def test_the_review_page_never_names_the_rescore_judge(toy, tmp_path):  # noqa: 
     f = tmp_path / "ann.jsonl"
     f.write_text(json.dumps({"judge": "match", "n": 2, "sample": sample_tag(s), "label": 1, "reviewer": "ann"}) + "\n")
     assert list(read_labels(f, out)["ann"]) == [("match@secretmodel", s["items"][1]["id"])]
+
+
+def test_a_rescore_says_how_many_items_no_judge_decided(toy, tmp_path):  # noqa: F811
+    """A toy record whose p2 the run's own judge left to a rule, and the new judge's ask too: left out, and said."""
+    app, src, sent, script = toy
+    lines = [json.loads(x) for x in (src / "records.jsonl").read_text().splitlines()]
+    for r in lines:
+        if r["id"] == "c1":
+            r["scores"]["match/p2"] = {"value": 0, "source": "no answer", "judge": RULE}
+    (src / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    script["judge"] = lambda role, text: "yes"
+    assert rescore(app, src, "--judge", "match", "--model", f"other={REF}", "--out", tmp_path / "r2").exit_code == 0
+    a = json.loads((tmp_path / "r2" / "metrics.json").read_text())["rescore"]["agreement"]["other"]
+    # c1/p2: the run's rule against the new judge's yes -- a judge decided it on one side, so it counts (6 items)
+    assert (a["n"], a["by_rule"]) == (6, 0)
+    assert "the items no judge decided (a rule on both sides, e.g. 0 for no answer): other 0." in (tmp_path / "r2" / "summary.md").read_text()

@@ -25,6 +25,7 @@ from experiments.common.parsing import extract_verdict
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.constraints import Constraint
 from experiments.core.registry import register_results, register_study, register_tables
+from experiments.core.results import strict_json
 from experiments.meditod import metrics as M
 from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
@@ -275,7 +276,7 @@ def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
         with open(Path(s.out) / "adjudications.jsonl", "w", encoding="utf-8") as f:
             for r in records:
                 for j in r.get("adjudications") or []:
-                    f.write(json.dumps({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
+                    f.write(strict_json({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
     records = [r for r in records if r.get("scored", True)]
     if not records:
         return {"turns": 0, "scored_turns": 0, "pairs_judged": 0, "unparsed_verdicts": 0}

@@ -301,8 +301,8 @@ def rescore_summary(m: dict, n_records: int) -> str:
              + (f"; the panel is the {'mean' if m['scale'] != 'binary' else 'majority of all members (otherwise unscored)'} of their grades." if PANEL in m["judges"] else "."),
              "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "", *md_table(*grade_table(m)),
              "", "## Agreement with the run's own judge (items both scored)", "", *md_table(*agreement_table(m)), "",
-             "Left out of agreement: " + ", ".join(f"{w} {a.get('by_rule', 0)}" for w, a in m["agreement"].items())
-             + " item(s) that a rule decided on both sides, no judge (e.g. no answer: 0 by rule)."]
+             "Left out of agreement, the items no judge decided (a rule on both sides, e.g. 0 for no answer): "
+             + ", ".join(f"{w} {a.get('by_rule', 0)}" for w, a in m["agreement"].items()) + "."]
     if line := panel_line(m):
         lines += ["", line]
     return "\n".join(lines) + "\n"

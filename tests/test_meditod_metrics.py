@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from experiments.meditod.metrics import (adjudication_pairs, normalize_text, nlu_tuples, pol_tuples, precision_at_k, score)
+from experiments.common.normalize import normalize
+from experiments.meditod.metrics import (adjudication_pairs, nlu_tuples, pol_tuples, precision_at_k, score)
 
 # ------------------------------------------------------------------ NLU unrolling
 
@@ -252,7 +253,7 @@ def test_adjudication_counts_judged_matches():
 
 
 def test_normalization_is_lowercase_and_punctuation_split():
-    assert normalize_text("  Hello,\tWorld! Don't  ") == "hello , world ! don ' t"
+    assert normalize("  Hello,\tWorld! Don't  ", split="punct") == "hello , world ! don ' t"
 
 
 def test_nlg_bleu_rouge_by_hand():

@@ -1,6 +1,6 @@
 """`medstack rescore` over a toy study declared here (a StudyResults with a binary judge, `match`, asked per part, and
 an ordinal one, `rate`, asked once per record), against the scripted client: only the judge's requests are sent,
-both grades are kept, a panel's majority / mean (a tie unscored), its Fleiss' kappa, agreement with the run's own
+both grades are kept, a panel's majority of all members / mean, its Fleiss' kappa, agreement with the run's own
 judge, resume after a kill, and the bad command lines (exit 2, one line)."""
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def test_rescore_sends_only_the_judge_requests_and_keeps_both_grades(toy, tmp_pa
     assert m["judges"]["run"] == {"p1": {"mean": 0.6667, "n": 3, "unscored": 0}, "p2": {"mean": 0.6667, "n": 3, "unscored": 0}}
     assert m["judges"]["other"]["p2"] == {"mean": 0.5, "n": 2, "unscored": 1}
     # own [1,1,0,1,1] vs new [1,1,1,1,0] over the 5 items both scored: 60 %, Cohen's kappa (0.6 - 0.68) / 0.32
-    assert m["agreement"]["other"] == {"n": 5, "mean_abs_diff": 0.4, "percent_agreement": 60.0, "kappa": -0.25, "kappa_kind": "cohen"}
+    assert m["agreement"]["other"] == {"n": 5, "by_rule": 0, "mean_abs_diff": 0.4, "percent_agreement": 60.0, "kappa": -0.25, "kappa_kind": "cohen"}
     summary = (out / "summary.md").read_text()
     assert "| part | the run's own | other |" in summary and "| p2 | 0.667 (3, 0) | 0.500 (2, 1) |" in summary
     assert "| other | 5 | 60.0% | -0.250 (cohen) | 0.400 |" in summary
@@ -195,7 +195,7 @@ def test_a_binary_panel_takes_the_majority_and_reports_fleiss_kappa(toy, tmp_pat
     assert grades(recs["c1"])["match/p1@b"].value == 0  # each member's own grade is kept too
     m = json.loads((out / "metrics.json").read_text())["rescore"]
     expected = fleiss_kappa([[1, 0, 1]] * 2 + [[1, 0, 0]] * 4, [0, 1])
-    assert m["panel_agreement"] == {"members": ["a", "b", "c"], "n": 6, "fleiss_kappa": round(expected, 4)}
+    assert m["panel_agreement"] == {"members": ["a", "b", "c"], "n": 6, "by_rule": 0, "fleiss_kappa": round(expected, 4)}
     # panel [1,1,0,0,0,0] vs the run's own [1,1,0,0,1,1]: 4 of 6
     assert m["agreement"]["panel"]["n"] == 6 and m["agreement"]["panel"]["percent_agreement"] == pytest.approx(66.6667)
     assert "Fleiss' kappa" in (out / "summary.md").read_text()

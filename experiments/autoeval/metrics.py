@@ -13,6 +13,7 @@ import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci
 from models.errors import DataError, read_utf8
 
@@ -139,30 +140,23 @@ def agreement_metrics(records: list[dict], reference: list[dict], criteria: list
 
 # ------------------------------------------------------------------ summary
 
-def _fmt(x, nd=2):
-    return "–" if x is None else f"{x:.{nd}f}"
-
-
 def summary_markdown(metrics: dict, title: str) -> str:
     lines = [f"# {title}", "", f"Judge: `{metrics.get('judge')}`; dialogues rated: {metrics['dialogues']['rated']} "
              f"(skipped without transcript: {metrics['dialogues']['skipped_no_transcript']}).", "",
-             "| criterion | n | unscored | mean rating | 95% CI | 1 | 2 | 3 | 4 | 5 |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for v in metrics["criteria"].values():
-        d = v["distribution"]
-        lines.append(f"| {v['name']} | {v['n']} | {v['unscored']} | {_fmt(v['mean'])} | [{_fmt(v['low'])}, {_fmt(v['high'])}] | "
-                     + " | ".join(str(d[str(k)]) for k in RATINGS) + " |")
+             *md_table(["criterion", "n", "unscored", "mean rating", "95% CI", *map(str, RATINGS)],
+                       [[v["name"], v["n"], v["unscored"], num(v["mean"], 2), f"[{num(v['low'], 2)}, {num(v['high'], 2)}]",
+                         *(v["distribution"][str(k)] for k in RATINGS)] for v in metrics["criteria"].values()])]
     if metrics.get("by_model"):
-        lines += ["", "## Mean rating per rated model", "", "| model | criterion | n | unscored | mean | 95% CI |", "|---|---|---|---|---|---|"]
-        for m, per in metrics["by_model"].items():
-            for key, v in per.items():
-                lines.append(f"| {m} | {metrics['criteria'][key]['name']} | {v['n']} | {v['unscored']} | {_fmt(v['mean'])} | [{_fmt(v['low'])}, {_fmt(v['high'])}] |")
+        lines += ["", "## Mean rating per rated model", "", *md_table(
+            ["model", "criterion", "n", "unscored", "mean", "95% CI"],
+            [[m, metrics["criteria"][key]["name"], v["n"], v["unscored"], num(v["mean"], 2), f"[{num(v['low'], 2)}, {num(v['high'], 2)}]"]
+             for m, per in metrics["by_model"].items() for key, v in per.items()])]
     if metrics.get("agreement"):
-        lines += ["", "## Agreement with reference ratings", "",
-                  "| criterion | n pairs | Kendall tau | p | Spearman rho | p | ref. unmatched | judge unscored |", "|---|---|---|---|---|---|---|---|"]
-        for key, v in metrics["agreement"].items():
-            name = "all criteria" if key == "all" else metrics["criteria"][key]["name"]
-            lines.append(f"| {name} | {v['n']} | {_fmt(v['kendall_tau'], 3)} | {_fmt(v['kendall_p'], 3)} | {_fmt(v['spearman_rho'], 3)} | "
-                         f"{_fmt(v['spearman_p'], 3)} | {v['reference_unmatched']} | {v['judge_unscored']} |")
+        lines += ["", "## Agreement with reference ratings", "", *md_table(
+            ["criterion", "n pairs", "Kendall tau", "p", "Spearman rho", "p", "ref. unmatched", "judge unscored"],
+            [["all criteria" if key == "all" else metrics["criteria"][key]["name"], v["n"], num(v["kendall_tau"]), num(v["kendall_p"]),
+              num(v["spearman_rho"]), num(v["spearman_p"]), v["reference_unmatched"], v["judge_unscored"]]
+             for key, v in metrics["agreement"].items()])]
     run = metrics.get("run") or {}
     if run:
         lines += ["", f"Run: {run.get('cases_run')} ratings in {run.get('rating_wall_seconds')} s "

@@ -13,12 +13,11 @@ unscored counts, agreement with ``--reference`` ratings.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
 from experiments.core.config import ConfigError, config_dir
-from experiments.core.results import read_jsonl
+from experiments.core.results import read_jsonl, strict_json
 from experiments.core.registry import register_study, register_tables
 from experiments.core.study import CaseContext, RequestFailed, Study
 from serving.refs import model_name
@@ -137,7 +136,7 @@ async def explained_examples(client, out: Path, criteria, examples, cfg: J.Judge
             if isinstance(entry, BaseException):
                 continue
             result[c.key][ex.rating] = entry
-            f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            f.write(strict_json(entry, ensure_ascii=False) + "\n")
     errors = [e for e in fresh if isinstance(e, BaseException)]
     for e in errors:
         if not isinstance(e, RequestFailed):

@@ -28,15 +28,15 @@ items in the tiebreaker's own row: they are the disputed ones too).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import count_agreement, rater_agreement, spearman, stratified_bootstrap
+from experiments.core.results import strict_json, write_private
 from experiments.review.judges import load_judge
 from experiments.review.labels import check_label, read_labels, read_sample, reviews_dir, sample_path
-from models.errors import DataError, StorageError
-from models.paths import private_file
+from models.errors import DataError
 
 N_BOOT = 2000
 CI_KEYS = ("exact_agreement", "mean_abs_diff", "trial_agreement_bound", "weighted_kappa_linear")
@@ -164,15 +164,11 @@ def calibrate_reviews(run_dir: str | Path, labels_src: str | Path, judge: str | 
     return result
 
 
-def _f(v) -> str:
-    return "–" if v is None or v != v else f"{v:.3f}"
-
-
 def _cell(m: dict, k: str) -> str:
     if k not in m:
         return "–"
     ci = m.get("ci95", {}).get(k)
-    return _f(m[k]) + (f" [{_f(ci[0])}, {_f(ci[1])}]" if ci else "")
+    return num(m[k]) + (f" [{num(ci[0])}, {num(ci[1])}]" if ci else "")
 
 
 COLUMNS = ["rater", "n", "exact agreement", "MAE", "trial agreement bound", "kappa", "Spearman rho"]
@@ -184,7 +180,7 @@ def table_rows(r: dict) -> list[list[str]]:
 
     def row(name, m):
         rows.append([name, str(m["n"]), *(_cell(m, k) for k in CI_KEYS[:2]), _cell(m, "trial_agreement_bound"), _cell(m, "weighted_kappa_linear"),
-                     _f((m.get("spearman") or {}).get("rho"))])
+                     num((m.get("spearman") or {}).get("rho"))])
 
     for w, v in r["reviewers"].items():
         row(f"judge vs {w}" + (" (tiebreaker)" if v.get("tiebreaker") else ""), v["vs_judge"])
@@ -215,8 +211,7 @@ def summary(r: dict) -> str:
          f"{len(s['strata'])} strata, seed {s['seed']}; labels: {r['labels']}",
          "weights: " + ("N_h / m_h per stratum (the sample's oversampling undone)" if any(v["vs_judge"].get("weighted") for v in r["reviewers"].values())
                         else "none needed (every stratum sampled at the same rate)") + f"; CIs: stratified percentile bootstrap, {r['n_boot']} resamples", "",
-         "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    L += ["| " + " | ".join(row) + " |" for row in table_rows(r)]
+         *md_table(COLUMNS, table_rows(r))]
     for w, v in r["reviewers"].items():
         gap = v.get("strata_without_label") or []
         L.append(f"\n{w}: {v['labelled']} labelled, {v['skipped']} skipped"
@@ -232,9 +227,5 @@ def summary(r: dict) -> str:
 def write(run_dir: Path, r: dict) -> None:
     """reviews/calibration-<judge>.json (the report reads it) and .md, private."""
     d = reviews_dir(run_dir)
-    for name, text in ((f"calibration-{r['judge']}.json", json.dumps(r, indent=1, default=str)), (f"calibration-{r['judge']}.md", summary(r))):
-        try:
-            private_file(d / name)
-            (d / name).write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise StorageError.from_os(d / name, e) from None
+    for name, text in ((f"calibration-{r['judge']}.json", strict_json(r, indent=1)), (f"calibration-{r['judge']}.md", summary(r))):
+        write_private(d / name, text)

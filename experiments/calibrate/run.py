@@ -12,16 +12,11 @@ import csv
 import io
 from pathlib import Path
 
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.results import RunDir, read_jsonl
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
-
-
-def _fmt(x, nd=3):
-    if x is None or (isinstance(x, float) and x != x):
-        return "–"
-    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
 def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
@@ -106,9 +101,9 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     rundir.write_metrics(metrics)
     L = ["# Rubric judge calibration against reference ratings (docs/protocols.md, Auto-evaluation)", "", f"judge ratings: {ratings}; reference: {reference}; "
          f"{len(keys)} matched items ({len(judge)} judge, {len(ref)} reference)", "",
-         "| criterion | n | Spearman rho | Kendall tau-b | exact agreement | weighted kappa (linear) |", "| --- | --- | --- | --- | --- | --- |"]
-    for crit, m in [("all", overall)] + list(per.items()):
-        L.append(f"| {crit} | {m['n']} | {_fmt(m['spearman']['rho'])} | {_fmt(m['kendall']['tau_b'])} | {_fmt(m['exact_agreement'])} | {_fmt(m['weighted_kappa_linear'])} |")
-    L += ["", f"mean absolute difference: {_fmt(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
+         *md_table(["criterion", "n", "Spearman rho", "Kendall tau-b", "exact agreement", "weighted kappa (linear)"],
+                   [[crit, m["n"], *map(num, (m["spearman"]["rho"], m["kendall"]["tau_b"], m["exact_agreement"], m["weighted_kappa_linear"]))]
+                    for crit, m in [("all", overall)] + list(per.items())])]
+    L += ["", f"mean absolute difference: {num(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
     rundir.write_summary("\n".join(L) + "\n")
     return metrics

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from experiments.common.normalize import normalize
 from experiments.common.parsing import extract_after
 
 LETTERS = "ABCDEFGHIJ"
@@ -22,11 +23,6 @@ _STATED = re.compile(
     r"diagnosis|answer|choice|option|diagnosed\s+with|consistent\s+with|suggestive\s+of|likely\s+has|suffering\s+from)"
     r"[^.:\n]{0,60}?(?:\bis\b|\bwould\s+be\b|:|-|–)\s*\**\s*(.+)", re.I)
 _HEDGE = re.compile(r"\b(or|vs|versus|and/or)\b|/", re.I)
-
-
-def norm(s: str | None) -> str:
-    """Lower case, every run of non-alphanumerics one space: the form choice texts are compared in."""
-    return re.sub(r"\s+", " ", re.sub(r"[^a-z0-9]+", " ", (s or "").lower())).strip()
 
 
 def pick_letter(text: str, letters: str, *, loose: bool = False) -> str | None:
@@ -48,9 +44,9 @@ def pick_letter(text: str, letters: str, *, loose: bool = False) -> str | None:
 def _mentions(text: str, choices: list[str]) -> tuple[list[tuple[int, int, int]], str]:
     """(start, end, choice index) of each choice text occurring in the normalized text, a choice
     contained in a longer mentioned choice not counted separately."""
-    nt = norm(text)
+    nt = normalize(text)
     found = []
-    for i, c in enumerate(norm(x) for x in choices):
+    for i, c in enumerate(normalize(x) for x in choices):
         if not c:
             continue
         for m in re.finditer(rf"(?<![a-z0-9]){re.escape(c)}(?![a-z0-9])", nt):
@@ -100,8 +96,8 @@ def _by_text(text: str, choices: list[str], *, stated: bool = True, first: bool 
     """Map by choice text only (no letters): exact > stated > contains > first > fuzzy."""
     if not text or not choices:
         return None, "unparsed"
-    nt = norm(text)
-    normed = [norm(c) for c in choices]
+    nt = normalize(text)
+    normed = [normalize(c) for c in choices]
     for i, c in enumerate(normed):
         if c and nt == c:
             return i, "exact"

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 from pathlib import Path, PurePath
 
@@ -130,20 +129,12 @@ def bertscore_f1(candidates: list[str], references: list[str], model_path: str |
     return [float(x) if c.strip() else 0.0 for x, c in zip(f.tolist(), candidates)]
 
 
-def normalize_for_bleu(text: str) -> list[str]:
-    """Lower-case and split punctuation off words (the MediTOD NLG normalization)."""
-    text = text.lower()
-    text = re.sub(r"([^\w\s])", r" \1 ", text)
-    return text.split()
-
-
-def corpus_bleu(hypotheses: list[str], references: list[str], n: int, tokenize=None) -> float:
-    """Corpus BLEU-n with uniform weights, x100 (nltk). ``tokenize`` defaults to ``normalize_for_bleu``."""
+def corpus_bleu(hypotheses: list[str], references: list[str], n: int) -> float:
+    """Corpus BLEU-n with uniform weights, x100 (nltk), over texts already normalized (words between whitespace)."""
     from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu as _bleu
 
-    tokenize = tokenize or normalize_for_bleu
-    hyps = [tokenize(h) for h in hypotheses]
-    refs = [[tokenize(r)] for r in references]
+    hyps = [h.split() for h in hypotheses]
+    refs = [[r.split()] for r in references]
     weights = tuple([1.0 / n] * n)
     return 100.0 * _bleu(refs, hyps, weights=weights, smoothing_function=SmoothingFunction().method0)
 
@@ -157,7 +148,7 @@ def rouge(hypotheses: list[str], references: list[str]) -> dict[str, float]:
         return {"rouge1": 0.0, "rougeL": 0.0}
     s1 = sL = 0.0
     for h, r in zip(hypotheses, references):
-        sc = scorer.score(" ".join(normalize_for_bleu(r)), " ".join(normalize_for_bleu(h)))
+        sc = scorer.score(r, h)  # its tokenizer keeps lower-cased ASCII letters and digits: no normalizing of ours changes it
         s1 += sc["rouge1"].fmeasure
         sL += sc["rougeL"].fmeasure
     return {"rouge1": s1 / len(hypotheses), "rougeL": sL / len(hypotheses)}

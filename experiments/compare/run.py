@@ -13,15 +13,14 @@ each. Unscored and skipped grades are counted, never averaged.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from experiments.common.grade import grades
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci
 from experiments.core.registry import open_run, results_of
-from experiments.core.results import Run, make_results_dir
-from models.errors import MedstackError, StorageError
-from models.paths import private_file
+from experiments.core.results import Run, make_results_dir, strict_json, write_private
+from models.errors import MedstackError
 
 
 def run_label(run: Run) -> str:
@@ -52,27 +51,14 @@ def score_rows(run: Run) -> list[dict]:
     return rows
 
 
-def _f(v) -> str:
-    return "–" if v is None else f"{v:.3f}"
-
-
 def scores_markdown(table: list[dict]) -> str:
     lines = ["## Typed scores", "",
              "Per run and score: the mean of the scored values [95% percentile-bootstrap CI], n scored, and the grades left unscored "
-             "(unreadable, skipped).", "", "| run | experiment | score | mean [95% CI] | n | unscored |", "| --- | --- | --- | --- | --- | --- |"]
-    for run in table:
-        for row in run["scores"] or [{"score": "(no typed scores)", "mean": None, "ci_low": None, "ci_high": None, "n": 0, "unscored": 0}]:
-            ci = f" [{_f(row['ci_low'])}, {_f(row['ci_high'])}]" if row["mean"] is not None else ""
-            lines.append(f"| {run['run']} | {run['experiment'] or '?'} | {row['score']} | {_f(row['mean'])}{ci} | {row['n']} | {row['unscored']} |")
+             "(unreadable, skipped).", "", *md_table(["run", "experiment", "score", "mean [95% CI]", "n", "unscored"], [
+                 [run["run"], run["experiment"] or "?", row["score"], num(row["mean"]) + (f" [{num(row['ci_low'])}, {num(row['ci_high'])}]" if row["mean"] is not None else ""),
+                  row["n"], row["unscored"]]
+                 for run in table for row in run["scores"] or [{"score": "(no typed scores)", "mean": None, "n": 0, "unscored": 0}]])]
     return "\n".join(lines) + "\n"
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        private_file(path)
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise StorageError.from_os(path, e) from None
 
 
 def run_compare(paths: list[str], out: str | Path) -> dict:
@@ -93,6 +79,6 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     warnings = list((study or {}).get("warnings") or []) if isinstance(study, dict) else []
     if len(kinds) > 1:
         warnings.append(f"runs of different kinds ({', '.join(sorted(k or '?' for k in kinds))}): only their typed scores are compared")
-    _write(out / "scores.json", json.dumps(table, indent=1))
-    _write(out / "summary.md", (head.rstrip("\n") + "\n\n" if head else "# Comparison\n\n") + scores_markdown(table))
+    write_private(out / "scores.json", strict_json(table, indent=1))
+    write_private(out / "summary.md", (head.rstrip("\n") + "\n\n" if head else "# Comparison\n\n") + scores_markdown(table))
     return {"study": study, "experiment": next(iter(kinds)) if len(kinds) == 1 else None, "scores": table, "warnings": warnings}

@@ -10,6 +10,7 @@ members', agreement between two judges is computed over the scores they share.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +63,10 @@ def review_items(judge: Judge, records: list[dict], config: dict, path: Path, by
             step, part, who = split_name(name)
             if step != judge.step or who != by or not g.scored or isinstance(g.value, Mapping):
                 continue
+            if by is not None and not by_judge(g):  # a rescore's judge never saw it (DERA: no answer, 0 by rule)
+                continue
             v = g.value
-            verdict = int(v) if judge.scale.get("kind") != "unit" else float(v)
+            verdict = on_scale(v, judge.scale)
             level = str(verdict) if judge.scale.get("kind") != "unit" else ("high" if v >= 0.5 else "low")
             items.append({"id": f"{r['id']}|{part}" if part else str(r["id"]), "verdict": verdict,
                           "stratum": "|".join([level, part or "", str(r.get("model", ""))]),
@@ -71,17 +74,33 @@ def review_items(judge: Judge, records: list[dict], config: dict, path: Path, by
     return dict(judge.scale), items
 
 
+def on_scale(value: float, scale: Mapping[str, Any]) -> float | int:
+    """The one rule that puts a value (a panel's mean rating) on a judge's scale, for review and agreement alike: the
+    nearest point, halfway going up (2.5 -> 3); a unit scale keeps the value."""
+    if scale.get("kind") == "unit":
+        return float(value)
+    points = sorted(scale.get("values") or []) or [math.floor(value + 0.5)]
+    return min(reversed(points), key=lambda c: abs(c - value))
+
+
+def by_judge(g: Grade) -> bool:
+    """False for a grade a rule of ours decided alone (``judge`` names a rule, no model: DERA's 0 for no answer)."""
+    return bool(g.judge.get("model")) or not g.judge.get("rule")
+
+
 def panel_grade(members: list[Grade], *, ordinal: bool, name: str = "panel") -> Grade:
-    """A judge panel's grade: the majority of its members' binary values (a tie is unscored), or the mean of their
-    ordinal ones; members that could not score are left out; their values are kept in metadata."""
+    """A judge panel's grade, its members' values kept in metadata. Binary: the value more than half of ALL the
+    members gave (a member that could not score counts against every value), else unscored. Ordinal: the mean of the
+    members that scored. Members that all decided by one rule (nothing to judge) give that rule's grade."""
     values = [g.value for g in members if g.scored]
     if not values:
         value = None
     elif ordinal:
         value = sum(values) / len(values)
     else:
-        top = Counter(values).most_common()
-        value = None if len(top) > 1 and top[0][1] == top[1][1] else top[0][0]
+        top, count = Counter(values).most_common(1)[0]
+        value = top if 2 * count > len(members) else None
+    rule = members[0].judge if members and not any(by_judge(g) for g in members) else None
     return Grade(value=value, answer=members[0].answer if members else None, source="mean" if ordinal else "majority",
-                 judge={"model": name, "rule": "mean" if ordinal else "majority"},
+                 judge=rule or {"model": name, "rule": "mean" if ordinal else "majority"},
                  metadata={"members": [{"model": g.judge.get("model"), "value": g.value} for g in members]})

@@ -18,6 +18,7 @@ settings or an edited prompt is refused, naming what changed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -53,6 +54,33 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
+
+
+def finite(obj, empty: list[str] | None = None, where: str = ""):
+    """``obj`` with every NaN / infinite float None (strict JSON has neither); ``empty`` collects where (``a.b.0``)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if empty is None else empty.append(where)
+    if isinstance(obj, (dict, list, tuple)):
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        out = {k: finite(v, empty, f"{where}.{k}".lstrip(".")) for k, v in items}
+        return out if isinstance(obj, dict) else list(out.values())
+    return obj
+
+
+def strict_json(obj, **kw) -> str:
+    """Every results file's JSON: strict (:func:`finite`), anything else not JSON as its ``str``."""
+    return json.dumps(finite(obj), allow_nan=False, default=str, **kw)
+
+
+def write_private(path: Path, text: str, hint: str = "") -> None:
+    """Write one results file, private (an existing file tightened before, a new one after); a refused write is a
+    StorageError naming it."""
+    try:
+        private_file(path)
+        path.write_text(text, encoding="utf-8")
+        private_file(path)
+    except OSError as e:
+        raise StorageError.from_os(path, e, hint=hint) from None
 
 
 def iter_jsonl(path: str | Path, *, objects: bool = True):
@@ -237,12 +265,7 @@ class RunDir:
         self._write(cfg_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
     def _write(self, path: Path, text: str) -> None:
-        """Write one of the folder's files (private; a refused write is a StorageError naming it)."""
-        try:
-            private_file(path)
-            path.write_text(text)
-        except OSError as e:
-            raise StorageError.from_os(path, e, hint=f"finished records in {self.records_path} are kept") from None
+        write_private(path, text, f"finished records in {self.records_path} are kept")
 
     # -- records --------------------------------------------------------------
     def _repair(self) -> None:
@@ -312,7 +335,7 @@ class RunDir:
 
     def append_many(self, records: list[dict]) -> None:
         """Append records, one line each, with one fsync for all of them (durable when this returns)."""
-        lines = "".join(json.dumps(record, ensure_ascii=False, default=str) + "\n" for record in records)
+        lines = "".join(strict_json(record, ensure_ascii=False) + "\n" for record in records)
         try:
             with open(self.records_path, "a", encoding="utf-8") as f:
                 f.write(lines)
@@ -324,11 +347,16 @@ class RunDir:
     # -- outputs --------------------------------------------------------------
     def write_identity(self, models: dict, extra: dict | None = None) -> None:
         ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), "records_schema": SCHEMA, **(extra or {})}
-        self._write(self.path / "identity.json", json.dumps(ident, indent=2, default=str))
+        self._write(self.path / "identity.json", strict_json(ident, indent=2))
 
     def write_metrics(self, metrics: dict) -> None:
+        """metrics.json, strict: a NaN / infinite figure (a mean over nothing) is null, ``null_metrics`` counts and names them."""
+        empty: list[str] = []
+        clean = finite(metrics, empty)
+        if empty:
+            clean["null_metrics"] = {"count": len(empty), "where": empty}
         tmp = self.path / "metrics.json.tmp"
-        self._write(tmp, json.dumps(metrics, indent=2, default=str))
+        self._write(tmp, strict_json(clean, indent=2))
         tmp.replace(self.path / "metrics.json")
 
     def write_summary(self, markdown: str) -> None:

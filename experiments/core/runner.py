@@ -226,7 +226,7 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     metrics["answers"] = settings.answers
     metrics["answer_formats"] = format_stats(finished)
     metrics["protocol"] = protocol_stats(finished)
-    metrics["deviations"] = settings_deviations(settings)  # every setting unlike the authors' (its study's table)
+    metrics.setdefault("deviations", settings_deviations(settings))  # every setting unlike the authors' (its study's table; a rescore: its source's)
     if study.scope:
         metrics["scope"] = study.scope  # which cases: all, the first N, a stratified sample (experiments/core/scope.py)
     if judged := self_judged(study, settings):

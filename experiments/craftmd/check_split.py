@@ -12,20 +12,18 @@ id, and the counts close the output. Exit 0 when all are equal, 1 otherwise, 2 o
 from __future__ import annotations
 
 import json
-import re
 import sys
+from functools import partial
 from pathlib import Path
 
+from experiments.common.normalize import normalize
 from experiments.craftmd.data import load_csv
 from models.errors import DataError
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", text or "").strip()
-
-
 def compare(cases: list[dict], release: Path) -> dict:
     """{checked, missing, question: [ids], vignette: [ids]} over the cases with a release file."""
+    spaced = partial(normalize, split="space", lower=False)  # equal but for runs of whitespace
     out: dict = {"checked": 0, "missing": [], "question": [], "vignette": []}
     for c in cases:
         path = release / f"{c['case_id']}.json"
@@ -34,9 +32,9 @@ def compare(cases: list[dict], release: Path) -> dict:
             continue
         theirs = json.loads(path.read_text(encoding="utf-8"))
         out["checked"] += 1
-        if _norm(c["question"]) != _norm(theirs.get("question")):
+        if spaced(c["question"]) != spaced(theirs.get("question")):
             out["question"].append(c["case_id"])
-        if _norm(c["vignette"]) != _norm(theirs.get("case_vignette")):
+        if spaced(c["vignette"]) != spaced(theirs.get("case_vignette")):
             out["vignette"].append(c["case_id"])
     return out
 

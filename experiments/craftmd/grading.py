@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 
-from experiments.common.choice import map_choice, norm
+from experiments.common.choice import map_choice
+from experiments.common.normalize import normalize as normalize_words, words
 from experiments.common.parsing import extract_after, extract_verdict
 
 CONCURRENT_RULES = ("zero", "any")
@@ -32,18 +33,13 @@ _STOP = {"the", "a", "an", "of", "and", "with", "to", "due", "in", "s"}
 
 def normalize(s: str | None) -> str:
     """Case, apostrophes, punctuation and whitespace removed: the only equality that skips the grader."""
-    return norm(re.sub(r"['’`]", "", s or ""))
+    return normalize_words(s, drop_apostrophes=True)
 
 
 def check_rule(rule: str) -> str:
     if rule not in CONCURRENT_RULES:
         raise ValueError(f"unknown concurrent-diagnosis rule {rule!r}; valid: {', '.join(CONCURRENT_RULES)}")
     return rule
-
-
-def words(s: str) -> set[str]:
-    toks = re.findall(r"[a-z0-9]+", (s or "").lower())
-    return {t.rstrip("s") if len(t) > 3 else t for t in toks if t not in _STOP}
 
 
 def parse_mcq(reply: str, choices: list[str], answer_index: int | None) -> dict:
@@ -118,7 +114,7 @@ def parse_extraction(reply: str) -> tuple[str | None, str]:
 
 def lexical_relation(given: str, correct: str) -> str | None:
     """equal | given_broader (correct is a subtype of given) | given_narrower | None (no word-set relation)."""
-    g, c = words(given), words(correct)
+    g, c = (set(words(x, stop=_STOP, singular=True)) for x in (given, correct))
     if not g or not c:
         return None
     if g == c:

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from experiments.common.grade import Grade
+from experiments.common.markdown import md_table
 from experiments.common.stats import mean_ci
 from experiments.craftmd.assess import LABELS, QUESTIONS
 from experiments.craftmd.patient_checks import CHECKS
@@ -95,15 +96,13 @@ def grading_label(metrics_or_config: dict) -> str:
 
 
 def summary_markdown(name: str, metrics: dict) -> str:
+    acc = metrics["accuracy"]
     lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}, case errors: {metrics['case_errors']}",
              grading_label(metrics), *([metrics["requests"]] if metrics.get("requests") else []),
              *([f"additions to the protocol (not deviations: the paper's requests are unchanged): {'; '.join(metrics['additions'])}"]
                if metrics.get("additions") else []), "",
-             "| format | MCQ accuracy [95% CI] | FRQ accuracy [95% CI] |", "| --- | --- | --- |"]
-    acc = metrics["accuracy"]
-    for f in FORMATS:
-        if f"{f}.mcq" in acc or f"{f}.frq" in acc:
-            lines.append(f"| {f} | {fmt_acc(acc.get(f'{f}.mcq', {}))} | {fmt_acc(acc.get(f'{f}.frq', {}))} |")
+             *md_table(["format", "MCQ accuracy [95% CI]", "FRQ accuracy [95% CI]"],
+                       [[f, fmt_acc(acc.get(f"{f}.mcq", {})), fmt_acc(acc.get(f"{f}.frq", {}))] for f in FORMATS if f"{f}.mcq" in acc or f"{f}.frq" in acc])]
     cap = f"; turn cap inferred from the release: {metrics['turn_cap_inferred']} doctor turns" if metrics.get("turn_cap_inferred") else ""
     n_conv = sum(metrics["stop_reasons"].values())
     lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}{cap}",
@@ -115,20 +114,18 @@ def summary_markdown(name: str, metrics: dict) -> str:
         lines.append(f"grader re-asks (verdict neither yes nor no): {r['total']} over {r['answers_reasked']} FRQ answer(s), at most {r['max']} for one")
     mapping = metrics.get("mcq_mapping")
     if isinstance(mapping, dict) and "counts" in mapping:
-        lines += ["", f"## MCQ mapping (rule: {mapping['rule']})", "", "| format | " + " | ".join(mapping["counts"]) + " |", "| --- |" + " --- |" * len(mapping["counts"])]
-        for f, c in mapping["per_format"].items():
-            lines.append(f"| {f} | " + " | ".join(str(c.get(k, 0)) for k in mapping["counts"]) + " |")
-        lines.append("| all | " + " | ".join(str(v) for v in mapping["counts"].values()) + " |")
+        lines += ["", f"## MCQ mapping (rule: {mapping['rule']})", "", *md_table(
+            ["format", *mapping["counts"]], [*([f, *(c.get(k, 0) for k in mapping["counts"])] for f, c in mapping["per_format"].items()),
+                                             ["all", *mapping["counts"].values()]])]
         if mapping.get("answer_only"):
             lines.append(f"\nanswers matched against the correct answer alone (no choices): {mapping['answer_only']}")
     if metrics.get("frq_published_minus_one") is not None:
         lines.append(f"\npublished FRQ grades of -1 (no answer graded), counted as wrong: {metrics['frq_published_minus_one'] or 0}")
     unmapped = metrics.get("mcq_unmapped")
     if unmapped:
-        lines += ["", f"## Unmapped MCQ answers ({len(unmapped)}; scored wrong)", "", "| id | format | answer |", "| --- | --- | --- |"]
-        for u in unmapped:
-            text = re.sub(r"\s+", " ", str(u.get("answer") or "")).replace("|", "\\|")
-            lines.append(f"| {u['id']} | {u['format']} | {text[:160]}{'…' if len(text) > 160 else ''} |")
+        texts = [re.sub(r"\s+", " ", str(u.get("answer") or "")).replace("|", "\\|") for u in unmapped]
+        lines += ["", f"## Unmapped MCQ answers ({len(unmapped)}; scored wrong)", "", *md_table(
+            ["id", "format", "answer"], [[u["id"], u["format"], t[:160] + ("…" if len(t) > 160 else "")] for u, t in zip(unmapped, texts)])]
     run = metrics.get("run")
     if run:
         lines.append(f"wall time: {run.get('wall_seconds')} s; output tokens/s: {run.get('output_tokens_per_s')}; requests: {run.get('requests')}; cache hits: {run.get('cache_hits')}")
@@ -199,14 +196,10 @@ def conversation_markdown(metrics: dict, published: dict | None = None, paper_mo
     lines: list[str] = []
     q = metrics.get("conversation_quality") or {}
     if q:
-        lines += ["", "## Conversation quality (an addition to the paper's protocol: LLM assessors, role assessor)", "",
-                  "| question | assessor: % yes [95% CI] (n cases) | conversations: yes / no / unscored | paper's dermatologists: % yes |",
-                  "| --- | --- | --- | --- |"]
-        for name in QUESTIONS:
-            if name in q:
-                x = q[name]
-                lines.append(f"| {LABELS[name]} | {_pct(x['rate'])} [{_pct(x['ci_low'])}, {_pct(x['ci_high'])}] (n={x['n']}) | "
-                             f"{x['yes']} / {x['no']} / {x['unscored']} | {published_expert_value(published, name, paper_model) or '–'} |")
+        lines += ["", "## Conversation quality (an addition to the paper's protocol: LLM assessors, role assessor)", "", *md_table(
+            ["question", "assessor: % yes [95% CI] (n cases)", "conversations: yes / no / unscored", "paper's dermatologists: % yes"],
+            [[LABELS[name], f"{_pct(x['rate'])} [{_pct(x['ci_low'])}, {_pct(x['ci_high'])}] (n={x['n']})", f"{x['yes']} / {x['no']} / {x['unscored']}",
+              published_expert_value(published, name, paper_model) or "–"] for name, x in ((n, q[n]) for n in QUESTIONS if n in q)])]
         lines += ["", "One yes/no request per question and conversation; an unreadable reply is unscored (left out of the rate, never a No). "
                   "The paper's values (Fig. 3i: Q1, Fig. 3j: Q2, per clinical LLM; Q3 over all 180 conversations) are dermatologists' labels "
                   "of the paper's own conversations" + ("" if paper_model else "; this run's doctor model is none of the paper's four") + "."]

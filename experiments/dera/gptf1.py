@@ -74,10 +74,6 @@ async def extract_concepts_capped(log: CaseLog, text: str, settings: GptF1, step
     return cap_concepts(_dedupe([str(i) for i in items]), settings.max_concepts)
 
 
-async def extract_concepts(log: CaseLog, text: str, settings: GptF1, step: str, section: str = "") -> list[str] | None:
-    return (await extract_concepts_capped(log, text, settings, step, section))[0]
-
-
 async def count_found(log: CaseLog, snippet: str, list_a: list[str], list_b: list[str], settings: GptF1, step: str,
                       cut_b: int = 0) -> list[int] | None:
     """1-based numbers of ``list_b`` concepts found in ``snippet`` / ``list_a``; ``cut_b``: concepts of ``list_b`` the

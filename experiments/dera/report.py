@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from statistics import mean
 
 from experiments.common.grade import Grade
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci, paired_bootstrap
 from experiments.common.text import bertscore_config, bertscore_label
 from experiments.dera.qa_metrics import ARMS, arm_scores, normalize_similarity
@@ -35,8 +37,7 @@ def common_metrics(records: list[dict]) -> dict:
     }
 
 
-def _fmt(x, digits: int = 3) -> str:
-    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
+_fmt = partial(num, none="n/a")
 
 
 # -- summaries / care plans / corruption ----------------------------------------------------------
@@ -97,12 +98,9 @@ def dialogue_summary(metrics: dict, settings, command: str) -> str:
     if "initial" in g and "dera" in g:
         level = metrics.get("corruption_level")
         title = f"GPT-F1 against the uncorrupted summary, corruption level {level}/10" if level else "GPT-F1 against the reference"
-        lines += [f"## {title}", "", "| Level | Section | Initial P | Initial R | Initial F1 | DERA P | DERA R | DERA F1 | n |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for s in [*settings.score_sections, "average"]:
-            i, d = g["initial"][s], g["dera"][s]
-            lines.append(f"| {level or '-'} | {s if s != 'average' else '**Average**'} | {_fmt(i['precision'])} | {_fmt(i['recall'])} | "
-                         f"{_fmt(i['f1'])} | {_fmt(d['precision'])} | {_fmt(d['recall'])} | {_fmt(d['f1'])} | {d.get('n', '')} |")
+        rows = [[level or "-", s if s != "average" else "**Average**", *(_fmt(g[arm][s][k]) for arm in ("initial", "dera") for k in PRF),
+                 g["dera"][s].get("n", "")] for s in [*settings.score_sections, "average"]]
+        lines += [f"## {title}", "", *md_table(["Level", "Section", *(f"{a} {k}" for a in ("Initial", "DERA") for k in ("P", "R", "F1")), "n"], rows)]
         diff = metrics.get("dera_minus_initial_f1")
         if diff:
             lines += ["", f"DERA − initial, average F1 per case: {diff['mean_diff']:+.3f} "
@@ -110,10 +108,9 @@ def dialogue_summary(metrics: dict, settings, command: str) -> str:
         lines.append("")
     if "dera_vs_initial" in g:
         t = g["dera_vs_initial"]
-        lines += ["## GPT-F1 of the DERA output against the initial output (how much the dialogue changed)", "",
-                  "| Section | P | R | F1 | n |", "|---|---|---|---|---|"]
-        for s in [*settings.score_sections, "average"]:
-            lines.append(f"| {s if s != 'average' else '**Average**'} | {_fmt(t[s]['precision'])} | {_fmt(t[s]['recall'])} | {_fmt(t[s]['f1'])} | {t[s].get('n', '')} |")
+        lines += ["## GPT-F1 of the DERA output against the initial output (how much the dialogue changed)", "", *md_table(
+            ["Section", "P", "R", "F1", "n"], [[s if s != "average" else "**Average**", *(_fmt(t[s][k]) for k in PRF), t[s].get("n", "")]
+                                               for s in [*settings.score_sections, "average"]])]
         lines.append("")
     return "\n".join(lines)
 
@@ -180,19 +177,12 @@ def qa_summary(metrics: dict, settings, command: str) -> str:
     lines = [f"# {command}{f' (multiple choice, {opts})' if settings.mcq else ''}", "",
              f"Questions: {metrics['n_cases']} (errors {metrics['case_errors']}); parse-error rate {_fmt(metrics['parse_error_rate'])}; "
              f"stop reasons {metrics['stop_reasons']}; mean turns {metrics['mean_turns']}; answer changed by DERA in "
-             f"{_fmt(metrics['answer_changed_rate'], 2)} of questions.", "",
-             "| Method | " + " | ".join(heads[n] for n in names) + " |", "|---|" + "---|" * len(names)]
-    for arm in ARMS:
-        cells = []
-        for n in names:
-            a = metrics["arms"][arm][n]
-            cells.append(f"{_fmt(a['mean'])} [{_fmt(a['low'], 2)}, {_fmt(a['high'], 2)}]" + (f" ({a['unscored']} unscored)" if a["unscored"] else ""))
-        lines.append(f"| {ARM_NAMES[arm]} | " + " | ".join(cells) + " |")
-    cells = []
-    for n in names:
-        d = metrics["dera_minus_oneshot"][n]
-        cells.append("n/a" if not d else f"{d['mean_diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] p={d['p_value']:.3f}")
-    lines.append("| DERA − 1-shot (paired bootstrap 95% CI) | " + " | ".join(cells) + " |")
+             f"{_fmt(metrics['answer_changed_rate'], 2)} of questions.", ""]
+    rows = [[ARM_NAMES[arm], *(f"{_fmt(a['mean'])} [{_fmt(a['low'], 2)}, {_fmt(a['high'], 2)}]" + (f" ({a['unscored']} unscored)" if a["unscored"] else "")
+                               for a in (metrics["arms"][arm][n] for n in names))] for arm in ARMS]
+    rows.append(["DERA − 1-shot (paired bootstrap 95% CI)", *("n/a" if not d else f"{d['mean_diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] p={d['p_value']:.3f}"
+                                                             for d in (metrics["dera_minus_oneshot"][n] for n in names))])
+    lines += md_table(["Method", *(heads[n] for n in names)], rows)
     lines += ["", "Cells: mean [95% bootstrap CI] over questions."]
     if not settings.mcq:
         lines += [f"BERTScore: {bs['encoder']}, layer {bs['layer']} ({bs['layer_source']}); no baseline rescaling. "

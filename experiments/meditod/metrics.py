@@ -50,10 +50,10 @@ bool} (e.g. from an LLM asked whether two phrases mean the same); within each tu
 from __future__ import annotations
 
 import math
-import string
 from collections import defaultdict
 from typing import Iterable
 
+from experiments.common.normalize import normalize
 from experiments.common.stats import prf
 from experiments.common.text import bertscore_config, bertscore_f1, corpus_bleu, rouge
 
@@ -348,14 +348,6 @@ def adjudication_pairs(task: str, golds: list, preds: list) -> list[tuple[str, s
 
 # ---------------------------------------------------------------- NLG
 
-def normalize_text(text: str) -> str:
-    """The authors' NLG normalization: strip, tabs to spaces, lower-case, space out ASCII punctuation."""
-    text = text.strip().replace("\t", " ").lower()
-    for p in string.punctuation:
-        text = text.replace(p, f" {p} ")
-    return " ".join(text.split())
-
-
 def gold_length_report(golds: list[str], cap: int, count_tokens) -> dict:
     """How the gold NLG utterances compare with the generation cap ``cap`` (tokens, counted with
     ``count_tokens`` — the served model's tokenizer, without special tokens)."""
@@ -373,11 +365,11 @@ def gold_length_report(golds: list[str], cap: int, count_tokens) -> dict:
 
 def nlg_scores(golds: list[str], preds: list[str], *, bertscore_encoder: str | None = None, bertscore: bool = True,
                bertscore_layer: int | None = None) -> dict:
-    g = [normalize_text(x) for x in golds]
-    p = [normalize_text(x or "") for x in preds]
+    g = [normalize(x, split="punct") for x in golds]
+    p = [normalize(x, split="punct") for x in preds]
     out = {"turns": len(golds), "empty_predictions": sum(1 for x in p if not x)}
-    out["bleu2"] = corpus_bleu(p, g, 2, tokenize=str.split) if g else 0.0
-    out["bleu4"] = corpus_bleu(p, g, 4, tokenize=str.split) if g else 0.0
+    out["bleu2"] = corpus_bleu(p, g, 2) if g else 0.0
+    out["bleu4"] = corpus_bleu(p, g, 4) if g else 0.0
     out.update(rouge(p, g))
     if bertscore:
         cfg = bertscore_config(bertscore_encoder, bertscore_layer)

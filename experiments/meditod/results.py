@@ -17,6 +17,7 @@ metrics' own scorer (:func:`experiments.meditod.metrics.score` on the one turn, 
 from __future__ import annotations
 
 from experiments.common.grade import Grade
+from experiments.common.normalize import normalize
 from experiments.common.text import rouge
 from experiments.core.study import StudyResults
 from experiments.meditod import metrics as M
@@ -31,8 +32,8 @@ def scores(record: dict, config: dict) -> dict[str, Grade]:
     task = record.get("task") or config.get("task")
     pred = record.get("prediction")
     if task == "nlg":
-        gold = M.normalize_text(record["target"] or "")
-        turn = rouge([M.normalize_text(pred if isinstance(pred, str) else "")], [gold])
+        gold = normalize(record["target"], split="punct")
+        turn = rouge([normalize(pred if isinstance(pred, str) else "", split="punct")], [gold])
         return {"rouge": Grade(value=turn, answer=pred, source="rouge-score F", judge=RULE)}
     one = M.score(task, [record["target"]], [pred])
     scored = bool(one["scored_turns"])

@@ -20,10 +20,12 @@ import json
 from functools import lru_cache, partial
 from pathlib import Path
 from string import Template
+from experiments.common.markdown import md_table
 from experiments.common.parsing import extract_verdict
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.constraints import Constraint
 from experiments.core.registry import register_results, register_study, register_tables
+from experiments.core.results import strict_json
 from experiments.meditod import metrics as M
 from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
@@ -274,7 +276,7 @@ def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
         with open(Path(s.out) / "adjudications.jsonl", "w", encoding="utf-8") as f:
             for r in records:
                 for j in r.get("adjudications") or []:
-                    f.write(json.dumps({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
+                    f.write(strict_json({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
     records = [r for r in records if r.get("scored", True)]
     if not records:
         return {"turns": 0, "scored_turns": 0, "pairs_judged": 0, "unparsed_verdicts": 0}
@@ -316,21 +318,15 @@ def metrics_table(task: str, columns: list[tuple[str, dict]]) -> str:
     when columns scored BERTScore with different encoders or layers (their values are not comparable)."""
     used = {name: u for name, m in columns if (u := _bertscore_used(m))}
     enc, layer = next(iter(used.values()), (None, None))  # the row label names the first column's
-    head = "| metric | " + " | ".join(name for name, _ in columns) + " |\n|---|" + "---|" * len(columns) + "\n"
-    body = ""
-    for key, label in ROWS[task]:
-        if key == "bertscore_f1" and enc:
-            label = bertscore_label({"encoder": enc, "layer": layer})
-        cells = []
-        for _, m in columns:
-            v = m.get(key)
-            cells.append("-" if v is None else (f"{v:.2f}" if task == "nlg" and key.startswith("bleu") else f"{v:.4f}"))
-        body += f"| {label} | " + " | ".join(cells) + " |\n"
+    cell = lambda key, v: "-" if v is None else (f"{v:.2f}" if task == "nlg" and key.startswith("bleu") else f"{v:.4f}")  # noqa: E731
+    rows = [[bertscore_label({"encoder": enc, "layer": layer}) if key == "bertscore_f1" and enc else label, *(cell(key, m.get(key)) for _, m in columns)]
+            for key, label in ROWS[task]]
+    body = "\n".join(md_table(["metric", *(name for name, _ in columns)], rows)) + "\n"
     if len(set(used.values())) > 1:
         body += ("\n**Warning: the BERTScore columns are not comparable** (different encoder or layer): "
                  + "; ".join(f"{name}: " + (f"{e}, layer {n}" if e else "encoder and layer not recorded")
                              for name, (e, n) in used.items()) + ".\n")
-    return head + body
+    return body
 
 
 def summary_markdown(s: MeditodSettings, m: dict, other: tuple[str, dict] | None) -> str:

@@ -141,7 +141,3 @@ def gold_turns(dialogs: dict, dialog_ids: list[str], task: str) -> list[dict]:
             out.append({"id": f"{did}/{utt['uttr_id']}", "dialog_id": did, "uttr_id": utt["uttr_id"], "target": target})
     return out
 
-
-def gold_by_key(dialogs: dict, dialog_ids: list[str], task: str) -> dict[tuple[str, int], dict]:
-    """{(dialog_id, uttr_id): gold turn} for scoring predictions made elsewhere."""
-    return {(s["dialog_id"], s["uttr_id"]): s for s in gold_turns(dialogs, dialog_ids, task)}

@@ -8,10 +8,12 @@ stopped, ``--dry-run``. Its cases are the source run's finished records; its sol
 only requests sent are the judge's. Nothing of the source folder is written.
 
 Each record of RUN2 is the source record's own fields with its scores plus the new grades, ``STEP/PART@LABEL`` per
-judge model and ``STEP/PART@panel`` for a panel (majority of binary grades, a tie unscored; mean of ordinal ones).
+judge model and ``STEP/PART@panel`` for a panel (binary: the value more than half of all members gave, else unscored;
+ordinal: the mean, put on the scale for review and agreement by one rule, ``judging.on_scale``).
 RUN2's config.yaml is the source's (its ``experiment`` included: review, calibrate and the report read RUN2 as a run of
 that study) with the judge roles and a ``rescore`` block; metrics.json holds, per judge, each part's mean, scored and
-unscored counts, each new judge's agreement with the run's own and the panel's internal agreement (Fleiss' kappa).
+unscored counts, each new judge's agreement with the run's own and the panel's internal agreement (Fleiss' kappa), over
+the items a judge decided (``by_rule`` counts those left out); summary.md repeats the source's deviations.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ import math
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pydantic import ConfigDict, ValidationError
 
 from experiments.common.grade import Grade, grades, score_name, split_name
+from experiments.common.markdown import md_table
 from experiments.common.stats import fleiss_kappa, weighted_kappa
 from experiments.core.config import ConfigError, RunSettings, validation_lines
-from experiments.core.judging import Judge, panel_grade
+from experiments.core.deviations import settings_deviations
+from experiments.core.judging import Judge, by_judge, on_scale, panel_grade
 from experiments.core.results import Run
 from experiments.core.study import CaseContext, Study
 from models.errors import DataError
@@ -149,6 +152,8 @@ class RescoreStudy(Study):
         base = {k: v for k, v in source.config.items() if k not in ("prompt_files", "rescore")}  # a rescored run rescored again
         own = _validated(cls, base, source.path / "config.yaml")
         # the source study's settings, as its judge reads them, with the judge roles added (Grade.judge names settings.roles[role])
+        # the source's settings against the authors' (as its metrics.json says; else as its settings compare today)
+        self.deviations = (source.metrics or {}).get("deviations") or settings_deviations(own)
         self.ask_settings = own.model_copy(update={"roles": {**own.roles, **{r: models[label] for r, label in self.labels.items()}}})
 
     @property
@@ -180,11 +185,12 @@ class RescoreStudy(Study):
     def describe(self, settings: RescoreSettings) -> list[str]:
         who = ", ".join(f"{label} = {ref}" for label, ref in self.models.items())
         return [f"rescore of {self.source.path}: judge step {self.judge.step} asked again by {who}"
-                + (" (a panel: majority of binary grades, mean of ordinal ones)" if self.panel else "")
+                + (" (a panel: a majority of all members for binary grades, the mean of ordinal ones)" if self.panel else "")
                 + "; no other request is made"]
 
     def metrics(self, records: list[dict], settings: RescoreSettings) -> dict:
-        return {"records": len(records), "rescore": rescore_metrics(records, self.judge, self.models, settings.rescore)}
+        return {"records": len(records), "rescore": rescore_metrics(records, self.judge, self.models, settings.rescore),
+                "deviations": self.deviations}
 
     def summary(self, metrics: dict, settings: RescoreSettings) -> str:
         return rescore_summary(metrics["rescore"], metrics["records"])
@@ -208,25 +214,21 @@ def _judged(records: list[dict], step: str, who: list[str]) -> dict[str, dict[tu
     return out
 
 
-def _category(v: float, judge: Judge) -> Any:
-    """A value on the judge's scale (a panel's mean rating rounded to the nearest point) for kappa; unit: as it is."""
-    if judge.scale.get("kind") == "unit":
-        return float(v)
-    values = judge.scale.get("values") or []
-    return min(values, key=lambda c: abs(c - v)) if values else int(round(v))
-
-
 def agreement(own: dict[tuple, Grade], other: dict[tuple, Grade], judge: Judge) -> dict:
-    """Agreement of ``other`` with the run's own judge over the items both scored: percent (exact) agreement and
-    Cohen's kappa (binary) or linear-weighted kappa and the mean |difference| (ordinal; a panel's mean rating is
-    rounded to the scale for agreement and kappa, not for the difference); unit scale: the mean |difference| only."""
-    keys = [k for k in own if k in other and own[k].scored and other[k].scored]
+    """Agreement of ``other`` with the run's own judge over the items both scored that a judge decided on either side
+    (``by_rule``: the items both sides left to a rule, e.g. 0 for no answer, left out): percent (exact)
+    agreement and Cohen's kappa (binary) or linear-weighted kappa and the mean |difference| (ordinal; a panel's mean
+    rating is put on the scale by :func:`~experiments.core.judging.on_scale` for agreement and kappa, not for the
+    difference); unit scale: the mean |difference| only."""
+    both = [k for k in own if k in other and own[k].scored and other[k].scored]
+    keys = [k for k in both if by_judge(own[k]) or by_judge(other[k])]
     a, b = [float(own[k].value) for k in keys], [float(other[k].value) for k in keys]
     kind = judge.scale.get("kind")
-    out: dict = {"n": len(keys), "mean_abs_diff": _clean(sum(abs(x - y) for x, y in zip(a, b)) / len(keys)) if keys else None}
+    out: dict = {"n": len(keys), "by_rule": len(both) - len(keys),
+                 "mean_abs_diff": _clean(sum(abs(x - y) for x, y in zip(a, b)) / len(keys)) if keys else None}
     if kind == "unit":
         return {**out, "percent_agreement": None, "kappa": None, "kappa_kind": None}
-    ca, cb = [_category(x, judge) for x in a], [_category(y, judge) for y in b]
+    ca, cb = [on_scale(x, judge.scale) for x in a], [on_scale(y, judge.scale) for y in b]
     cats = judge.scale.get("values") or sorted(set(ca) | set(cb))
     return {**out, "percent_agreement": _clean(100 * sum(x == y for x, y in zip(ca, cb)) / len(keys)) if keys else None,
             "kappa": _clean(weighted_kappa(ca, cb, categories=sorted(cats), weights="linear")) if keys else None,
@@ -255,10 +257,11 @@ def rescore_metrics(records: list[dict], judge: Judge, models: dict[str, str], b
                  "judges": {w: _part_stats(judged[w]) for w in [OWN, *who]},
                  "agreement": {w: agreement(judged[OWN], judged[w], judge) for w in who}}
     if len(labels) > 1:
-        keys = [k for k in judged[labels[0]] if all(k in judged[m] and judged[m][k].scored for m in labels)]
-        ratings = [[_category(float(judged[m][k].value), judge) for m in labels] for k in keys]
+        scored = [k for k in judged[labels[0]] if all(k in judged[m] and judged[m][k].scored for m in labels)]
+        keys = [k for k in scored if any(by_judge(judged[m][k]) for m in labels)]
+        ratings = [[on_scale(float(judged[m][k].value), judge.scale) for m in labels] for k in keys]
         ordinal_unit = judge.scale.get("kind") == "unit"
-        out["panel_agreement"] = {"members": labels, "n": len(keys),
+        out["panel_agreement"] = {"members": labels, "n": len(keys), "by_rule": len(scored) - len(keys),
                                   "fleiss_kappa": None if ordinal_unit or not keys else _clean(fleiss_kappa(ratings, judge.scale.get("values")))}
     return out
 
@@ -272,18 +275,13 @@ def grade_table(m: dict) -> tuple[list[str], list[list[str]]]:
     first), each cell the mean of scored values (n scored, unscored). summary.md and the report show it."""
     judges = list(m["judges"])
     parts = sorted({p for w in judges for p in m["judges"][w]})
-    rows = []
-    for p in parts:
-        cells = [p]
-        for w in judges:
-            s = m["judges"][w].get(p)
-            cells.append("-" if s is None else f"{_fmt(s['mean'])} ({s['n']}, {s['unscored']})")
-        rows.append(cells)
+    rows = [[p, *("-" if (s := m["judges"][w].get(p)) is None else f"{_fmt(s['mean'])} ({s['n']}, {s['unscored']})" for w in judges)]
+            for p in parts]
     return ["part", *("the run's own" if w == OWN else w for w in judges)], rows
 
 
 def agreement_table(m: dict) -> tuple[list[str], list[list[str]]]:
-    """Each new judge (and the panel) against the run's own, over the items both scored."""
+    """Each new judge (and the panel) against the run's own, over the items both scored that a judge decided."""
     rows = [[w, str(a["n"]), _fmt(a["percent_agreement"], pct=True), "-" if a["kappa"] is None else f"{a['kappa']:.3f} ({a['kappa_kind']})",
              _fmt(a["mean_abs_diff"])] for w, a in m["agreement"].items()]
     return ["judge", "n", "agreement", "kappa", "mean abs diff"], rows
@@ -291,13 +289,8 @@ def agreement_table(m: dict) -> tuple[list[str], list[list[str]]]:
 
 def panel_line(m: dict) -> str | None:
     pa = m.get("panel_agreement")
-    if not pa:
-        return None
-    return f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member ({', '.join(pa['members'])}) scored."
-
-
-def _markdown(columns: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+    return None if not pa else (f"Panel's internal agreement: Fleiss' kappa {_fmt(pa['fleiss_kappa'])} over the {pa['n']} items every member "
+            f"({', '.join(pa['members'])}) scored ({pa.get('by_rule', 0)} that a rule decided for every member left out).")
 
 
 def rescore_summary(m: dict, n_records: int) -> str:
@@ -305,9 +298,11 @@ def rescore_summary(m: dict, n_records: int) -> str:
     lines = [f"# Rescore: judge {m['judge']} asked again", "",
              f"Source run: {m['source']} ({n_records} records; its own {m['judge']} judge, role {m['role']}: {m['models'].get(OWN) or 'unknown'}). "
              f"New judges: " + ", ".join(new)
-             + (f"; the panel is the {'mean' if m['scale'] != 'binary' else 'majority (a tie unscored)'} of their grades." if PANEL in m["judges"] else "."),
-             "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "", *_markdown(*grade_table(m)),
-             "", "## Agreement with the run's own judge (items both scored)", "", *_markdown(*agreement_table(m))]
+             + (f"; the panel is the {'mean' if m['scale'] != 'binary' else 'majority of all members (otherwise unscored)'} of their grades." if PANEL in m["judges"] else "."),
+             "", f"## Grades ({m['scale']} scale): mean of scored values (n scored, unscored)", "", *md_table(*grade_table(m)),
+             "", "## Agreement with the run's own judge (items both scored)", "", *md_table(*agreement_table(m)), "",
+             "Left out of agreement, the items no judge decided (a rule on both sides, e.g. 0 for no answer): "
+             + ", ".join(f"{w} {a.get('by_rule', 0)}" for w, a in m["agreement"].items()) + "."]
     if line := panel_line(m):
         lines += ["", line]
     return "\n".join(lines) + "\n"

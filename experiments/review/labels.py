@@ -185,7 +185,8 @@ def read_labels(source: str | Path, run_dir: str | Path | None = None) -> dict[s
                 if not isinstance(row.get(k), str) or not row[k]:
                     raise DataError(f"{where}: label line without a {k!r}")
             if "item" not in row and "n" in row:
-                row = {**row, "item": _numbered(row, run_dir, samples, where)}
+                judge, item = _numbered(row, run_dir, samples, where)
+                row = {**row, "judge": judge, "item": item}
             if not isinstance(row.get("item"), str) or not row["item"]:
                 raise DataError(f"{where}: label line without an 'item' (or an item number 'n')")
             check_reviewer(row["reviewer"], where)
@@ -193,24 +194,26 @@ def read_labels(source: str | Path, run_dir: str | Path | None = None) -> dict[s
     return out
 
 
-def _numbered(row: dict, run_dir, samples: dict, where: str) -> str:
-    """The record id of an item the offline page named by its number in the sample."""
+def _numbered(row: dict, run_dir, samples: dict, where: str) -> tuple[str, str]:
+    """(judge, record id) of an item the offline page named by its number in the sample: the run's sample whose tag
+    the line carries (the page names the judge by its step only, never by the label of a rescore's judge)."""
     judge, n = row["judge"], row.get("n")
     if run_dir is None:
         raise DataError(f"{where}: the item is named by its number; read it with the run whose sample it counts in")
-    if judge not in samples:
+    if row.get("sample") not in samples:
+        for path in sorted((Path(run_dir) / "reviews").glob("sample-*.json")):
+            s = read_sample(path)
+            samples[sample_tag(s)] = (s.get("judge") or path.stem.removeprefix("sample-"), [it["id"] for it in s["items"]])
+    if row.get("sample") not in samples:
         path = sample_path(run_dir, judge)
         if not path.exists():
             raise DataError(f"{where}: item number {n!r} of judge {judge}, but {path} does not exist")
-        s = read_sample(path)
-        samples[judge] = (sample_tag(s), [it["id"] for it in s["items"]])
-    tag, ids = samples[judge]
-    if row.get("sample") != tag:
         raise DataError(f"{where}: these labels were entered on another sample of judge {judge} (tag {row.get('sample')!r}, "
-                        f"{sample_path(run_dir, judge)} has {tag}): their item numbers do not count in it")
+                        f"{path} has {sample_tag(read_sample(path))}): their item numbers do not count in it")
+    judge, ids = samples[row["sample"]]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ids):
         raise DataError(f"{where}: item number {n!r} is not in 1..{len(ids)}")
-    return ids[n - 1]
+    return judge, ids[n - 1]
 
 
 def _label_lines(f: Path):

@@ -15,8 +15,9 @@ Exported (``export``): the same page keeps its labels in the browser (localStora
 as ``<reviewer>.jsonl`` to download, the file ``medstack calibrate --labels`` reads.
 
 Blind: the page gets each item's number in the sample (1..N) and what the protocol gives the judge --
-never the record id (it names the model, the arm, the format), the verdict, the stratum or the run. The
-data is embedded with :func:`models.jsontext.for_script`, so any text a model wrote shows as written.
+never the record id (it names the model, the arm, the format), the verdict, the stratum, the run, or the label
+of a rescore's judge (``STEP@LABEL``: the page names the judge step only; a downloaded line finds its sample by
+the sample's tag). The data is embedded with :func:`models.jsontext.for_script`, so any text a model wrote shows as written.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from pathlib import Path
 from aiohttp import web
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from experiments.core.results import write_private
 from experiments.review.labels import append_label, check_label, check_reviewer, read_labels, sample_tag
 from models.errors import DataError, MedstackError, StorageError
 from models.jsontext import for_script
-from models.paths import private_file
 from serving.secrets import is_loopback_host
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -54,7 +55,8 @@ def page_data(run_dir: Path, sample: dict, items: dict[str, dict], reviewer: str
         mine = read_labels(run_dir / "reviews" / f"{reviewer}.jsonl", run_dir).get(reviewer, {})
         labels = {str(number[item]): {"label": row.get("label"), "skipped": bool(row.get("skipped")), "comment": row.get("comment") or ""}
                   for (judge, item), row in mine.items() if judge == sample["judge"] and item in number}
-    data = {"mode": mode, "judge": sample["judge"], "sample": sample_tag(sample), "scale": sample["scale"], "reviewer": reviewer,
+    step = sample["judge"].partition("@")[0]  # STEP@LABEL: the label names a judge model, which the page never shows
+    data = {"mode": mode, "judge": step, "sample": sample_tag(sample), "scale": sample["scale"], "reviewer": reviewer,
             "items": [{"n": k, "show": items[s["id"]]["show"]} for k, s in enumerate(sample["items"], 1)], "labels": labels}
     if token:
         data["token"] = token
@@ -71,10 +73,9 @@ def render_page(data: dict) -> str:
 def export(run_dir: Path, sample: dict, items: dict[str, dict], reviewer: str, out: Path) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render_page(page_data(run_dir, sample, items, reviewer, "file")), encoding="utf-8")
-        private_file(out)
     except OSError as e:
         raise StorageError.from_os(out, e) from None
+    write_private(out, render_page(page_data(run_dir, sample, items, reviewer, "file")))
     return out
 
 

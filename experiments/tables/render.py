@@ -7,6 +7,7 @@ numbers; the footnotes follow the table.
 
 from __future__ import annotations
 
+from experiments.common.markdown import md_cell, md_table
 from experiments.core.registry import open_run
 from experiments.core.results import ResultsError
 from experiments.tables.build import ComputedTable, StudyTables, study_tables
@@ -80,19 +81,10 @@ def table_view(t: ComputedTable) -> dict:
             "footnotes": t.footnotes, "legend": legend}
 
 
-def _md_cell(s) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
 def table_markdown(view: dict) -> str:
-    lines = [f"### {view['caption']}", "", "| " + " | ".join(c or "measure" for c in view["columns"]) + " |",
-             "|" + " --- |" * len(view["columns"])]
-    for g in view["groups"]:
-        marks = "".join(f"^{n}" for n in g["notes"])
-        for i, row in enumerate(g["rows"]):
-            head = f"**{_md_cell(g['label'])}**{marks}" if i == 0 else ""
-            lines.append("| " + " | ".join([head, *(_md_cell(x) for x in row)]) + " |")
-    lines.append("")
+    rows = [[f"**{md_cell(g['label'])}**" + "".join(f"^{n}" for n in g["notes"]) if i == 0 else "", *map(md_cell, row)]
+            for g in view["groups"] for i, row in enumerate(g["rows"])]
+    lines = [f"### {view['caption']}", "", *md_table([c or "measure" for c in view["columns"]], rows), ""]
     lines += [f"^{i} {text}" for i, text in enumerate(view["footnotes"], 1)]
     if view["footnotes"]:
         lines.append("")

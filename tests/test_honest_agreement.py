@@ -100,7 +100,7 @@ def test_a_rescored_run_repeats_its_sources_deviations(toy, tmp_path):  # noqa: 
     m = json.loads((src / "metrics.json").read_text())
     m["deviations"] = ["sampling.temperature: ours 0.7, the authors' 0"]
     (src / "metrics.json").write_text(json.dumps(m))
-    assert rescore(app, src, "--judge", "match", "--model", f"other={REF}", "--out", tmp_path / "r2").exit_code == 0
+    assert rescore(app, src, "--judge", "match", "--judge-model", f"other={REF}", "--out", tmp_path / "r2").exit_code == 0
     assert json.loads((tmp_path / "r2" / "metrics.json").read_text())["deviations"] == m["deviations"]
     summary = (tmp_path / "r2" / "summary.md").read_text()
     assert "unlike the authors' (docs/protocols.md): 1 — sampling.temperature: ours 0.7, the authors' 0." in summary
@@ -110,7 +110,7 @@ def test_a_rescored_run_repeats_its_sources_deviations(toy, tmp_path):  # noqa: 
 def test_the_review_page_never_names_the_rescore_judge(toy, tmp_path):  # noqa: F811
     app, src, sent, script = toy
     out = tmp_path / "r2"
-    assert rescore(app, src, "--judge", "match", "--model", f"secretmodel={REF}", "--out", out).exit_code == 0
+    assert rescore(app, src, "--judge", "match", "--judge-model", f"secretmodel={REF}", "--out", out).exit_code == 0
     j = load_judge(out, "match@secretmodel")
     s = write_sample(out, j, 3, 0)
     items = {it["id"]: it for it in j["items"]}
@@ -132,7 +132,7 @@ def test_a_rescore_says_how_many_items_no_judge_decided(toy, tmp_path):  # noqa:
             r["scores"]["match/p2"] = {"value": 0, "source": "no answer", "judge": RULE}
     (src / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     script["judge"] = lambda role, text: "yes"
-    assert rescore(app, src, "--judge", "match", "--model", f"other={REF}", "--out", tmp_path / "r2").exit_code == 0
+    assert rescore(app, src, "--judge", "match", "--judge-model", f"other={REF}", "--out", tmp_path / "r2").exit_code == 0
     a = json.loads((tmp_path / "r2" / "metrics.json").read_text())["rescore"]["agreement"]["other"]
     # c1/p2: the run's rule against the new judge's yes -- a judge decided it on one side, so it counts (6 items)
     assert (a["n"], a["by_rule"]) == (6, 0)

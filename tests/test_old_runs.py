@@ -81,7 +81,7 @@ def test_old_folders_report_and_rescore_dry_run(tmp_path):
     assert p.returncode == 0, p.stderr
     html = (tmp_path / "report.html").read_text()
     assert "frq/vignette" in html and "llm-exact/dera" in html  # the typed scores of the upgraded records, per case
-    p = run_cli("rescore", str(runs / "craftmd"), "--judge", "frq", "--model", "embedded@http://127.0.0.1:9/v1",
+    p = run_cli("rescore", str(runs / "craftmd"), "--judge", "frq", "--judge-model", "embedded@http://127.0.0.1:9/v1",
                 "--out", str(tmp_path / "rescored"), "--dry-run")
     assert p.returncode == 0, p.stderr
     steps = {json.loads(x)["step"] for x in (tmp_path / "rescored" / "dry-run.jsonl").read_text().splitlines() if x.strip()}

@@ -233,12 +233,12 @@ def test_resume_after_a_kill_asks_only_the_records_not_finished(toy, tmp_path):
     app, src, sent, script = toy
     script["judge"] = lambda role, text: "yes"
     out = tmp_path / "run2"
-    assert rescore(app, src, "--judge", "match", "--model", REF, "--out", out).exit_code == 0
+    assert rescore(app, src, "--judge", "match", "--judge-model", REF, "--out", out).exit_code == 0
     lines = (out / "records.jsonl").read_text().splitlines()
     (out / "records.jsonl").write_text(lines[0] + "\n")  # killed after the first record was written
     done = json.loads(lines[0])["id"]
     sent.clear()
-    r = rescore(app, src, "--judge", "match", "--model", REF, "--out", out)
+    r = rescore(app, src, "--judge", "match", "--judge-model", REF, "--out", out)
     assert r.exit_code == 0, r.output
     assert len(sent) == 4 and not any(f" {done} " in text for _, text in sent)  # the finished record is not asked again
     recs = records(out)
@@ -259,17 +259,17 @@ def test_dry_run_builds_only_the_judge_requests(toy, tmp_path):
 def test_bad_command_lines_are_refused_before_anything_runs(toy, tmp_path):
     app, src, sent, script = toy
     before = files(src)
-    r = rescore(app, src, "--judge", "grade", "--model", REF, "--out", tmp_path / "x")
+    r = rescore(app, src, "--judge", "grade", "--judge-model", REF, "--out", tmp_path / "x")
     assert isinstance(r.exception, ConfigError) and getattr(r.exception, "exit_code", 2) == 2
     assert "\n" not in str(r.exception) and "no judge step 'grade'" in str(r.exception) and "its judge steps: match, rate" in str(r.exception)
-    r = rescore(app, src, "--judge", "match", "--model", REF, "--panel", f"a={REF},b={REF}", "--out", tmp_path / "x")
-    assert isinstance(r.exception, ConfigError) and "--model and --panel" in str(r.exception)
+    r = rescore(app, src, "--judge", "match", "--judge-model", REF, "--panel", f"a={REF},b={REF}", "--out", tmp_path / "x")
+    assert isinstance(r.exception, ConfigError) and "--judge-model and --panel" in str(r.exception)
     for panel, why in [(f"{REF},{REF}", "two judges labelled 'embedded'"), (REF, "at least two"), (f"a/b={REF},c={REF}", "label 'a/b'"),
                        (f"panel={REF},c={REF}", "label 'panel'")]:
         r = rescore(app, src, "--judge", "match", "--panel", panel, "--out", tmp_path / "x")
         assert isinstance(r.exception, ConfigError) and why in str(r.exception), (panel, r.exception)
     for out in (src, src / "inside"):
-        r = rescore(app, src, "--judge", "match", "--model", REF, "--out", out)
+        r = rescore(app, src, "--judge", "match", "--judge-model", REF, "--out", out)
         assert isinstance(r.exception, MedstackError) and "the source is never written" in str(r.exception)
     assert not sent and not (tmp_path / "x").exists() and files(src) == before
 
@@ -280,8 +280,8 @@ def test_bad_command_lines_exit_2_with_one_line(tmp_path):
     run.mkdir()
     (run / "records.jsonl").write_text('{"id": "c1", "status": "ok", "scores": {"match/p1": {"value": 1}}}\n')
     (run / "config.yaml").write_text("experiment: nobody-declares-this\n")
-    for args, says in [(["--model", REF, "--panel", f"a={REF},b={REF}"], "--model and --panel together"),
-                       (["--model", REF], "has no judge step 'match'; its study declares no judge that can be asked again")]:
+    for args, says in [(["--judge-model", REF, "--panel", f"a={REF},b={REF}"], "--judge-model and --panel together"),
+                       (["--judge-model", REF], "has no judge step 'match'; its study declares no judge that can be asked again")]:
         proc = run_cli("rescore", str(run), "--judge", "match", *args, "--out", str(tmp_path / "out"))
         assert proc.returncode == 2 and says in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr and len((proc.stdout + proc.stderr).strip().splitlines()) == 1
@@ -316,11 +316,11 @@ def test_the_report_shows_the_judges_side_by_side(toy, tmp_path):
 def test_a_rescored_run_can_be_rescored_again(toy, tmp_path):
     app, src, sent, script = toy
     script["judge"] = lambda role, text: "no"
-    assert rescore(app, src, "--judge", "match", "--model", f"first={REF}", "--out", tmp_path / "r2").exit_code == 0
-    r = rescore(app, tmp_path / "r2", "--judge", "match", "--model", f"second={REF}", "--out", tmp_path / "r3")
+    assert rescore(app, src, "--judge", "match", "--judge-model", f"first={REF}", "--out", tmp_path / "r2").exit_code == 0
+    r = rescore(app, tmp_path / "r2", "--judge", "match", "--judge-model", f"second={REF}", "--out", tmp_path / "r3")
     assert r.exit_code == 0, (r.output, r.exception)
     g = grades(records(tmp_path / "r3")["c1"])
     assert g["match/p1"].value == 1 and g["match/p1@first"].value == 0 and g["match/p1@second"].value == 0
     # a different judge for the same RUN2 is refused: it holds a rescore with other settings
-    r = rescore(app, src, "--judge", "match", "--model", f"other={REF}", "--out", tmp_path / "r2")
+    r = rescore(app, src, "--judge", "match", "--judge-model", f"other={REF}", "--out", tmp_path / "r2")
     assert isinstance(r.exception, MedstackError) and "different settings" in str(r.exception) and "rescore" in str(r.exception)

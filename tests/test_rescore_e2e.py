@@ -32,7 +32,7 @@ def check_rescore(cli, src: Path, step: str, ref: str, tmp_path: Path, experimen
     """Rescore ``src`` with one model and (``panel_too``) with a panel of three; check what was sent and what was kept."""
     before = _files(src)
     one, panel = tmp_path / f"{step}-one", tmp_path / f"{step}-panel"
-    cli("rescore", str(src), "--judge", step, "--model", f"again={ref}", "--out", str(one), check=True)
+    cli("rescore", str(src), "--judge", step, "--judge-model", f"again={ref}", "--out", str(one), check=True)
     if panel_too:
         cli("rescore", str(src), "--judge", step, "--panel", f"a={ref},b={ref},c={ref}", "--out", str(panel), "--no-cache", check=True)
     assert _files(src) == before  # the source folder is only read

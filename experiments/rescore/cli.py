@@ -1,4 +1,4 @@
-"""`medstack rescore RUN --judge STEP --model M --out RUN2` (or `--panel M1,M2,M3`): a finished run's judge asked again by other models."""
+"""`medstack rescore RUN --judge STEP --judge-model M --out RUN2` (or `--panel M1,M2,M3`): a finished run's judge asked again by other models."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ def rescore(
     run: Path = typer.Argument(..., help="A results directory (finished or partial): its finished records are graded again. Never written."),
     judge: str = typer.Option(..., "--judge", metavar="STEP", help="The judge step to ask again, as the run's study declares it (e.g. frq: "
                                                                    "CRAFT-MD's grader; llm-exact: DERA-QA's judge). A step the run lacks is refused, naming its steps."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="REF", help="One judge model: registry ALIAS or ALIAS@URL, "
-                                                                                    "optionally LABEL=REF (default label: the alias). Its grades are STEP/PART@LABEL."),
+    model: Optional[str] = typer.Option(None, "--judge-model", metavar="REF", help="One judge model: registry ALIAS or ALIAS@URL, "
+                                                                                "optionally LABEL=REF (default label: the alias). Its grades are STEP/PART@LABEL."),
+    old_model: Optional[str] = typer.Option(None, "--model", "-m", hidden=True),  # the option's earlier name
     panel: Optional[str] = typer.Option(None, "--panel", metavar="LIST", help="A judge panel instead: [LABEL=]REF,[LABEL=]REF,... (at least two; the same "
                                                                              "model twice needs two labels). Grades per member and STEP/PART@panel: "
                                                                              "the majority of binary grades (a tie unscored), the mean of ordinal ones."),
@@ -24,7 +25,7 @@ def rescore(
     api_key: Optional[str] = typer.Option(None, "--api-key", metavar="KEY", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY). Never written to the results."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Build every judge request as the rescore would send it into RUN2/dry-run.jsonl; nothing is sent."),
 ) -> None:
-    """Ask one judge step of a finished run again, with another judge model (--model) or a panel (--panel), over the
+    """Ask one judge step of a finished run again, with another judge model (--judge-model) or a panel (--panel), over the
     stored answers: only the judge's requests are sent (the study's own prompt, sampling and parser), no doctor,
     patient or answer request. RUN2 holds every record of RUN with both grades (STEP/PART and STEP/PART@LABEL),
     metrics.json each judge's means and its agreement with the run's own judge (percent agreement, Cohen's or
@@ -35,7 +36,7 @@ def rescore(
     from experiments.core.commands import execute, log
     from experiments.rescore.run import prepare_rescore
 
-    study, settings, cases = prepare_rescore(run, judge, model=model, panel=panel, out=out, concurrency=concurrency,
+    study, settings, cases = prepare_rescore(run, judge, model=model or old_model, panel=panel, out=out, concurrency=concurrency,
                                              use_cache=not no_cache, allow_remote=allow_remote, log=log)
     execute(study, settings, cases, api_key=api_key, dry_run=dry_run)
 

@@ -1,4 +1,4 @@
-"""`medstack rescore RUN --judge STEP --model M --out RUN2` (or ``--panel M1,M2,M3``): ask one judge step of a finished
+"""`medstack rescore RUN --judge STEP --judge-model M --out RUN2` (or ``--panel M1,M2,M3``): ask one judge step of a finished
 run again, with other judge models, over the stored answers.
 
 The rescore is a study of its own built for the source run (:class:`RescoreStudy`), so it goes through the one runner
@@ -52,14 +52,14 @@ class RescoreSettings(RunSettings):
 
 
 def judge_models(model: str | None, panel: str | None) -> dict[str, str]:
-    """``--model REF`` or ``--panel [LABEL=]REF,...`` -> {label: model reference}; a label defaults to the
+    """``--judge-model REF`` or ``--panel [LABEL=]REF,...`` -> {label: model reference}; a label defaults to the
     reference's alias. Bad input raises ConfigError (exit 2)."""
     if model and panel:
-        raise ConfigError("--model and --panel together: give one (--model REF: one judge; --panel REF1,REF2,REF3: a panel)")
+        raise ConfigError("--judge-model and --panel together: give one (--judge-model REF: one judge; --panel REF1,REF2,REF3: a panel)")
     if not model and not panel:
-        raise ConfigError("rescore needs --model REF (one judge) or --panel REF1,REF2,REF3 (a judge panel)")
+        raise ConfigError("rescore needs --judge-model REF (one judge) or --panel REF1,REF2,REF3 (a judge panel)")
     items = [model] if model else [x.strip() for x in str(panel).split(",") if x.strip()]
-    flag = "--model" if model else "--panel"
+    flag = "--judge-model" if model else "--panel"
     out: dict[str, str] = {}
     for item in items:
         label, sep, ref = item.partition("=")
@@ -73,7 +73,7 @@ def judge_models(model: str | None, panel: str | None) -> dict[str, str]:
             raise ConfigError(f"{flag}: two judges labelled {label!r}; name each LABEL=REF, e.g. a={ref.strip()},b={ref.strip()}")
         out[label] = str(parsed)
     if panel and len(out) < 2:
-        raise ConfigError(f"--panel {panel!r}: a panel needs at least two judges (one judge: --model)")
+        raise ConfigError(f"--panel {panel!r}: a panel needs at least two judges (one judge: --judge-model)")
     return out
 
 

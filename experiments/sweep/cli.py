@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 
@@ -33,7 +33,7 @@ def sweep(
     report: bool = typer.Option(True, "--report/--no-report", help="End with `medstack report` over the sweep (SWEEP/report.html)."),
     vary: Optional[str] = typer.Option(None, "--vary", help="Comma list of the roles each model of --models plays (default: the role under test: "
                                        "CRAFT-MD clinical, DERA decider,researcher, MediTOD model, autoeval judge)."),
-    executor: str = typer.Option("local", "--executor", help="local: the entries in turn on this machine; slurm: one Slurm job per entry "
+    executor: Literal["local", "slurm"] = typer.Option("local", "--executor", help="local: the entries in turn on this machine; slurm: one Slurm job per entry "
                                  "(a job array), then a join job; the command returns once they are submitted."),
     slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help=f"{SLURM_HELP}: the partition."),
     slurm_account: Optional[str] = typer.Option(None, "--slurm-account", help=f"{SLURM_HELP}: the account charged."),
@@ -72,8 +72,6 @@ def sweep(
     if help_ or study is None:
         show_help(ctx, study)
         raise typer.Exit(0 if help_ else 2)
-    if executor not in ("local", "slurm"):
-        raise ConfigError(f"--executor {executor!r}: local or slurm")
     if not models:
         raise ConfigError(f"sweep {study}: --models is required (a comma list of model references, e.g. embedded,llama3-8b-instruct)")
     sweep_dir = out or Path("runs") / f"sweep-{study}"

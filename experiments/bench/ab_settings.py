@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from experiments.bench import prompts as P
+from experiments.common.markdown import md_table
 from experiments.bench.measure import calculate_metrics
 from experiments.bench.send import send_completion
 from models.registry import resolve_weights
@@ -135,14 +136,11 @@ def summarize(path: str) -> None:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    print("| arm | " + " | ".join(f"{s} out tok/s median [min-max] (n)" for s in shapes) + " |")
-    print("|---|" + "---|" * len(shapes))
-    for arm in arms:
-        cells = []
-        for s in shapes:
-            v = [r["output_tokens_per_s"] for r in rows if r["arm"] == arm and r["shape"] == s and not r["failed"]]
-            cells.append(f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] ({len(v)})" if v else "-")
-        print(f"| {arm} | " + " | ".join(cells) + " |")
+    def cell(v: list[float]) -> str:
+        return f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] ({len(v)})" if v else "-"
+
+    print("\n".join(md_table(["arm", *(f"{s} out tok/s median [min-max] (n)" for s in shapes)], [[arm, *(cell(
+        [r["output_tokens_per_s"] for r in rows if r["arm"] == arm and r["shape"] == s and not r["failed"]]) for s in shapes)] for arm in arms])))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import math
 import statistics as st
 from pathlib import Path
 
+from experiments.common.markdown import md_table
 from experiments.core.results import iter_records
 
 CASE_TRIALS = 2004 * 5  # the released case set (2,004 cases) x 5 trials: one format set per case-trial
@@ -194,14 +195,13 @@ def _measured_hit(run_dir: str) -> float | None:
 
 def markdown(e: dict) -> str:
     t = e["total"]
-    lines = [f"| case-trials | calls | prompt tokens | prompt tokens after prefix caching | output tokens | GPU time (1 H100) |",
-             "|---|---|---|---|---|---|",
-             f"| {e['case_trials']:,} | {t['calls']:,} | {t['prompt']:,} | {t['uncached']:,} ({100 * e['prefix_cache_saving']:.0f} % cached) "
-             f"| {t['output']:,} | {e['gpu_seconds'] / 3600:.2f} h |", "",
-             "GPU time (1 H100) at a lower prefix-cache hit rate: " + "; ".join(f"{k}: {v} h" for k, v in e["gpu_hours_if"].items()), "",
-             "| replicas (1 H100 each) | wall time | calls/s the runner must sustain | concurrency that keeps them busy |", "|---|---|---|---|"]
-    lines += [f"| {r['replicas']} | {r['wall_h']} h | {r['calls_per_s']} | {r['concurrency']} |" for r in e["replicas"]]
-    return "\n".join(lines)
+    return "\n".join([
+        *md_table(["case-trials", "calls", "prompt tokens", "prompt tokens after prefix caching", "output tokens", "GPU time (1 H100)"], [[
+            f"{e['case_trials']:,}", f"{t['calls']:,}", f"{t['prompt']:,}", f"{t['uncached']:,} ({100 * e['prefix_cache_saving']:.0f} % cached)",
+            f"{t['output']:,}", f"{e['gpu_seconds'] / 3600:.2f} h"]]), "",
+        "GPU time (1 H100) at a lower prefix-cache hit rate: " + "; ".join(f"{k}: {v} h" for k, v in e["gpu_hours_if"].items()), "",
+        *md_table(["replicas (1 H100 each)", "wall time", "calls/s the runner must sustain", "concurrency that keeps them busy"],
+                  [[r["replicas"], f"{r['wall_h']} h", r["calls_per_s"], r["concurrency"]] for r in e["replicas"]])])
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings
@@ -225,8 +226,7 @@ COLUMNS = [("case_trials", "case-trials"), ("calls", "calls"), ("calls_per_case_
 
 
 def table(row: dict) -> str:
-    lines = ["| figure | value |", "|---|---|"] + [f"| {label} | {row.get(key)} |" for key, label in COLUMNS]
-    return "\n".join(lines)
+    return "\n".join(md_table(["figure", "value"], [[label, row.get(key)] for key, label in COLUMNS]))
 
 
 def run_scale(case_trials: int, trials: int, concurrency: int, out: Path | None, profile: bool, log=print) -> dict:

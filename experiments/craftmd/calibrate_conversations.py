@@ -30,6 +30,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import cluster_bootstrap, mean_ci, rater_agreement
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.results import RunDir
@@ -189,26 +190,17 @@ def calibration_metrics(records: list[dict], *, n_boot: int = N_BOOT) -> dict:
     return out
 
 
-def _f(x, nd: int = 3) -> str:
-    return "–" if x is None or x != x else f"{x:.{nd}f}"
-
-
 def _ci(m: dict, k: str) -> str:
     ci = (m.get("ci95") or {}).get(k)
-    return _f(m.get(k)) + (f" [{_f(ci[0])}, {_f(ci[1])}]" if ci else "")
+    return num(m.get(k)) + (f" [{num(ci[0])}, {num(ci[1])}]" if ci else "")
 
 
 def _p(x: dict | None) -> str:
     return "–" if not x or x["pct"] is None else f"{x['pct']:.1f} ({x['yes']}/{x['n']})"
 
 
-ROW_HEAD = ["| check | question | against | n | agreement [95% CI] | Cohen's kappa [95% CI] | sensitivity [95% CI] | specificity [95% CI] | "
-            "confusion [[No/No, No/Yes], [Yes/No, Yes/Yes]] |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-
-
-def _row(check: str, q: str, against: str, x: dict) -> str:
-    return (f"| {check} | {q} | {against} | {x['n']} | {_ci(x, 'exact_agreement')} | {_ci(x, 'kappa')} | {_ci(x, 'sensitivity')} | "
-            f"{_ci(x, 'specificity')} | {x['confusion']} |")
+AGREEMENT_COLUMNS = ["check", "question", "against", "n", "agreement [95% CI]", "Cohen's kappa [95% CI]", "sensitivity [95% CI]",
+                     "specificity [95% CI]", "confusion [[No/No, No/Yes], [Yes/No, Yes/Yes]]"]
 
 
 def calibration_summary(m: dict, assessor: str, settings_line: str = "") -> str:
@@ -222,35 +214,22 @@ def calibration_summary(m: dict, assessor: str, settings_line: str = "") -> str:
           "No assessor (no --model): the deterministic check alone."),
          "Kappa: Cohen's (two categories); sensitivity: the check's Yes among the experts' Yes; specificity: its No among their No. "
          f"95 % CIs: {m.get('ci', 'percentile bootstrap')} (45 cases x 4 models: a case's conversations are not independent).", "",
-         "## Agreement with the experts, combined and per rater", ""] + ROW_HEAD
-    for rater in RATERS:
-        x = (m["detector"].get("Q3") or {}).get(rater)
-        if x:
-            L.append(_row("terminology check", "Q3", against[rater], x))
-    for q in EXPERT_LABELLED:
-        x = m["questions"].get(q)
-        if x:
-            L.append(_row(f"assessor `{assessor}`", q, against["combined"], x))
-            for rater in ("d1", "d2"):
-                L.append(_row(f"assessor `{assessor}`", q, against[rater], m["per_rater"][q][rater]))
-    for q in EXPERT_LABELLED:
-        if m["raters"].get(q, {}).get("n"):
-            L.append(_row("rater d2 (the ceiling)", q, against["d1"], m["raters"][q]))
+         "## Agreement with the experts, combined and per rater", ""]
+    rows = [("terminology check", "Q3", rater, x) for rater in RATERS if (x := (m["detector"].get("Q3") or {}).get(rater))]
+    rows += [(f"assessor `{assessor}`", q, rater, x if rater == "combined" else m["per_rater"][q][rater])
+             for q in EXPERT_LABELLED if (x := m["questions"].get(q)) for rater in ("combined", "d1", "d2")]
+    rows += [("rater d2 (the ceiling)", q, "d1", m["raters"][q]) for q in EXPERT_LABELLED if m["raters"].get(q, {}).get("n")]
+    L += md_table(AGREEMENT_COLUMNS, [[check, q, against[rater], x["n"], *(_ci(x, k) for k in ("exact_agreement", "kappa", "sensitivity", "specificity")),
+                                       x["confusion"]] for check, q, rater, x in rows])
     if m["questions"]:
         L += ["", "Assessor replies left unscored: " + ", ".join(f"{q} {x['assessor_unscored']}" for q, x in m["questions"].items())
               + f"; of them, Q3 replies quoting a term no patient line holds: {m['questions'].get('Q3', {}).get('terms_not_in_patient_lines', 0)}."]
     L += ["", "## % yes per model: the checks beside the experts", "",
-          "| model | question | assessor: % yes (yes/n) | terminology check: % yes (yes/n) | experts: % yes (yes/n) | published % |",
-          "| --- | --- | --- | --- | --- | --- |"]
-    for model, qs in m["per_model"].items():
-        for q, x in qs.items():
-            pub = (published.get(q) or {}).get(model) if isinstance(published.get(q), dict) else None
-            if q == "Q3" and published.get("Q3_overall") is not None:
-                pub_text = f"{published['Q3_overall']:.2f} (all four models)"
-            else:
-                pub_text = "–" if pub is None else f"{pub:.2f}"
-            L.append(f"| {PAPER_LABELS.get(model, model)} | {q} | {_p(x['assessor'])} | {_p(x.get('detector'))} | "
-                     f"{_p(x['experts']) if x['experts'] is not None else 'not released'} | {pub_text} |")
+          *md_table(["model", "question", "assessor: % yes (yes/n)", "terminology check: % yes (yes/n)", "experts: % yes (yes/n)", "published %"], [
+              [PAPER_LABELS.get(model, model), q, _p(x["assessor"]), _p(x.get("detector")), _p(x["experts"]) if x["experts"] is not None else "not released",
+               f"{published['Q3_overall']:.2f} (all four models)" if q == "Q3" and published.get("Q3_overall") is not None
+               else num((published.get(q) or {}).get(model) if isinstance(published.get(q), dict) else None, 2)]
+              for model, qs in m["per_model"].items() for q, x in qs.items()])]
     return "\n".join(L) + "\n"
 
 

@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from experiments.common.grade import to_disk
+from experiments.common.markdown import md_table
 from experiments.common.stats import count_agreement
 from experiments.core.dryrun import RecordingClient, request_line, write_requests
 from experiments.core.results import RunDir
@@ -205,12 +206,9 @@ def _fmt(x, nd=3):
 
 
 def figures_table(rows: list[tuple[str, dict]]) -> list[str]:
-    L = ["| rater vs dermatologist | n cases | exact count agreement | mean abs diff | trial agreement bound | weighted kappa (linear) | Spearman rho |",
-         "| --- | --- | --- | --- | --- | --- | --- |"]
-    for name, m in rows:
-        L.append(f"| {name} | {m['n']} | {_fmt(m['exact_agreement'])} | {_fmt(m['mean_abs_diff'])} | {_fmt(m['trial_agreement_bound'])} | "
-                 f"{_fmt(m['weighted_kappa_linear'])} | {_fmt(m['spearman']['rho'])} |")
-    return L
+    return md_table(["rater vs dermatologist", "n cases", "exact count agreement", "mean abs diff", "trial agreement bound", "weighted kappa (linear)",
+                     "Spearman rho"], [[name, m["n"], *map(_fmt, (m["exact_agreement"], m["mean_abs_diff"], m["trial_agreement_bound"],
+                                                                  m["weighted_kappa_linear"], m["spearman"]["rho"]))] for name, m in rows])
 
 
 # ------------------------------------------------------------------ the command

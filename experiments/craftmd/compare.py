@@ -20,6 +20,7 @@ from experiments.craftmd.metrics import PATIENT_CHECKS_NOTE, accuracy, case_scor
 from experiments.craftmd.patient_checks import count_checks
 from experiments.craftmd.settings import FORMATS, MODES
 from experiments.core.results import read_run
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
 from experiments.tables.build import study_tables
 from experiments.tables.plots import write_figures
@@ -141,10 +142,6 @@ def compare(paths: list[str], runs: list[dict] | None = None) -> dict:
     }
 
 
-def _f(x, nd=3):
-    return "–" if x is None else f"{x:.{nd}f}"
-
-
 def summary_markdown(result: dict) -> str:
     L = ["# CRAFT-MD comparison", "", "Runs: " + ", ".join(f"{r['name']} ({r['cases']} cases, {r['records']} records, answers: {r.get('answers', 'free')})"
                                                           for r in result["runs"]), ""]
@@ -158,28 +155,21 @@ def summary_markdown(result: dict) -> str:
             continue
         fmts = [f for f in FORMATS if any(a["format"] == f for a in rows)]
         rule_col = m == "frq"
-        L += [f"## {m.upper()} accuracy [95% bootstrap CI] (n = cases)", "", "| run | " + ("grades / concurrent rule | " if rule_col else "") + " | ".join(fmts) + " |",
-              "| --- |" + (" --- |" if rule_col else "") + " --- |" * len(fmts)]
-        for r in result["runs"]:
-            cells = []
-            for f in fmts:
-                a = next((x for x in rows if x["run"] == r["name"] and x["format"] == f), None)
-                cells.append("–" if not a or a["accuracy"] is None else f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] n={a['n']}")
-            L.append(f"| {r['name']} | " + (f"{r.get('grades', 'local')} / {r.get('concurrent_rule', 'zero')} | " if rule_col else "") + " | ".join(cells) + " |")
-        L.append("")
+        acc = {(x["run"], x["format"]): x for x in rows if x["accuracy"] is not None}
+        L += [f"## {m.upper()} accuracy [95% bootstrap CI] (n = cases)", "", *md_table(["run", *["grades / concurrent rule"] * rule_col, *fmts], [
+            [r["name"], *[f"{r.get('grades', 'local')} / {r.get('concurrent_rule', 'zero')}"] * rule_col,
+             *(f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] n={a['n']}" if (a := acc.get((r["name"], f))) else "–" for f in fmts)]
+            for r in result["runs"]]), ""]
     L += ["## Paired tests (paired bootstrap on case_id, Holm within each table; McNemar where paired binary)", "",
-          "| table | a | b | n | mean diff (a−b) | p | p (Holm) | McNemar p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for t in result["tests"]:
-        L.append(f"| {t['table']} | {t['a']} | {t['b']} | {t['n_paired']} | {_f(t.get('mean_diff'))} | {_f(t.get('p'), 4)} | {_f(t.get('p_holm'), 4)} | {_f(t.get('mcnemar_p'), 4)} |")
-    columns, rows = patient_check_table(list((result.get("patient_checks") or {}).items()))
-    L += ["", "## Patient checks (no model): the runs' patients beside the authors' four released ones", "", "| " + " | ".join(columns) + " |",
-          "|" + " --- |" * len(columns), *("| " + " | ".join(r) + " |" for r in rows), "", PATIENT_CHECKS_NOTE]
-    L += ["", "## Per specialty (accuracy, n cases; FRQ graded as in the table above, per run)", "", "| run | specialty | " + " | ".join(f"{f}.{m}" for f in FORMATS for m in MODES) + " |",
-          "| --- | --- |" + " --- |" * (len(FORMATS) * len(MODES))]
-    for run, by in result["per_specialty"].items():
-        for spec, accs in by.items():
-            cells = [(f"{accs[k]['accuracy']:.2f} ({accs[k]['n']})" if k in accs and accs[k]["accuracy"] is not None else "–") for k in (f"{f}.{m}" for f in FORMATS for m in MODES)]
-            L.append(f"| {run} | {spec} | " + " | ".join(cells) + " |")
+          *md_table(["table", "a", "b", "n", "mean diff (a−b)", "p", "p (Holm)", "McNemar p"], [
+              [t["table"], t["a"], t["b"], t["n_paired"], num(t.get("mean_diff")), *(num(t.get(k), 4) for k in ("p", "p_holm", "mcnemar_p"))]
+              for t in result["tests"]])]
+    L += ["", "## Patient checks (no model): the runs' patients beside the authors' four released ones", "",
+          *md_table(*patient_check_table(list((result.get("patient_checks") or {}).items()))), "", PATIENT_CHECKS_NOTE]
+    keys = [f"{f}.{m}" for f in FORMATS for m in MODES]
+    L += ["", "## Per specialty (accuracy, n cases; FRQ graded as in the table above, per run)", "", *md_table(["run", "specialty", *keys], [
+        [run, spec, *(f"{accs[k]['accuracy']:.2f} ({accs[k]['n']})" if k in accs and accs[k]["accuracy"] is not None else "–" for k in keys)]
+        for run, by in result["per_specialty"].items() for spec, accs in by.items()])]
     return "\n".join(L) + "\n"
 
 

@@ -27,6 +27,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import mcnemar_test, mean_ci
 from experiments.craftmd.importer import doctor_turns, parse_conversation
 from models.errors import DataError
@@ -245,31 +246,23 @@ def expert_summary(metrics: dict, published: dict, source: str) -> str:
         "Questions: " + "; ".join(f"{q}: {t}" for q, t in QUESTION_TEXT.items()) + ".", "",
     ]
     for q, fig in (("Q1", "Fig. 3i"), ("Q2", "Fig. 3j"), ("Q3", None)):
-        lines += [f"## {q}: {QUESTION_TEXT[q]}" + (f" ({fig})" if fig else ""), "",
-                  f"| model | {RECOMPUTED}: % yes [95% CI] (yes/n) | published % |", "| --- | --- | --- |"]
-        for m in models:
-            pub = (published.get(q) or {}).get(m)
-            lines.append(f"| {PAPER_LABELS[m]} | {_pct(metrics['rates'][m][q])} | {NOT_IN_SOURCES if pub is None else f'{pub:.2f}'} |")
+        rows = [[PAPER_LABELS[m], _pct(metrics["rates"][m][q]), num((published.get(q) or {}).get(m), 2, NOT_IN_SOURCES)] for m in models]
         if q == "Q3":
-            pub = published.get("Q3_overall")
-            lines.append(f"| all {metrics['conversations']} | {_pct(metrics['overall']['Q3'])} | {NOT_IN_SOURCES if pub is None else f'{pub:.2f}'} |")
+            rows.append([f"all {metrics['conversations']}", _pct(metrics["overall"]["Q3"]), num(published.get("Q3_overall"), 2, NOT_IN_SOURCES)])
+        lines += [f"## {q}: {QUESTION_TEXT[q]}" + (f" ({fig})" if fig else ""), "",
+                  *md_table(["model", f"{RECOMPUTED}: % yes [95% CI] (yes/n)", "published %"], rows)]
         if q in ("Q1", "Q2"):
             lines += ["", "The paper truncates to two decimals: its 35.55 and 8.88 are 35.56 and 8.89 rounded."]
         lines.append("")
     lines += ["## Exact McNemar tests between models (Supplementary Table 18)", "",
               "Paired by case; exact binomial test on the discordant pairs; p truncated to 4 decimals as the paper prints it "
               "(below 0.0001: < 0.0001). Published: the values of the paper's Supplementary Table 18 that our sources give.", "",
-              f"| question | model A | model B | pairs | A yes/B no | A no/B yes | p ({RECOMPUTED}) | p (published) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for key, t in metrics["mcnemar_exact"].items():
-        pub = (published.get("mcnemar") or {}).get(key)
-        lines.append(f"| {t['question']} | {PAPER_LABELS[t['a']]} | {PAPER_LABELS[t['b']]} | {t['n_pairs']} | {t['table'][0][1]} | "
-                     f"{t['table'][1][0]} | {truncate(t['p_value'])} | {NOT_IN_SOURCES if pub is None else f'{pub:.4f}'} |")
+              *md_table(["question", "model A", "model B", "pairs", "A yes/B no", "A no/B yes", f"p ({RECOMPUTED})", "p (published)"], [
+                  [t["question"], PAPER_LABELS[t["a"]], PAPER_LABELS[t["b"]], t["n_pairs"], t["table"][0][1], t["table"][1][0], truncate(t["p_value"]),
+                   num((published.get("mcnemar") or {}).get(key), 4, NOT_IN_SOURCES)] for key, t in metrics["mcnemar_exact"].items()])]
     lines += ["", "## Agreement of the two raters on the dual-labelled conversations (Extended Data Table 3)", "",
-              "| model | " + " | ".join(EXPERT_QUESTIONS) + " |", "| --- |" + " --- |" * len(EXPERT_QUESTIONS)]
-    for m in models:
-        cells = [f"{metrics['agreement'][f'{m}|{q}']['agree']}/{metrics['agreement'][f'{m}|{q}']['n']}" for q in EXPERT_QUESTIONS]
-        lines.append(f"| {PAPER_LABELS[m]} | " + " | ".join(cells) + " |")
+              *md_table(["model", *EXPERT_QUESTIONS], [
+                  [PAPER_LABELS[m], *(f"{a['agree']}/{a['n']}" for a in (metrics["agreement"][f"{m}|{q}"] for q in EXPERT_QUESTIONS))] for m in models])]
     unresolved = sum(a["unresolved"] for a in metrics["agreement"].values())
     lines += ["", f"Disagreements broken by the third rater: {sum(a['tie_broken'] for a in metrics['agreement'].values())}; "
                   f"left without a label (no tie-break): {unresolved}.", ""]

@@ -204,7 +204,6 @@ def conversation_markdown(metrics: dict, published: dict | None = None, paper_mo
                   "The paper's values (Fig. 3i: Q1, Fig. 3j: Q2, per clinical LLM; Q3 over all 180 conversations) are dermatologists' labels "
                   "of the paper's own conversations" + ("" if paper_model else "; this run's doctor model is none of the paper's four") + "."]
     if metrics.get("patient_checks"):
-        columns, rows = patient_check_table([(run_name or "this run", metrics["patient_checks"])])
         lines += ["", "## Patient checks (no model), beside the authors' four released patients", "",
-                  "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns), *("| " + " | ".join(r) + " |" for r in rows), "", PATIENT_CHECKS_NOTE]
+                  *md_table(*patient_check_table([(run_name or "this run", metrics["patient_checks"])])), "", PATIENT_CHECKS_NOTE]
     return "\n".join(lines) + ("\n" if lines else "")

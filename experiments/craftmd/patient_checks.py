@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from difflib import SequenceMatcher
 
+from experiments.common.normalize import words as word_list
 from experiments.common.stats import mean_ci
 
 CHECKS = ("leaks_diagnosis", "names_other_choice", "confirms_unsupported", "breaks_character", "copies_vignette", "empty_turn")
@@ -65,8 +66,8 @@ def singular(w: str) -> str:
 
 
 def words(text: str | None) -> list[str]:
-    """Lowercased word tokens (letters and digits), apostrophes dropped first ("Crohn's" -> "crohns"), plurals singular."""
-    return [singular(w) for w in re.findall(r"[^\W_]+", re.sub(r"['’`]", "", (text or "").lower()))]
+    """Lowercased word tokens (letters and digits), apostrophes dropped first ("Crohn's" -> "crohn"), plurals singular."""
+    return [singular(w) for w in word_list(text, split="letters", drop_apostrophes=True)]
 
 
 def is_diagnosis(answer: str) -> bool:

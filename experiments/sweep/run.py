@@ -33,6 +33,7 @@ from pathlib import Path
 
 import typer
 
+from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
@@ -322,12 +323,11 @@ def write_summary(outcome: SweepOutcome, sweep_dir: Path, study: str) -> Path:
 
 
 def summary_lines(outcome: SweepOutcome) -> list[str]:
-    head = roles_line(outcome)
-    lines = ([head, ""] if head else []) + ["| model | run | status |", "| --- | --- | --- |"]
     def one_line(text: str) -> str:  # a server's log tail is many lines: its first line, in the table
         first = text.strip().splitlines()[0] if text.strip() else ""
         return (first[:200] + " ...") if len(first) > 200 or "\n" in text.strip() else first
 
-    lines += [f"| {r.model} | {r.out} | {r.status}{': ' + one_line(r.message).replace('|', '/') if r.message else ''} |" for r in outcome.runs]
-    lines += [f"| (published) | {p} | imported |" for p in outcome.published]
-    return lines
+    head = roles_line(outcome)
+    return ([head, ""] if head else []) + md_table(["model", "run", "status"], [
+        *([r.model, r.out, f"{r.status}{': ' + one_line(r.message).replace('|', '/') if r.message else ''}"] for r in outcome.runs),
+        *(["(published)", p, "imported"] for p in outcome.published)])

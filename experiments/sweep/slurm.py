@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.common.markdown import md_table
 from experiments.core.config import ConfigError
 from experiments.core.results import make_results_dir, read_jsonl
 from experiments.core.runlock import RunLock
@@ -412,8 +413,8 @@ def status_rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
 
 def status_lines(sweep_dir: Path) -> list[str]:
     head, rows = status_rows(sweep_dir)
-    lines = [f"sweep {head['study']}: {sweep_dir}", "", "| entry | model | job | state | cases | restarts |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['entry']} | {r['model']} | {r['job']} | {r['state']} | {r['cases']} | {r['restarts']} |" for r in rows]
+    columns = ["entry", "model", "job", "state", "cases", "restarts"]
+    lines = [f"sweep {head['study']}: {sweep_dir}", "", *md_table(columns, [[r[c] for c in columns] for r in rows])]
     lines += ["", f"join: job {head['join_job'] or '-'} {head['join_state']}"]
     for r in rows:
         if r["state"] == "failed":

@@ -140,6 +140,9 @@ def _short(text, n: int):
     return text[:n] + " ..." if isinstance(text, str) and len(text) > n else text
 
 
+REPORT_FIELDS = ("assessment", "patient_checks", "experts")  # what report_case draws
+
+
 def report_case(record: dict) -> list[tuple[str, str]]:
     """A record's conversation checks, one row each: the assessor's verdicts (with the experts' label where the
     conversation is a released one) and the patient checks, with the turns and what was found."""
@@ -183,14 +186,15 @@ def live_judges(live: bool) -> tuple[Judge, ...]:
 
 
 CRAFTMD = StudyResults(
-    experiment="craftmd", scores=scores, compare=run_compare, published=PUBLISHED, import_published=import_published, report_case=report_case,
+    experiment="craftmd", scores=scores, compare=run_compare, published=PUBLISHED, import_published=import_published,
+    report_case=report_case, report_fields=REPORT_FIELDS,
     judges=(Judge("frq", BINARY, FRQ_QUESTION, role="grader", show=show_frq, ask=ask_frq),
             Judge("frq-count", count_scale(5), COUNT_QUESTION, role="grader", items=frq_count_items),
             *live_judges(True)),
     report_run=conversation_tables)
-EXPERTS_IMPORT = StudyResults(experiment="craftmd-experts", scores=scores, report_case=report_case)
+EXPERTS_IMPORT = StudyResults(experiment="craftmd-experts", scores=scores, report_case=report_case, report_fields=REPORT_FIELDS)
 CALIBRATE_CONVERSATIONS = StudyResults(experiment="calibrate-craftmd-conversations", scores=scores, judges=live_judges(False),
-                                       report_case=report_case, report_run=conversations_calibration_tables)
+                                       report_case=report_case, report_fields=REPORT_FIELDS, report_run=conversations_calibration_tables)
 CALIBRATE_GRADER = StudyResults(experiment="calibrate-craftmd-grader", scores=calibration_scores,
                                 judges=(calibration_judge("grader", "judge"), calibration_judge("published", "published")),
                                 report_run=grader_calibration_tables)

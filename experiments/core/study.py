@@ -253,6 +253,7 @@ class Study:
     # roles that grade the answers of the model under test: a run where one of them is that model says so (summary.md)
     judge_roles: ClassVar[tuple[str, ...]] = ()
     results: ClassVar[StudyResults | None] = None  # what the tools over results know of this study (StudyResults)
+    runner_scale: ClassVar[Callable | None] = None  # (case_trials, trials, role ref) -> (study, settings): `bench --runner-scale`
     scope: dict | None = None  # set by select(): which cases this run takes (all, the first N, a sample) and their composition
 
     def select(self, items: list, settings: RunSettings) -> list:

@@ -18,6 +18,7 @@ from experiments.craftmd.paper_values import ADAPTER
 from experiments.craftmd.patient_checks import check_conversation, count_checks, legacy_counts
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
+from experiments.craftmd.scale import runner_scale
 from experiments.craftmd.settings import CraftSettings, additions, loop_line, requests_line
 from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
@@ -74,7 +75,8 @@ class CraftmdStudy(Study):
     strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
     judge_roles = ("grader",)
     results = CRAFTMD  # typed scores, judges, compare, released runs, report lines (experiments/craftmd/judges.py)
-    units_for = staticmethod(units_for)  # (case, trial) units: a study over other cases (the runner-scale benchmark) reuses it
+    units_for = staticmethod(units_for)
+    runner_scale = classmethod(runner_scale)  # `bench --runner-scale`'s workload (experiments/craftmd/scale.py)
 
     def fixed_roles(self, s: CraftSettings) -> tuple[str, ...]:
         talks = any(f != "vignette" for f in s.formats)  # every format but the vignette has a patient-AI

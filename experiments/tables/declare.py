@@ -1,8 +1,8 @@
 """Paper-table declarations: what each study's headline tables look like, read from
 ``experiments/<study>/paper_tables.yaml``.
 
-A declaration names the runs it covers (``experiments``: the study names a run was made with), the
-paper's published values with their source, the footnotes that
+A declaration names the runs it covers (``experiments``: the study names a run was made with), where its
+section comes among the studies' in the report (``order``, lower first), the paper's published values with their source, the footnotes that
 say where a run's setting differs from the paper's, and the tables themselves:
 
     tables:

@@ -1,7 +1,5 @@
 """autoeval's other command: `calibrate autoeval` (`autoeval` itself: study.py)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import typer

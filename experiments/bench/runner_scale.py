@@ -98,11 +98,6 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def scale_settings(study, overrides: dict, out: Path, concurrency: int):
-    """The study's default (paper) config with the workload's settings, every role on the stand-in."""
-    return load_settings(study.settings_cls, study.default_config({}), {**overrides, "out": str(out), "concurrency": concurrency})
-
-
 async def _run(study, settings, cache_path: Path, url: str, log):
     from experiments.core.runner import prepare_run, run_study
     from serving.cache import ResponseCache
@@ -129,8 +124,8 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
     rundir, cache_path = out / "run", out / "cache.sqlite"
     row: dict = {"case_trials": case_trials, "trials": trials, "concurrency": concurrency, "load_before": _load()}
     with InstantEndpoint() as ep:
-        study, overrides = runner_scale_study(case_trials, trials, f"instant@{ep.base_url}")
-        settings = scale_settings(study, overrides, rundir, concurrency)
+        study, overrides = runner_scale_study(case_trials, trials, f"instant@{ep.base_url}")  # its default (paper) config, and these
+        settings = load_settings(study.settings_cls, study.default_config({}), {**overrides, "out": str(rundir), "concurrency": concurrency})
         prof = None
         if profile:
             import cProfile

@@ -26,10 +26,6 @@ calibrate_app = typer.Typer(cls=_CalibrateGroup, no_args_is_help=True,
                                  "`medstack calibrate RUN_DIR --labels RUN_DIR/reviews` is the `reviews` command.")
 
 
-def _log(msg: str) -> None:
-    typer.echo(msg, err=True)
-
-
 @calibrate_app.command("reviews")
 def reviews_cmd(
     run_dir: Path = typer.Argument(..., help="The results directory that was reviewed (`medstack review`)."),
@@ -47,7 +43,7 @@ def reviews_cmd(
 
     r = calibrate_reviews(run_dir, labels, judge, n_boot=n_boot, tiebreak=tiebreak)
     typer.echo(summary(r).rstrip("\n"))
-    _log(f"results in {run_dir / 'reviews' / ('calibration-' + r['judge'] + '.json')}")
+    typer.echo(f"results in {run_dir / 'reviews' / ('calibration-' + r['judge'] + '.json')}", err=True)
 
 
 def register(app, calibrate_app=calibrate_app, **_) -> None:

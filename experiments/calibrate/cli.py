@@ -1,6 +1,6 @@
-"""`medstack calibrate`: LLM judges against clinicians (docs/protocols.md, Judge calibration and Auto-evaluation): the
-group, `calibrate autoeval` and `calibrate reviews`. A study adds its own calibrations to the group from its folder's
-cli.py (``register(calibrate_app=...)``: CRAFT-MD's `calibrate craftmd-grader` and `calibrate conversations`)."""
+"""`medstack calibrate`: LLM judges against clinicians (docs/protocols.md, Judge calibration): the group and
+`calibrate reviews`. A study adds its own calibrations to the group from its folder's cli.py
+(``register(calibrate_app=...)``)."""
 
 from __future__ import annotations
 
@@ -26,24 +26,6 @@ calibrate_app = typer.Typer(cls=_CalibrateGroup, no_args_is_help=True,
                                  "`medstack calibrate RUN_DIR --labels RUN_DIR/reviews` is the `reviews` command.")
 
 
-def _log(msg: str) -> None:
-    typer.echo(msg, err=True)
-
-
-@calibrate_app.command("autoeval")
-def autoeval_cmd(
-    ratings: Path = typer.Option(..., "--ratings", help="Judge ratings: a CSV (id, criterion, rating) or an autoeval results directory."),
-    reference: Path = typer.Option(..., "--reference", help="Reference ratings CSV (id, criterion, rating; 1-5)."),
-    out: Path = typer.Option(..., "--out", help="Results directory to write."),
-) -> None:
-    """Rubric judge vs reference ratings on the same (id, criterion) items: Spearman, Kendall tau-b,
-    exact agreement, mean |diff|, linear-weighted kappa over 1-5, confusion matrix (docs/protocols.md, Auto-evaluation)."""
-    from experiments.calibrate.run import calibrate_autoeval
-
-    calibrate_autoeval(str(ratings), str(reference), out)
-    typer.echo((out / "summary.md").read_text().rstrip("\n"))
-
-
 @calibrate_app.command("reviews")
 def reviews_cmd(
     run_dir: Path = typer.Argument(..., help="The results directory that was reviewed (`medstack review`)."),
@@ -61,7 +43,7 @@ def reviews_cmd(
 
     r = calibrate_reviews(run_dir, labels, judge, n_boot=n_boot, tiebreak=tiebreak)
     typer.echo(summary(r).rstrip("\n"))
-    _log(f"results in {run_dir / 'reviews' / ('calibration-' + r['judge'] + '.json')}")
+    typer.echo(f"results in {run_dir / 'reviews' / ('calibration-' + r['judge'] + '.json')}", err=True)
 
 
 def register(app, calibrate_app=calibrate_app, **_) -> None:

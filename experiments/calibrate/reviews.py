@@ -19,7 +19,7 @@ above) on the items both labelled, then the judge against their consensus. Conse
 more than half of the reviewers gave; on the 0-1 scale, the mean. An item without such a majority (with two
 reviewers: any disagreement) is set aside -- which leaves the hard items out and flatters the judge -- and
 the count set aside is stated with the figure. ``tiebreak``: a third reviewer whose label decides those
-items (as in the CRAFT-MD authors' expert assessment of conversations, where a third dermatologist broke the
+items (as in an expert assessment of conversations where a third clinician broke the
 two's ties); they take no part in the majority or the inter-rater figures, and an item they did not label
 stays set aside. Consensus items keep their sampling weight N_h / n_h: the items set aside are the disputed
 ones, not like the rest of their stratum, so their weight is not spread over it (nor are the tiebreaker's

@@ -12,10 +12,9 @@ def compare_cmd(
     results: List[Path] = typer.Argument(..., help="Results directories (local runs, imported releases, rescored runs)."),
     out: Path = typer.Option(Path("compare-out"), "--out", help="Where to write summary.md, scores.json (and the study's own comparison files)."),
 ) -> None:
-    """Runs side by side. Where every run is of one study that declares a comparison (CRAFT-MD: accuracy per
-    format x MCQ/FRQ x run with 95% bootstrap CIs, paired bootstrap + Holm, McNemar, per specialty, bar chart), that
-    comparison first; then for every run and typed score (STEP, STEP/PART, STEP/PART@JUDGE) the mean of the scored
-    values with its 95% bootstrap CI and n. Exit 2 for a folder that is not a results directory."""
+    """Runs side by side. Where every run is of one study that declares a comparison (e.g. accuracy per
+    format x run with 95% bootstrap CIs, paired tests, a bar chart), that comparison first; then for every run and
+    typed score (STEP, STEP/PART, STEP/PART@JUDGE) the mean of the scored values with its 95% bootstrap CI and n. Exit 2 for a folder that is not a results directory."""
     from experiments.compare.run import run_compare
     from experiments.core.commands import log
 

@@ -214,7 +214,8 @@ class StudyResults:
     them for records written before, after ``upgrade(record)`` put an older record's own fields in today's shape);
     ``judges``: its judged decisions (experiments/core/judging.py); ``compare(run_dirs, out)``: its comparison of
     several runs; ``import_published(name, dest, cases)``: import one of its ``published`` data sets (the authors'
-    released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case;
+    released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case (drawn from
+    the record fields ``report_fields``, which the report's other tables of a case leave out);
     ``report_run(run)``: tables of its own the report shows for a run (``[{"heading", "title", "columns", "rows"}]``;
     ``run``: the report's mapping of the folder: config, metrics, records)."""
 
@@ -226,6 +227,7 @@ class StudyResults:
     published: tuple[str, ...] = ()
     import_published: Callable[[str, Path, str | None], Any] | None = None
     report_case: Callable[[dict], list[tuple[str, str]]] | None = None
+    report_fields: tuple[str, ...] = ()
     report_run: Callable[[dict], list[dict]] | None = None
 
     def judge(self, step: str) -> Judge | None:
@@ -251,6 +253,7 @@ class Study:
     # roles that grade the answers of the model under test: a run where one of them is that model says so (summary.md)
     judge_roles: ClassVar[tuple[str, ...]] = ()
     results: ClassVar[StudyResults | None] = None  # what the tools over results know of this study (StudyResults)
+    runner_scale: ClassVar[Callable | None] = None  # (case_trials, trials, role ref) -> (study, settings): `bench --runner-scale`
     scope: dict | None = None  # set by select(): which cases this run takes (all, the first N, a sample) and their composition
 
     def select(self, items: list, settings: RunSettings) -> list:

@@ -1,4 +1,5 @@
-"""Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL, both into one case shape.
+"""Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL, both into one case shape (and synthetic cases of
+that shape: `bench --runner-scale`).
 
 A case is a dict: ``case_id``, ``vignette`` (the case text WITHOUT its closing question: what the
 patient-AI gets and the vignette format shows), ``vignette_full`` (the text as published),
@@ -185,3 +186,24 @@ def load_cases(path: str | Path, *, specialty: str | None = None) -> list[dict]:
         if not cases:
             raise DataError(f"{p}: no case of specialty {specialty!r}; specialties here: {', '.join(known)}")
     return cases
+
+
+SPECIALTIES = ("Dermatology", "Cardiology", "Neurology", "Gastroenterology", "Pulmonology", "Endocrinology")
+VIGNETTE = ("A {age}-year-old patient presents with complaint number {i}: a {days}-day history of symptoms that began "
+            "gradually and have worsened over the last few days. The patient reports intermittent discomfort, mild fatigue "
+            "and poor sleep, and denies recent travel or sick contacts. Past history includes seasonal allergies; there are "
+            "no regular medicines. On examination the temperature is 37.{t} C, pulse {pulse}/min and blood pressure "
+            "12{bp}/8{bp} mmHg. Findings localised to the affected area are described in detail by the examining clinician, "
+            "with no lymphadenopathy. Laboratory studies, including a complete blood count, are within normal limits.")
+
+
+def synthetic_cases(n: int) -> list[dict]:
+    """n synthetic cases as :func:`load_csv` makes them (a ~650-character vignette like the published set's)."""
+    out = []
+    for i in range(n):
+        choices = [f"Condition {(i + k) % 40}" for k in range(4)]
+        out.append({"case_id": f"case_{i}", "vignette": VIGNETTE.format(age=20 + i % 60, i=i, days=2 + i % 25, t=i % 10, pulse=60 + i % 40, bp=i % 10),
+                    "question": "What is the most likely diagnosis?", "question_source": "synthetic", "choices": choices,
+                    "answer": choices[i % 4], "answer_index": i % 4, "specialty": SPECIALTIES[i % len(SPECIALTIES)],
+                    "dataset": "synthetic", "source": f"synthetic:{i}"})
+    return out

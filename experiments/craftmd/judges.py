@@ -132,6 +132,9 @@ def calibration_judge(step: str, key: str) -> Judge:
 
 # ------------------------------------------------------------------ the report's lines
 
+REPORT_FIELDS = ("assessment", "patient_checks", "experts")  # the record fields report_case draws
+
+
 def _yes_no(v) -> str:
     return "yes" if v is True else "no" if v is False else "unscored"
 
@@ -183,14 +186,14 @@ def live_judges(live: bool) -> tuple[Judge, ...]:
 
 
 CRAFTMD = StudyResults(
-    experiment="craftmd", scores=scores, compare=run_compare, published=PUBLISHED, import_published=import_published, report_case=report_case,
+    experiment="craftmd", scores=scores, compare=run_compare, published=PUBLISHED, import_published=import_published,
+    report_case=report_case, report_fields=REPORT_FIELDS, report_run=conversation_tables,
     judges=(Judge("frq", BINARY, FRQ_QUESTION, role="grader", show=show_frq, ask=ask_frq),
             Judge("frq-count", count_scale(5), COUNT_QUESTION, role="grader", items=frq_count_items),
-            *live_judges(True)),
-    report_run=conversation_tables)
-EXPERTS_IMPORT = StudyResults(experiment="craftmd-experts", scores=scores, report_case=report_case)
+            *live_judges(True)))
+EXPERTS_IMPORT = StudyResults(experiment="craftmd-experts", scores=scores, report_case=report_case, report_fields=REPORT_FIELDS)
 CALIBRATE_CONVERSATIONS = StudyResults(experiment="calibrate-craftmd-conversations", scores=scores, judges=live_judges(False),
-                                       report_case=report_case, report_run=conversations_calibration_tables)
+                                       report_case=report_case, report_fields=REPORT_FIELDS, report_run=conversations_calibration_tables)
 CALIBRATE_GRADER = StudyResults(experiment="calibrate-craftmd-grader", scores=calibration_scores,
                                 judges=(calibration_judge("grader", "judge"), calibration_judge("published", "published")),
                                 report_run=grader_calibration_tables)

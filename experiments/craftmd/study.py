@@ -10,7 +10,7 @@ from experiments.core.config import ConfigError, config_dir
 from experiments.core.registry import register_results, register_study, register_tables
 from experiments.craftmd import paper_values
 from experiments.craftmd.assess import TEMPLATES, assess_conversation, question_rates, transcript_turns
-from experiments.craftmd.data import load_cases
+from experiments.craftmd.data import load_cases, synthetic_cases
 from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS, CALIBRATE_GRADER, CRAFTMD, EXPERTS_IMPORT
 from experiments.craftmd.meld import MeldStudy
 from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
@@ -74,7 +74,22 @@ class CraftmdStudy(Study):
     strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
     judge_roles = ("grader",)
     results = CRAFTMD  # typed scores, judges, compare, released runs, report lines (experiments/craftmd/judges.py)
-    units_for = staticmethod(units_for)  # (case, trial) units: a study over other cases (the runner-scale benchmark) reuses it
+
+    @classmethod
+    def runner_scale(cls, case_trials: int, trials: int, ref: str):
+        """This study over synthetic cases, the paper run's call pattern (`bench --runner-scale`), and its settings:
+        the paper config (all formats, MCQ + FRQ, 14-turn cap, sampled turns), every role but the assessor on ``ref``."""
+
+        class RunnerScaleStudy(cls):
+            name = "craftmd-runner-scale"
+
+            def prepare(self, s):
+                return s.model_copy(update={"name": s.name or "instant"})
+
+            def load_cases(self, s):
+                return units_for(synthetic_cases(-(-case_trials // s.trials)), s.trials)[:case_trials]
+
+        return RunnerScaleStudy(), {"trials": trials, "data": "synthetic", "roles": {r: ref for r in ("clinical", "patient", "grader", "summarizer")}}
 
     def fixed_roles(self, s: CraftSettings) -> tuple[str, ...]:
         talks = any(f != "vignette" for f in s.formats)  # every format but the vignette has a patient-AI

@@ -32,11 +32,10 @@ from finetune.report import loss_figure_png
 
 TEMPLATES = Path(__file__).with_name("templates")
 SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback",
-           "scores",  # the typed scores: their own table (score_rows)
-           "assessment", "patient_checks", "experts"}  # CRAFT-MD's conversation checks: its report_case lines
+           "scores"}  # the typed scores: their own table (score_rows); a study's report_fields: its report_case lines
 GRADE_KEY = re.compile(r"correct|diagnos|answer|extract|grade|verdict|score|accuracy|label|outcome|status", re.I)
 NOT_GRADES = re.compile(r"reply|raw|prompt|hash|roles|usage|timing|tokens", re.I)
-GOLD_KEYS = ("gold", "target", "reference")  # MediTOD writes its gold label as `target`
+GOLD_KEYS = ("gold", "target", "reference")  # the names studies give a gold label
 
 
 def _is_scalar(v) -> bool:
@@ -125,8 +124,8 @@ def _short(v, n: int = 160):
     return v[:n] + " ..." if isinstance(v, str) and len(v) > n else v
 
 
-def nested_grades(rec: dict) -> dict | None:
-    """Grade-like fields of nested answers (e.g. CRAFT-MD's answers[format][mcq|frq]) as one table."""
+def nested_grades(rec: dict, special=SPECIAL) -> dict | None:
+    """Grade-like fields of nested answers (e.g. answers[format][mcq|frq]) as one table."""
     rows = []
 
     def walk(path: str, d: dict, depth: int) -> None:
@@ -139,7 +138,7 @@ def nested_grades(rec: dict) -> dict | None:
                     walk(f"{path}.{k}", v, depth + 1)
 
     for k, v in rec.items():
-        if k not in SPECIAL and isinstance(v, dict) and not NOT_GRADES.search(k):
+        if k not in special and isinstance(v, dict) and not NOT_GRADES.search(k):
             walk(k, v, 1)
     if not rows:
         return None
@@ -182,15 +181,15 @@ def judges_view(run: dict) -> dict | None:
 
 
 def case_view(rec: dict, run_model: str, declared=None) -> dict:
-    rated = "rating" in rec and "criterion" in rec
+    rated, special = "rating" in rec and "criterion" in rec, SPECIAL | set(declared.report_fields if declared else ())
     grades = [[k, fmt(_short(v))] for k, v in rec.items()
-              if k not in SPECIAL and GRADE_KEY.search(k) and not NOT_GRADES.search(k) and _is_scalar(v)]
+              if k not in special and GRADE_KEY.search(k) and not NOT_GRADES.search(k) and _is_scalar(v)]
     if "correct" in rec:
         grades.insert(0, ["correct" if not rated else "rated dialogue's answer correct", fmt(rec["correct"])])
     if rated:
         grades.insert(0, [str(rec.get("criterion_name") or rec["criterion"]), "-" if rec["rating"] is None else f"{fmt(rec['rating'])} / 5"])
     gold_key = next((k for k in GOLD_KEYS if k in rec), None)
-    rest = {k: v for k, v in rec.items() if k not in SPECIAL and not (k == gold_key and "prediction" in rec)}
+    rest = {k: v for k, v in rec.items() if k not in special and not (k == gold_key and "prediction" in rec)}
     error = rec.get("error") or rec.get("request_error")
     return {
         "id": str(rec.get("id", "?")),
@@ -199,7 +198,7 @@ def case_view(rec: dict, run_model: str, declared=None) -> dict:
         "badge": f"rating {fmt(rec['rating'])}/5" if rated and rec.get("rating") is not None else outcome(rec),
         "turns": _turns(rec["transcript"]) if "transcript" in rec else [],
         "grades": grades,
-        "nested_grades": nested_grades(rec),
+        "nested_grades": nested_grades(rec, special),
         "scores": score_rows(rec),
         "conversation_checks": study_lines(rec, declared),
         "scratchpad": _text(rec["scratchpad"], "\n") if rec.get("scratchpad") not in (None, "", []) else None,
@@ -323,10 +322,9 @@ def finetune_view(run: dict) -> dict | None:
         return None
 
     m = ft["metrics"]
-    title = f"{m.get('base', '?')} LoRA, MediTOD {m.get('task', '?')}"
     keys = ("task", "base", "device", "dtype", "world_size", "global_step", "planned_steps", "best_step", "best_valid_loss",
             "final_valid_loss", "first_loss", "last_loss", "train_tokens", "train_tokens_per_s", "train_seconds", "stopped_early")
-    return {"loss_png": _png(loss_figure_png(m, title)), "rows": [[k, fmt(m.get(k))] for k in keys if k in m],
+    return {"loss_png": _png(loss_figure_png(m)), "rows": [[k, fmt(m.get(k))] for k in keys if k in m],
             "recipe": ft["recipe"], "adapter_hash": ft["adapter_hash"], "adapter": ft["adapter"]}
 
 

@@ -10,8 +10,8 @@ import typer
 
 def rescore(
     run: Path = typer.Argument(..., help="A results directory (finished or partial): its finished records are graded again. Never written."),
-    judge: str = typer.Option(..., "--judge", metavar="STEP", help="The judge step to ask again, as the run's study declares it (e.g. frq: "
-                                                                   "CRAFT-MD's grader; llm-exact: DERA-QA's judge). A step the run lacks is refused, naming its steps."),
+    judge: str = typer.Option(..., "--judge", metavar="STEP", help="The judge step to ask again, as the run's study declares it "
+                                                                   "(e.g. frq, llm-exact). A step the run lacks is refused, naming its steps."),
     model: Optional[str] = typer.Option(None, "--judge-model", metavar="REF", help="One judge model: registry ALIAS or ALIAS@URL, "
                                                                                 "optionally LABEL=REF (default label: the alias). Its grades are STEP/PART@LABEL."),
     old_model: Optional[str] = typer.Option(None, "--model", "-m", hidden=True),  # the option's earlier name

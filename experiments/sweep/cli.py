@@ -25,14 +25,13 @@ SLURM_HELP = "Slurm (with --executor slurm; docs/cluster.md)"
 
 def sweep(
     ctx: typer.Context,
-    study: Optional[str] = typer.Argument(None, metavar="STUDY", help="The study to run once per model: craftmd, dera-summarize, dera-qa, meditod-nlu, autoeval, ... (as in `medstack run STUDY`); "
+    study: Optional[str] = typer.Argument(None, metavar="STUDY", help="The study to run once per model, as in `medstack run STUDY` (`medstack run --help` lists them); "
                                           "or `status DIR`: where a Slurm sweep's jobs are."),
     models: Optional[str] = typer.Option(None, "--models", help="Required: comma list of model references (ALIAS or ALIAS@URL), run in turn, e.g. embedded,llama3-8b-instruct."),
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep folder (default runs/sweep-STUDY); one results directory per model inside. The same command again resumes."),
-    published: List[str] = typer.Option([], "--published", help="CRAFT-MD: a fetched release to import into the sweep, e.g. craftmd-published-gpt3_1106 (repeatable, or a comma list)."),
+    published: List[str] = typer.Option([], "--published", help="A fetched release of the study's authors' runs to import into the sweep, for a study that declares them (repeatable, or a comma list)."),
     report: bool = typer.Option(True, "--report/--no-report", help="End with `medstack report` over the sweep (SWEEP/report.html)."),
-    vary: Optional[str] = typer.Option(None, "--vary", help="Comma list of the roles each model of --models plays (default: the role under test: "
-                                       "CRAFT-MD clinical, DERA decider,researcher, MediTOD model, autoeval judge)."),
+    vary: Optional[str] = typer.Option(None, "--vary", help="Comma list of the roles each model of --models plays (default: the roles the study has under test)."),
     executor: Literal["local", "slurm"] = typer.Option("local", "--executor", help="local: the entries in turn on this machine; slurm: one Slurm job per entry "
                                  "(a job array), then a join job; the command returns once they are submitted."),
     slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help=f"{SLURM_HELP}: the partition."),
@@ -50,11 +49,11 @@ def sweep(
     help_: bool = typer.Option(False, "--help", metavar="", help="Show this message, and with STUDY the study's own options, and exit."),
 ) -> None:
     """Run STUDY once per model in turn, each an ordinary results directory under one sweep folder, then
-    `compare` (CRAFT-MD) and the report. Every other option is the study's own (see `medstack run STUDY --help`).
+    `compare` (where the study declares a comparison) and the report. Every other option is the study's own (see `medstack run STUDY --help`).
 
     Only the role under test varies; every other role is one model for every run, named once with
-    --role ROLE=ALIAS (CRAFT-MD: --role patient=ALIAS --role grader=ALIAS, the summarizer follows the grader;
-    DERA: --role judge=ALIAS), as in the papers. A sweep whose study needs a fixed role that is not named
+    --role ROLE=ALIAS (e.g. --role patient=ALIAS; a role that follows another, as a summarizer may follow a
+    grader, is not named), as in the papers. A sweep whose study needs a fixed role that is not named
     is refused (exit 2). SWEEP/summary.md and the report name the role -> model map.
 
     A running server for a model is reused, else one is started for its run and stopped before the next.

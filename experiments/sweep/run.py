@@ -2,16 +2,15 @@
 
     SWEEP/<label>/          each model's run: an ordinary results directory, made by the study's own
                             command body (experiments.core.commands.run_command -> the one runner)
-    SWEEP/published-<name>/ --published NAME: a released run of the study's authors, imported (CRAFT-MD's)
-    SWEEP/compare/          the study's comparison over every run of the sweep (CRAFT-MD's `medstack compare`)
+    SWEEP/published-<name>/ --published NAME: a released run of the study's authors, imported
+    SWEEP/compare/          the study's comparison over every run of the sweep (`medstack compare`)
     SWEEP/report.html       `medstack report` over the sweep
 
-Only the role under test varies (``Study.sweep_roles``: CRAFT-MD the doctor-AI, DERA both agents,
-MediTOD the model; ``--vary`` names others); every other role is one model for every run, named once
-with ``--role ROLE=REF`` (or the study's own --patient-model, --grader-model, ...), as in the papers.
-A sweep whose study calls a fixed role nobody named (``Study.fixed_roles``) is refused before
-anything starts. The role -> model map is in every run's config, records and summary, in
-SWEEP/summary.md and in the report.
+Only the role under test varies (``Study.sweep_roles``; ``--vary`` names others); every other role is one
+model for every run, named once with ``--role ROLE=REF`` (or the study's own --patient-model,
+--grader-model, ...), as in the papers. A sweep whose study calls a fixed role nobody named
+(``Study.fixed_roles``) is refused before anything starts. The role -> model map is in every run's config,
+records and summary, in SWEEP/summary.md and in the report.
 
 Models run in turn: the runner reuses a running server for the alias, else starts one for the run
 and stops it after. A run whose fixed roles are another model holds two servers at once: on one GPU each
@@ -185,7 +184,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     needed = study.fixed_roles(plan(runs[0], ())[2])  # the roles besides the swept ones that these settings call
     missing = [x for x in needed if x not in roles_varied and x not in named and "default" not in named
                and study.role_follows.get(x) not in named]
-    # a role that follows another the user is asked for (CRAFT-MD's summarizer and assessor: the grader's) is not asked for
+    # a role that follows another the user is asked for (``Study.role_follows``) is not asked for
     ask = [x for x in missing if study.role_follows.get(x) not in missing]
     if ask:
         follow = [f"the {x} follows the {study.role_follows[x]}" for x in missing if x not in ask]
@@ -257,7 +256,7 @@ def _run_planned(plan: Plan) -> SweepOutcome:
 
 
 def join(plan: Plan) -> SweepOutcome:
-    """After every entry: the published releases imported, CRAFT-MD's compare, SWEEP/summary.md, the report."""
+    """After every entry: the published releases imported, the study's compare, SWEEP/summary.md, the report."""
     out, sweep_dir, log = plan.outcome, plan.sweep_dir, plan.log
     if any(common.get("dry_run") for _, common, *_ in plan.planned):  # nothing ran: no import, compare or report
         write_summary(out, sweep_dir, plan.study.name)
@@ -307,7 +306,7 @@ def _import_published(declared, plan: list[tuple[str, Path]], cases: str | None,
 def roles_line(outcome: SweepOutcome) -> str:
     """'Roles: clinical: the model of each run; patient: X, grader: Y, summarizer: Y for every run'."""
     first = next((r.roles for r in outcome.runs if r.roles), {})
-    idle = tuple(x for x in outcome.idle if x in first)  # a role these settings leave out of the run (CRAFT-MD's assessor, off) is not named
+    idle = tuple(x for x in outcome.idle if x in first)  # a role these settings leave out of the run (one a setting turns off) is not named
     return f"Roles: {fixed_roles_line(first, outcome.varied, idle)}." if first else ""
 
 

@@ -18,7 +18,7 @@ requeued (``--requeue``); it resumes where it stopped, at turn level, as a local
 
 The join job (``medstack sweep slurm-join SWEEP``) waits for every entry job (``--dependency=afterany``);
 if an entry is back in the queue (requeued), it submits itself again behind it. It then runs the local
-sweep's join: compare (CRAFT-MD), SWEEP/summary.md, the report. Running the same ``sweep`` command again
+sweep's join: the study's compare, SWEEP/summary.md, the report. Running the same ``sweep`` command again
 also joins, when every entry is finished; it resubmits the entries that failed or left the queue unfinished.
 """
 

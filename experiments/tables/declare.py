@@ -1,8 +1,8 @@
 """Paper-table declarations: what each study's headline tables look like, read from
 ``experiments/<study>/paper_tables.yaml``.
 
-A declaration names the runs it covers (``experiments``: the study names a run was made with), the
-paper's published values with their source, the footnotes that
+A declaration names the runs it covers (``experiments``: the study names a run was made with), where its
+section comes among the studies' in the report (``order``, lower first), the paper's published values with their source, the footnotes that
 say where a run's setting differs from the paper's, and the tables themselves:
 
     tables:
@@ -31,8 +31,6 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from experiments.core import registry
 from experiments.core.config import ConfigError
-
-STUDY_ORDER = ("craftmd", "dera", "meditod", "autoeval")  # the order of the report's paper sections
 
 
 class Row(BaseModel):
@@ -101,6 +99,7 @@ class Declaration(BaseModel):
     title: str
     paper: str
     source: str
+    order: int = 99  # where its section comes in the report (lower first; then by study name)
     experiments: list[str]  # study names (identity.json `experiment`, else config.yaml's) this declaration covers
     adapter: Any = None  # the registered PaperAdapter
     published: list[Published] = Field(default_factory=list)
@@ -135,9 +134,8 @@ def declarations() -> tuple[Declaration, ...]:
 
 @lru_cache(maxsize=None)
 def _declarations(tables: tuple) -> tuple[Declaration, ...]:
-    order = {s: i for i, s in enumerate(STUDY_ORDER)}
     found = [load_declaration(t.path, t.adapter) for t in tables]
-    return tuple(sorted(found, key=lambda d: (order.get(d.study, len(order)), d.study)))
+    return tuple(sorted(found, key=lambda d: (d.order, d.study)))
 
 
 def declaration_for(experiment: str) -> Declaration | None:

@@ -2,8 +2,7 @@
 
 Judge ratings (a CSV, or an autoeval results directory) against reference ratings (CSV) on the same items: rank
 agreement (Spearman rho, Kendall tau-b), exact agreement, mean absolute difference, linear-weighted kappa over 1-5,
-confusion matrix. (CRAFT-MD's grader and assessor calibrations are CRAFT-MD's own commands:
-experiments/craftmd/calibrate_grader.py, calibrate_conversations.py.)
+confusion matrix.
 """
 
 from __future__ import annotations

@@ -250,23 +250,34 @@ def fleiss_kappa(ratings, categories=None) -> float:
     return float(fleiss(table, method="fleiss"))
 
 
-def stratified_bootstrap(stat, strata, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> dict:
-    """Percentile CIs of the figures ``stat(indices)`` returns (a dict of numbers) over resamples that redraw
-    each stratum's items with replacement, keeping its size (the design of a stratified sample): {name: (low, high)}.
-    NaN values of a resample are dropped for that figure."""
-    rng = np.random.default_rng(seed)
+def _groups(labels) -> list[np.ndarray]:
     groups: dict = {}
-    for i, s in enumerate(strata):
-        groups.setdefault(s, []).append(i)
-    members = [np.asarray(g) for g in groups.values()]
+    for i, g in enumerate(labels):
+        groups.setdefault(g, []).append(i)
+    return [np.asarray(g) for g in groups.values()]
+
+
+def _percentile_cis(stat, draw, *, n_boot: int, seed: int, level: float) -> dict:
+    """{name: (low, high)} over ``n_boot`` resamples ``draw(rng)`` (item indices); NaN values dropped per figure."""
+    rng = np.random.default_rng(seed)
     vals: dict[str, list[float]] = {}
     for _ in range(n_boot):
-        idx = np.concatenate([g[rng.integers(0, g.size, size=g.size)] for g in members]) if members else np.asarray([], dtype=int)
-        for k, v in stat(idx.tolist()).items():
+        for k, v in stat(draw(rng).tolist()).items():
             if v == v:
                 vals.setdefault(k, []).append(v)
     a = (1 - level) / 2
     return {k: (float(np.quantile(v, a)), float(np.quantile(v, 1 - a))) for k, v in vals.items()}
+
+
+def stratified_bootstrap(stat, strata, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> dict:
+    """Percentile CIs of the figures ``stat(indices)`` returns (a dict of numbers) over resamples that redraw
+    each stratum's items with replacement, keeping its size (the design of a stratified sample): {name: (low, high)}.
+    NaN values of a resample are dropped for that figure."""
+    members = _groups(strata)
+
+    def draw(rng):
+        return np.concatenate([g[rng.integers(0, g.size, size=g.size)] for g in members]) if members else np.asarray([], dtype=int)
+    return _percentile_cis(stat, draw, n_boot=n_boot, seed=seed, level=level)
 
 
 def cluster_bootstrap(stat, clusters, *, n_boot: int = 2000, seed: int = DEFAULT_SEED, level: float = 0.95) -> dict:
@@ -274,17 +285,10 @@ def cluster_bootstrap(stat, clusters, *, n_boot: int = 2000, seed: int = DEFAULT
     replacement (items of one cluster, e.g. one case's conversations with several models, are not independent):
     {name: (low, high)}. With every item its own cluster it draws exactly as :func:`stratified_bootstrap` with one
     stratum. NaN values of a resample are dropped for that figure."""
-    rng = np.random.default_rng(seed)
-    groups: dict = {}
-    for i, c in enumerate(clusters):
-        groups.setdefault(c, []).append(i)
-    members = [np.asarray(g) for g in groups.values()]
-    vals: dict[str, list[float]] = {}
-    for _ in range(n_boot):
-        drawn = rng.integers(0, len(members), size=len(members)) if members else []
-        idx = np.concatenate([members[j] for j in drawn]) if len(drawn) else np.asarray([], dtype=int)
-        for k, v in stat(idx.tolist()).items():
-            if v == v:
-                vals.setdefault(k, []).append(v)
-    a = (1 - level) / 2
-    return {k: (float(np.quantile(v, a)), float(np.quantile(v, 1 - a))) for k, v in vals.items()}
+    members = _groups(clusters)
+
+    def draw(rng):
+        if not members:
+            return np.asarray([], dtype=int)
+        return np.concatenate([members[j] for j in rng.integers(0, len(members), size=len(members))])
+    return _percentile_cis(stat, draw, n_boot=n_boot, seed=seed, level=level)

@@ -4,6 +4,9 @@
     -> measured run per concurrency level (all requests issued at once, a semaphore
        keeps ``concurrency`` in flight) -> transformers baseline (same prompts)
     -> bench.json (config + results together), requests.jsonl, bench.md, bench.png
+
+Not on the study runner: it measures the server, so it sends its own uncached requests at each fixed concurrency
+(the runner's cache and resume would hide what is measured).
 """
 
 from __future__ import annotations

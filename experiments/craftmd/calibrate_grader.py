@@ -244,8 +244,10 @@ def settings_line(s: CraftSettings, step: str, config: str | Path | None) -> str
 async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: str | Path | None = None, rule: str | None = None,
                            published: str | None = None, completion: bool | None = None, concurrency: int = 16, use_cache: bool = True,
                            allow_remote: bool = False, client=None, dry_run: bool = False, log=print) -> dict | None:
-    """Run the calibration with the grader of ``config``'s run; write the results directory; return metrics. ``client``
-    (tests) replaces open_client. ``dry_run``: every request recorded, none sent, ``OUT/dry-run.jsonl`` written, no results."""
+    """Run the calibration with the grader of ``config``'s run; write the results directory; return metrics. Not on the
+    study runner: its items are the release's fixed answers, graded in one pass whose every request is cached, so a
+    rerun replays what was answered (the runner's per-case resume would add nothing). ``client`` (tests) replaces
+    open_client. ``dry_run``: every request recorded, none sent, ``OUT/dry-run.jsonl`` written, no results."""
     s = study_settings(config, {"grader": judge}, concurrent_rule=rule, completion=completion)
     data = read_labels(labels)
     cases = data["cases"]

@@ -150,8 +150,7 @@ async def explained_examples(client, out: Path, criteria, examples, cfg: J.Judge
     return result, stats
 
 
-register_study("autoeval", AutoevalStudy, top_level=True, help="""Rate every stored doctor-patient dialogue 1-5 per rubric criterion with a self-CoT LLM judge (AMIE style).
-
+register_study("autoeval", AutoevalStudy, help="""
     Step (a): the judge explains (Good/Bad/Summary) example dialogues with known ratings, once per judge
     model (cached in the output directory). Step (b): a few-shot prompt with one explained example per
     rating point rates each dialogue (Good/Bad/Summary/Rating). Unparseable ratings are unscored and counted.

@@ -45,7 +45,11 @@ TABLES: dict[str, PaperTables] = {}
 RESULTS: dict[str, StudyResults] = {}  # experiment -> what its study declares about its results folders
 
 
-def register_study(name: str, study: Callable[[], Study], *, help: str, top_level: bool = False, fixed: dict | None = None) -> None:
+def register_study(name: str, study: Callable[[], Study], *, help: str = "", top_level: bool = False, fixed: dict | None = None) -> None:
+    """Register a study command. Where its folder's ``__init__.py`` declares it (``COMMANDS``, ``TOP_LEVEL``), the help's
+    first paragraph and the command's place come from there, and ``help`` adds only the paragraphs after it."""
+    if name in (decl := declared()):
+        help, top_level = decl[name][1] + ("\n\n" + help.strip("\n") if help.strip() else ""), decl[name][2]
     STUDIES[name] = StudyEntry(name, study, help, top_level, fixed or {})
     if isinstance(getattr(study, "results", None), StudyResults):
         register_results(study.results)

@@ -142,13 +142,11 @@ class CraftmdStudy(Study):
                 + "\n" + run_paper_tables(s.out, metrics))
 
 
-register_study("craftmd", CraftmdStudy, help="""CRAFT-MD: simulated doctor–patient conversations, summaries, MCQ/FRQ in 4 formats, two-step grading, N trials.
-
+register_study("craftmd", CraftmdStudy, help="""
     One record per (case, trial), id CASE/tK. Writes records.jsonl, metrics.json, summary.md in --out.
     Exit 0 done, 2 bad input, 3 some cases failed (run the same command again to retry them).
     """)
-register_study("meld", MeldStudy, top_level=True,
-               help="MELD contamination check: first half of each vignette -> model writes the second half; similarity = 1 − normalized Levenshtein.")
+register_study("meld", MeldStudy)  # its help and place: __init__.py
 register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)
 for _kind in (EXPERTS_IMPORT, CALIBRATE_GRADER, CALIBRATE_CONVERSATIONS):  # `import craftmd-experts`, `calibrate craftmd-grader | conversations`
     register_results(_kind)

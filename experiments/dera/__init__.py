@@ -8,7 +8,7 @@ files + hashes), ``calls`` (one model call, logged), ``dialogue`` (summaries/car
 """
 
 # The study commands study.py registers, as `medstack --help` lists them before study.py is imported (start-up stays
-# light: experiments/core/registry.py declared(); tests/test_study_registry.py checks them against the registration).
+# light: experiments/core/registry.py declared()); the only copy of each command's first help paragraph and place.
 COMMANDS = {
     'dera-summarize': 'DERA summarization (docs/protocols.md, DERA): initial summary, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite; GPT-F1 of DERA vs initial.',
     'dera-careplan': 'DERA care plans (docs/protocols.md, DERA): one-shot initial plan, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite.',

@@ -79,7 +79,7 @@ class DeraDialogueStudy(Study):
 
 
 class SummarizeStudy(DeraDialogueStudy):
-    """DERA summarization (docs/protocols.md, DERA): initial summary, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite; GPT-F1 of DERA vs initial."""
+    """`medstack run dera-summarize` (its help: __init__.py)."""
 
     name = "dera-summarize"
     task = "summarize"
@@ -87,7 +87,7 @@ class SummarizeStudy(DeraDialogueStudy):
 
 
 class CareplanStudy(DeraDialogueStudy):
-    """DERA care plans (docs/protocols.md, DERA): one-shot initial plan, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite."""
+    """`medstack run dera-careplan` (its help: __init__.py)."""
 
     name = "dera-careplan"
     task = "careplan"
@@ -96,8 +96,7 @@ class CareplanStudy(DeraDialogueStudy):
 
 
 class CorruptStudy(DeraDialogueStudy):
-    """Corruption study (docs/protocols.md, DERA): write reference summaries, corrupt them at --level, run DERA from the corrupted version, and score
-    both against the reference with GPT-F1 per section. Default --out: runs/dera-corrupt-<model>-level<L>."""
+    """`medstack run dera-corrupt` (its help: __init__.py)."""
 
     name = "dera-corrupt"
     task = "corrupt"
@@ -114,10 +113,7 @@ class CorruptStudy(DeraDialogueStudy):
 
 
 class QAStudy(Study):
-    """The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (docs/protocols.md, DERA).
-
-    --data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
-    default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq]."""
+    """`medstack run dera-qa` (its help: __init__.py and HELP below)."""
 
     name = "dera-qa"
     settings_cls = QASettings
@@ -155,6 +151,8 @@ class QAStudy(Study):
 
 
 STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}
-for _study in STUDIES.values():  # the class docstring is the command's help
-    register_study(_study.name, _study, help=_study.__doc__ + "\n\n    Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them).")
+HELP = {"dera-qa": """--data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
+    default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq]."""}  # after __init__.py's paragraph
+for _study in STUDIES.values():
+    register_study(_study.name, _study, help="    " + "\n\n    ".join(filter(None, (HELP.get(_study.name), "Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them)."))))
 register_tables(HERE / "paper_tables.yaml", ADAPTER)

@@ -349,14 +349,8 @@ def summary_markdown(s: MeditodSettings, m: dict, other: tuple[str, dict] | None
     return text
 
 
-HELP = {
-    "nlu": "MediTOD NLU: dialog history + last turn -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
-    "pol": "MediTOD POL: dialog state + last turn -> the doctor's next actions (JSON); P/R/F1, Precision@K.",
-    "nlg": "MediTOD NLG: doctor actions + last turn -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
-}
-for _task, _help in HELP.items():
-    register_study(f"meditod-{_task}", partial(MeditodStudy, _task), fixed={"task": _task}, help=_help + """
-
+for _task in ("nlu", "pol", "nlg"):  # each command's first help paragraph: __init__.py
+    register_study(f"meditod-{_task}", partial(MeditodStudy, _task), fixed={"task": _task}, help="""
     One case per test turn (id DIALOG/UTTR). Default config: configs/<task>_<mode>.yaml; default --out runs/meditod/<task>-<mode>.
     Writes records.jsonl, metrics.json, summary.md; re-running resumes.
     Exit 0 done, 2 bad input, 3 some turns failed (run the same command again to retry them).

@@ -4,8 +4,8 @@ The released expert labels (:func:`experiments.craftmd.experts.load_expert_label
 models, Q1-Q3 yes/no; each rater's own label and the combined one, as the paper combined them) are checked by:
 
 - the deterministic medical-terminology check of the patient's lines (Q3, :mod:`experiments.craftmd.terminology`:
-  no model, no server; the only check without ``--model``);
-- with ``--model``, the LLM assessors with the requests a CRAFT-MD run of ``--config`` sends with
+  no model, no server; the only check without ``--assessor-model``);
+- with ``--assessor-model``, the LLM assessors with the requests a CRAFT-MD run of ``--config`` sends with
   ``assess_conversations`` (:func:`experiments.craftmd.assess.assess_conversation`: the same templates, parser, role
   ``assessor``, sampling and message form), through the one study runner, so the results directory resumes and every
   answered request is cached.
@@ -211,7 +211,7 @@ def calibration_summary(m: dict, assessor: str, settings_line: str = "") -> str:
          "they disagree, the one rater's where only one labelled it; each rater's own label in the rows against d1 and d2.",
          f"Terminology check (no model): a listed medical term ({m.get('terminology_list', 'terminology.tsv')}) in a patient line = Yes (Q3).",
          (f"Assessor: `{assessor}`, the requests of a CRAFT-MD run's `assess_conversations` (prompts/assess_*.txt); {settings_line}." if m["questions"] else
-          "No assessor (no --model): the deterministic check alone."),
+          "No assessor (no --assessor-model): the deterministic check alone."),
          "Kappa: Cohen's (two categories); sensitivity: the check's Yes among the experts' Yes; specificity: its No among their No. "
          f"95 % CIs: {m.get('ci', 'percentile bootstrap')} (45 cases x 4 models: a case's conversations are not independent).", "",
          "## Agreement with the experts, combined and per rater", ""]

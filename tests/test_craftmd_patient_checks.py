@@ -113,7 +113,8 @@ def test_counts_rates_with_cis_over_cases_and_the_not_checkable():
     # case a: 1 of 2, case b: 0 of 1 -> 0.25 over the two checkable cases; case c's answer is not a diagnosis
     assert (n["conversations"], x["conversations"], x["of"], x["not_checkable"], x["cases"]) == (4, 1, 3, 1, 2)
     assert x["rate"] == pytest.approx(0.25) and 0 <= x["ci_low"] <= 0.25 <= x["ci_high"] <= 0.5
-    assert n["longest_span"] == {0: 2, 1: 2}  # "plaque" is the one vignette word in a leak; "it itches" none and span_quantiles({"1": 3, "9": 1}) == "1 / 9 / 9"
+    assert n["longest_span"] == {0: 2, 1: 2}  # "plaque" is the one vignette word in a leak; "it itches" none
+    assert span_quantiles({"1": 3, "9": 1}) == "1 / 9 / 9"  # median 1, 90th percentile and max 9
 
 
 def test_the_table_puts_a_run_beside_the_four_released_patients():

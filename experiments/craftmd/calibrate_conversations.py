@@ -36,7 +36,7 @@ from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.results import RunDir
 from experiments.core.study import CaseContext, Study
 from experiments.craftmd import paper_values
-from experiments.craftmd.assess import LABELS, QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
+from experiments.craftmd.assess import QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
 from experiments.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels
 from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS
 from experiments.craftmd.prompts import PROMPTS

@@ -124,16 +124,18 @@ def agreement(experts: list[bool], check: list[bool], clusters: list | None = No
     if not a:
         return {"n": 0, "exact_agreement": None, "kappa": None, "sensitivity": None, "specificity": None, "confusion": [[0, 0], [0, 0]], "ci95": {}}
 
-    def stat(idx):
-        x = rater_agreement([a[i] for i in idx], [b[i] for i in idx], [0, 1], rank=False)
+    def figures(x: dict) -> dict:
         (nn, ny), (yn, yy) = x["confusion"]
         return {"exact_agreement": x["exact_agreement"], "kappa": x["weighted_kappa_linear"],
                 "sensitivity": yy / (yy + yn) if yy + yn else float("nan"), "specificity": nn / (nn + ny) if nn + ny else float("nan")}
 
-    point = stat(range(len(a)))
+    def stat(idx):
+        return figures(rater_agreement([a[i] for i in idx], [b[i] for i in idx], [0, 1], rank=False))
+
+    whole = rater_agreement(a, b, [0, 1], rank=False)
     ci = cluster_bootstrap(stat, clusters if clusters is not None else range(len(a)), n_boot=n_boot)
-    return {"n": len(a), **{k: None if v != v else v for k, v in point.items()},
-            "confusion": rater_agreement(a, b, [0, 1], rank=False)["confusion"], "ci95": {k: list(v) for k, v in ci.items()}}
+    return {"n": len(a), **{k: None if v != v else v for k, v in figures(whole).items()},
+            "confusion": whole["confusion"], "ci95": {k: list(v) for k, v in ci.items()}}
 
 
 def detector(record: dict) -> dict:

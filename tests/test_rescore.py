@@ -59,7 +59,7 @@ MATCH = Judge(step="match", scale=BINARY, question="Does the answer match?", rol
 RATE = Judge(step="rate", scale=RATING, question="How good is the answer?", role="judge", ask=ask_rate)
 
 
-def toy_scores(record: dict, config: dict) -> dict[str, Grade]:
+def toy_scores(record: dict, settings) -> dict[str, Grade]:
     out = {f"match/{p}": Grade(value=record["match"][p], answer=record["answers"][p]) for p in PARTS}
     out["rate"] = Grade(value=record["rating"], answer=record["answers"]["p1"])
     return out

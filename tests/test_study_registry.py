@@ -43,7 +43,7 @@ class ToySettings(RunSettings):
     sampling: Sampling = Field(Sampling(max_tokens=8), description="Sampling of the one step.", json_schema_extra={"cli": False})  # no flag
 
 
-def toy_scores(record: dict, config: dict) -> dict[str, Grade]:
+def toy_scores(record: dict, settings) -> dict[str, Grade]:
     """The toy's one decision, typed: did every answer repeat the word (a rule of ours, not a model)."""
     return {"echo-judge": Grade(value=record["correct"], answer=" ".join(record["answers"]), source="exact",
                                 judge={"rule": "every answer equals the word"})}

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from experiments.core.commands import lazy_group, study_command
 from experiments.core.config import ConfigError
-from experiments.core.results import Run, read_run, upgrade_record
+from experiments.core.results import Run, read_run, settings_of, upgrade_record
 from experiments.core.study import Study, StudyResults
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent
@@ -143,7 +143,9 @@ def open_run(path, *, lenient: bool = False) -> Run:
     run = read_run(path, lenient=lenient)
     declared = results_of(run)
     if declared is not None and (declared.upgrade or declared.scores):
-        run.records = [upgrade_record(r, run.config, declared.upgrade, declared.scores) for r in run.records]
+        study = study_of(run.experiment) or study_of(str(run.config.get("experiment") or ""))
+        settings = settings_of(run.config, study.settings_cls if study else None)
+        run.records = [upgrade_record(r, settings, declared.upgrade, declared.scores) for r in run.records]
     return run
 
 

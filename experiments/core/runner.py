@@ -216,8 +216,7 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     records = [latest.pop(i) for i in case_ids if i in latest]
     latest.clear()
     if study.results is not None:  # records a resumed folder holds from before typed scores: in today's shape, as every reader reads them
-        config = settings.model_dump(mode="json")
-        records = [upgrade_record(r, config, study.results.upgrade, study.results.scores) for r in records]
+        records = [upgrade_record(r, settings, study.results.upgrade, study.results.scores) for r in records]
     finished = [r for r in records if r.get("status") != "failed"]
     failed = [r for r in records if r.get("status") == "failed"]
     metrics = study.metrics(finished, settings)
@@ -247,7 +246,6 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
     state = LoopState()
     served_dtypes = {role: i.get("dtype") for role, i in identities.items()}
     declared = study.results if study.results is not None and study.results.scores is not None else None
-    config = settings.model_dump(mode="json") if declared else {}
 
     async def one(case: dict, progress: Progress, task) -> None:
         async with sem:
@@ -259,7 +257,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
                 if declared:  # the record's typed scores (experiments/common/grade.py), from its own fields
-                    record["scores"] = to_disk(declared.scores(record, config))
+                    record["scores"] = to_disk(declared.scores(record, settings))
                 state.consecutive = 0
                 state.finished += 1
             except RequestFailed as e:

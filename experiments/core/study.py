@@ -210,8 +210,9 @@ class StudyResults:
     ``registry.register_results``; a study's own is ``Study.results`` (a study folder may register more kinds, e.g.
     the results of its calibration commands).
 
-    ``scores(record, config)``: the record's typed scores (the runner stores them in ``scores``; the reader derives
-    them for records written before, after ``upgrade(record)`` put an older record's own fields in today's shape);
+    ``scores(record, settings)``: the record's typed scores, given the run's validated settings object (the runner
+    stores them in ``scores``; the reader derives them for records written before, after ``upgrade(record)`` put an
+    older record's own fields in today's shape, from config.yaml read by ``results.settings_of``);
     ``judges``: its judged decisions (experiments/core/judging.py); ``compare(run_dirs, out)``: its comparison of
     several runs; ``import_published(name, dest, cases)``: import one of its ``published`` data sets (the authors'
     released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case (drawn from
@@ -220,7 +221,7 @@ class StudyResults:
     ``run``: the report's mapping of the folder: config, metrics, records)."""
 
     experiment: str
-    scores: Callable[[dict, dict], dict[str, Grade]] | None = None
+    scores: Callable[[dict, Any], dict[str, Grade]] | None = None
     upgrade: Callable[[dict], dict] | None = None
     judges: tuple[Judge, ...] = ()
     compare: Callable[[list[str], str], Any] | None = None

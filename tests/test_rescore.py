@@ -85,7 +85,7 @@ class JudgedToy(Study):
     def metrics(self, records: list[dict], s: ToySettings) -> dict:
         return {"records": len(records)}
 
-    def summary(self, metrics: dict, s: ToySettings) -> str:
+    def summary(self, metrics: dict, s: ToySettings, run) -> str:
         return f"# toy-judged\n\n{metrics['records']} records\n"
 
 

@@ -98,8 +98,8 @@ class ToyStudy(Study):
     def metrics(self, records: list[dict], s: ToySettings) -> dict:
         return {"accuracy": sum(r["correct"] for r in records) / len(records) if records else None}
 
-    def summary(self, metrics: dict, s: ToySettings) -> str:
-        return f"# toy\n\naccuracy: {metrics['accuracy']}\n\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: ToySettings, run) -> str:
+        return f"# toy\n\naccuracy: {metrics['accuracy']}\n\n" + run_paper_tables(run)
 
 
 class ToyTables(PaperAdapter):

@@ -102,9 +102,9 @@ class AutoevalStudy(Study):
             metrics["reference"] = {"path": s.reference, "rows": len(self.reference)}
         return metrics
 
-    def summary(self, metrics: dict, s: AutoevalSettings) -> str:
+    def summary(self, metrics: dict, s: AutoevalSettings, run) -> str:
         # the runner appends the run line (wall time, tokens, cache hits, failed cases)
-        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(s.out, metrics)
+        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(run)
 
 
 # ------------------------------------------------------------------ step (a), cached

@@ -345,9 +345,10 @@ class RunDir:
             raise StorageError.from_os(self.records_path, e, hint="finished records are kept") from None
 
     # -- outputs --------------------------------------------------------------
-    def write_identity(self, models: dict, extra: dict | None = None) -> None:
+    def write_identity(self, models: dict, extra: dict | None = None) -> dict:
         ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), "records_schema": SCHEMA, **(extra or {})}
         self._write(self.path / "identity.json", strict_json(ident, indent=2))
+        return ident
 
     def write_metrics(self, metrics: dict) -> None:
         """metrics.json, strict: a NaN / infinite figure (a mean over nothing) is null, ``null_metrics`` counts and names them."""

@@ -8,8 +8,10 @@ A study (DERA, CRAFT-MD, MELD, autoeval, MediTOD, ...) subclasses :class:`Study`
   :class:`~models.errors.DataError` naming the file and line/id. Called before any server starts. ``--limit`` and
   ``--sample`` are applied there, through ``self.select(items, settings)`` (experiments/core/scope.py; ``strata``);
 - ``solve(ctx, case, settings)``: one case -> one record, every model call made through ``ctx``;
-- ``metrics(records, settings)`` and ``summary(metrics, settings)``: over the finished records
-  only (a failed case never reaches them).
+- ``metrics(records, settings)`` and ``summary(metrics, settings, run)``: over the finished records
+  only (a failed case never reaches them); ``run`` is the finished run as the runner computed it (a
+  :class:`~experiments.core.results.Run` in memory, its records upgraded, its metrics these), which the summary's
+  paper tables are made from (``experiments/tables/render.run_paper_tables``): nothing is read back from the folder.
 
 Everything else (settings, model references and the client, the results directory, resume, the
 failure policy, identity, the call log) is the runner's, once, in ``experiments/core/runner.py``.
@@ -294,5 +296,5 @@ class Study:
         """Lines saying how the study builds its requests under these settings (printed by --dry-run)."""
         return []
 
-    def summary(self, metrics: dict, settings: RunSettings) -> str:
+    def summary(self, metrics: dict, settings: RunSettings, run) -> str:
         raise NotImplementedError

@@ -88,7 +88,7 @@ class MeldStudy(Study):
     def metrics(self, records: list[dict], s: MeldSettings) -> dict:
         return meld_metrics(records, s.threshold)
 
-    def summary(self, m: dict, s: MeldSettings) -> str:
+    def summary(self, m: dict, s: MeldSettings, run) -> str:
         lines = ["# MELD contamination check", "", f"model: {s.roles['model']}; cases: {m['n']}",
                  f"mean similarity: {m['mean_similarity']}; share >= {s.threshold}: {m['share_ge_threshold']}; max: {m['max_similarity']}"]
         return "\n".join(lines) + "\n"

@@ -135,11 +135,11 @@ class CraftmdStudy(Study):
         adds = additions(s)
         return [requests_line(s)] + ([f"additions to the protocol: {'; '.join(adds)}"] if adds else [])
 
-    def summary(self, metrics: dict, s: CraftSettings) -> str:
+    def summary(self, metrics: dict, s: CraftSettings, run) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
         published = getattr(paper_values, "EXPERT_PUBLISHED", None)
         return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper, s.name)
-                + "\n" + run_paper_tables(s.out, metrics))
+                + "\n" + run_paper_tables(run))
 
 
 register_study("craftmd", CraftmdStudy, help="""

@@ -74,8 +74,8 @@ class DeraDialogueStudy(Study):
     def metrics(self, records: list[dict], s: DialogueSettings) -> dict:
         return report.dialogue_metrics(records, s)
 
-    def summary(self, metrics: dict, s: DialogueSettings) -> str:
-        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: DialogueSettings, run) -> str:
+        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
 
 
 class SummarizeStudy(DeraDialogueStudy):
@@ -146,8 +146,8 @@ class QAStudy(Study):
     def metrics(self, records: list[dict], s: QASettings) -> dict:
         return report.qa_metrics(records, s)
 
-    def summary(self, metrics: dict, s: QASettings) -> str:
-        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: QASettings, run) -> str:
+        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
 
 
 STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}

@@ -231,8 +231,8 @@ class MeditodStudy(Study):
                          "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)), "context_budget": self._budget}
         return m
 
-    def summary(self, metrics: dict, s: MeditodSettings) -> str:
-        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: MeditodSettings, run) -> str:
+        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(run)
 
 
 # ------------------------------------------------------------------ scoring and adjudication

@@ -1,19 +1,32 @@
-"""The study registry. Each study folder's ``study.py`` says once what its studies are:
+"""The study registry. Each study folder declares once, in its package's ``__init__.py``, everything it adds::
 
-    register_study("craftmd", CraftmdStudy, help="...")      # `medstack run craftmd`; flags from CraftmdStudy.settings_cls
-    register_tables(HERE / "paper_tables.yaml", ADAPTER)      # its paper tables and their adapter
+    STUDY = StudyDeclaration(
+        commands=(Command("craftmd", "CRAFT-MD: simulated doctor-patient conversations ...", "study:CraftmdStudy"),
+                  Command("meld", "MELD contamination check ...", "meld:MeldStudy", top_level=True)),
+        tables="paper_tables.yaml", adapter="paper_values:ADAPTER",             # its paper tables
+        results=("judges:EXPERTS_IMPORT", "judges:CALIBRATE_GRADER"),           # more kinds of results folders
+        cli={"import craftmd": "cli:import_craftmd", "calibrate conversations": "cli:calibrate_conversations_cmd"})
 
-`medstack run`, ``--dry-run``, ``sweep``, ``report``, ``compare`` and the tables read it. Found by layout: every
-``experiments/*/study.py`` is imported once when all studies are asked for; the command line lists the commands a
-folder's ``__init__.py`` declares (``COMMANDS``, ``TOP_LEVEL``) and imports a study.py only when its command runs or
-shows its --help. Every ``experiments/*/cli.py`` and ``finetune/cli.py`` adds its other commands.
+A reference ``"module:attr"`` names something in the folder, imported only when used (an object may stand instead:
+a study declared in one file). Each command's Study class carries its settings (``settings_cls``), roles, strata and
+results (``Study.results``, a StudyResults: typed scores and the old records' upgrade, judges, compare, released runs
+and their importer, report hooks). A ``datasets.yaml`` beside ``__init__.py`` adds data sets (experiments/datasets/registry.py).
+
+Found by layout: every ``experiments/<folder>/__init__.py`` that declares ``STUDY``, and every folder that
+``$MEDSTACK_STUDIES`` names (os.pathsep-separated: study packages kept outside the repository, loaded under their
+folder's name). `medstack --help` lists the commands from the declarations alone; a study's modules are imported
+only when its command runs or shows its own --help. `run`, ``--dry-run``, ``sweep``, ``report``, ``compare``,
+``review``, ``rescore``, ``calibrate`` and the tables find the studies here.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,8 +34,41 @@ from experiments.core.commands import lazy_group, study_command
 from experiments.core.config import ConfigError
 from experiments.core.results import Run, read_run, settings_of, upgrade_record
 from experiments.core.study import Study, StudyResults
+from experiments.datasets.registry import STUDIES_ENV, study_folders
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Command:
+    """One study command: `medstack run NAME` (`medstack NAME` when ``top_level``)."""
+
+    name: str
+    help: str  # the help's first paragraph, as `medstack --help` lists it (the only copy)
+    study: Any  # the Study class or a factory: "module:attr" in the folder, or the object
+    more: str = ""  # the paragraphs after the first, in the command's own --help
+    top_level: bool = False
+    fixed: dict = field(default_factory=dict)  # settings the command fixes (MediTOD's task)
+
+
+@dataclass(frozen=True)
+class StudyDeclaration:
+    """Everything one study folder adds to medstack (the module docstring shows one)."""
+
+    commands: tuple[Command, ...]
+    tables: str | None = None  # its paper_tables.yaml, beside __init__.py (experiments/tables/declare.py)
+    adapter: Any = None  # the tables' PaperAdapter (experiments/tables/adapter.py)
+    results: tuple = ()  # StudyResults of more kinds of results folders than its commands write (its calibrations, imports)
+    cli: dict[str, Any] = field(default_factory=dict)  # its other commands: "GROUP NAME" -> the typer function
+    package: str = ""  # set when found: the package's import name
+    folder: Path | None = None  # set when found
+
+    def resolve(self, ref):
+        """A ``"module:attr"`` reference of this folder -> the object (anything else is the object already)."""
+        if not isinstance(ref, str):
+            return ref
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(f"{self.package}.{module}"), attr)
 
 
 @dataclass(frozen=True)
@@ -40,63 +86,103 @@ class PaperTables:
     adapter: Any  # its experiments.tables.adapter.PaperAdapter
 
 
-STUDIES: dict[str, StudyEntry] = {}
-TABLES: dict[str, PaperTables] = {}
-RESULTS: dict[str, StudyResults] = {}  # experiment -> what its study declares about its results folders
+@dataclass
+class Loaded:
+    """What the studies declare, with their modules imported: by command, by kind of results folder, paper tables."""
+
+    studies: dict[str, StudyEntry]
+    results: dict[str, StudyResults]
+    tables: list[PaperTables]
 
 
-def register_study(name: str, study: Callable[[], Study], *, help: str = "", top_level: bool = False, fixed: dict | None = None) -> None:
-    """Register a study command. Where its folder's ``__init__.py`` declares it (``COMMANDS``, ``TOP_LEVEL``), the help's
-    first paragraph and the command's place come from there, and ``help`` adds only the paragraphs after it."""
-    if name in (decl := declared()):
-        help, top_level = decl[name][1] + ("\n\n" + help.strip("\n") if help.strip() else ""), decl[name][2]
-    STUDIES[name] = StudyEntry(name, study, help, top_level, fixed or {})
-    if isinstance(getattr(study, "results", None), StudyResults):
-        register_results(study.results)
+def _load_folder(folder: Path):
+    """A study package outside ``experiments/`` ($MEDSTACK_STUDIES), imported under its folder's name."""
+    name = folder.name
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+    if spec is None or not (folder / "__init__.py").exists():
+        raise ConfigError(f"${STUDIES_ENV}: {folder} is not a study package (no __init__.py)")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
-def register_tables(path: Path, adapter: Any) -> None:
-    TABLES[str(path)] = PaperTables(path, adapter)
+@lru_cache(maxsize=None)
+def _declarations(extra: str) -> tuple[StudyDeclaration, ...]:
+    found = []
+    packages = [importlib.import_module(f"experiments.{p.parent.name}") for p in sorted(EXPERIMENTS.glob("*/__init__.py"))]
+    packages += [_load_folder(f) for f in study_folders(extra)]
+    for package in packages:
+        decl = getattr(package, "STUDY", None)
+        if isinstance(decl, StudyDeclaration):
+            found.append(StudyDeclaration(**{**decl.__dict__, "package": package.__name__, "folder": Path(package.__file__).parent}))
+    return tuple(found)
 
 
-def _modules(file: str) -> list[str]:
-    return [f"experiments.{p.parent.name}.{p.stem}" for p in sorted(EXPERIMENTS.glob(f"*/{file}"))]
+def declarations() -> tuple[StudyDeclaration, ...]:
+    """Every study folder's declaration (their packages' ``__init__.py`` only: no study module is imported)."""
+    return _declarations(os.environ.get(STUDIES_ENV, ""))
 
 
-def studies() -> dict[str, StudyEntry]:
-    """Every registered study (importing each study folder's ``study.py`` registers it)."""
-    for module in _modules("study.py"):
-        importlib.import_module(module)
-    return STUDIES
+def commands() -> dict[str, tuple[Command, StudyDeclaration]]:
+    """Every study command, with the declaration it comes from."""
+    return {c.name: (c, d) for d in declarations() for c in d.commands}
 
 
-def declared() -> dict[str, tuple[str, str, bool]]:
-    """Every study command a folder declares in its ``__init__.py`` (``COMMANDS``: name -> help, ``TOP_LEVEL``), as
-    (folder's study module, help, top level), read without importing any ``study.py``."""
-    out = {}
-    for module in _modules("study.py"):
-        package = importlib.import_module(module.rpartition(".")[0])
-        top = set(getattr(package, "TOP_LEVEL", ()))
-        out.update({name: (module, help, name in top) for name, help in getattr(package, "COMMANDS", {}).items()})
+def loaded() -> Loaded:
+    """Every study imported: its commands' entries, the results kinds they declare, their paper tables."""
+    return _loaded(os.environ.get(STUDIES_ENV, ""))
+
+
+@lru_cache(maxsize=None)
+def _loaded(extra: str) -> Loaded:
+    out = Loaded({}, {}, [])
+    for name in commands():
+        out.studies[name] = entry = _entry(name)
+        if isinstance(results := entry.make().results, StudyResults):
+            out.results[results.experiment] = results
+    for d in declarations():
+        for more in map(d.resolve, d.results):
+            out.results[more.experiment] = more
+        if d.tables:
+            out.tables.append(PaperTables(d.folder / d.tables, d.resolve(d.adapter)))
     return out
 
 
+def _entry(name: str) -> StudyEntry:
+    c, d = commands()[name]
+    help = c.help + ("\n\n" + c.more.strip("\n") if c.more.strip() else "")
+    return StudyEntry(c.name, d.resolve(c.study), help, c.top_level, dict(c.fixed))
+
+
+def studies() -> dict[str, StudyEntry]:
+    """Every study command (each study's modules imported)."""
+    return loaded().studies
+
+
 def get(name: str) -> StudyEntry:
-    module = declared().get(name, (None,))[0]
-    if module and name not in STUDIES:  # a declared study: import its folder's study.py only
-        importlib.import_module(module)
-    if name not in STUDIES and name not in studies():
-        raise ConfigError(f"unknown study {name!r}; studies: {', '.join(sorted(STUDIES))}")
-    return STUDIES[name]
+    """One study command, importing its own folder's modules only."""
+    if name not in commands():
+        raise ConfigError(f"unknown study {name!r}; studies: {', '.join(sorted(commands()))}")
+    return _entry(name)
 
 
 def paper_tables() -> list[PaperTables]:
-    studies()
-    return list(TABLES.values())
+    return loaded().tables
+
+
+def all_results() -> dict[str, StudyResults]:
+    """Every kind of results folder a study declares: experiment -> its StudyResults."""
+    return loaded().results
 
 
 def _command(name: str):
-    """The click command of one study: its folder's study.py imported now (experiments/core/commands.py lazy_group)."""
+    """The click command of one study: its folder's study module imported now (experiments/core/commands.py lazy_group)."""
     import typer
 
     one = typer.Typer()
@@ -105,30 +191,28 @@ def _command(name: str):
 
 
 def register_all(app, run_app, **apps) -> None:
-    """Plug every study command and every folder's other commands into `medstack`. A study its folder declares
-    (``declared()``) is listed without importing its study.py; any other is imported and registered now."""
+    """Plug every study command and every other command into `medstack`: the study commands are listed from their
+    declarations without importing a study module; each declaration's ``cli`` adds its other commands to their group
+    (``import``, ``calibrate``, ...); every tool folder's ``cli.py`` and ``finetune/cli.py`` add theirs."""
     lazy: dict[bool, dict] = {True: {}, False: {}}
-    for name, (_, help, top) in declared().items():
-        lazy[top][name] = (help, partial(_command, name))
-    folders = {module for module, _, _ in declared().values()}
-    for module in _modules("study.py"):
-        if module not in folders:
-            importlib.import_module(module)
-    for entry in STUDIES.values():
-        (app if entry.top_level else run_app).command(entry.name)(study_command(entry))
+    for name, (c, _) in commands().items():
+        lazy[c.top_level][name] = (c.help, partial(_command, name))
     app.info.cls, run_app.info.cls = lazy_group(lazy[True]), lazy_group(lazy[False])
-    for module in _modules("cli.py") + ["finetune.cli"]:
+    study_packages = {d.package for d in declarations()}
+    tools = [f"experiments.{p.parent.name}.cli" for p in sorted(EXPERIMENTS.glob("*/cli.py")) if f"experiments.{p.parent.name}" not in study_packages]
+    for module in tools + ["finetune.cli"]:
         importlib.import_module(module).register(app=app, run_app=run_app, **apps)
-
-
-def register_results(results: StudyResults) -> None:
-    RESULTS[results.experiment] = results
+    groups = {"": app, "run": run_app, **{k.removesuffix("_app"): v for k, v in apps.items()}}
+    for d in declarations():
+        for where, ref in d.cli.items():
+            group, _, name = where.rpartition(" ")
+            if group in groups:  # an app built without that group (tests) leaves its commands out
+                groups[group].command(name)(d.resolve(ref))
 
 
 def results_for(experiment: str) -> StudyResults | None:
     """What the study of results folders of ``experiment`` (config.yaml) declares; None for a kind no study declares."""
-    studies()
-    return RESULTS.get(experiment)
+    return all_results().get(experiment)
 
 
 def results_of(run: Run) -> StudyResults | None:
@@ -139,7 +223,8 @@ def results_of(run: Run) -> StudyResults | None:
 
 
 def open_run(path, *, lenient: bool = False) -> Run:
-    """A results folder read by the one reader, its older records upgraded by their study (typed scores included)."""
+    """A results folder read by the one reader, its older records upgraded by their study (typed scores included,
+    given config.yaml read into the study's settings class: results.settings_of)."""
     run = read_run(path, lenient=lenient)
     declared = results_of(run)
     if declared is not None and (declared.upgrade or declared.scores):

@@ -16,7 +16,7 @@ say where a run's setting differs from the paper's, and the tables themselves:
         plot: {rows: [...], ylabel: accuracy, ylim: [0, 1]}
 
 Each study registers its file with the adapter that turns a run into per-case values and setting
-attributes (``register_tables(path, ADAPTER)`` in its study.py, experiments/core/registry.py).
+attributes (``tables`` and ``adapter`` of its folder's declaration, experiments/core/registry.py).
 Nothing here computes: :mod:`experiments.tables.build` does, :mod:`experiments.tables.render` prints.
 """
 

@@ -208,9 +208,9 @@ def call_formats(calls: list[dict]) -> dict:
 @dataclass(frozen=True)
 class StudyResults:
     """What a study declares about its results folders (config.yaml's ``experiment``), so that the tools over results
-    (review, calibrate, rescore, compare, sweep, report) serve it without knowing it. Registered with
-    ``registry.register_results``; a study's own is ``Study.results`` (a study folder may register more kinds, e.g.
-    the results of its calibration commands).
+    (review, calibrate, rescore, compare, sweep, report) serve it without knowing it. A study's own is ``Study.results``;
+    a study folder declares more kinds in its declaration's ``results`` (experiments/core/registry.py: the results
+    of its calibration commands).
 
     ``scores(record, settings)``: the record's typed scores, given the run's validated settings object (the runner
     stores them in ``scores``; the reader derives them for records written before, after ``upgrade(record)`` put an

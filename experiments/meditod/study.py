@@ -1,4 +1,4 @@
-"""`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner (registered below, with its paper tables).
+"""`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner (declared in __init__.py, with its paper tables).
 
 One case per sample (tasks.py: the authors' windows and skip rules): load + validate data -> build
 the test samples (and, in-context, the training exemplars the same way) -> retrieve k exemplars per

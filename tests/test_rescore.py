@@ -100,7 +100,7 @@ def own_judge(role: str, text: str) -> str:
 def toy(tmp_path, monkeypatch):
     """A source run of the toy study (its records carry typed scores) and `medstack rescore` on a Typer app;
     ``script["judge"]`` answers the rescore's judge requests; ``sent`` is every request the scripted client got."""
-    monkeypatch.setitem(registry.loaded().studies, "toy-judged", registry.StudyEntry("toy-judged", JudgedToy, "toy"))
+    monkeypatch.setitem(registry.loaded().studies, "toy-judged", registry.Command("toy-judged", "toy", JudgedToy))
     monkeypatch.setitem(registry.loaded().results, "toy-judged", JudgedToy.results)
     sent: list[tuple[str, str]] = []
     script = {"judge": own_judge}

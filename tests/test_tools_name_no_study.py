@@ -29,7 +29,7 @@ def study_folders() -> set[str]:
 
 
 def study_names() -> set[str]:
-    names = set(registry.studies()) | set(registry.commands()) | set(registry.all_results()) | study_folders()
+    names = set(registry.studies()) | set(registry.commands()) | set(registry.loaded().results) | study_folders()
     names |= {n for d in declarations() for n in (d.study, d.title, *d.experiments)}
     return {n for n in names if n}
 

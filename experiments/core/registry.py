@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable
@@ -41,11 +41,12 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Command:
-    """One study command: `medstack run NAME` (`medstack NAME` when ``top_level``)."""
+    """One study command: `medstack run NAME` (`medstack NAME` when ``top_level``). As :func:`get` returns it, ``make``
+    is the object and ``help`` the whole help."""
 
     name: str
     help: str  # the help's first paragraph, as `medstack --help` lists it (the only copy)
-    study: Any  # the Study class or a factory: "module:attr" in the folder, or the object
+    make: Any  # the Study class or a factory: "module:attr" in the folder, or the object
     more: str = ""  # the paragraphs after the first, in the command's own --help
     top_level: bool = False
     fixed: dict = field(default_factory=dict)  # settings the command fixes (MediTOD's task)
@@ -72,15 +73,6 @@ class StudyDeclaration:
 
 
 @dataclass(frozen=True)
-class StudyEntry:
-    name: str  # the command: `medstack run NAME` (`medstack NAME` when top_level)
-    make: Callable[[], Study]  # the Study class (or a factory)
-    help: str
-    top_level: bool = False
-    fixed: dict = field(default_factory=dict)  # settings the command fixes (MediTOD's task)
-
-
-@dataclass(frozen=True)
 class PaperTables:
     path: Path  # the study's paper_tables.yaml (experiments/tables/declare.py)
     adapter: Any  # its experiments.tables.adapter.PaperAdapter
@@ -90,7 +82,7 @@ class PaperTables:
 class Loaded:
     """What the studies declare, with their modules imported: by command, by kind of results folder, paper tables."""
 
-    studies: dict[str, StudyEntry]
+    studies: dict[str, Command]
     results: dict[str, StudyResults]
     tables: list[PaperTables]
 
@@ -120,7 +112,7 @@ def _declarations(extra: str) -> tuple[StudyDeclaration, ...]:
     for package in packages:
         decl = getattr(package, "STUDY", None)
         if isinstance(decl, StudyDeclaration):
-            found.append(StudyDeclaration(**{**decl.__dict__, "package": package.__name__, "folder": Path(package.__file__).parent}))
+            found.append(replace(decl, package=package.__name__, folder=Path(package.__file__).parent))
     return tuple(found)
 
 
@@ -154,18 +146,17 @@ def _loaded(extra: str) -> Loaded:
     return out
 
 
-def _entry(name: str) -> StudyEntry:
+def _entry(name: str) -> Command:
     c, d = commands()[name]
-    help = c.help + ("\n\n" + c.more.strip("\n") if c.more.strip() else "")
-    return StudyEntry(c.name, d.resolve(c.study), help, c.top_level, dict(c.fixed))
+    return replace(c, make=d.resolve(c.make), help=c.help + ("\n\n" + c.more.strip("\n") if c.more.strip() else ""), more="")
 
 
-def studies() -> dict[str, StudyEntry]:
+def studies() -> dict[str, Command]:
     """Every study command (each study's modules imported)."""
     return loaded().studies
 
 
-def get(name: str) -> StudyEntry:
+def get(name: str) -> Command:
     """One study command, importing its own folder's modules only."""
     if name not in commands():
         raise ConfigError(f"unknown study {name!r}; studies: {', '.join(sorted(commands()))}")
@@ -174,11 +165,6 @@ def get(name: str) -> StudyEntry:
 
 def paper_tables() -> list[PaperTables]:
     return loaded().tables
-
-
-def all_results() -> dict[str, StudyResults]:
-    """Every kind of results folder a study declares: experiment -> its StudyResults."""
-    return loaded().results
 
 
 def _command(name: str):
@@ -212,7 +198,7 @@ def register_all(app, run_app, **apps) -> None:
 
 def results_for(experiment: str) -> StudyResults | None:
     """What the study of results folders of ``experiment`` (config.yaml) declares; None for a kind no study declares."""
-    return all_results().get(experiment)
+    return loaded().results.get(experiment)
 
 
 def results_of(run: Run) -> StudyResults | None:

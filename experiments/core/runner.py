@@ -162,7 +162,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
         targets = metrics_targets(urls)  # a replica group's URL -> its replicas' URLs (the router has no engine metrics)
         before = scrape_targets(targets)
-        t0 = time.perf_counter()
+        t0, identity = time.perf_counter(), None
         try:
             identity = rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
             await study.setup(client, settings, todo, rundir.path)

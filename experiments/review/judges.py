@@ -22,7 +22,7 @@ from models.errors import DataError
 
 def reviewable() -> dict[str, tuple[str, ...]]:
     """experiment -> its judge steps, for every registered kind of results folder that declares judges."""
-    return {exp: tuple(j.step for j in r.judges) for exp, r in sorted(registry.all_results().items()) if r.judges}
+    return {exp: tuple(j.step for j in r.judges) for exp, r in sorted(registry.loaded().results.items()) if r.judges}
 
 
 def _listing() -> str:

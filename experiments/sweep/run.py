@@ -160,7 +160,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
         raise ConfigError("sweep: give the models with --models, the fixed roles with --role ROLE=REF and the sweep folder with --out (not --model)")
     declared = results_of(study)
     if published and not (declared and declared.import_published):
-        have = sorted(e for e, r in registry.all_results().items() if r.import_published)
+        have = sorted(e for e, r in registry.loaded().results.items() if r.import_published)
         raise ConfigError(f"--published imports a study's released runs ({', '.join(have)}); {study.name} has none")
     roles_varied = swept_roles(study, vary)
     in_config, named = named_roles(study, values, to_overrides)

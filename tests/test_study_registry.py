@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from experiments.core import registry, runner
 from experiments.core.results import read_run
+from experiments.tables.declare import declarations
 from scripted import ScriptedLLM
 
 TOY = Path(__file__).parent / "studies" / "toy"
@@ -61,7 +62,7 @@ def toy(tmp_path, monkeypatch):
 
 def test_the_toy_is_found_through_the_search_path_only(toy, monkeypatch):
     assert "toy" in registry.commands() and registry.results_for("toy").judge("echo-judge") is not None
-    assert any(t.path == TOY / "paper_tables.yaml" for t in registry.paper_tables())
+    assert any(d.path == str(TOY / "paper_tables.yaml") for d in declarations())
     monkeypatch.delenv("MEDSTACK_STUDIES")
     assert "toy" not in registry.commands() and registry.results_for("toy") is None
 

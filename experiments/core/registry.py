@@ -7,16 +7,10 @@
         results=("judges:EXPERTS_IMPORT", "judges:CALIBRATE_GRADER"),           # more kinds of results folders
         cli={"import craftmd": "cli:import_craftmd", "calibrate conversations": "cli:calibrate_conversations_cmd"})
 
-A reference ``"module:attr"`` names something in the folder, imported only when used (an object may stand instead:
-a study declared in one file). Each command's Study class carries its settings (``settings_cls``), roles, strata and
-results (``Study.results``, a StudyResults: typed scores and the old records' upgrade, judges, compare, released runs
-and their importer, report hooks). A ``datasets.yaml`` beside ``__init__.py`` adds data sets (experiments/datasets/registry.py).
-
-Found by layout: every ``experiments/<folder>/__init__.py`` that declares ``STUDY``, and every folder that
-``$MEDSTACK_STUDIES`` names (os.pathsep-separated: study packages kept outside the repository, loaded under their
-folder's name). `medstack --help` lists the commands from the declarations alone; a study's modules are imported
-only when its command runs or shows its own --help. `run`, ``--dry-run``, ``sweep``, ``report``, ``compare``,
-``review``, ``rescore``, ``calibrate`` and the tables find the studies here.
+A reference ``"module:attr"`` names something in the folder, imported when used (or the object itself: a study declared
+in one file). Each command's Study class carries its settings, roles, strata and results (``Study.results``). Found by
+layout: every ``experiments/<folder>/__init__.py`` that declares ``STUDY``, and each folder ``$MEDSTACK_STUDIES`` names
+(os.pathsep-separated; loaded under its folder's name). `medstack --help` lists the commands from the declarations alone.
 """
 
 from __future__ import annotations
@@ -72,19 +66,12 @@ class StudyDeclaration:
         return getattr(importlib.import_module(f"{self.package}.{module}"), attr)
 
 
-@dataclass(frozen=True)
-class PaperTables:
-    path: Path  # the study's paper_tables.yaml (experiments/tables/declare.py)
-    adapter: Any  # its experiments.tables.adapter.PaperAdapter
-
-
 @dataclass
 class Loaded:
-    """What the studies declare, with their modules imported: by command, by kind of results folder, paper tables."""
+    """The study commands with their modules imported, and the kinds of results folders they declare."""
 
     studies: dict[str, Command]
     results: dict[str, StudyResults]
-    tables: list[PaperTables]
 
 
 def _load_folder(folder: Path):
@@ -127,22 +114,19 @@ def commands() -> dict[str, tuple[Command, StudyDeclaration]]:
 
 
 def loaded() -> Loaded:
-    """Every study imported: its commands' entries, the results kinds they declare, their paper tables."""
+    """Every study imported: its commands, the kinds of results folders they declare."""
     return _loaded(os.environ.get(STUDIES_ENV, ""))
 
 
 @lru_cache(maxsize=None)
 def _loaded(extra: str) -> Loaded:
-    out = Loaded({}, {}, [])
+    out = Loaded({}, {})
     for name in commands():
         out.studies[name] = entry = _entry(name)
         if isinstance(results := entry.make().results, StudyResults):
             out.results[results.experiment] = results
     for d in declarations():
-        for more in map(d.resolve, d.results):
-            out.results[more.experiment] = more
-        if d.tables:
-            out.tables.append(PaperTables(d.folder / d.tables, d.resolve(d.adapter)))
+        out.results.update({more.experiment: more for more in map(d.resolve, d.results)})
     return out
 
 
@@ -161,10 +145,6 @@ def get(name: str) -> Command:
     if name not in commands():
         raise ConfigError(f"unknown study {name!r}; studies: {', '.join(sorted(commands()))}")
     return _entry(name)
-
-
-def paper_tables() -> list[PaperTables]:
-    return loaded().tables
 
 
 def _command(name: str):

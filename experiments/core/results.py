@@ -465,8 +465,8 @@ def upgrade_record(record: dict, settings, upgrade=None, scores=None) -> dict:
 
 
 class ConfigView(dict):
-    """A config.yaml that is no study's settings (an imported release, a calibration), read as settings are read: each
-    key an attribute, None where it has none."""
+    """A config.yaml that is no study's settings (an imported release, a calibration), read as settings: each key an
+    attribute, None where it has none."""
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -475,18 +475,12 @@ class ConfigView(dict):
 
 
 def settings_of(config: dict, settings_cls: type | None):
-    """A results folder's config.yaml as its study's validated settings object, read as a resume reads it (settings
-    added since filled with their value then, older spellings moved); a :class:`ConfigView` where
-    no settings class is given or the config is not one (an imported release's, a calibration's)."""
-    if settings_cls is not None:
-        from pydantic import ValidationError
-
-        data = {**settings_cls.resume_rules()[0], **{k: v for k, v in config.items() if k != "prompt_files"}}
-        try:  # older spellings are moved by the settings class itself (moved_keys)
-            return settings_cls.model_validate(data)
-        except ValidationError:
-            pass
-    return ConfigView(config)
+    """A results folder's config.yaml as its study's settings object, read as a resume reads it (settings added since
+    at their value then, older spellings moved); a :class:`ConfigView` where it is no such settings."""
+    try:
+        return settings_cls.model_validate({**settings_cls.resume_rules()[0], **{k: v for k, v in config.items() if k != "prompt_files"}})
+    except (AttributeError, ValueError):  # no settings class; not valid as one (pydantic's ValidationError is a ValueError)
+        return ConfigView(config)
 
 
 def _read_text(path: Path) -> str:

@@ -82,25 +82,22 @@ def registry_path() -> Path:
 
 
 def study_folders(extra: str | None = None) -> list[Path]:
-    """The study folders kept outside ``experiments/`` (``extra``, default ``$MEDSTACK_STUDIES``: os.pathsep-separated)."""
-    value = os.environ.get(STUDIES_ENV, "") if extra is None else extra
-    return [Path(x).resolve() for x in value.split(os.pathsep) if x.strip()]
+    """The study folders outside ``experiments/`` (``extra``, default ``$MEDSTACK_STUDIES``: os.pathsep-separated)."""
+    return [Path(x).resolve() for x in (os.environ.get(STUDIES_ENV, "") if extra is None else extra).split(os.pathsep) if x.strip()]
 
 
 def load_registry(path: Optional[Path] = None) -> dict[str, DataSet]:
-    """The data sets of ``path`` (default: the registry, ``$MEDSTACK_DATA_REGISTRY`` or ``datasets.yaml``, with the
-    ``datasets.yaml`` each study folder ships beside its ``__init__.py`` merged in: a name registered twice is an error)."""
-    files = [Path(path)] if path else [registry_path()] + [f for folder in [*EXPERIMENTS.iterdir(), *study_folders()]
-                                                          if (f := folder / "datasets.yaml").is_file() and f != REGISTRY_FILE]
+    """The data sets of ``path``; by default of the registry with each study folder's ``datasets.yaml`` merged in."""
+    files = [Path(path)] if path else [registry_path()] + [f for d in [*EXPERIMENTS.iterdir(), *study_folders()]
+                                                          if (f := d / "datasets.yaml").is_file() and f != REGISTRY_FILE]
     out: dict[str, DataSet] = {}
     for f in files:
         try:
-            raw = yaml.safe_load(f.read_text())
-            sets = {name: DataSet(name=name, **entry) for name, entry in raw["sets"].items()}
+            sets = {name: DataSet(name=name, **entry) for name, entry in yaml.safe_load(f.read_text())["sets"].items()}
         except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValidationError) as e:
             raise DataError(f"data registry {f} is not valid: {e}") from e
         if twice := sorted(set(sets) & set(out)):
-            raise DataError(f"data registry {f}: {', '.join(twice)} registered already (another study folder's datasets.yaml)")
+            raise DataError(f"data registry {f}: {', '.join(twice)} registered already")
         out.update(sets)
     return out
 

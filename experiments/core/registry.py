@@ -1,9 +1,10 @@
 """The study registry. Each study folder declares once, in its package's ``__init__.py``, everything it adds:
 ``STUDY = StudyDeclaration(commands=(Command(...), ...), tables=..., adapter=..., results=..., cli=...)`` (docs/layout.md,
-Adding a study, shows one). A reference ``"module:attr"`` names something in the folder, imported when used (or the object itself: a study declared
-in one file). Each command's Study class carries its settings, roles, strata and results (``Study.results``). Found by
-layout: every ``experiments/<folder>/__init__.py`` that declares ``STUDY``, and each folder ``$MEDSTACK_STUDIES`` names
-(os.pathsep-separated; loaded under its folder's name). `medstack --help` lists the commands from the declarations alone.
+Adding a study, shows one). A reference ``"module:attr"`` names something in the folder, imported when used (or the
+object itself: a study declared in one file). Each command's Study class carries its settings, roles, strata and
+results (``Study.results``). Found by layout: every ``experiments/<folder>/__init__.py`` that declares ``STUDY``, and
+each folder ``$MEDSTACK_STUDIES`` names (os.pathsep-separated; loaded under its folder's name). `medstack --help` lists
+the commands from the declarations alone.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from experiments.core import registry
 from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings
 from models.errors import MedstackError
+from serving.launcher import free_port
 
 
 def runner_scale_study(case_trials: int, trials: int, ref: str):
@@ -40,12 +40,6 @@ def runner_scale_study(case_trials: int, trials: int, ref: str):
     if entry is None:
         raise MedstackError("--runner-scale: no registered study declares a runner-scale workload (Study.runner_scale)")
     return entry.make.runner_scale(case_trials, trials, ref)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class InstantEndpoint:

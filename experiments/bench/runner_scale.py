@@ -1,17 +1,9 @@
 """`medstack bench --runner-scale`: our own cost at paper scale (docs/protocols.md, Paper scale), the model's time taken out.
 
-A study's paper-scale workload over synthetic cases (the first registered study that declares one,
-``Study.runner_scale``: its own protocol, prompts and turns) is run through the real runner (``experiments.core.runner.run_study``), the real :class:`LLMClient` with its
-SQLite response cache, and a real results directory, against the stand-in endpoint of
-``instant_endpoint.py`` (a separate process that answers at once). Measured, in this process:
-
-- calls/s sustained (requests the client sent / wall seconds of the run);
-- CPU ms per call (this process's user + system CPU time / calls);
-- peak RSS (``ru_maxrss``) of the run (end-of-run metrics and summary included), of this process after the
-  resume and the metrics computed again, and of ``medstack report`` over the finished run (its own process);
-- size of ``records.jsonl`` and of the cache file (+ its WAL);
-- seconds to resume the finished directory (the same ``run_study`` again: every case-trial done);
-- seconds to compute the metrics (``study.metrics`` + ``summary`` over the finished records), and to write the report.
+The first registered study that declares a paper-scale workload over synthetic cases (``Study.runner_scale``) runs
+through the real runner, client, response cache and results directory against ``instant_endpoint.py`` (a separate
+process, so its CPU is not ours); the figures and what each measures: experiments/bench/README.md, "Runner at paper
+scale".
 """
 
 from __future__ import annotations

@@ -136,9 +136,6 @@ class TrainingSection(_Section):
         per_device = max(d for d in range(1, self.per_device_train_batch_size + 1) if per_process % d == 0)
         return per_device, per_process // per_device
 
-    def accumulation(self, world_size: int = 1) -> int:
-        return self.split(world_size)[1]
-
 
 class Recipe(_Section):
     version: int = 1
@@ -183,23 +180,6 @@ def out_lock(recipe: Recipe):
     if not is_rank_zero() or os.environ.get(OUT_LOCK_HELD_ENV) == str(out.resolve()):
         return contextlib.nullcontext()
     return RunLock(out)
-
-
-def parse_assignments(items: list[str]) -> dict:
-    """``["training.max_steps=30", "lora.r=8"]`` -> nested override dict (values parsed as YAML scalars)."""
-    import yaml
-
-    out: dict = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"bad override {item!r}: expected SECTION.KEY=VALUE, e.g. training.max_steps=30")
-        node = out
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else None
-    return out
 
 
 def strip_none(d: dict) -> dict:

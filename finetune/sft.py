@@ -30,9 +30,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, EarlyStoppingCallb
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
+from experiments.core.config import parse_set
 from finetune.callbacks import LossProgressCallback, ThroughputCallback
 from finetune.data import build_dataset, collator, completion_loss, dataset_stats, load_pairs
-from finetune.recipe import Recipe, is_rank_zero, load_recipe, out_lock, parse_assignments, require_4bit_support, world_size
+from finetune.recipe import Recipe, is_rank_zero, load_recipe, out_lock, require_4bit_support, world_size
 from finetune.report import plot_losses, summarize, write_metrics
 from models.registry import resolve_weights
 
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_offline()
     try:
-        recipe = load_recipe(ns.config, parse_assignments(ns.overrides))
+        recipe = load_recipe(ns.config, parse_set(ns.overrides))
         if not recipe.data.dialogs:
             raise MedstackError("data.dialogs is required (data.dialogs=PATH/dialogs.json)")
         metrics = train(recipe)

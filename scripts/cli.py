@@ -14,6 +14,7 @@ import re
 import signal
 import shlex
 import sys
+import time
 from typing import List, Literal, Optional
 
 import typer
@@ -257,14 +258,17 @@ def serve(
     if detach:
         console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop {shlex.quote(model)}`", soft_wrap=True)
         return
-    console.print("serving; Ctrl-C stops the server")
-    try:
-        import time
+    _wait_then(lambda: stop_servers(model, log=lambda m: console.print(m)), "serving; Ctrl-C stops the server")
 
+
+def _wait_then(stop, what: str) -> None:
+    """Say ``what``, sleep until Ctrl-C, then ``stop``."""
+    console.print(what)
+    try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        stop_servers(model, log=lambda m: console.print(m))
+        stop()
 
 
 @serve_app.command("status")
@@ -328,14 +332,7 @@ def serve_router(
     if detach:
         console.print(f"detached (pid {rec['pid']}); stop with `medstack serve stop --port {port}`")
         return
-    console.print("routing; Ctrl-C stops the router")
-    try:
-        import time
-
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        stop_servers(port=port, log=lambda m: console.print(m))
+    _wait_then(lambda: stop_servers(port=port, log=lambda m: console.print(m)), "routing; Ctrl-C stops the router")
 
 
 @serve_app.command("stop")

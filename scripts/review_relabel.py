@@ -28,17 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+from serving.launcher import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser")  # Debian's package (scripts/setup.sh installs it); never a downloaded build
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 FIGURES = ("n", "exact_agreement", "mean_abs_diff", "trial_agreement_bound", "weighted_kappa_linear", "confusion")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_review(run_dir: Path, judge: str, sample: int, reviewer: str, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:

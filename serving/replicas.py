@@ -39,7 +39,6 @@ import sys
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import replace
 
 from models.registry import get_spec, resolve_weights
@@ -51,7 +50,7 @@ from serving.launcher import (
     free_port, has_nvidia_gpu, healthy, logs_dir, port_free, running_servers, serving_dtype, wait_healthy, write_record,
 )
 from serving.parallel import local_ranks, rank_binding
-from serving.secrets import SERVER_KEY_ENV, check_exposure, public_env, redact_argv
+from serving.secrets import SERVER_KEY_ENV, check_exposure, open_keyed, public_env, redact_argv
 from serving.served_dtype import ask_dtype
 
 # vllm-router's policies (vllm-router 0.1.17 --help); kv_aware and sticky_least_loaded need KV events / sessions we do not send.
@@ -214,11 +213,8 @@ def worker_base(url: str) -> str:
 
 def served_models(base: str, api_key: str | None, timeout: float = 10.0) -> list[dict]:
     """A worker's ``/v1/models`` entries (base model and adapters), asked with the key; a refusal or no answer is one line."""
-    req = urllib.request.Request(base + "/v1/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with open_keyed(base + "/v1/models", api_key, timeout) as r:
             return list(json.loads(r.read().decode("utf-8", errors="replace")).get("data") or [])
     except urllib.error.HTTPError as e:
         why = ("it wants an API key: set $MEDSTACK_API_KEY to the workers' key" if e.code == 401 and not api_key

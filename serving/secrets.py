@@ -6,6 +6,7 @@
 - :func:`key_fingerprint` lets a server record say which key a server wants without holding it.
 - :func:`check_exposure` refuses a server on a non-loopback interface without a key.
 - :func:`check_adapter_name` is the one rule for adapter (LoRA) names, wherever they are given.
+- :func:`open_keyed` is the one way a key reaches a plain HTTP request to a server (as a bearer token).
 
 The API key of a server medstack starts reaches vLLM through its environment (``VLLM_API_KEY``),
 never its argv (which every local user sees in ``ps``).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+import urllib.request
 
 from models.errors import MedstackError
 
@@ -87,3 +89,11 @@ def check_adapter_name(name: str, where: str = "--lora") -> str:
     if not ADAPTER_NAME.match(name or ""):
         raise MedstackError(f"{where}: adapter name {name!r} is not allowed: use letters, digits, '_', '.', '-', not starting with '-'")
     return name
+
+
+def open_keyed(url: str, api_key: str | None, timeout: float, data: bytes | None = None):
+    """``urlopen`` of ``url`` (a JSON POST with ``data``), with the key as a bearer token where there is one."""
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if api_key and api_key != "EMPTY":
+        headers["Authorization"] = f"Bearer {api_key}"
+    return urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import urllib.error
-import urllib.request
 
+from serving.secrets import open_keyed
 from serving.types import DTYPES
 
 HEADER = "X-Medstack-Dtype"
@@ -48,20 +48,13 @@ async def announce_dtype(request, call_next):
     return response
 
 
-def _get(url: str, api_key: str | None, timeout: float):
-    req = urllib.request.Request(url)
-    if api_key and api_key != "EMPTY":
-        req.add_header("Authorization", f"Bearer {api_key}")
-    return urllib.request.urlopen(req, timeout=timeout)
-
-
 def ask_dtype(url: str, api_key: str | None = None, timeout: float = 10.0) -> tuple[str | None, str]:
     """(dtype, how it was learnt) from the server at ``url`` (``http://host:port`` or ``.../v1``); (None, why not)."""
     base = url.strip().rstrip("/")
     base = base[:-3] if base.endswith("/v1") else base
     refused = None
     try:
-        with _get(base + "/v1/models", api_key, timeout) as r:
+        with open_keyed(base + "/v1/models", api_key, timeout) as r:
             named = dtype_name(r.headers.get(HEADER))
         if named:
             return named, f"asked of the server: its /v1/models header {HEADER}"
@@ -70,7 +63,7 @@ def ask_dtype(url: str, api_key: str | None = None, timeout: float = 10.0) -> tu
     except (OSError, ValueError) as e:
         refused = f"its /v1/models did not answer ({getattr(e, 'reason', e)})"
     try:
-        with _get(base + "/server_info?config_format=json", api_key, timeout) as r:
+        with open_keyed(base + "/server_info?config_format=json", api_key, timeout) as r:
             info = json.loads(r.read().decode("utf-8", errors="replace"))
         named = dtype_name(((info.get("vllm_config") or {}).get("model_config") or {}).get("dtype"))
         if named:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import re
-import urllib.request
+
+from serving.secrets import open_keyed
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
 
@@ -59,11 +60,8 @@ def parse(text: str) -> dict[str, float]:
 
 def scrape(base_url: str, api_key: str | None = None, timeout: float = 5.0) -> dict[str, float]:
     """One snapshot of the server's counters; ``{}`` if it cannot be read."""
-    req = urllib.request.Request(metrics_url(base_url))
-    if api_key and api_key != "EMPTY":
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with open_keyed(metrics_url(base_url), api_key, timeout) as r:
             return parse(r.read().decode("utf-8", errors="replace"))
     except Exception:  # noqa: BLE001 - metrics are optional extras, never fatal
         return {}

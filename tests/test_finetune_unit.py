@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.core.config import ConfigError
+from experiments.core.config import ConfigError, parse_set
 from finetune.data import IGNORE_INDEX, completion_positions, load_pairs, tokenize_pair
-from finetune.recipe import CONFIG_DIR, load_recipe, merge_overrides, parse_assignments, require_4bit_support, strip_none
+from finetune.recipe import CONFIG_DIR, load_recipe, merge_overrides, require_4bit_support, strip_none
 from models.errors import DataError, MedstackError
 
 FIX = Path(__file__).parent / "fixtures" / "finetune"
@@ -35,7 +35,7 @@ def test_shipped_configs_carry_the_paper_lora_settings(name):
     assert (r.training.lr_scheduler_type, r.training.warmup_ratio) == ("cosine", 0.1)
     assert set(r.lora.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     # batch 16 = per device x accumulation on one process
-    assert r.training.per_device_train_batch_size * r.training.accumulation(1) == 16
+    assert r.training.per_device_train_batch_size * r.training.split(1)[1] == 16
 
 
 def test_gpu_configs_use_bf16_and_gradient_checkpointing():
@@ -62,7 +62,7 @@ def test_unknown_key_and_bad_batch_are_rejected():
     with pytest.raises(ConfigError, match="not a multiple of per_device_train_batch_size"):
         load_recipe(None, {"training": {"batch_size": 16, "per_device_train_batch_size": 3}})
     with pytest.raises(ConfigError, match="cannot be split over 3 process"):
-        load_recipe(None, {"training": {"batch_size": 16, "per_device_train_batch_size": 2}}).training.accumulation(3)
+        load_recipe(None, {"training": {"batch_size": 16, "per_device_train_batch_size": 2}}).training.split(3)
 
 
 def test_batch_size_is_the_global_batch_on_any_number_of_processes():
@@ -120,16 +120,16 @@ def test_missing_config_file_and_bad_yaml(tmp_path):
 
 
 def test_overrides_parse_and_merge():
-    assert parse_assignments(["training.max_steps=30", "lora.r=8", "data.valid_split=null"]) == {
+    assert parse_set(["training.max_steps=30", "lora.r=8", "data.valid_split=null"]) == {
         "training": {"max_steps": 30}, "lora": {"r": 8}, "data": {"valid_split": None}}
     with pytest.raises(ConfigError, match="expected SECTION.KEY=VALUE"):
-        parse_assignments(["max_steps"])
+        parse_set(["max_steps"])
     merged = merge_overrides({"lora": {"r": 32, "alpha": 32}}, strip_none({"lora": {"r": 8, "alpha": None}, "out": None}))
     assert merged == {"lora": {"r": 8, "alpha": 32}}
-    r = load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_assignments(["data.valid_split=null", "training.early_stopping_patience=null"]))
+    r = load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_set(["data.valid_split=null", "training.early_stopping_patience=null"]))
     assert r.data.valid_split is None and r.training.early_stopping_patience is None
     with pytest.raises(ConfigError, match="early_stopping_patience=null to train without validation"):
-        load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_assignments(["data.valid_split=null"]))
+        load_recipe(CONFIG_DIR / "embedded-cpu.yaml", parse_set(["data.valid_split=null"]))
 
 
 def test_4bit_without_bitsandbytes_or_gpu_fails_clearly():

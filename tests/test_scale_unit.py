@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from experiments.bench import instant_endpoint as ie
-from experiments.bench.paper_estimate import LLAMA2_SHAPE, case_trial_calls, estimate
+from experiments.bench.paper_estimate import estimate, workload
 from experiments.core.concurrency import AUTO_CPU, AUTO_PER_GPU, resolve_concurrency
 from experiments.core.results import RunDir
 from experiments.report.build import build_report
@@ -113,7 +113,7 @@ def test_instant_endpoint_conversation_shape():
     """A doctor's view gets questions until turn T (5..13), then a final diagnosis; single prompts a short line."""
     patient_view = [{"role": "system", "content": "You are a patient. Case: rash."}, {"role": "user", "content": "Hello! What brings you here?"}]
     opening = ie.answer_chat(patient_view)
-    assert opening.startswith(ie.OPENING)
+    assert opening.startswith(ie.ANSWERS["opening"])
     t = ie.turns_for(opening)
     assert 5 <= t <= 13
     # the doctor's chat as CRAFT-MD builds it: instructions, its own greeting, the patient's opening
@@ -130,51 +130,53 @@ def test_instant_endpoint_conversation_shape():
     assert "Final Diagnosis" not in ie.answer_chat(patient)
     assert ie.answer_chat([{"role": "user", "content": "Which one?"}]).startswith("Diagnosis:")
     assert ie.answer_chat([{"role": "user", "content": "Same disease?\nVerdict:"}]) == "Verdict: No"  # the grader is not re-asked
-    spread = {ie.turns_for(f"{ie.OPENING} case {i}") for i in range(200)}
+    spread = {ie.turns_for(f"{ie.ANSWERS['opening']} case {i}") for i in range(200)}
     assert spread == set(range(5, 14))
 
 
-def test_paper_estimate_call_count_and_caching():
-    tpl = {"patient_system+opening": 400, "doctor_system": 80, "summary": 300, "extract": 150, "match": 120,
-           **{f"{f}_{m}": 60 for f in ("vignette", "multiturn", "singleturn", "summarized") for m in ("mcq", "frq")}}
-    calls = case_trial_calls(tpl, LLAMA2_SHAPE, 9)
-    assert len(calls) == 2 * 9 + 17
-    e = estimate(tpl, LLAMA2_SHAPE)
-    assert e["per_case_trial"]["calls"] == pytest.approx(2 * 8.41 + 17, abs=0.06)
-    assert 0 < e["total"]["uncached"] < e["total"]["prompt"]
+def _call(i, messages, prompt_tokens, completion_tokens=10, **kw):
+    return {"index": i, "kind": "chat", "messages": messages, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, **kw}
+
+
+def test_paper_estimate_prefix_caching_and_scaling(tmp_path):
+    """Hand-worked: a call is cached up to the longest run of leading messages an earlier call sent, by characters."""
+    sys_m, q1, a1, q2 = ({"role": "user", "content": c * 26} for c in "suav")  # messages of one length: shares are counts
+    first = [_call(0, [sys_m, q1], 100), _call(1, [sys_m, q1, a1, q2], 200)]  # turn 2 re-uses turn 1's two messages: half
+    # another case with the same first message: half; a failed call and one with no tokens: not counted
+    other = [_call(0, [sys_m, q2], 100), _call(1, [q1], 50, error="timeout"), _call(2, [q1], 50, completion_tokens=0)]
+    rd = RunDir(tmp_path / "run", {"x": 1})
+    rd.append_many([{"id": "a", "status": "ok", "calls": first}, {"id": "b", "status": "ok", "calls": other},
+                    {"id": "c", "status": "failed", "calls": first}])
+    w = workload(tmp_path / "run")
+    assert w == {"case_trials": 2, "calls": 3, "prompt": 400, "output": 30, "uncached": 100 + 100 + 50}
+    e = estimate(w, 2000)
+    assert e["per_case_trial"] == {"calls": 1.5, "prompt": 200.0, "uncached": 125.0, "output": 15.0}
+    assert e["total"]["calls"] == 3000 and e["prefix_cache_saving"] == pytest.approx(1 - 250 / 400)
     one, two = e["replicas"][0], e["replicas"][1]
     assert two["wall_h"] == pytest.approx(one["wall_h"] / 2, abs=0.01) and two["concurrency"] == 2 * one["concurrency"]
+    assert estimate(w)["case_trials"] == 2  # by default the run's own size
 
 
-def test_paper_estimate_templates_stream_the_call_logs(tmp_path):
-    """Template tokens from a run's call log: the last record per id counts, and the call logs are never held together."""
+def test_paper_estimate_streams_the_call_logs(tmp_path):
+    """The last record per id counts, and the call logs are never held together."""
     import tracemalloc
 
-    from experiments.bench.paper_estimate import template_tokens
-
-    def rec(i, status="ok", opening=300):
+    def rec(i, status="ok", prompt=300):
         pad = "x" * 500_000  # a paper-scale call log is ~100 KB a record; 20 MB over the run
-        calls = [{"step": "patient_opening", "prompt_tokens": opening, "completion_tokens": 20, "messages": pad},
-                 {"step": "doctor_turn_1", "prompt_tokens": 120 + 20, "completion_tokens": 30},
-                 {"step": "patient_turn_1", "prompt_tokens": 400, "completion_tokens": 10},
-                 {"step": "doctor_turn_2", "prompt_tokens": 200, "completion_tokens": 30},
-                 {"step": "summary", "prompt_tokens": 230 + 30, "completion_tokens": 50},
-                 {"step": "multiturn_mcq", "prompt_tokens": 90 + 60, "completion_tokens": 5}]
-        return {"id": f"c{i}", "status": status, "calls": calls}
+        return {"id": f"c{i}", "status": status, "calls": [_call(0, [{"role": "user", "content": pad + str(i)}], prompt)]}
 
     rd = RunDir(tmp_path / "run", {"x": 1})
-    rd.append(rec(1, opening=999))  # c1's first line: replaced by its second
+    rd.append(rec(1, prompt=999))  # c1's first line: replaced by its second
     rd.append(rec(2, "failed"))
     rd.append_many([rec(i) for i in range(1, 41)])
     rd.append(rec(3, "failed"))  # c3 failed last: not counted
     tracemalloc.start()
     try:
-        tpl = template_tokens(tmp_path / "run")
+        w = workload(tmp_path / "run")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    # doctor_system = turn 1 less the opening; summary less what the patient said; multiturn_mcq less the conversation shown
-    assert tpl == {"patient_system+opening": 300, "doctor_system": 120, "summary": 230, "multiturn_mcq": 90}
+    assert w == {"case_trials": 39, "calls": 39, "prompt": 39 * 300, "output": 390, "uncached": 39 * 300}
     assert peak < 5_000_000  # a few lines' worth at a time, never the run's 20 MB of call logs
 
 

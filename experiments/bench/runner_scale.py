@@ -1,17 +1,9 @@
 """`medstack bench --runner-scale`: our own cost at paper scale (docs/protocols.md, Paper scale), the model's time taken out.
 
-A study's paper-scale workload over synthetic cases (the first registered study that declares one,
-``Study.runner_scale``: its own protocol, prompts and turns) is run through the real runner (``experiments.core.runner.run_study``), the real :class:`LLMClient` with its
-SQLite response cache, and a real results directory, against the stand-in endpoint of
-``instant_endpoint.py`` (a separate process that answers at once). Measured, in this process:
-
-- calls/s sustained (requests the client sent / wall seconds of the run);
-- CPU ms per call (this process's user + system CPU time / calls);
-- peak RSS (``ru_maxrss``) of the run (end-of-run metrics and summary included), of this process after the
-  resume and the metrics computed again, and of ``medstack report`` over the finished run (its own process);
-- size of ``records.jsonl`` and of the cache file (+ its WAL);
-- seconds to resume the finished directory (the same ``run_study`` again: every case-trial done);
-- seconds to compute the metrics (``study.metrics`` + ``summary`` over the finished records), and to write the report.
+The first registered study that declares a paper-scale workload over synthetic cases (``Study.runner_scale``) runs
+through the real runner, client, response cache and results directory against ``instant_endpoint.py`` (a separate
+process, so its CPU is not ours); the figures and what each measures: experiments/bench/README.md, "Runner at paper
+scale".
 """
 
 from __future__ import annotations
@@ -19,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +21,9 @@ from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.concurrency import run_async
 from experiments.core.config import load_settings
+from experiments.core.results import git_commit, read_run
 from models.errors import MedstackError
+from serving.launcher import free_port
 
 
 def runner_scale_study(case_trials: int, trials: int, ref: str):
@@ -40,12 +33,6 @@ def runner_scale_study(case_trials: int, trials: int, ref: str):
     if entry is None:
         raise MedstackError("--runner-scale: no registered study declares a runner-scale workload (Study.runner_scale)")
     return entry.make.runner_scale(case_trials, trials, ref)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class InstantEndpoint:
@@ -148,8 +135,6 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
         again, _ = run_async(_run(study, settings, cache_path, ep.base_url, log))
         row["resume_s"] = round(time.perf_counter() - t0, 2)
         row["resume_ran_cases"] = again.metrics["run"]["cases_run"]
-    from experiments.core.results import read_run
-
     t0 = time.perf_counter()
     run = read_run(rundir)
     run.metrics = study.metrics(run.finished, settings)
@@ -192,16 +177,10 @@ def table(row: dict) -> str:
 def run_scale(case_trials: int, trials: int, concurrency: int, out: Path | None, profile: bool, log=print) -> dict:
     out = out or Path("runs/bench") / f"runner-scale-{case_trials}-{time.strftime('%Y%m%d-%H%M%S')}"
     row = measure(case_trials, trials=trials, concurrency=concurrency, out=out, profile=(out / "profile.pstats") if profile else None, log=log)
-    row["git_commit"] = _git()
+    row["git_commit"] = git_commit()
     (out / "runner-scale.json").write_text(json.dumps(row, indent=2))
     md = table(row)
     (out / "runner-scale.md").write_text(md + "\n")
     print(md)
     log(f"written to {out}")
     return row
-
-
-def _git() -> str | None:
-    from experiments.core.results import git_commit
-
-    return git_commit()

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from models.errors import DataError
-from models.paths import user_home
+from models.paths import sha256_file, user_home
 
 REGISTRY_FILE = Path(__file__).with_name("datasets.yaml")
 REGISTRY_ENV = "MEDSTACK_DATA_REGISTRY"  # another registry YAML (tests, private sets)
@@ -180,16 +180,8 @@ def _is_url(s: str) -> bool:
 
 def tree_digest(folder: Path) -> str:
     """sha256 over "RELPATH\\tSHA256\\n" of every file under folder, sorted by RELPATH (see datasets.yaml)."""
-    lines = sorted(f"{p.relative_to(folder).as_posix()}\t{_sha256_file(p)}\n" for p in folder.rglob("*") if p.is_file())
+    lines = sorted(f"{p.relative_to(folder).as_posix()}\t{sha256_file(p)}\n" for p in folder.rglob("*") if p.is_file())
     return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _source(ds: DataSet, f: DataFile, from_: Optional[str]) -> str | Path:

@@ -68,8 +68,8 @@ def test_similarity_normalization():
 def _qa_record(i, o_bs, d_bs, o_ex, d_ex, o_sim, d_sim):
     return {"id": f"q{i}", "answer_changed": o_bs != d_bs, "turns": 1, "stop_reason": "turn_cap", "parse_attempts": 4,
             "parse_errors": [{}], "calls": [],
-            "arm_scores": {"oneshot": {"bertscore": o_bs, "exact": o_ex, "similarity_raw": o_sim},
-                       "dera": {"bertscore": d_bs, "exact": d_ex, "similarity_raw": d_sim}}}
+            "scores": {f"{step}/{arm}": {"value": v} for arm, vals in (("oneshot", (o_bs, o_ex, o_sim)), ("dera", (d_bs, d_ex, d_sim)))
+                       for step, v in zip(("bertscore", "llm-exact", "llm-similarity"), vals)}}
 
 
 def test_qa_metrics_and_table():

@@ -20,6 +20,7 @@ from experiments.dera.data import format_options
 from experiments.dera.prompts import render
 from experiments.dera.settings import QASettings
 from experiments.common.choice import pick_letter
+from experiments.common.grade import to_disk
 from experiments.common.parsing import extract_after, has_marker
 
 LABELS = {"researcher": "Teacher", "decider": "Student"}
@@ -137,7 +138,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
 def make_solver(settings: QASettings, model: str, scorer):
     """``solve(log, q) -> record`` for one question; ``log`` wraps the runner's context of the case (a call
     that gets no answer raises RequestFailed: the case is failed, never scored).
-    ``scorer(log, q, answers: dict[arm, str|None]) -> dict`` gives the per-arm scores (``arm_scores``)."""
+    ``scorer(log, q, answers: dict[arm, str|None]) -> {name: Grade}`` gives the record's typed ``scores``."""
 
     async def solve(log: CaseLog, q: dict) -> dict:
         template, values = _oneshot(q, settings)
@@ -162,9 +163,7 @@ def make_solver(settings: QASettings, model: str, scorer):
             "oneshot": base, "explanation": explanation, **dia, "final": final,
             "answers": answers, "answer_changed": answers["oneshot"] != answers["dera"],
         }
-        rec["arm_scores"] = await scorer(log, q, answers)
-        dera_correct = rec["arm_scores"]["dera"].get("accuracy" if settings.mcq else "exact")
-        rec["correct"] = None if dera_correct is None else int(dera_correct)
+        rec["scores"] = to_disk(await scorer(log, q, answers))
         rec.update(log.fields())
         return rec
 

@@ -10,7 +10,7 @@ from experiments.common.grade import Grade
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci, paired_bootstrap
 from experiments.common.text import bertscore_config, bertscore_label
-from experiments.dera.qa_metrics import ARMS, arm_scores, normalize_similarity
+from experiments.dera.qa_metrics import ARMS, arm_values
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
 
@@ -144,15 +144,7 @@ def qa_metrics(records: list[dict], settings) -> dict:
         m["bertscore"] = bertscore_config(settings.bertscore_model, settings.bertscore_layer)
     m["answer_changed_rate"] = round(mean(int(r["answer_changed"]) for r in ok), 4) if ok else None
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
-    per_arm: dict[str, dict[str, list]] = {arm: {} for arm in ARMS}
-    for arm in ARMS:
-        rows = [arm_scores(r)[arm] for r in ok]
-        if settings.mcq:
-            per_arm[arm]["accuracy"] = [x["accuracy"] for x in rows]
-        else:
-            per_arm[arm]["bertscore"] = [x["bertscore"] for x in rows]
-            per_arm[arm]["exact"] = [x["exact"] for x in rows]
-            per_arm[arm]["similarity"] = normalize_similarity([x["similarity_raw"] for x in rows])
+    per_arm = {arm: {name: arm_values(ok, name, arm) for name in names} for arm in ARMS}
     m["arms"] = {}
     for arm in ARMS:
         m["arms"][arm] = {}

@@ -1,12 +1,13 @@
-"""DERA's results for the tools over results (experiments/core/study.py, ``StudyResults``): each record's typed scores,
-the upgrade of an older DERA-QA record, and the two LLM judges of open-ended DERA-QA (review, calibrate, rescore).
+"""DERA's results for the tools over results (experiments/core/study.py, ``StudyResults``): the typed scores of a record
+written before them, and the two LLM judges of open-ended DERA-QA (review, calibrate, rescore).
 
-Typed scores (experiments/common/grade.py), values equal to the record's own fields that the metrics read:
+Typed scores (experiments/common/grade.py), the records' result (the metrics and paper tables read them by name):
 
 - dera-qa, open-ended: ``llm-exact/<arm>`` (``exact``), ``llm-similarity/<arm>`` (``similarity_raw``, the judge's number
   as given: the metrics and the review set out-of-range values over the run, :func:`~experiments.dera.qa_metrics.normalize_similarity`),
   ``bertscore/<arm>`` (a rule); judge = the judge role's model and the hash of its template. An arm without an answer
-  was never judged: 0 by the rule ``no answer`` (as the metrics count it).
+  was never judged: 0 by the rule ``no answer`` (as the metrics count it). An older record kept them per arm under
+  ``scores`` with a ``correct`` flag (the DERA arm's): read as the typed scores (:func:`qa_scores`), the flag dropped.
 - dera-qa, multiple choice: ``accuracy/<arm>`` (the rule: the voted letter is ``answer_idx``).
 - dera-summarize / dera-careplan / dera-corrupt: ``gptf1/<arm>`` (the average over the scored sections) and
   ``gptf1/<arm>/<section>``, each ``{precision, recall, f1}`` (None when unscored); judge = the judge role's model and the
@@ -22,11 +23,10 @@ from experiments.core.judging import BINARY, UNIT, Judge
 from experiments.core.study import CaseContext, StudyResults
 from experiments.dera.calls import CaseLog
 from experiments.dera.prompts import PROMPTS
-from experiments.dera.qa_metrics import ARMS, arm_scores, ask_exact, ask_similarity, normalize_similarity, upgrade
+from experiments.dera.qa_metrics import ARMS, NO_ANSWER, arm_grades, ask_exact, ask_similarity, normalize_similarity
 from experiments.dera.report import gptf1_grades
 from experiments.dera.settings import QASettings
 
-NO_ANSWER = {"rule": "no answer"}  # every sample unusable: not judged, scored 0
 GPTF1_TEMPLATES = ("gptf1_extract", "gptf1_verify")
 
 
@@ -40,24 +40,14 @@ def _judge(record: dict, config: dict, *templates: str) -> dict:
 # ------------------------------------------------------------------ typed scores
 
 def qa_scores(record: dict, config: dict) -> dict[str, Grade]:
-    out: dict[str, Grade] = {}
-    for arm, s in arm_scores(record).items():
-        answer = s.get("answer")
-        if record.get("mcq"):
-            out[f"accuracy/{arm}"] = Grade(value=s.get("accuracy"), answer=answer, source="letter",
-                                           judge={"rule": "the voted letter is answer_idx"})
-            continue
-        asked = bool(answer)
-        out[f"llm-exact/{arm}"] = Grade(value=s.get("exact"), answer=answer, source="first line True/False" if asked else "no answer",
-                                        explanation=s.get("exact_explanation"),
-                                        judge=_judge(record, config, "judge_exact") if asked else NO_ANSWER)
-        out[f"llm-similarity/{arm}"] = Grade(value=s.get("similarity_raw"), answer=answer, source="first number" if asked else "no answer",
-                                             explanation=s.get("similarity_reply"), metadata={"normalized": "over the run"} if asked else {},
-                                             judge=_judge(record, config, "judge_similarity") if asked else NO_ANSWER)
-        out[f"bertscore/{arm}"] = Grade(value=s.get("bertscore"), answer=answer, source="bertscore F1" if asked else "no answer",
-                                        judge={"rule": "bertscore F1" if asked else "no answer"},
-                                        metadata={"encoder": config.get("bertscore_model"), "layer": config.get("bertscore_layer")} if asked else {})
-    return out
+    """An older record's typed scores, from the per-arm values it kept under ``scores``."""
+    bert = {"encoder": config.get("bertscore_model"), "layer": config.get("bertscore_layer")}
+    return {name: g for arm, s in (record.get("scores") or {}).items()
+            for name, g in arm_grades(arm, s, bool(record.get("mcq")), lambda t: _judge(record, config, t), bert).items()}
+
+
+def upgrade(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "correct"}  # the DERA arm's grade, restated
 
 
 def dialogue_scores(record: dict, config: dict) -> dict[str, Grade]:
@@ -76,7 +66,7 @@ def dialogue_scores(record: dict, config: dict) -> dict[str, Grade]:
 def show(record: dict, part: str | None, config: dict) -> dict:
     """What both judges were given: the question, the gold answer and the arm's prediction."""
     return {"question": record.get("question"), "gold answer": record.get("gold_text") or record.get("gold"),
-            "prediction": (arm_scores(record).get(part) or {}).get("answer")}
+            "prediction": (record.get("answers") or {}).get(part)}
 
 
 def _items(step: str):
@@ -107,7 +97,7 @@ def _ask(step: str):
     exact = step == "llm-exact"
 
     async def ask(ctx: CaseContext, record: dict, part: str | None, settings: QASettings, role: str) -> Grade:
-        pred = (arm_scores(record).get(part) or {}).get("answer")
+        pred = (record.get("answers") or {}).get(part)
         if not pred:
             return Grade(value=0 if exact else 0.0, answer=pred, source="no answer", judge=NO_ANSWER)
         log = CaseLog(ctx)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from experiments.common.grade import to_disk
 from experiments.dera import report
 from experiments.dera.data import load_encounters, load_medqa
 from experiments.dera.qa_metrics import normalize_similarity
@@ -94,6 +95,7 @@ def test_corruption_table():
     rec = {"id": "e", "turns": 3, "stop_reason": "researcher_stop", "scratchpad": ["x"], "parse_attempts": 1, "parse_errors": [], "calls": [],
            "gptf1": {"initial": {"sections": {x: sec(0.5) for x in s.score_sections}, "average": {"f1": 0.5}},
                      "dera": {"sections": {x: sec(1.0) for x in s.score_sections}, "average": {"f1": 1.0}}}}
+    rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], "judge"))  # the record's result, as the run gives it
     m = report.dialogue_metrics([rec], s)
     assert m["gptf1"]["initial"]["average"]["f1"] == 0.5 and m["gptf1"]["dera"]["average"]["f1"] == 1.0
     text = report.dialogue_summary(m, s, "dera-corrupt")

@@ -9,7 +9,7 @@ import pytest
 
 from experiments.dera import dialogue, gptf1, qa
 from experiments.common.stats import prf
-from experiments.common.grade import Grade
+from experiments.common.grade import Grade, to_disk
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import DialogueSettings, QASettings, Sampling
 from experiments.core.study import CaseContext, RequestFailed
@@ -369,6 +369,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
 
     rec = {"id": "e", "turns": 1, "stop_reason": "researcher_stop", "scratchpad": [], "parse_attempts": 1, "parse_errors": [],
            "calls": [], "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": {**s, "concepts_cut": {"gt": 2, "pred": 0}}}}}}
+    rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], "judge"))  # the record's result, as the run gives it
     m = report.dialogue_metrics([rec], DialogueSettings(score_sections=["Pertinent Negatives"]))
     assert m["gptf1_concept_lists_cut"] == 1 and m["gptf1_max_concepts"] == 40
     one = DialogueSettings(score_sections=["Pertinent Negatives"])
@@ -377,6 +378,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     # the cap is stated even when nothing was cut, and "no cap" when there is none
     section = {k: v for k, v in s.items() if k != "concepts_cut"}
     uncut = {**rec, "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": section}}}}
+    uncut["scores"] = to_disk(report.gptf1_scores(uncut["gptf1"], "judge"))
     text = report.dialogue_summary(report.dialogue_metrics([uncut], one), one, "dera-summarize")
     assert "40 concepts per list, 0 section comparison(s) cut." in text
     none = DialogueSettings(score_sections=["Pertinent Negatives"], gptf1={"max_concepts": None})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from experiments.dera.qa_metrics import ARMS, STEPS, arm_values
-from experiments.dera.report import gptf1_grades, mcq_option_counts, options_label
+from experiments.dera.report import gptf1_of, mcq_option_counts, options_label
 from experiments.tables.adapter import PaperAdapter
 
 
@@ -28,7 +28,7 @@ class DeraPaper(PaperAdapter):
         out: dict[str, dict[str, float]] = {}
         ok = [r for r in records if "error" not in r]
         for r in ok:  # GPT-F1: f1.<arm>.<section> and f1.<arm>.average
-            for arm, (sections, average) in gptf1_grades(r).items():
+            for arm, (sections, average) in gptf1_of(r).items():
                 for sec, g in sections.items():
                     if g.scored and g.named("f1") is not None:
                         out.setdefault(f"f1.{arm}.{sec}", {})[str(r["id"])] = float(g.named("f1"))

@@ -16,24 +16,18 @@ Typed scores (experiments/common/grade.py), the records' result (the metrics and
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from experiments.common.grade import Grade, grades
 from experiments.core.judging import BINARY, UNIT, Judge
 from experiments.core.study import CaseContext, StudyResults
 from experiments.dera.calls import CaseLog
 from experiments.dera.prompts import PROMPTS
 from experiments.dera.qa_metrics import ARMS, NO_ANSWER, arm_grades, ask_exact, ask_similarity, normalize_similarity
-from experiments.dera.report import gptf1_grades
+from experiments.dera.report import gptf1_scores
 from experiments.dera.settings import QASettings
 
-GPTF1_TEMPLATES = ("gptf1_extract", "gptf1_verify")
-
-
-def _judge(record: dict, config: dict, *templates: str) -> dict:
-    """Who judged: the judge role's model and the hash of the template(s), as the record used them when it says."""
-    stored = record.get("prompt_hashes") or {}
-    h = stored[templates[0]] if len(templates) == 1 and templates[0] in stored else PROMPTS.hash(*templates)
+def _judge(record: dict, config: dict, template: str) -> dict:
+    """Who judged: the judge role's model and the hash of the template, as the record used it when it says."""
+    h = (record.get("prompt_hashes") or {}).get(template) or PROMPTS.hash(template)
     return {"model": (config.get("roles") or {}).get("judge"), "prompt_hash": h}
 
 
@@ -47,18 +41,13 @@ def qa_scores(record: dict, config: dict) -> dict[str, Grade]:
 
 
 def upgrade(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k != "correct"}  # the DERA arm's grade, restated
+    return {k: v for k, v in record.items() if k not in ("correct", "score", "improved")}  # the DERA arm's grade, restated
 
 
 def dialogue_scores(record: dict, config: dict) -> dict[str, Grade]:
-    """GPT-F1 per arm (initial, dera, dera_vs_initial) and section, from :func:`~experiments.dera.report.gptf1_grades`."""
-    judge = _judge(record, config, *GPTF1_TEMPLATES)
-    out: dict[str, Grade] = {}
-    for arm, (sections, average) in gptf1_grades(record).items():
-        out[f"gptf1/{arm}"] = replace(average, judge=judge, source="mean over the scored sections")
-        for section, g in sections.items():
-            out[f"gptf1/{arm}/{section}"] = replace(g, judge=judge, metadata={k: v for k, v in g.metadata.items() if v})
-    return out
+    """An older record's GPT-F1 per arm (initial, dera, dera_vs_initial) and section (and its ``score`` and ``improved``
+    dropped by :func:`upgrade`: they restated the DERA arm's average)."""
+    return gptf1_scores(record.get("gptf1") or {}, (config.get("roles") or {}).get("judge"))
 
 
 # ------------------------------------------------------------------ the LLM judges of open-ended DERA-QA
@@ -119,5 +108,5 @@ QA_JUDGES = (
 )
 
 QA_RESULTS = StudyResults(experiment="dera-qa", scores=qa_scores, upgrade=upgrade, judges=QA_JUDGES)
-DIALOGUE_RESULTS = {name: StudyResults(experiment=name, scores=dialogue_scores)
+DIALOGUE_RESULTS = {name: StudyResults(experiment=name, scores=dialogue_scores, upgrade=upgrade)
                     for name in ("dera-summarize", "dera-careplan", "dera-corrupt")}

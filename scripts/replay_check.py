@@ -23,13 +23,15 @@ at any depth):
   and `after` names the call that finished last before one started: both follow timing, and replayed calls
   finish at once);
 - metrics.json: its `run` section, the run's statistics, not its results: wall time, requests sent and tokens
-  sent (0 when every call is a cache hit), cache hits, tokens/s, the server's own metrics, cases run and resumed.
-  NaN (a mean over no cases) equals NaN.
+  sent (0 when every call is a cache hit), cache hits, tokens/s, the server's own metrics, cases run and resumed;
+  `wall_seconds` wherever it is (a set-up step's wall time). NaN (a mean over no cases) equals NaN.
 
 A record's typed `scores` are its result: a field of a BEFORE record that the AFTER record lacks, each of whose
-values (but None) is among the values of the AFTER record's `scores` (a field that only restated a score), is an
-expected difference, reported by run: which fields, in how many records. Any other difference (`scores` included),
-or an id on one side only, is unexpected: exit 1 (0 when none; 2 when a results file is missing).
+values (but None) is among the values of the AFTER record's `scores` (a true/false one: or among their grades'
+scored flags), is an expected difference (a field that only restated a score), reported by run: which fields, in
+how many records; so is any field the AFTER record lacks where both records' `scores` are empty (a case not scored:
+nothing there was a score), reported apart. Any other difference (`scores` included), or an id on one side only,
+is unexpected: exit 1 (0 when none; 2 when a results file is missing).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ RUNS = {  # name -> the medstack command line (data: the studies' shipped sample
                  "--max-tokens", "48", "--reference", "tests/fixtures/autoeval/reference.csv"],
 }
 VOLATILE_RECORD = {"t_start", "t_end", "latency", "seconds", "timing", "cached"}  # key names dropped at any depth
-VOLATILE_METRICS = {"run"}
+VOLATILE_METRICS = {"run", "wall_seconds"}
 
 
 def fail(line: str):
@@ -119,13 +121,17 @@ def leaves(value) -> list:
 
 
 def moved(a: dict, b: dict) -> list[str]:
-    """The fields of BEFORE's record ``a`` that AFTER's ``b`` lacks and whose values its typed ``scores`` hold (every
-    value but None found among the scores' values): they are gone from ``a`` on return (module docstring)."""
-    held = leaves(b.get("scores")) if isinstance(b.get("scores"), dict) else []
-    out = [k for k in sorted(set(a) - set(b)) if held and all(v is None or v in held for v in leaves(a[k]))]
+    """The fields of BEFORE's record ``a`` that AFTER's ``b`` lacks and that its typed ``scores`` hold (every value
+    but None found among the scores' values, a true/false one also among their grades' scored flags), or any such field where neither side
+    has a score (a case not scored): gone from ``a`` on return, named so (module docstring)."""
+    scores = b.get("scores") if isinstance(b.get("scores"), dict) else {}
+    held, flags = leaves(scores), [isinstance(g, dict) and g.get("value") is not None and not g.get("skipped") for g in scores.values()]
+    unscored = a.get("scores") == {} == scores
+    out = [k for k in sorted(set(a) - set(b)) if unscored or (scores and all(
+        v is None or v in held or (isinstance(v, bool) and v in flags) for v in leaves(a[k])))]
     for k in out:
         del a[k]
-    return out
+    return [f"{k} on a record without scores" if unscored else k for k in out]
 
 
 def compare(label: str, a: dict, b: dict, drop: set, unexpected: list, expected: dict | None = None) -> None:

@@ -47,10 +47,24 @@ def test_fields_moved_into_scores_are_expected_and_other_keys_fail(tmp_path, cap
     assert "craftmd craftmd-1: .answer" in out and "dera-qa metrics.json: .f1" in out
 
 
-def test_without_scores_nothing_moves(tmp_path, capsys):
+def test_without_scores_nothing_moves_but_on_an_unscored_case(tmp_path, capsys):
     a = tree(tmp_path / "a", {"correct": 1}, {})
     assert diff(a, tree(tmp_path / "b", {}, {})) == 1
     assert "autoeval autoeval-1: .correct (one side only)" in capsys.readouterr().out
+    unscored = tree(tmp_path / "c", {"correct": 1, "scores": {}}, {})  # both sides without a score: nothing it restated
+    assert diff(unscored, tree(tmp_path / "d", {"scores": {}}, {})) == 0
+    assert "meditod-pol: correct on a record without scores (1 records)" in capsys.readouterr().out
+    assert diff(unscored, tree(tmp_path / "e", {"scores": {"x": {"value": 0}}}, {})) == 1  # AFTER scores it: must hold it
+
+
+def test_a_scored_flag_moves_with_its_grade(tmp_path, capsys):
+    a = tree(tmp_path / "a", {"scored": False, "rating": None, "scores": {"rubric": {"value": None}}}, {})
+    assert diff(a, tree(tmp_path / "b", {"scores": {"rubric": {"value": None}}}, {})) == 0
+    assert "autoeval: rating (1 records), scored (1 records)" in capsys.readouterr().out
+    rated = tree(tmp_path / "c", {"scored": True, "scores": {"rubric": {"value": 4}}}, {})
+    assert diff(rated, tree(tmp_path / "d", {"scores": {"rubric": {"value": 4}}}, {})) == 0
+    wrong = tree(tmp_path / "e", {"scored": True, "scores": {"rubric": {"value": None}}}, {})
+    assert diff(wrong, tree(tmp_path / "f", {"scores": {"rubric": {"value": None}}}, {})) == 1
 
 
 def test_call_log_order_and_nan_are_no_difference(tmp_path, capsys):

@@ -166,13 +166,8 @@ def qa_metrics(records: list[dict], settings) -> dict:
     m["answer_changed_rate"] = round(mean(int(r["answer_changed"]) for r in ok), 4) if ok else None
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
     per_arm = {arm: {name: arm_values(ok, name, arm) for name in names} for arm in ARMS}
-    m["arms"] = {}
-    for arm in ARMS:
-        m["arms"][arm] = {}
-        for name in names:
-            vals = [v for v in per_arm[arm][name] if v is not None]
-            ci = mean_ci(vals).to_dict()
-            m["arms"][arm][name] = {**ci, "unscored": len(per_arm[arm][name]) - len(vals)}
+    m["arms"] = {arm: {name: {**mean_ci([v for v in vals if v is not None]).to_dict(), "unscored": vals.count(None)}
+                       for name, vals in per_arm[arm].items()} for arm in ARMS}
     m["dera_minus_oneshot"] = {}
     for name in names:
         pairs = [(d, o) for d, o in zip(per_arm["dera"][name], per_arm["oneshot"][name]) if d is not None and o is not None]

@@ -38,10 +38,10 @@ def render_sections(sections: dict, names: list[str]) -> str:
     return "\n\n".join(f"{n}: {sections.get(n, '').strip()}" for n in names)
 
 
-def dialogue_text(messages: list[dict]) -> str:
+def dialogue_text(messages: list[dict], labels: dict = LABELS) -> str:
     if not messages:
         return "(no messages yet)"
-    return "\n".join(f"{LABELS[m['agent']]}: {m['content']}" for m in messages)
+    return "\n".join(f"{labels[m['agent']]}: {m['content']}" for m in messages)
 
 
 def scratchpad_text(lines: list[str], empty: str = "(no corrections were agreed)") -> str:

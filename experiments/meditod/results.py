@@ -13,11 +13,7 @@ metrics' own scorer (:func:`experiments.meditod.metrics.score` on the one turn):
 - with ``--adjudicate-model``: ``adjudicate/<i>``, the grader's verdict on the turn's i-th (gold value, predicted value)
   pair (1 = the same), judge = the grader role's model and the hash of ``adjudicate.txt``; the adjudicated metrics
   read them back (:func:`adjudications`).
-
-The other metrics are corpus measures over the records' ``prediction`` and ``target`` (P/R/F1 and joint accuracy over
-all tuples, Precision@K, BLEU, ROUGE, BERTScore), as the dataset authors compute them. A record written before typed
-scores kept ``correct``, ``f1`` and ``adjudications`` (the grader's replies) beside them: its scores are derived from
-them.
+The run's other metrics are corpus measures over ``prediction`` and ``target`` (README.md says which are which).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The rubric auto-evaluation on the results contract: a record's typed score ``rubric/<criterion>`` is its rating (and
 nothing else restates it), a folder written before typed scores (the verdict's fields instead) reads the same through
-``registry.open_run``, the review's items keep their ids, and the rubric judge asked again over a stored dialogue sends only the two judge steps (explain, rate)."""
+``registry.open_run``, the review's items keep their ids, and the rubric judge asked again over a stored dialogue
+sends only the two judge steps (explain, rate)."""
 
 from __future__ import annotations
 

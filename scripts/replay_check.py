@@ -1,13 +1,13 @@
-"""Behaviour-unchanged check: replay three small runs from one response cache and compare the results.
+"""Behaviour-unchanged check: replay six small runs from one response cache and compare the results.
 
     .venv/bin/python -m scripts.replay_check run --home HOME --out BEFORE [--repo OLD_CHECKOUT]   # fills HOME's cache
     .venv/bin/python -m scripts.replay_check run --home HOME --out AFTER                         # replays it
     .venv/bin/python -m scripts.replay_check diff BEFORE AFTER
 
-`run` runs CRAFT-MD (2 cases, 1 trial, embedded-small.yaml), DERA-QA (3 questions, demo-qa.yaml) and MediTOD NLU
-in context (the 3 turns of the fixture's test dialogue, k=2, 64 tokens) with the embedded model through the real
-CLI (`python -m scripts.cli run` in --repo, default this checkout) with MEDSTACK_HOME=HOME, so every answer lands
-in (or comes from) HOME/cache.
+`run` runs CRAFT-MD (2 cases, 1 trial, embedded-small.yaml), DERA-QA (3 questions, demo-qa.yaml), MediTOD NLU, POL
+and NLG in context (3 turns of the fixture's test split, k=2, 64 tokens) and the rubric auto-evaluation
+(2 fixture dialogues, 2 criteria, 48 tokens) with the embedded model through the real CLI (`python -m scripts.cli`
+in --repo, default this checkout) with MEDSTACK_HOME=HOME, so every answer lands in (or comes from) HOME/cache.
 Each run starts a vLLM server of its own, even when every call is a cache hit (wrap the command in `flock LOCKFILE`
 where other jobs start servers). A HOME without the embedded model gets the default home's prepared one linked
 in (the same weights hash, which keys the cache) instead of converting it again.
@@ -23,13 +23,15 @@ at any depth):
   and `after` names the call that finished last before one started: both follow timing, and replayed calls
   finish at once);
 - metrics.json: its `run` section, the run's statistics, not its results: wall time, requests sent and tokens
-  sent (0 when every call is a cache hit), cache hits, tokens/s, the server's own metrics, cases run and resumed.
-  NaN (a mean over no cases) equals NaN.
+  sent (0 when every call is a cache hit), cache hits, tokens/s, the server's own metrics, cases run and resumed;
+  `wall_seconds` wherever it is (a set-up step's wall time). NaN (a mean over no cases) equals NaN.
 
-`scores` and `arm_scores` (a record's typed scores; DERA's per-arm scores, called `scores` before they were
-renamed) are compared apart and reported as expected differences: which ids, which sub-keys; where only AFTER has
-`arm_scores`, they must equal BEFORE's `scores` (a difference there is unexpected). Any other
-difference, or an id on one side only, is unexpected: exit 1 (0 when none; 2 when a results file is missing).
+A record's typed `scores` are its result: a field of a BEFORE record that the AFTER record lacks, each of whose
+values (but None) is among the values of the AFTER record's `scores` (a true/false one: or among their grades'
+scored flags), is an expected difference (a field that only restated a score), reported by run: which fields, in
+how many records; so is any field the AFTER record lacks where both records' `scores` are empty (a case not scored:
+nothing there was a score), reported apart. Any other difference (`scores` included), or an id on one side only,
+is unexpected: exit 1 (0 when none; 2 when a results file is missing).
 """
 
 from __future__ import annotations
@@ -43,17 +45,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RUNS = {  # name -> the arguments of `medstack run` (data: the studies' shipped samples and the test fixtures)
-    "craftmd": ["craftmd", "--data", "tests/fixtures/craftmd/cases.csv", "--limit", "2", "--trials", "1",
+RUNS = {  # name -> the medstack command line (data: the studies' shipped samples and the test fixtures)
+    "craftmd": ["run", "craftmd", "--data", "tests/fixtures/craftmd/cases.csv", "--limit", "2", "--trials", "1",
                 "--config", "experiments/craftmd/configs/embedded-small.yaml"],
-    "dera-qa": ["dera-qa", "--data", "experiments/dera/data/sample_medqa_open.jsonl", "--limit", "3",
+    "dera-qa": ["run", "dera-qa", "--data", "experiments/dera/data/sample_medqa_open.jsonl", "--limit", "3",
                 "--config", "experiments/dera/configs/demo-qa.yaml"],
-    "meditod-nlu": ["meditod-nlu", "--data", "tests/fixtures/meditod/dialogs.json", "--limit", "3", "--k", "2",
-                    "--max-tokens", "64", "--config", "experiments/meditod/configs/nlu_icl.yaml"],
+    **{f"meditod-{task}": ["run", f"meditod-{task}", "--data", "tests/fixtures/meditod/dialogs.json", "--limit", "3", "--k", "2",
+                           "--max-tokens", "64", "--config", f"experiments/meditod/configs/{task}_icl.yaml"] for task in ("nlu", "pol", "nlg")},
+    "autoeval": ["autoeval", "tests/fixtures/autoeval/results", "--limit", "2", "--criteria", "empathy,concerns",
+                 "--max-tokens", "48", "--reference", "tests/fixtures/autoeval/reference.csv"],
 }
 VOLATILE_RECORD = {"t_start", "t_end", "latency", "seconds", "timing", "cached"}  # key names dropped at any depth
-VOLATILE_METRICS = {"run"}
-SCORE_KEYS = ("scores", "arm_scores")
+VOLATILE_METRICS = {"run", "wall_seconds"}
 
 
 def fail(line: str):
@@ -73,7 +76,7 @@ def run(home: Path, out: Path, repo: Path) -> int:
     env, walls, rc = {**os.environ, "MEDSTACK_HOME": str(home)}, {}, 0
     for name, args in RUNS.items():
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "scripts.cli", "run", *args, "--model", "embedded", "--out", str(out / name)],
+        proc = subprocess.run([sys.executable, "-m", "scripts.cli", *args, "--model", "embedded", "--out", str(out / name)],
                               cwd=repo, env=env, capture_output=True, text=True)
         walls[name] = round(time.monotonic() - t0, 1)
         (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
@@ -111,14 +114,31 @@ def calls_in_step_order(record: dict) -> dict:
     return {**record, "calls": [{k: v for k, v in c.items() if k not in ("index", "after")} for c in calls]}
 
 
-def compare(label: str, a: dict, b: dict, drop: set, unexpected: list, expected: list) -> None:
+def leaves(value) -> list:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in leaves(v)]
+    return [x for v in value for x in leaves(v)] if isinstance(value, list) else [value]
+
+
+def moved(a: dict, b: dict) -> list[str]:
+    """The fields of BEFORE's record ``a`` that AFTER's ``b`` lacks and that its typed ``scores`` hold (every value
+    but None found among the scores' values, a true/false one also among their grades' scored flags), or any such field where neither side
+    has a score (a case not scored): gone from ``a`` on return, named so (module docstring)."""
+    scores = b.get("scores") if isinstance(b.get("scores"), dict) else {}
+    held, flags = leaves(scores), [isinstance(g, dict) and g.get("value") is not None and not g.get("skipped") for g in scores.values()]
+    unscored = a.get("scores") == {} == scores
+    out = [k for k in sorted(set(a) - set(b)) if unscored or (scores and all(
+        v is None or v in held or (isinstance(v, bool) and v in flags) for v in leaves(a[k])))]
+    for k in out:
+        del a[k]
+    return [f"{k} on a record without scores" if unscored else k for k in out]
+
+
+def compare(label: str, a: dict, b: dict, drop: set, unexpected: list, expected: dict | None = None) -> None:
+    """``expected`` (records): field -> how many records' moved into ``scores``; metrics.json: None, nothing moves."""
     a, b = strip(calls_in_step_order(a), drop), strip(calls_in_step_order(b), drop)
-    if "arm_scores" in b and "arm_scores" not in a and "scores" in a:  # the rename: the old per-arm scores, unchanged
-        unexpected += [f"{label}: {p} (AFTER's arm_scores against BEFORE's scores)" for p in differing(a["scores"], b["arm_scores"], "arm_scores")]
-    for k in SCORE_KEYS:  # reported apart: the refactor changes them on purpose
-        sa, sb = a.pop(k, None), b.pop(k, None)
-        if differing(sa, sb, k):
-            expected.append(f"{label}: {k}: " + ", ".join(differing(sa, sb, k)[:6]))
+    for k in moved(a, b) if expected is not None else ():
+        expected[k] = expected.get(k, 0) + 1
     unexpected += [f"{label}: {p}" for p in differing(a, b)]
 
 
@@ -132,18 +152,19 @@ def read(path: Path, lines: bool = False):
 
 
 def diff(before: Path, after: Path) -> int:
-    unexpected, expected = [], []
+    unexpected, expected = [], {}
     for name in RUNS:
         ra, rb = before / name, after / name
         a, b = read(ra / "records.jsonl", lines=True), read(rb / "records.jsonl", lines=True)
         unexpected += [f"{name}: id {i} only in {before if i in a else after}" for i in sorted(set(a) ^ set(b))]
+        fields = expected[name] = {}
         for i in sorted(set(a) & set(b)):
-            compare(f"{name} {i}", a[i], b[i], VOLATILE_RECORD, unexpected, expected)
-        compare(f"{name} metrics.json", read(ra / "metrics.json"), read(rb / "metrics.json"), VOLATILE_METRICS, unexpected, expected)
+            compare(f"{name} {i}", a[i], b[i], VOLATILE_RECORD, unexpected, fields)
+        compare(f"{name} metrics.json", read(ra / "metrics.json"), read(rb / "metrics.json"), VOLATILE_METRICS, unexpected)
         print(f"{name}: {len(a)} / {len(b)} records compared")
-    print(f"expected differences (scores / arm_scores): {len(expected)}")
-    for line in expected:
-        print("  " + line)
+    print("expected differences (fields only in BEFORE, their values in AFTER's scores):")
+    for name, fields in expected.items():
+        print(f"  {name}: " + (", ".join(f"{k} ({n} records)" for k, n in fields.items()) or "none"))
     print(f"unexpected differences: {len(unexpected)}")
     for line in unexpected[:50]:
         print("  " + line)
@@ -154,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="replay_check", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="run the three small runs with MEDSTACK_HOME=HOME into OUT")
+    p = sub.add_parser("run", help="run the small runs with MEDSTACK_HOME=HOME into OUT")
     p.add_argument("--home", type=Path, required=True, help="MEDSTACK_HOME: its cache/ holds the responses replayed")
     p.add_argument("--out", type=Path, required=True, help="output folder: one results folder per run, logs, walls.json")
     p.add_argument("--repo", type=Path, default=REPO, help="the checkout whose CLI runs (default: this one)")

@@ -22,9 +22,10 @@ def test_autoeval_one_dialogue_real_judge(cli, embedded_server, tmp_path):
     assert len(recs) == 1
     r = recs[0]
     assert r["id"] == "case-001/trial-0::empathy" and r["status"] == "ok" and r["usage"]["total"]["completion_tokens"] > 0
-    assert r["raw"] and len(r["prompt_hash"]) == 16
+    g = r["scores"]["rubric/empathy"]
+    assert g["explanation"] and len(r["prompt_hash"]) == 16 and "rating" not in r
     # a 270M base model may or may not produce a rating: either a whole 1..5, or unscored with a reason
-    assert (r["rating"] in (1, 2, 3, 4, 5) and r["parse_error"] is None) or (r["rating"] is None and r["parse_error"])
+    assert (g["value"] in (1, 2, 3, 4, 5) and "parse_error" not in g.get("metadata", {})) or (g["value"] is None and g["metadata"]["parse_error"])
     m = json.loads((out / "metrics.json").read_text())
     e = m["criteria"]["empathy"]
     assert e["n"] + e["unscored"] == 1 and m["examples"]["explained"] == 5 and m["examples"]["request_errors"] == 0

@@ -1,6 +1,7 @@
-"""The rubric auto-evaluation on the results contract: a record's typed score ``rubric/<criterion>`` is its rating, a
-folder written before typed scores reads the same through ``registry.open_run``, the review's items keep their ids,
-and the rubric judge asked again over a stored dialogue sends only the two judge steps (explain, rate)."""
+"""The rubric auto-evaluation on the results contract: a record's typed score ``rubric/<criterion>`` is its rating (and
+nothing else restates it), a folder written before typed scores (the verdict's fields instead) reads the same through
+``registry.open_run``, the review's items keep their ids, and the rubric judge asked again over a stored dialogue
+sends only the two judge steps (explain, rate)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from experiments.core import registry
 from experiments.core.study import CaseContext
 from experiments.review.judges import load_judge
 from tests.scripted import ScriptedLLM
-from tests.test_autoeval_runner import Judge, records, run, settings
+from tests.test_autoeval_runner import SCRIPT, Judge, records, run, settings
 
 
 def test_rubric_scores_review_and_ask(tmp_path):
@@ -26,12 +27,18 @@ def test_rubric_scores_review_and_ask(tmp_path):
         g = grades(r)
         assert list(g) == [f"rubric/{r['criterion']}"]
         one = g[f"rubric/{r['criterion']}"]
-        assert one.value == r["rating"] and one.explanation == r["raw"] and one.answer == r["source_id"]
+        assert "rating" not in r and "raw" not in r and one.answer == r["source_id"]
+        assert one.value == {SCRIPT["burning feeling"]: 4, SCRIPT["suddenly weak"]: 1, SCRIPT["lung cancer"]: None}[one.explanation]
         assert one.judge == {"model": "scripted", "prompt_hash": PROMPTS.hash("explain", "example", "rate")}
     assert [grades(r)["rubric/welfare"].value for i, r in new.items() if i.startswith("case-004") and i.endswith("welfare")] == [None]
 
     # a folder written before typed scores: the same scores through the one reader
-    lines = [json.dumps({k: v for k, v in r.items() if k != "scores"}) for r in new.values()]
+    def older(r):  # the verdict's fields beside the rest, no scores
+        g = grades(r)[f"rubric/{r['criterion']}"]
+        return {**{k: v for k, v in r.items() if k != "scores"}, "rating": g.value, "scored": g.scored, "raw": g.explanation,
+                "explanation": g.metadata.get("notes"), "parse_error": g.metadata.get("parse_error")}
+
+    lines = [json.dumps(older(r)) for r in new.values()]
     (out / "records.jsonl").write_text("\n".join(lines) + "\n")
     ident = json.loads((out / "identity.json").read_text())
     ident.pop("records_schema")
@@ -41,7 +48,7 @@ def test_rubric_scores_review_and_ask(tmp_path):
 
     # review: one item per rated record, its id the record's, what the judge saw
     j = load_judge(out, "rubric")
-    rated = {i: r["rating"] for i, r in new.items() if r["rating"] is not None}
+    rated = {i: v for i, r in new.items() if (v := grades(r)[f"rubric/{r['criterion']}"].value) is not None}
     assert {i["id"]: i["verdict"] for i in j["items"]} == rated and j["scale"]["values"] == [1, 2, 3, 4, 5]
     item = next(i for i in j["items"] if i["id"] == "case-001/trial-0::empathy")
     assert item["stratum"] == "4|empathy" and item["show"]["criterion"] == "Showing Empathy" and item["show"]["dialogue"]

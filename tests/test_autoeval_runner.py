@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments.autoeval.study import AutoevalSettings, AutoevalStudy
+from experiments.common.grade import grades
 from experiments.core.runner import prepare_run, run_study
 from tests.scripted import ScriptedLLM, down
 
@@ -75,11 +76,14 @@ def test_scripted_run_records_metrics_and_resume(tmp_path):
     recs = records(out)
     assert set(recs) == {f"case-00{i}/trial-0::{c}" for i in (1, 2, 4) for c in ("empathy", "welfare")}
     r = recs["case-001/trial-0::empathy"]
-    assert r["rating"] == 4 and r["explanation"] == {"good": "warm", "bad": "brief", "summary": "kind"} and r["status"] == "ok"
+    g = grades(r)["rubric/empathy"]  # the result: the typed score, nothing restating it
+    assert not {"rating", "scored", "explanation", "raw", "parse_error"} & set(r) and r["status"] == "ok"
+    assert g.value == 4 and g.metadata == {"notes": {"good": "warm", "bad": "brief", "summary": "kind"}} and g.explanation == SCRIPT["burning feeling"]
     assert r["model"] == "embedded" and r["correct"] == 1 and len(r["prompt_hash"]) == 16 and r["examples_used"][0] == "empathy-1"
     assert [c["step"] for c in r["calls"]] == ["rate"] and r["calls"][0]["role"] == "judge"
     bad = recs["case-004/trial-0::welfare"]
-    assert bad["status"] == "ok" and bad["rating"] is None and not bad["scored"] and bad["parse_error"] and bad["raw"].startswith("I think")
+    g = grades(bad)["rubric/welfare"]
+    assert bad["status"] == "ok" and g.value is None and not g.scored and g.metadata["parse_error"] and g.explanation.startswith("I think")
     rate_prompt = next(p for p in judge.prompts if "=== New dialogue ===" in p)
     assert "Good: g3\nBad: b3\nSummary: s3\nRating: 3" in rate_prompt   # the judge's own step-(a) notes, known rating
     m = json.loads((out / "metrics.json").read_text())

@@ -164,12 +164,12 @@ def test_rank_agreement_undefined_cases():
 def test_agreement_matches_ids_and_counts_unscored(tmp_path):
     ref = load_reference(FIX / "reference.csv", CRITERIA)
     assert {"id": "case-001/trial-0", "criterion": "welfare", "rating": 3.0} in ref  # full name mapped to key
-    recs = [{"source_id": "case-001/trial-0", "criterion": "empathy", "rating": 5},
-            {"source_id": "case-002/trial-0", "criterion": "empathy", "rating": 1},
-            {"source_id": "case-004/trial-0", "criterion": "empathy", "rating": 3},
-            {"source_id": "case-001/trial-0", "criterion": "welfare", "rating": None},
-            {"source_id": "case-002/trial-0", "criterion": "welfare", "rating": 2},
-            {"source_id": "case-004/trial-0", "criterion": "welfare", "rating": 5}]
+    recs = [{"source_id": "case-001/trial-0", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 5}}},
+            {"source_id": "case-002/trial-0", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 1}}},
+            {"source_id": "case-004/trial-0", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 3}}},
+            {"source_id": "case-001/trial-0", "criterion": "welfare", "scores": {"rubric/welfare": {"value": None}}},
+            {"source_id": "case-002/trial-0", "criterion": "welfare", "scores": {"rubric/welfare": {"value": 2}}},
+            {"source_id": "case-004/trial-0", "criterion": "welfare", "scores": {"rubric/welfare": {"value": 5}}}]
     ag = agreement_metrics(recs, ref, CRITERIA)
     # empathy: judge [5,1,3] vs ref [4,1,4]: pairs (0,1) C, (0,2) ref tie, (1,2) C -> tau-b = 2/sqrt(3*2) = 0.8165
     assert ag["empathy"]["n"] == 3 and ag["empathy"]["kendall_tau"] == pytest.approx(0.8165, abs=1e-4)
@@ -188,9 +188,12 @@ def test_reference_errors_name_file_and_line(tmp_path):
 
 
 def test_rating_metrics_counts_unscored_never_zero():
-    recs = [{"criterion": "empathy", "rating": 4, "model": "m"}, {"criterion": "empathy", "rating": 2, "model": "m"},
-            {"criterion": "empathy", "rating": None, "parse_error": "x", "model": "m"},
-            {"criterion": "empathy", "rating": None, "error": "HTTP 400", "model": "m"}]
+    def rated(value, **grade):
+        return {"rubric/empathy": {"value": value, **grade}}
+
+    recs = [{"criterion": "empathy", "scores": rated(4), "model": "m"}, {"criterion": "empathy", "scores": rated(2), "model": "m"},
+            {"criterion": "empathy", "scores": rated(None, metadata={"parse_error": "x"}), "model": "m"},
+            {"criterion": "empathy", "scores": rated(None), "error": "HTTP 400", "model": "m"}]
     m = rating_metrics(recs, CRITERIA[:1])
     e = m["criteria"]["empathy"]
     assert e["mean"] == 3.0 and e["n"] == 2 and e["unscored"] == 2 and e["parse_errors"] == 1 and e["request_errors"] == 1

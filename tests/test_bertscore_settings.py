@@ -91,8 +91,9 @@ def _qa_records(n_options: int, mcq: bool):
     base = {"turns": 1, "stop_reason": "researcher_stop", "parse_attempts": 1, "parse_errors": [], "answer_changed": False,
             "options": opts}
     if mcq:
-        return [{**base, "id": f"q{i}", "arm_scores": {"oneshot": {"accuracy": i % 2}, "dera": {"accuracy": 1}}} for i in range(4)]
-    return [{**base, "id": f"q{i}", "arm_scores": {a: {"bertscore": 0.5, "exact": 1, "similarity_raw": 0.5} for a in ("oneshot", "dera")}}
+        return [{**base, "id": f"q{i}", "scores": {"accuracy/oneshot": {"value": i % 2}, "accuracy/dera": {"value": 1}}} for i in range(4)]
+    return [{**base, "id": f"q{i}", "scores": {f"{step}/{a}": {"value": v} for a in ("oneshot", "dera")
+                                                  for step, v in (("bertscore", 0.5), ("llm-exact", 1), ("llm-similarity", 0.5))}}
             for i in range(4)]
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from experiments.common.grade import to_disk
 from experiments.dera import report
 from experiments.dera.data import load_encounters, load_medqa
 from experiments.dera.qa_metrics import normalize_similarity
@@ -68,8 +69,8 @@ def test_similarity_normalization():
 def _qa_record(i, o_bs, d_bs, o_ex, d_ex, o_sim, d_sim):
     return {"id": f"q{i}", "answer_changed": o_bs != d_bs, "turns": 1, "stop_reason": "turn_cap", "parse_attempts": 4,
             "parse_errors": [{}], "calls": [],
-            "arm_scores": {"oneshot": {"bertscore": o_bs, "exact": o_ex, "similarity_raw": o_sim},
-                       "dera": {"bertscore": d_bs, "exact": d_ex, "similarity_raw": d_sim}}}
+            "scores": {f"{step}/{arm}": {"value": v} for arm, vals in (("oneshot", (o_bs, o_ex, o_sim)), ("dera", (d_bs, d_ex, d_sim)))
+                       for step, v in zip(("bertscore", "llm-exact", "llm-similarity"), vals)}}
 
 
 def test_qa_metrics_and_table():
@@ -94,6 +95,7 @@ def test_corruption_table():
     rec = {"id": "e", "turns": 3, "stop_reason": "researcher_stop", "scratchpad": ["x"], "parse_attempts": 1, "parse_errors": [], "calls": [],
            "gptf1": {"initial": {"sections": {x: sec(0.5) for x in s.score_sections}, "average": {"f1": 0.5}},
                      "dera": {"sections": {x: sec(1.0) for x in s.score_sections}, "average": {"f1": 1.0}}}}
+    rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], "judge"))  # the record's result, as the run gives it
     m = report.dialogue_metrics([rec], s)
     assert m["gptf1"]["initial"]["average"]["f1"] == 0.5 and m["gptf1"]["dera"]["average"]["f1"] == 1.0
     text = report.dialogue_summary(m, s, "dera-corrupt")

@@ -9,6 +9,7 @@ import pytest
 
 from experiments.dera import dialogue, gptf1, qa
 from experiments.common.stats import prf
+from experiments.common.grade import Grade, to_disk
 from experiments.dera.calls import CaseLog
 from experiments.dera.settings import DialogueSettings, QASettings, Sampling
 from experiments.core.study import CaseContext, RequestFailed
@@ -263,8 +264,8 @@ def qa_reply(role, prompt, gen):
     return ["Vitamin D", "Vitamin C", "Vitamin D", "Vitamin C", "Vitamin B1"]
 
 
-async def no_scores(log, q, answers):
-    return {"oneshot": {}, "dera": {"exact": 1}}
+async def no_scores(log, q, answers):  # a stand-in scorer: its grades are the record's scores
+    return {"llm-exact/dera": Grade(value=1, answer=answers["dera"])}
 
 
 def test_qa_protocol_settings_and_flow():
@@ -285,7 +286,7 @@ def test_qa_protocol_settings_and_flow():
     assert rec["final"]["answers"] == ["Vitamin C"] * 5
     final_prompt = client.requests[5][1]
     assert "Teacher: What does 'scurvy' suggest?" in final_prompt and "Question: What vitamin deficiency" in final_prompt
-    assert rec["correct"] == 1
+    assert rec["scores"] == {"llm-exact/dera": {"value": 1, "answer": "Vitamin C"}} and "correct" not in rec
 
 
 def test_qa_turn_cap_three():
@@ -368,6 +369,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
 
     rec = {"id": "e", "turns": 1, "stop_reason": "researcher_stop", "scratchpad": [], "parse_attempts": 1, "parse_errors": [],
            "calls": [], "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": {**s, "concepts_cut": {"gt": 2, "pred": 0}}}}}}
+    rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], "judge"))  # the record's result, as the run gives it
     m = report.dialogue_metrics([rec], DialogueSettings(score_sections=["Pertinent Negatives"]))
     assert m["gptf1_concept_lists_cut"] == 1 and m["gptf1_max_concepts"] == 40
     one = DialogueSettings(score_sections=["Pertinent Negatives"])
@@ -376,6 +378,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     # the cap is stated even when nothing was cut, and "no cap" when there is none
     section = {k: v for k, v in s.items() if k != "concepts_cut"}
     uncut = {**rec, "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": section}}}}
+    uncut["scores"] = to_disk(report.gptf1_scores(uncut["gptf1"], "judge"))
     text = report.dialogue_summary(report.dialogue_metrics([uncut], one), one, "dera-summarize")
     assert "40 concepts per list, 0 section comparison(s) cut." in text
     none = DialogueSettings(score_sections=["Pertinent Negatives"], gptf1={"max_concepts": None})
@@ -432,7 +435,7 @@ def test_mcq_variant_votes_letters_and_scores_accuracy():
     settings = QASettings(mcq=True)
     rec = run(qa.make_solver(settings, "m", make_scorer(settings))(case_log(ScriptedClient(reply), "q1"), Q))
     assert rec["oneshot"]["answers"] == ["A", "B", "A", "B", "A"] and rec["answers"] == {"oneshot": "A", "dera": "B"}
-    assert rec["arm_scores"]["oneshot"]["accuracy"] == 0 and rec["arm_scores"]["dera"]["accuracy"] == 1 and rec["correct"] == 1
+    assert rec["scores"]["accuracy/oneshot"]["value"] == 0 and rec["scores"]["accuracy/dera"]["value"] == 1 and "correct" not in rec
     assert rec["gold"] == "B"
 
 

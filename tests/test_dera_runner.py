@@ -91,8 +91,8 @@ COMMANDS = [
     ("dera-summarize", {}, lambda m=None: dialogue_backend(SUMMARY_SECTIONS, m), "sample-002", "ankle swelling", "gptf1"),
     ("dera-careplan", {}, lambda m=None: dialogue_backend(CAREPLAN_SECTIONS, m), "sample-002", "ankle swelling", "gptf1"),
     ("dera-corrupt", {"corruption_level": 3}, lambda m=None: dialogue_backend(SUMMARY_SECTIONS, m), "sample-002", "ankle swelling", "gptf1"),
-    ("dera-qa", {}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "arm_scores"),
-    ("dera-qa", {"mcq": True}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "arm_scores"),
+    ("dera-qa", {}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "scores"),
+    ("dera-qa", {"mcq": True}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "scores"),
 ]
 
 

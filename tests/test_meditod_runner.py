@@ -111,7 +111,7 @@ def test_record_shape_prompt_and_format_errors(tmp_path):
     assert outcome.exit_code == 0
     recs = records(s.out)
     r = recs["301/2"]
-    assert r["correct"] == 1 and r["model"] == "embedded" and r["prompt_hash"] and r["prediction"] == r["target"]
+    assert r["scores"]["joint"]["value"] == 1 and "correct" not in r and r["model"] == "embedded" and r["prompt_hash"] and r["prediction"] == r["target"]
     assert r["transcript"][0] == {"agent": "doctor", "content": "Hello, what brings you here today?", "turn": 0}
     assert [c["step"] for c in r["calls"]] == ["predict"] and r["calls"][0]["gen"]["temperature"] == 0.0
     assert r["calls"][0]["kind"] == "chat" and r["calls"][0]["gen"]["stop"] is None
@@ -144,7 +144,7 @@ def test_icl_exemplars_and_side_by_side_summary(tmp_path, monkeypatch):
     paper = summary.split("as in the paper", 1)[1]
     assert "| F1 (all) | 1.0000 |" in paper and "| P@1 | 1.0000 |" in paper
     rec = next(iter(records(s2.out).values()))
-    assert rec["prompt_format"] == "completion" and rec["prompt"].endswith("[output]\n[answer]") and rec["f1"] == 1.0
+    assert rec["prompt_format"] == "completion" and rec["prompt"].endswith("[output]\n[answer]") and rec["scores"]["prf"]["value"]["f1"] == 1.0
 
 
 def test_nlg_summary_counts_gold_utterances_over_the_token_cap(tmp_path):

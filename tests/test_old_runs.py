@@ -1,7 +1,7 @@
 """Results folders written before typed scores (tests/fixtures/old_runs: three real runs with the embedded model, made by
 the code of that time) read with today's code: the one reader upgrades every record through its study (typed scores
-equal to the fields the metrics read; DERA-QA's per-arm grades under their new name), the study's metrics over the
-upgraded records equal the metrics.json the run wrote, and review, rescore's dry run and the report serve them."""
+equal to the fields the metrics read; DERA-QA's per-arm values and `correct` flag replaced by them), the study's
+metrics over the upgraded records equal the metrics.json the run wrote, and review, rescore's dry run and the report serve them."""
 
 from __future__ import annotations
 
@@ -61,16 +61,19 @@ def test_old_craftmd_records_score_as_their_answers():
     assert len(items) == seen and {it["verdict"] for it in items} <= {0, 1}
 
 
-def test_old_dera_qa_records_move_their_per_arm_grades_to_arm_scores():
+def test_old_dera_qa_records_read_their_per_arm_values_as_typed_scores():
     raw = [json.loads(x) for x in (OLD / "dera-qa" / "records.jsonl").read_text().splitlines() if x.strip()]
-    assert all("arm_scores" not in r and "dera" in r["scores"] for r in raw)  # as the old code wrote them
+    assert all("dera" in r["scores"] and "correct" in r for r in raw)  # as the old code wrote them
     run = registry.open_run(OLD / "dera-qa")
     for old, r in zip(sorted(raw, key=lambda x: x["id"]), sorted(run.finished, key=lambda x: x["id"])):
-        assert r["arm_scores"] == old["scores"]
+        assert "correct" not in r and "arm_scores" not in r
         g = grades(r)
-        for arm, s in r["arm_scores"].items():
-            if s.get("answer"):
-                assert g[f"llm-exact/{arm}"].value == s["exact"] and g[f"llm-similarity/{arm}"].value == s["similarity_raw"]
+        assert set(g) == {f"{step}/{arm}" for step in ("llm-exact", "llm-similarity", "bertscore") for arm in old["scores"]}
+        for arm, s in old["scores"].items():
+            assert (g[f"llm-exact/{arm}"].value, g[f"llm-similarity/{arm}"].value, g[f"bertscore/{arm}"].value) == \
+                (s["exact"], s["similarity_raw"], s["bertscore"])
+            assert g[f"llm-exact/{arm}"].answer == s["answer"] and g[f"llm-exact/{arm}"].explanation == s["exact_explanation"]
+        assert g["llm-exact/dera"].value == old["correct"]
     assert load_judge(OLD / "dera-qa", "llm-exact")["items"]
 
 

@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from experiments.common.grade import to_disk
+from experiments.dera.report import gptf1_scores
 from experiments.tables.build import dig, matches, study_tables
 from experiments.tables.declare import declarations, load_declaration
 from experiments.tables.plots import figure_png
@@ -116,16 +118,17 @@ def test_meditod_corpus_rows_and_paper_only_models():
 
 
 def test_dera_and_autoeval_tables():
-    rec = lambda i, init, final: {"id": str(i), "gptf1": {"initial": {"sections": {"Pertinent Positives": {"f1": init, "scored": True}}, "average": {"f1": init}},
-                                                           "dera": {"sections": {"Pertinent Positives": {"f1": final, "scored": True}}, "average": {"f1": final}}}}
+    def rec(i, init, final):  # GPT-F1 of the initial and DERA summaries, as the run's typed scores
+        return {"id": str(i), "scores": to_disk(gptf1_scores({arm: {"sections": {"Pertinent Positives": {"f1": f1, "scored": True}}, "average": {"f1": f1}}
+                                                              for arm, f1 in (("initial", init), ("dera", final))}, "embedded"))}
     dera = {"path": "/x/c", "identity": {"experiment": "dera-corrupt"}, "metrics": {},
             "config": {"experiment": "dera-corrupt", "task": "corrupt", "corruption_level": 5, "roles": {"decider": "embedded", "judge": "embedded"},
                        "gptf1": {"max_concepts": 40}},
             "records": [rec(1, 0.5, 0.75), rec(2, 0.5, 0.75)]}
     ae = {"path": "/x/ae", "identity": {"experiment": "autoeval"}, "metrics": {}, "config": {"experiment": "autoeval", "roles": {"judge": "embedded"}},
-          "records": [{"id": "a::empathy", "source_id": "a", "criterion": "empathy", "rating": 4, "model": "m"},
-                      {"id": "b::empathy", "source_id": "b", "criterion": "empathy", "rating": 2, "model": "m"},
-                      {"id": "b::welfare", "source_id": "b", "criterion": "welfare", "rating": None, "model": "m"}]}
+          "records": [{"id": "a::empathy", "source_id": "a", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 4}}, "model": "m"},
+                      {"id": "b::empathy", "source_id": "b", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 2}}, "model": "m"},
+                      {"id": "b::welfare", "source_id": "b", "criterion": "welfare", "scores": {"rubric/welfare": {"value": None}}, "model": "m"}]}
     sts = {st.decl.study: st for st in study_tables([ae, dera])}
     assert list(sts) == ["dera", "autoeval"]  # the report's order, whatever the order given
     t = sts["dera"].tables[0]

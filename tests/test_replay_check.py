@@ -1,4 +1,4 @@
-"""scripts/replay_check.py diff: volatile keys ignored, scores/arm_scores reported apart, anything else fails."""
+"""scripts/replay_check.py diff: volatile keys ignored, fields moved into typed scores reported apart, anything else fails."""
 
 from __future__ import annotations
 
@@ -26,17 +26,45 @@ def test_volatile_keys_alone_are_no_difference(tmp_path, capsys):
     assert diff(a, b) == 0 and "unexpected differences: 0" in capsys.readouterr().out
 
 
-def test_scores_are_reported_apart_and_other_keys_fail(tmp_path, capsys):
-    a = tree(tmp_path / "a", {"scores": {"oneshot": 1}}, {})
-    b = tree(tmp_path / "b", {"arm_scores": {"oneshot": 1}, "scores": {"correct": 1}}, {})
+def test_fields_moved_into_scores_are_expected_and_other_keys_fail(tmp_path, capsys):
+    grade = {"value": 1, "answer": "b", "explanation": "True, the same", "metadata": {"f1": 0.5}}
+    a = tree(tmp_path / "a", {"scores": {"exact": grade}, "correct": 1, "f1": 0.5, "per_arm": {"dera": {"answer": "b", "exact": 1}},
+                              "why": "True, the same", "note": None}, {})
+    b = tree(tmp_path / "b", {"scores": {"exact": grade}}, {})
     assert diff(a, b) == 0
     out = capsys.readouterr().out
-    assert "craftmd craftmd-1: scores: scores.correct (one side only), scores.oneshot (one side only)" in out
-    assert "arm_scores: arm_scores" in out
-    c = tree(tmp_path / "c", {"answer": "y"}, {"f1": 0.6})
-    assert diff(a, c) == 1
+    assert "  dera-qa: correct (1 records), f1 (1 records), note (1 records), per_arm (1 records), why (1 records)" in out
+    changed = tree(tmp_path / "c", {"scores": {"exact": {**grade, "value": 0}}}, {})  # a value no score holds; scores differ
+    assert diff(a, changed) == 1
+    out = capsys.readouterr().out
+    assert "dera-qa dera-qa-1: .correct (one side only)" in out and "dera-qa dera-qa-1: .scores.exact.value" in out
+    assert "dera-qa dera-qa-1: .f1" not in out  # 0.5 is still held (metadata)
+    added = tree(tmp_path / "d", {"scores": {"exact": grade}, "correct": 1, "f1": 0.5, "per_arm": {}, "why": "", "note": None, "new": 1}, {})
+    assert diff(a, added) == 1 and "dera-qa dera-qa-1: .new (one side only)" in capsys.readouterr().out  # only BEFORE's fields move
+    c = tree(tmp_path / "e", {"answer": "y"}, {"f1": 0.6})
+    assert diff(tree(tmp_path / "f", {}, {}), c) == 1
     out = capsys.readouterr().out
     assert "craftmd craftmd-1: .answer" in out and "dera-qa metrics.json: .f1" in out
+
+
+def test_without_scores_nothing_moves_but_on_an_unscored_case(tmp_path, capsys):
+    a = tree(tmp_path / "a", {"correct": 1}, {})
+    assert diff(a, tree(tmp_path / "b", {}, {})) == 1
+    assert "autoeval autoeval-1: .correct (one side only)" in capsys.readouterr().out
+    unscored = tree(tmp_path / "c", {"correct": 1, "scores": {}}, {})  # both sides without a score: nothing it restated
+    assert diff(unscored, tree(tmp_path / "d", {"scores": {}}, {})) == 0
+    assert "meditod-pol: correct on a record without scores (1 records)" in capsys.readouterr().out
+    assert diff(unscored, tree(tmp_path / "e", {"scores": {"x": {"value": 0}}}, {})) == 1  # AFTER scores it: must hold it
+
+
+def test_a_scored_flag_moves_with_its_grade(tmp_path, capsys):
+    a = tree(tmp_path / "a", {"scored": False, "rating": None, "scores": {"rubric": {"value": None}}}, {})
+    assert diff(a, tree(tmp_path / "b", {"scores": {"rubric": {"value": None}}}, {})) == 0
+    assert "autoeval: rating (1 records), scored (1 records)" in capsys.readouterr().out
+    rated = tree(tmp_path / "c", {"scored": True, "scores": {"rubric": {"value": 4}}}, {})
+    assert diff(rated, tree(tmp_path / "d", {"scores": {"rubric": {"value": 4}}}, {})) == 0
+    wrong = tree(tmp_path / "e", {"scored": True, "scores": {"rubric": {"value": None}}}, {})
+    assert diff(wrong, tree(tmp_path / "f", {"scores": {"rubric": {"value": None}}}, {})) == 1
 
 
 def test_call_log_order_and_nan_are_no_difference(tmp_path, capsys):
@@ -49,12 +77,3 @@ def test_call_log_order_and_nan_are_no_difference(tmp_path, capsys):
     swapped = tree(tmp_path / "c", {"calls": [calls[0], calls[2], calls[1]]}, {"exact": {"mean": float("nan")}})
     assert diff(a, swapped) == 1  # a step's repeats keep their issue order
     assert "calls[1].texts[0]" in capsys.readouterr().out
-
-
-def test_renamed_arm_scores_must_equal_the_old_scores(tmp_path, capsys):
-    old = tree(tmp_path / "a", {"scores": {"dera": {"bertscore": 0.5}}}, {})
-    renamed = tree(tmp_path / "b", {"arm_scores": {"dera": {"bertscore": 0.5}}, "scores": {"correct": None}}, {})
-    assert diff(old, renamed) == 0
-    changed = tree(tmp_path / "c", {"arm_scores": {"dera": {"bertscore": 0.6}}, "scores": {"correct": None}}, {})
-    assert diff(old, changed) == 1
-    assert "arm_scores.dera.bertscore (AFTER's arm_scores against BEFORE's scores)" in capsys.readouterr().out

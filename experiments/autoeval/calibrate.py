@@ -13,7 +13,9 @@ from pathlib import Path
 
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
-from experiments.core.results import RunDir, read_jsonl
+from experiments.autoeval.metrics import rating_of
+from experiments.core.registry import open_run
+from experiments.core.results import RunDir
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
 
@@ -41,11 +43,11 @@ def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
 
 def _read_autoeval_dir(path: Path) -> dict[tuple[str, str], int]:
     out = {}
-    for r in read_jsonl(path / "records.jsonl"):
-        if not isinstance(r, dict) or r.get("rating") is None:
+    for r in open_run(path).finished:  # older records read with typed scores
+        if (v := rating_of(r).value) is None:
             continue
         key = str(r.get("source_id") or r.get("dialogue_id") or str(r.get("id")).split("::")[0])
-        out[(key, str(r.get("criterion") or "").strip().lower())] = int(r["rating"])
+        out[(key, str(r.get("criterion") or "").strip().lower())] = int(v)
     return out
 
 

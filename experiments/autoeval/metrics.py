@@ -1,7 +1,7 @@
 """Pure functions over autoeval records: mean rating per criterion with CIs, and judge-vs-reference agreement.
 
-Unscored ratings (unparseable replies, failed requests) are counted and left out of means;
-they are never treated as 0.
+The ratings are the records' typed scores ``rubric/<criterion>`` (:func:`rating_of`). Unscored ratings (unparseable
+replies, failed requests) are counted and left out of means; they are never treated as 0.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from experiments.common.grade import Grade, grades
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci
 from models.errors import DataError, read_utf8
@@ -24,14 +25,19 @@ def _num(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
 
 
+def rating_of(record: dict) -> Grade:
+    """A record's typed score ``rubric/<criterion>`` (value None when it has none)."""
+    return grades(record).get(f"rubric/{record.get('criterion')}") or Grade(value=None)
+
+
 def criterion_stats(records: list[dict]) -> dict:
     """Mean rating with 95% bootstrap CI over scored records, plus n, unscored and the rating histogram."""
-    scored = [r["rating"] for r in records if r.get("rating") is not None]
+    scored = [v for r in records if (v := rating_of(r).value) is not None]
     ci = mean_ci(scored)
     return {
         "mean": _num(ci.mean), "low": _num(ci.low), "high": _num(ci.high), "n": ci.n,
         "unscored": len(records) - len(scored),
-        "parse_errors": sum(1 for r in records if r.get("parse_error")),
+        "parse_errors": sum(1 for r in records if rating_of(r).metadata.get("parse_error")),
         "request_errors": sum(1 for r in records if r.get("error")),
         "distribution": {str(k): Counter(scored).get(k, 0) for k in RATINGS},
     }
@@ -123,10 +129,10 @@ def agreement_metrics(records: list[dict], reference: list[dict], criteria: list
         rec = judged.get((row["id"], row["criterion"]))
         if rec is None:
             unmatched[row["criterion"]] += 1
-        elif rec.get("rating") is None:
+        elif rating_of(rec).value is None:
             judge_unscored[row["criterion"]] += 1
         else:
-            pairs[row["criterion"]].append((float(rec["rating"]), row["rating"]))
+            pairs[row["criterion"]].append((float(rating_of(rec).value), row["rating"]))
     out = {}
     for c in criteria:
         p = pairs.get(c.key, [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from experiments.autoeval.metrics import rating_of
 from experiments.tables.adapter import PaperAdapter
 
 
@@ -19,8 +20,8 @@ class AutoevalPaper(PaperAdapter):
         """<criterion key> -> {dialogue id: rating}; unscored ratings are left out (never 0)."""
         out: dict[str, dict[str, float]] = {}
         for r in records:
-            if r.get("rating") is not None and r.get("criterion"):
-                out.setdefault(r["criterion"], {})[str(r.get("source_id"))] = float(r["rating"])
+            if (v := rating_of(r).value) is not None and r.get("criterion"):
+                out.setdefault(r["criterion"], {})[str(r.get("source_id"))] = float(v)
         return out
 
 

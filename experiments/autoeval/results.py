@@ -1,10 +1,11 @@
 """The rubric auto-evaluation's results for the tools over results (experiments/core/study.py, ``StudyResults``).
 
-A record is one (dialogue, criterion) pair (id ``<dialogue>::<criterion>``); its typed score is ``rubric/<criterion>``:
-the judge's rating 1-5 (None when its reply had no rating), the judge its model and the hash of the three templates
-of the two steps (explain, example, rate). The judge ``rubric`` shows a reviewer what the judge rated (the criterion,
-what a 5 and a 1 mean, the dialogue from the run's data) and asks again over the stored dialogue for ``medstack
-rescore``: step (a), the five explained examples, then step (b), the rating, with the run's prompts, sampling and parser.
+A record is one (dialogue, criterion) pair (id ``<dialogue>::<criterion>``); its typed score, its result, is
+``rubric/<criterion>``: the judge's rating 1-5 (None when its reply had no rating), its reply, notes and parse error,
+the judge its model and the hash of the three templates of the two steps (explain, example, rate). The judge
+``rubric`` shows a reviewer what the judge rated (the criterion, what a 5 and a 1 mean, the dialogue from the run's
+data) and asks again over the stored dialogue for ``medstack rescore``: step (a), the five explained examples, then
+step (b), the rating, with the run's prompts, sampling and parser.
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ from models.errors import DataError
 TEMPLATES = ("explain", "example", "rate")
 
 
-def _judge(record: dict, settings) -> dict:
-    return {"model": record.get("judge") or (settings.roles or {}).get("judge"), "prompt_hash": J.PROMPTS.hash(*TEMPLATES)}
+def rubric_grade(verdict: dict, source_id, model: str | None) -> Grade:
+    """Step (b)'s verdict on one dialogue (``rating``, the notes ``explanation``, the reply ``raw``, ``parse_error``:
+    experiments/autoeval/judge.py, ``rate_dialogue``) as its typed score."""
+    notes = verdict.get("explanation") if isinstance(verdict.get("explanation"), dict) else {}
+    return Grade(value=verdict.get("rating"), answer=source_id, source="Rating: N", explanation=verdict.get("raw"),
+                 metadata={k: v for k, v in {"notes": notes, "parse_error": verdict.get("parse_error")}.items() if v},
+                 judge={"model": model, "prompt_hash": J.PROMPTS.hash(*TEMPLATES)})
 
 
 def scores(record: dict, settings) -> dict[str, Grade]:
-    notes = record.get("explanation") if isinstance(record.get("explanation"), dict) else {}
-    return {f"rubric/{record.get('criterion')}": Grade(
-        value=record.get("rating"), answer=record.get("source_id"), source="Rating: N", explanation=record.get("raw"),
-        metadata={k: v for k, v in {"notes": notes, "parse_error": record.get("parse_error")}.items() if v},
-        judge=_judge(record, settings))}
+    """A record written before typed scores kept the verdict's fields (:func:`rubric_grade`) beside the rest."""
+    model = record.get("judge") or (settings.roles or {}).get("judge")
+    return {f"rubric/{record.get('criterion')}": rubric_grade(record, record.get("source_id"), model)}
 
 
 # ------------------------------------------------------------------ the judge
@@ -90,9 +94,7 @@ async def ask(ctx: CaseContext, record: dict, part: str | None, settings: Autoev
     text, shown = J.render_dialogue(transcript, cfg.max_dialogue_chars)
     verdict = await J.rate_dialogue(ctx, c, J.rate_prompt(c, examples, explained, text, cfg), cfg,
                                     protocol={"dialogue_turns": (shown, len(transcript))})
-    return Grade(value=verdict["rating"], answer=record.get("source_id"), source="Rating: N", explanation=verdict["raw"],
-                 metadata={k: v for k, v in {"notes": verdict["explanation"], "parse_error": verdict["parse_error"]}.items() if v},
-                 judge={"model": settings.roles[role], "prompt_hash": J.PROMPTS.hash(*TEMPLATES)})
+    return rubric_grade(verdict, record.get("source_id"), settings.roles[role])
 
 
 RUBRIC = Judge("rubric", RATING, "Rate the doctor in this dialogue on the criterion, from 1 to 5 (the definitions of 5 and 1 are given).",

@@ -16,6 +16,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from experiments.common.grade import to_disk
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.results import read_jsonl, strict_json
 from experiments.core.study import CaseContext, RequestFailed, Study
@@ -23,7 +24,7 @@ from serving.refs import model_name
 
 from experiments.autoeval import judge as J
 from experiments.autoeval.judge import judge_config, load_dialogues  # noqa: F401 (load_dialogues: the study's input reader)
-from experiments.autoeval.results import RESULTS
+from experiments.autoeval.results import RESULTS, rubric_grade
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rating_metrics, summary_markdown
 from experiments.tables.render import run_paper_tables
 from experiments.autoeval.settings import AutoevalSettings
@@ -88,7 +89,9 @@ class AutoevalStudy(Study):
         verdict = await J.rate_dialogue(ctx, c, prompt, cfg, protocol={"dialogue_turns": (shown, len(d["transcript"]))})
         return {"source_id": d["source_id"], "criterion": c.key, "criterion_name": c.name,
                 "judge": s.roles["judge"], "model": d["model"], "correct": d["correct"],
-                **verdict, "examples_used": [self.examples[c.key][r].id for r in J.RATINGS],
+                "scores": to_disk({f"rubric/{c.key}": rubric_grade(verdict, d["source_id"], s.roles["judge"])}),
+                "prompt_hash": verdict["prompt_hash"], "finish_reason": verdict["finish_reason"],
+                "examples_used": [self.examples[c.key][r].id for r in J.RATINGS],
                 "turns": len(d["transcript"]), "dialogue_chars": len(text), "dialogue_truncated": truncated}
 
     def metrics(self, records: list[dict], s: AutoevalSettings) -> dict:

@@ -260,7 +260,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             t0 = time.perf_counter()
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
-                if declared:  # the record's typed scores (experiments/common/grade.py), from its own fields
+                if declared and "scores" not in record:  # typed scores (experiments/common/grade.py) the study's solve did not give
                     record["scores"] = to_disk(declared.scores(record, settings))
                 state.consecutive = 0
                 state.finished += 1

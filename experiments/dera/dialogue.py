@@ -15,7 +15,8 @@ Replies that break the tag format are kept as text and counted as parse errors.
 
 from __future__ import annotations
 
-from experiments.dera import gptf1
+from experiments.common.grade import to_disk
+from experiments.dera import gptf1, report
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_chat
 from experiments.dera.settings import DialogueSettings
@@ -37,10 +38,10 @@ def render_sections(sections: dict, names: list[str]) -> str:
     return "\n\n".join(f"{n}: {sections.get(n, '').strip()}" for n in names)
 
 
-def dialogue_text(messages: list[dict]) -> str:
+def dialogue_text(messages: list[dict], labels: dict = LABELS) -> str:
     if not messages:
         return "(no messages yet)"
-    return "\n".join(f"{LABELS[m['agent']]}: {m['content']}" for m in messages)
+    return "\n".join(f"{labels[m['agent']]}: {m['content']}" for m in messages)
 
 
 def scratchpad_text(lines: list[str], empty: str = "(no corrections were agreed)") -> str:
@@ -169,16 +170,13 @@ def make_solver(settings: DialogueSettings, model: str):
                 "initial": await gptf1.score_summary(log, reference, start, settings.score_sections, gptf1.GptF1.of(settings), label="initial", concept_cache=cache),
                 "dera": await gptf1.score_summary(log, reference, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera", concept_cache=cache),
             }
-            i, d = rec["gptf1"]["initial"]["average"]["f1"], rec["gptf1"]["dera"]["average"]["f1"]
-            rec["score"] = d
-            rec["improved"] = None if i is None or d is None else int(d > i)
         else:
             rec["gptf1"] = {"dera_vs_initial": await gptf1.score_summary(log, start, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera_vs_initial", concept_cache=cache)}
             ref = enc.get("reference_summary")
             if isinstance(ref, dict):
                 rec["gptf1"]["initial"] = await gptf1.score_summary(log, ref, start, settings.score_sections, gptf1.GptF1.of(settings), label="initial", concept_cache=cache)
                 rec["gptf1"]["dera"] = await gptf1.score_summary(log, ref, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera", concept_cache=cache)
-            rec["score"] = rec["gptf1"].get("dera", rec["gptf1"]["dera_vs_initial"])["average"]["f1"]
+        rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], settings.roles.get("judge")))
         rec.update(log.fields())
         return rec
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from experiments.dera.qa_metrics import arm_scores, normalize_similarity
-from experiments.dera.report import gptf1_grades, mcq_option_counts, options_label
+from experiments.dera.qa_metrics import ARMS, STEPS, arm_values
+from experiments.dera.report import gptf1_of, mcq_option_counts, options_label
 from experiments.tables.adapter import PaperAdapter
 
 
@@ -28,24 +28,18 @@ class DeraPaper(PaperAdapter):
         out: dict[str, dict[str, float]] = {}
         ok = [r for r in records if "error" not in r]
         for r in ok:  # GPT-F1: f1.<arm>.<section> and f1.<arm>.average
-            for arm, (sections, average) in gptf1_grades(r).items():
+            for arm, (sections, average) in gptf1_of(r).items():
                 for sec, g in sections.items():
                     if g.scored and g.named("f1") is not None:
                         out.setdefault(f"f1.{arm}.{sec}", {})[str(r["id"])] = float(g.named("f1"))
                 avg = average.named("f1")
                 if avg is not None:
                     out.setdefault(f"f1.{arm}.average", {})[str(r["id"])] = float(avg)
-        qa = [r for r in ok if arm_scores(r)]
-        for arm in ("oneshot", "dera"):  # QA: <metric>.<arm>
-            rows = [(str(r["id"]), arm_scores(r).get(arm) or {}) for r in qa]
-            for name in ("bertscore", "exact", "accuracy"):
-                vals = {i: float(s[name]) for i, s in rows if s.get(name) is not None}
+        for arm in ARMS:  # QA: <metric>.<arm>
+            for name in STEPS:
+                vals = {str(r["id"]): float(v) for r, v in zip(ok, arm_values(ok, name, arm)) if v is not None}
                 if vals:
                     out[f"{name}.{arm}"] = vals
-            sims = normalize_similarity([s.get("similarity_raw") for _, s in rows])
-            vals = {i: float(v) for (i, _), v in zip(rows, sims) if v is not None}
-            if vals:
-                out[f"similarity.{arm}"] = vals
         return out
 
 

@@ -17,9 +17,11 @@ from collections import Counter
 
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import format_options
+from experiments.dera.dialogue import dialogue_text
 from experiments.dera.prompts import render
 from experiments.dera.settings import QASettings
 from experiments.common.choice import pick_letter
+from experiments.common.grade import to_disk
 from experiments.common.parsing import extract_after, has_marker
 
 LABELS = {"researcher": "Teacher", "decider": "Student"}
@@ -68,12 +70,6 @@ def vote_distribution_text(answers: list[str | None]) -> str:
     return ", ".join(f"'{a}' {round(100 * s)}%" for a, s in dist)
 
 
-def dialogue_text(messages: list[dict]) -> str:
-    if not messages:
-        return "(no messages yet)"
-    return "\n".join(f"{LABELS[m['agent']]}: {m['content']}" for m in messages)
-
-
 # -- protocol -----------------------------------------------------------------------------------
 
 def _options_block(q: dict, settings: QASettings) -> str:
@@ -110,7 +106,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
     stated: list[str | None] = []
 
     def history(tail: list[dict]) -> dict:
-        return {"dialogue": dialogue_text(tail)}
+        return {"dialogue": dialogue_text(tail, LABELS)}
 
     for _ in range(settings.max_turns):
         turn = len(transcript) + 1
@@ -137,7 +133,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
 def make_solver(settings: QASettings, model: str, scorer):
     """``solve(log, q) -> record`` for one question; ``log`` wraps the runner's context of the case (a call
     that gets no answer raises RequestFailed: the case is failed, never scored).
-    ``scorer(log, q, answers: dict[arm, str|None]) -> dict`` gives the per-arm scores (``arm_scores``)."""
+    ``scorer(log, q, answers: dict[arm, str|None]) -> {name: Grade}`` gives the record's typed ``scores``."""
 
     async def solve(log: CaseLog, q: dict) -> dict:
         template, values = _oneshot(q, settings)
@@ -148,10 +144,10 @@ def make_solver(settings: QASettings, model: str, scorer):
                             question=question, options_block=opts, distribution=base["distribution_text"])
         explanation = ex.text.strip() if ex.ok else ""
         dia = await run_qa_dialogue(log, q, explanation or "(no explanation)", settings)
-        oneshot_prompt = "\n" + _render_oneshot(template, values)
+        oneshot_prompt = "\n" + render(template, **values)
 
         def final_history(tail):
-            return {"dialogue": dialogue_text(tail), "oneshot": oneshot_prompt}
+            return {"dialogue": dialogue_text(tail, LABELS), "oneshot": oneshot_prompt}
 
         final = await sample_answers_with_history(log, settings, dia["transcript"], final_history, template, letter_values(q))
         answers = {"oneshot": base["vote"], "dera": final["vote"]}
@@ -162,17 +158,11 @@ def make_solver(settings: QASettings, model: str, scorer):
             "oneshot": base, "explanation": explanation, **dia, "final": final,
             "answers": answers, "answer_changed": answers["oneshot"] != answers["dera"],
         }
-        rec["arm_scores"] = await scorer(log, q, answers)
-        dera_correct = rec["arm_scores"]["dera"].get("accuracy" if settings.mcq else "exact")
-        rec["correct"] = None if dera_correct is None else int(dera_correct)
+        rec["scores"] = to_disk(await scorer(log, q, answers))
         rec.update(log.fields())
         return rec
 
     return solve
-
-
-def _render_oneshot(template: str, values: dict) -> str:
-    return render(template, **values)
 
 
 async def sample_answers_with_history(log: CaseLog, settings: QASettings, transcript: list[dict], build,

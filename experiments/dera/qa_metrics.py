@@ -8,15 +8,18 @@
   0-1 are set to 0, unless all scores are 100 (a judge answering on a percent scale), in
   which case they are 1 (:func:`normalize_similarity`).
 - MCQ accuracy: the voted letter equals ``answer_idx``.
-A record keeps them per arm in ``arm_scores`` (its typed ``scores`` are derived from them: experiments/dera/results.py).
-A missing answer (every sample unusable or the request failed) scores 0 everywhere.
+They are the record's typed ``scores`` (:func:`arm_grades`; names in experiments/dera/results.py); the run's metrics and
+the paper tables read them by name (:func:`arm_values`). A missing answer (every sample unusable or the request failed)
+scores 0 everywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from experiments.common.grade import Grade, grades
 from experiments.dera.calls import CaseLog
+from experiments.dera.prompts import PROMPTS
 from experiments.dera.settings import QASettings
 from experiments.common.parsing import extract_bool, extract_number
 from experiments.common.text import bertscore_f1
@@ -25,18 +28,32 @@ ARMS = ("oneshot", "dera")
 _bert_lock = asyncio.Lock()
 
 
-def upgrade(record: dict) -> dict:
-    """A DERA-QA record written before typed scores: its per-arm scores (then ``scores``) become ``arm_scores``."""
-    old = record.get("scores")
-    if "arm_scores" in record or not isinstance(old, dict) or not old or not set(old) <= set(ARMS):
-        return record
-    return {("arm_scores" if k == "scores" else k): v for k, v in record.items()}
+STEPS = {"accuracy": "accuracy", "bertscore": "bertscore", "exact": "llm-exact", "similarity": "llm-similarity"}  # metric -> score
+NO_ANSWER = {"rule": "no answer"}  # every sample unusable: not judged, scored 0
 
 
-def arm_scores(record: dict) -> dict:
-    """{arm: its scores} of a DERA-QA record (an older one's are renamed when it is read: :func:`upgrade`, through the
-    reader and the runner)."""
-    return record.get("arm_scores") or {}
+def arm_grades(arm: str, s: dict, mcq: bool, judge, bertscore: dict) -> dict[str, Grade]:
+    """The typed scores of one arm from its values ``s`` (``answer``; ``accuracy``, or ``exact``, ``similarity_raw``,
+    ``bertscore`` and the judges' replies); ``judge(template)``: who judged with that template."""
+    answer = s.get("answer")
+    if mcq:
+        return {f"accuracy/{arm}": Grade(value=s.get("accuracy"), answer=answer, source="letter", judge={"rule": "the voted letter is answer_idx"})}
+    asked = bool(answer)
+    return {
+        f"llm-exact/{arm}": Grade(value=s.get("exact"), answer=answer, source="first line True/False" if asked else "no answer",
+                                  explanation=s.get("exact_explanation"), judge=judge("judge_exact") if asked else NO_ANSWER),
+        f"llm-similarity/{arm}": Grade(value=s.get("similarity_raw"), answer=answer, source="first number" if asked else "no answer",
+                                       explanation=s.get("similarity_reply"), metadata={"normalized": "over the run"} if asked else {},
+                                       judge=judge("judge_similarity") if asked else NO_ANSWER),
+        f"bertscore/{arm}": Grade(value=s.get("bertscore"), answer=answer, source="bertscore F1" if asked else "no answer",
+                                  judge={"rule": "bertscore F1" if asked else "no answer"}, metadata=bertscore if asked else {})}
+
+
+def arm_values(records: list[dict], name: str, arm: str) -> list:
+    """Score ``name`` (a key of STEPS) of ``arm`` over the records, None where unscored or absent; the similarity
+    normalized over them (:func:`normalize_similarity`)."""
+    vals = [g.value if (g := grades(r).get(f"{STEPS[name]}/{arm}")) else None for r in records]
+    return normalize_similarity(vals) if name == "similarity" else vals
 
 
 def normalize_similarity(scores: list[float | None]) -> list[float | None]:
@@ -85,12 +102,18 @@ async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, s
 
 
 def make_scorer(settings: QASettings):
-    async def score(log: CaseLog, q: dict, answers: dict) -> dict:
-        if settings.mcq:
-            return {arm: {"answer": answers[arm], "accuracy": int(answers[arm] == q["answer_idx"])} for arm in ARMS}
-        out = {}
+    """``score(log, q, answers) -> {name: Grade}``: both arms' typed scores."""
+    bert = {"encoder": settings.bertscore_model, "layer": settings.bertscore_layer}
+
+    def judge(template: str) -> dict:
+        return {"model": settings.roles.get("judge"), "prompt_hash": PROMPTS.hash(template)}
+
+    async def score(log: CaseLog, q: dict, answers: dict) -> dict[str, Grade]:
+        out: dict[str, Grade] = {}
         for arm in ARMS:
-            out[arm] = await judge_open(log, q["question_open"], q["answer"], answers[arm], settings, arm)
+            s = ({"answer": answers[arm], "accuracy": int(answers[arm] == q["answer_idx"])} if settings.mcq
+                 else await judge_open(log, q["question_open"], q["answer"], answers[arm], settings, arm))
+            out.update(arm_grades(arm, s, settings.mcq, judge, bert))
         return out
 
     return score

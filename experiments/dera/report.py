@@ -6,11 +6,12 @@ from collections import Counter
 from functools import partial
 from statistics import mean
 
-from experiments.common.grade import Grade
+from experiments.common.grade import Grade, grades, split_name
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci, paired_bootstrap
 from experiments.common.text import bertscore_config, bertscore_label
-from experiments.dera.qa_metrics import ARMS, arm_scores, normalize_similarity
+from experiments.dera.prompts import PROMPTS
+from experiments.dera.qa_metrics import ARMS, arm_values
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
 
@@ -45,16 +46,36 @@ _fmt = partial(num, none="n/a")
 PRF = ("precision", "recall", "f1")
 
 
-def gptf1_grades(record: dict) -> dict[str, tuple[dict[str, Grade], Grade]]:
-    """{arm: ({section: grade, value P/R/F1 or None when unscored}, the average's grade)} of one record's GPT-F1."""
-    return {arm: ({s: Grade(value={m: v.get(m) for m in PRF} if v.get("scored") else None, metadata={"concepts_cut": v.get("concepts_cut")})
-                   for s, v in (g.get("sections") or {}).items()}, Grade(value=g.get("average"))) for arm, g in (record.get("gptf1") or {}).items()}
+def gptf1_scores(gptf1: dict, model: str | None) -> dict[str, Grade]:
+    """The typed scores of a record's GPT-F1 comparisons ``gptf1`` (:func:`~experiments.dera.gptf1.score_summary` per
+    arm): ``gptf1/<arm>`` (the average over the scored sections) and ``gptf1/<arm>/<section>`` (P/R/F1, None when
+    unscored; ``concepts_cut`` when the cap cut a list); judge = the judge role's ``model`` and its two templates."""
+    judge = {"model": model, "prompt_hash": PROMPTS.hash("gptf1_extract", "gptf1_verify")}
+    out: dict[str, Grade] = {}
+    for arm, g in gptf1.items():
+        out[f"gptf1/{arm}"] = Grade(value=g.get("average"), source="mean over the scored sections", judge=judge)
+        for s, v in (g.get("sections") or {}).items():
+            out[f"gptf1/{arm}/{s}"] = Grade(value={m: v.get(m) for m in PRF} if v.get("scored") else None, judge=judge,
+                                            metadata={"concepts_cut": v["concepts_cut"]} if v.get("concepts_cut") else {})
+    return out
+
+
+def gptf1_of(record: dict) -> dict[str, tuple[dict[str, Grade], Grade]]:
+    """{arm: ({section: grade}, the average's grade)} of a record's GPT-F1 scores (the run's, not a rescore's)."""
+    out: dict[str, tuple[dict, Grade]] = {}
+    for name, g in grades(record).items():
+        step, part, by = split_name(name)
+        if step == "gptf1" and part and not by:
+            arm, _, section = part.partition("/")
+            sections, average = out.get(arm, ({}, Grade(value=None)))
+            out[arm] = ({**sections, section: g}, average) if section else (sections, g)
+    return out
 
 
 def gptf1_table(records: list[dict], key: str, sections: list[str]) -> dict:
     """Per-section mean P/R/F1 over the cases where that section was scored, and their average."""
     out = {}
-    per_case = [gptf1_grades(r)[key][0] for r in _ok(records) if key in r.get("gptf1", {})]
+    per_case = [g[key][0] for r in _ok(records) if key in (g := gptf1_of(r))]
     for s in sections:
         vals = [g[s] for g in per_case]
         scored = [v for v in vals if v.scored]
@@ -70,14 +91,14 @@ def dialogue_metrics(records: list[dict], settings) -> dict:
     m = common_metrics(records)
     m["mean_scratchpad_lines"] = round(mean(len(r["scratchpad"]) for r in ok), 2) if ok else None
     m["final_sections_kept_from_initial"] = sum(len(r.get("final_sections_kept_from_initial", [])) for r in ok)
-    keys = sorted({k for r in ok for k in r.get("gptf1", {})})
+    keys = sorted({k for r in ok for k in gptf1_of(r)})
     m["gptf1"] = {k: gptf1_table(records, k, settings.score_sections) for k in keys}
     # the concept-list cap is a setting; say how often it cut (case x section x comparison)
     m["gptf1_max_concepts"] = settings.gptf1.max_concepts
-    m["gptf1_concept_lists_cut"] = sum(1 for r in ok for secs, _ in gptf1_grades(r).values()
-                                       for g in secs.values() if g.metadata["concepts_cut"])
+    m["gptf1_concept_lists_cut"] = sum(1 for r in ok for secs, _ in gptf1_of(r).values()
+                                       for g in secs.values() if g.metadata.get("concepts_cut"))
     if "initial" in keys and "dera" in keys:
-        pairs = [(r["gptf1"]["dera"]["average"]["f1"], r["gptf1"]["initial"]["average"]["f1"]) for r in ok if "dera" in r["gptf1"]]
+        pairs = [(g["dera"][1].named("f1"), g["initial"][1].named("f1")) for r in ok if "dera" in (g := gptf1_of(r))]
         pairs = [p for p in pairs if None not in p]
         m["dera_minus_initial_f1"] = paired_bootstrap([a for a, _ in pairs], [b for _, b in pairs]).to_dict() if pairs else None
     if settings.corruption_level is not None and settings.task == "corrupt":
@@ -144,22 +165,9 @@ def qa_metrics(records: list[dict], settings) -> dict:
         m["bertscore"] = bertscore_config(settings.bertscore_model, settings.bertscore_layer)
     m["answer_changed_rate"] = round(mean(int(r["answer_changed"]) for r in ok), 4) if ok else None
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
-    per_arm: dict[str, dict[str, list]] = {arm: {} for arm in ARMS}
-    for arm in ARMS:
-        rows = [arm_scores(r)[arm] for r in ok]
-        if settings.mcq:
-            per_arm[arm]["accuracy"] = [x["accuracy"] for x in rows]
-        else:
-            per_arm[arm]["bertscore"] = [x["bertscore"] for x in rows]
-            per_arm[arm]["exact"] = [x["exact"] for x in rows]
-            per_arm[arm]["similarity"] = normalize_similarity([x["similarity_raw"] for x in rows])
-    m["arms"] = {}
-    for arm in ARMS:
-        m["arms"][arm] = {}
-        for name in names:
-            vals = [v for v in per_arm[arm][name] if v is not None]
-            ci = mean_ci(vals).to_dict()
-            m["arms"][arm][name] = {**ci, "unscored": len(per_arm[arm][name]) - len(vals)}
+    per_arm = {arm: {name: arm_values(ok, name, arm) for name in names} for arm in ARMS}
+    m["arms"] = {arm: {name: {**mean_ci([v for v in vals if v is not None]).to_dict(), "unscored": vals.count(None)}
+                       for name, vals in per_arm[arm].items()} for arm in ARMS}
     m["dera_minus_oneshot"] = {}
     for name in names:
         pairs = [(d, o) for d, o in zip(per_arm["dera"][name], per_arm["oneshot"][name]) if d is not None and o is not None]

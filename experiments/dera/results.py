@@ -1,12 +1,13 @@
-"""DERA's results for the tools over results (experiments/core/study.py, ``StudyResults``): each record's typed scores,
-the upgrade of an older DERA-QA record, and the two LLM judges of open-ended DERA-QA (review, calibrate, rescore).
+"""DERA's results for the tools over results (experiments/core/study.py, ``StudyResults``): the typed scores of a record
+written before them, and the two LLM judges of open-ended DERA-QA (review, calibrate, rescore).
 
-Typed scores (experiments/common/grade.py), values equal to the record's own fields that the metrics read:
+Typed scores (experiments/common/grade.py), the records' result (the metrics and paper tables read them by name):
 
 - dera-qa, open-ended: ``llm-exact/<arm>`` (``exact``), ``llm-similarity/<arm>`` (``similarity_raw``, the judge's number
   as given: the metrics and the review set out-of-range values over the run, :func:`~experiments.dera.qa_metrics.normalize_similarity`),
   ``bertscore/<arm>`` (a rule); judge = the judge role's model and the hash of its template. An arm without an answer
-  was never judged: 0 by the rule ``no answer`` (as the metrics count it).
+  was never judged: 0 by the rule ``no answer`` (as the metrics count it). An older record kept them per arm under
+  ``scores`` with a ``correct`` flag (the DERA arm's): read as the typed scores (:func:`qa_scores`), the flag dropped.
 - dera-qa, multiple choice: ``accuracy/<arm>`` (the rule: the voted letter is ``answer_idx``).
 - dera-summarize / dera-careplan / dera-corrupt: ``gptf1/<arm>`` (the average over the scored sections) and
   ``gptf1/<arm>/<section>``, each ``{precision, recall, f1}`` (None when unscored); judge = the judge role's model and the
@@ -15,60 +16,38 @@ Typed scores (experiments/common/grade.py), values equal to the record's own fie
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from experiments.common.grade import Grade, grades
 from experiments.core.judging import BINARY, UNIT, Judge
 from experiments.core.study import CaseContext, StudyResults
 from experiments.dera.calls import CaseLog
 from experiments.dera.prompts import PROMPTS
-from experiments.dera.qa_metrics import ARMS, arm_scores, ask_exact, ask_similarity, normalize_similarity, upgrade
-from experiments.dera.report import gptf1_grades
+from experiments.dera.qa_metrics import ARMS, NO_ANSWER, arm_grades, ask_exact, ask_similarity, normalize_similarity
+from experiments.dera.report import gptf1_scores
 from experiments.dera.settings import QASettings
 
-NO_ANSWER = {"rule": "no answer"}  # every sample unusable: not judged, scored 0
-GPTF1_TEMPLATES = ("gptf1_extract", "gptf1_verify")
-
-
-def _judge(record: dict, settings, *templates: str) -> dict:
-    """Who judged: the judge role's model and the hash of the template(s), as the record used them when it says."""
-    stored = record.get("prompt_hashes") or {}
-    h = stored[templates[0]] if len(templates) == 1 and templates[0] in stored else PROMPTS.hash(*templates)
+def _judge(record: dict, settings, template: str) -> dict:
+    """Who judged: the judge role's model and the hash of the template, as the record used it when it says."""
+    h = (record.get("prompt_hashes") or {}).get(template) or PROMPTS.hash(template)
     return {"model": (settings.roles or {}).get("judge"), "prompt_hash": h}
 
 
 # ------------------------------------------------------------------ typed scores
 
 def qa_scores(record: dict, settings) -> dict[str, Grade]:
-    out: dict[str, Grade] = {}
-    for arm, s in arm_scores(record).items():
-        answer = s.get("answer")
-        if record.get("mcq"):
-            out[f"accuracy/{arm}"] = Grade(value=s.get("accuracy"), answer=answer, source="letter",
-                                           judge={"rule": "the voted letter is answer_idx"})
-            continue
-        asked = bool(answer)
-        out[f"llm-exact/{arm}"] = Grade(value=s.get("exact"), answer=answer, source="first line True/False" if asked else "no answer",
-                                        explanation=s.get("exact_explanation"),
-                                        judge=_judge(record, settings, "judge_exact") if asked else NO_ANSWER)
-        out[f"llm-similarity/{arm}"] = Grade(value=s.get("similarity_raw"), answer=answer, source="first number" if asked else "no answer",
-                                             explanation=s.get("similarity_reply"), metadata={"normalized": "over the run"} if asked else {},
-                                             judge=_judge(record, settings, "judge_similarity") if asked else NO_ANSWER)
-        out[f"bertscore/{arm}"] = Grade(value=s.get("bertscore"), answer=answer, source="bertscore F1" if asked else "no answer",
-                                        judge={"rule": "bertscore F1" if asked else "no answer"},
-                                        metadata={"encoder": settings.bertscore_model, "layer": settings.bertscore_layer} if asked else {})
-    return out
+    """An older record's typed scores, from the per-arm values it kept under ``scores``."""
+    bert = {"encoder": settings.bertscore_model, "layer": settings.bertscore_layer}
+    return {name: g for arm, s in (record.get("scores") or {}).items()
+            for name, g in arm_grades(arm, s, bool(record.get("mcq")), lambda t: _judge(record, settings, t), bert).items()}
+
+
+def upgrade(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in ("correct", "score", "improved")}  # the DERA arm's grade, restated
 
 
 def dialogue_scores(record: dict, settings) -> dict[str, Grade]:
-    """GPT-F1 per arm (initial, dera, dera_vs_initial) and section, from :func:`~experiments.dera.report.gptf1_grades`."""
-    judge = _judge(record, settings, *GPTF1_TEMPLATES)
-    out: dict[str, Grade] = {}
-    for arm, (sections, average) in gptf1_grades(record).items():
-        out[f"gptf1/{arm}"] = replace(average, judge=judge, source="mean over the scored sections")
-        for section, g in sections.items():
-            out[f"gptf1/{arm}/{section}"] = replace(g, judge=judge, metadata={k: v for k, v in g.metadata.items() if v})
-    return out
+    """An older record's GPT-F1 per arm (initial, dera, dera_vs_initial) and section (and its ``score`` and ``improved``
+    dropped by :func:`upgrade`: they restated the DERA arm's average)."""
+    return gptf1_scores(record.get("gptf1") or {}, (settings.roles or {}).get("judge"))
 
 
 # ------------------------------------------------------------------ the LLM judges of open-ended DERA-QA
@@ -76,7 +55,7 @@ def dialogue_scores(record: dict, settings) -> dict[str, Grade]:
 def show(record: dict, part: str | None, config: dict) -> dict:
     """What both judges were given: the question, the gold answer and the arm's prediction."""
     return {"question": record.get("question"), "gold answer": record.get("gold_text") or record.get("gold"),
-            "prediction": (arm_scores(record).get(part) or {}).get("answer")}
+            "prediction": (record.get("answers") or {}).get(part)}
 
 
 def _items(step: str):
@@ -107,7 +86,7 @@ def _ask(step: str):
     exact = step == "llm-exact"
 
     async def ask(ctx: CaseContext, record: dict, part: str | None, settings: QASettings, role: str) -> Grade:
-        pred = (arm_scores(record).get(part) or {}).get("answer")
+        pred = (record.get("answers") or {}).get(part)
         if not pred:
             return Grade(value=0 if exact else 0.0, answer=pred, source="no answer", judge=NO_ANSWER)
         log = CaseLog(ctx)
@@ -129,5 +108,5 @@ QA_JUDGES = (
 )
 
 QA_RESULTS = StudyResults(experiment="dera-qa", scores=qa_scores, upgrade=upgrade, judges=QA_JUDGES)
-DIALOGUE_RESULTS = {name: StudyResults(experiment=name, scores=dialogue_scores)
+DIALOGUE_RESULTS = {name: StudyResults(experiment=name, scores=dialogue_scores, upgrade=upgrade)
                     for name in ("dera-summarize", "dera-careplan", "dera-corrupt")}

@@ -20,6 +20,7 @@ import json
 from functools import lru_cache, partial
 from pathlib import Path
 from string import Template
+from experiments.common.grade import to_disk
 from experiments.common.markdown import md_table
 from experiments.common.parsing import extract_verdict
 from experiments.core.config import ConfigError, config_dir
@@ -29,7 +30,7 @@ from experiments.meditod import metrics as M
 from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.ontology import load_ontology
-from experiments.meditod.results import RESULTS
+from experiments.meditod.results import RESULTS, adjudications, turn_scores
 from experiments.meditod.settings import MeditodSettings
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
                                          parse_icl, parse_sft, prompt_hash, sft_messages, template,
@@ -212,12 +213,8 @@ class MeditodStudy(Study):
             "output": res.text, "finish_reason": (res.finish_reasons or [None])[0],
             "prediction": pred, "target": sample["target"], "parse_error": pred is None and s.task != "nlg",
         }
-        if s.task != "nlg":
-            one = M.score(s.task, [sample["target"]], [pred])
-            rec["correct"] = int(one["joint_accuracy"] == 1.0) if one["scored_turns"] else None
-            rec["f1"] = one["f1"] if one["scored_turns"] else None
-            if s.adjudicate_model and sample["scored"]:
-                rec["adjudications"] = await adjudicate_turn(ctx, s, sample["target"], pred)
+        judged = await adjudicate_turn(ctx, s, sample["target"], pred) if s.adjudicate_model and sample["scored"] and s.task != "nlg" else []
+        rec["scores"] = to_disk(turn_scores(rec, s.task, s.roles.get("grader"), judged))
         return rec
 
     def metrics(self, records: list[dict], s: MeditodSettings) -> dict:
@@ -267,13 +264,13 @@ async def adjudicate_turn(ctx: CaseContext, s: MeditodSettings, gold, pred) -> l
 
 def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
     """Rescore with the grader's judgments; every judgment is also listed in adjudications.jsonl."""
-    judged = [j for r in records for j in r.get("adjudications") or []]
-    judgments = {(j["gold"], j["pred"]): j["same"] for j in judged}
+    judged = {r["id"]: adjudications(r) for r in records}
+    judgments = {(j["gold"], j["pred"]): j["same"] for js in judged.values() for j in js}
     h = prompt_hash("adjudicate.txt")
     if s.out and Path(s.out).is_dir():
         with open(Path(s.out) / "adjudications.jsonl", "w", encoding="utf-8") as f:
             for r in records:
-                for j in r.get("adjudications") or []:
+                for j in judged[r["id"]]:
                     f.write(strict_json({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
     records = [r for r in records if r.get("scored", True)]
     if not records:
@@ -281,7 +278,7 @@ def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
     out = M.score(s.task, [r["target"] for r in records], [r.get("prediction") for r in records],
                   dialog_ids=[r["dialog_id"] for r in records], judgments=judgments)
     out["pairs_judged"] = len(judgments)
-    out["unparsed_verdicts"] = sum(1 for j in judged if not j.get("parsed"))
+    out["unparsed_verdicts"] = sum(1 for js in judged.values() for j in js if not j["parsed"])
     return out
 
 

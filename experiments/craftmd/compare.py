@@ -19,7 +19,7 @@ from pathlib import Path
 from experiments.craftmd.metrics import PATIENT_CHECKS_NOTE, accuracy, case_scores, formats_modes, patient_check_table, per_specialty
 from experiments.craftmd.patient_checks import count_checks
 from experiments.craftmd.settings import FORMATS, MODES
-from experiments.core.results import read_run
+from experiments.core.registry import open_run
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
 from experiments.tables.build import study_tables
@@ -63,7 +63,7 @@ def grading_warnings(runs: list[dict]) -> list[str]:
 def load_runs(paths: list[str]) -> list[dict]:
     runs = []
     for p in paths:
-        run = read_run(p).as_dict()
+        run = open_run(p).as_dict()
         name = (run.get("config") or {}).get("name") or Path(p).name
         run["name"] = name
         run.update(grading_of(run))

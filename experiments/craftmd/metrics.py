@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.common.grade import Grade
+from experiments.common.grade import Grade, grades as typed_grades, split_name
 from experiments.common.markdown import md_table
 from experiments.common.stats import mean_ci
 from experiments.craftmd.assess import LABELS, QUESTIONS
@@ -23,11 +23,16 @@ from experiments.craftmd.settings import FORMATS, MODES
 
 
 def grades(record: dict) -> dict[tuple[str, str], Grade]:
-    """{(format, mode): grade} of a record's answers: value ``correct``, source ``grade_source`` (FRQ) or ``parsed_by``
-    (MCQ), metadata the FRQ grader's extraction status and re-asks."""
-    return {(f, m): Grade(value=a.get("correct"), answer=a.get("answer"), source=a["grade_source"] if "grade_source" in a else a.get("parsed_by"),
-                          skipped=bool(a.get("skipped")), metadata={"extraction_status": a.get("extraction_status"), "grader_reasks": int(a.get("grader_reasks") or 0)})
-            for f, d in (record.get("answers") or {}).items() for m, a in d.items()}
+    """{(format, mode): grade} of a record's answers: its scores ``mcq/<format>``, ``frq/<format>`` (not a rescore's)."""
+    out = {}
+    for name, g in typed_grades(record).items():
+        mode, fmt, judge = split_name(name)
+        if mode in MODES and fmt in FORMATS and judge is None:
+            out[(fmt, mode)] = g
+    return out
+
+
+UNPARSED = ("unparsed", "unscored_extraction", "unscored_verdict")  # an MCQ mapped to no choice, an FRQ grader reply not read
 
 
 def case_scores(records: list[dict], fmt: str, mode: str) -> dict[str, float]:
@@ -62,7 +67,7 @@ def run_metrics(records: list[dict]) -> dict:
     out["mean_doctor_turns"] = sum(turns) / len(turns) if turns else None
     all_grades = [(fm, g) for r in good for fm, g in grades(r).items()]
     n_answers = sum(1 for _, g in all_grades if not g.skipped)
-    n_parse = sum(len(r.get("parse_errors") or []) for r in good)
+    n_parse = sum(g.source in UNPARSED for _, g in all_grades)
     out["parse_errors"] = n_parse
     out["parse_error_rate"] = n_parse / n_answers if n_answers else None
     frq = [g for (_, m), g in all_grades if m == "frq"]

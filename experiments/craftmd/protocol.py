@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from experiments.common.grade import Grade, score_name, to_disk
 from experiments.craftmd import grading
 from experiments.craftmd.data import DEFAULT_QUESTION
 from experiments.craftmd.prompts import PROMPTS, render
+from experiments.craftmd.scores import graded, grader_judge
 from experiments.craftmd.settings import CraftSettings
 from experiments.core.study import CaseContext
 from serving.client import GenConfig
@@ -273,25 +275,19 @@ async def solve(ctx: CaseContext, unit: dict, settings: CraftSettings) -> dict:
             keys.append((fmt, "frq"))
     results = await asyncio.gather(*jobs)
     answers: dict[str, dict] = {fmt: {} for fmt in settings.formats}
+    scores: dict[str, Grade] = {}  # the grading's result: the answers keep what was said and extracted
+    judge = grader_judge(settings.roles.get("grader"), settings.verdict_rule)
     for (fmt, mode), res in zip(keys, results):
-        answers[fmt][mode] = res
+        answers[fmt][mode], scores[score_name(mode, fmt)] = graded(mode, res, judge)
     if settings.mcq and not do_mcq:
         for fmt in settings.formats:
-            answers[fmt]["mcq"] = {"skipped": "case has no 4 answer choices", "correct": None}
-
-    parse_errors = [f"{fmt}.mcq: unparsed choice" for fmt in settings.formats if answers[fmt].get("mcq", {}).get("parsed_by") == "unparsed"]
-    parse_errors += [f"{fmt}.frq: {answers[fmt]['frq']['grade_source']}" for fmt in settings.formats
-                     if "frq" in answers[fmt] and str(answers[fmt]["frq"]["grade_source"]).startswith("unscored")]
-    main_fmt = "multiturn" if "multiturn" in answers else settings.formats[0]
-    main = answers[main_fmt].get("mcq") if answers[main_fmt].get("mcq", {}).get("correct") is not None else answers[main_fmt].get("frq", {})
+            answers[fmt]["mcq"], scores[score_name("mcq", fmt)] = graded("mcq", {"skipped": "case has no 4 answer choices"})
     return {
         "id": unit["id"], "case_id": case["case_id"], "trial": trial, "specialty": case["specialty"], "dataset": case["dataset"],
         "source": case.get("source"), "model": model_name(settings.roles["clinical"]), "roles": dict(settings.roles),
         "correct_answer": case["answer"], "choices": case["choices"], "answer_index": case["answer_index"],
         "transcript": transcript, "stop_reason": stop, "n_doctor_turns": sum(t["agent"] == "doctor" for t in transcript),
-        "summary": summary, "answers": answers,
-        "correct": main.get("correct") if main else None, "correct_metric": f"{main_fmt}.{'mcq' if main is answers[main_fmt].get('mcq') else 'frq'}",
-        "parse_errors": parse_errors,
+        "summary": summary, "answers": answers, "scores": to_disk(scores),
         "timing": {"conversation_s": round(t_conv, 3), "total_s": round(time.perf_counter() - t0, 3)},
         "prompt_hashes": PROMPTS.hashes(PROMPTS_USED),
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from experiments.common.grade import to_disk
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.registry import register_results, register_study, register_tables
 from experiments.craftmd import paper_values
@@ -18,6 +19,7 @@ from experiments.craftmd.paper_values import ADAPTER
 from experiments.craftmd.patient_checks import check_conversation, count_checks, legacy_counts
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
+from experiments.craftmd.scores import conversation_grades
 from experiments.craftmd.settings import CraftSettings, additions, loop_line, requests_line
 from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
@@ -46,6 +48,7 @@ async def check_conversation_record(ctx: CaseContext, case: dict, record: dict, 
         record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
         record["vignette"] = case["vignette"]  # what the assessor (and a clinician reviewing it) was given
         record["prompt_hashes"] = {**record.get("prompt_hashes", {}), **PROMPTS.hashes(TEMPLATES.values())}
+    record["scores"] = {**record.get("scores", {}), **to_disk(conversation_grades(record, s.roles.get("assessor")))}
     return record
 
 

@@ -8,7 +8,7 @@ from html import unescape
 import pytest
 
 from experiments.craftmd.metrics import released_patient_checks
-from experiments.craftmd.patient_checks import CHECKS
+from experiments.common.patient_checks import CHECKS
 
 pytestmark = pytest.mark.e2e
 

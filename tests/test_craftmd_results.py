@@ -15,7 +15,7 @@ from experiments.core import registry
 from experiments.core.runner import run_study
 from experiments.core.study import CaseContext
 from experiments.craftmd.metrics import run_metrics
-from experiments.craftmd.patient_checks import CHECKS
+from experiments.common.patient_checks import CHECKS
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.study import CraftmdStudy
 from tests.scripted import ScriptedLLM

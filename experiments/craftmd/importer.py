@@ -20,7 +20,7 @@ FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 ri
 -1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
 unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
 accepts an answer naming several concurrent diagnoses when any matches).
-Patient checks (experiments/craftmd/patient_checks.py) on every conversation, against the file's vignette, correct
+Patient checks (experiments/common/patient_checks.py) on every conversation, against the file's vignette, correct
 answer and choices; metrics.json and summary.md give their rates with CIs and the longest copied runs.
 Conversations: the doctor's instructions are dropped, the fixed greeting is doctor turn 0 (not
 counted); the stop reason is inferred from the closing doctor turn, with the release's turn cap
@@ -37,10 +37,10 @@ from pathlib import Path
 from experiments.common.choice import MCQ_RULES, map_choice
 from experiments.craftmd import grading
 from experiments.craftmd.data import answer_index, load_cases
-from experiments.craftmd.metrics import conversation_markdown, grades, per_specialty, run_metrics, summary_markdown
-from experiments.craftmd.patient_checks import check_conversation, count_checks
+from experiments.craftmd.metrics import grades, patient_check_section, per_specialty, run_metrics, summary_markdown
+from experiments.common.patient_checks import check_conversation, count_checks, patient_check_grades
 from experiments.craftmd.protocol import stop_reason_for
-from experiments.craftmd.scores import graded, patient_check_grades
+from experiments.craftmd.scores import graded
 from experiments.craftmd.settings import FORMATS
 from experiments.common.grade import score_name, to_disk
 from experiments.core.results import RunDir
@@ -278,5 +278,6 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     if any("patient_checks" in r for r in records):
         metrics["patient_checks"] = count_checks(records)
     rundir.write_metrics(metrics)
-    rundir.write_summary(summary_markdown(name, metrics) + conversation_markdown(metrics, run_name=name) + "\n" + run_paper_tables(rundir.path, metrics))
+    checks = patient_check_section([(name, metrics["patient_checks"])]) if metrics.get("patient_checks") else ""
+    rundir.write_summary(summary_markdown(name, metrics) + checks + "\n" + run_paper_tables(rundir.path, metrics))
     return metrics

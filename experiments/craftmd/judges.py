@@ -17,7 +17,7 @@ from experiments.craftmd import metrics
 from experiments.craftmd.compare import run_compare
 from experiments.craftmd.importer import import_folder
 from experiments.craftmd.assess import LABELS, QUESTIONS, assess_conversation, conversation_text, transcript_turns
-from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
+from experiments.common.patient_checks import CHECKS, DESCRIPTIONS
 from experiments.craftmd.prompts import render
 from experiments.craftmd.protocol import grade_answer
 from experiments.craftmd.report_views import conversation_tables, conversations_calibration_tables, grader_calibration_tables

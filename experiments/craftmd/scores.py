@@ -7,7 +7,7 @@
 - ``assess-<Q>@experts``: the paper's dermatologists' label of a released conversation (``import craftmd-experts``,
   ``calibrate conversations``), beside the assessor's where both exist;
 - ``patient-check/<check>``: a deterministic patient check flagged the conversation (1) or not (0), or could not check it (None)
-  (experiments/common/patient_checks.py);
+  (experiments/common/patient_checks.py, made by the runner);
 - ``grader`` / ``published`` (``calibrate craftmd-grader``): per case, the count of correct trials by the judge / the
   authors' grader.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from experiments.common.choice import MCQ_RULES
 from experiments.common.grade import Grade, grades, score_name
-from experiments.craftmd.patient_checks import CHECKS
+from experiments.common.patient_checks import patient_check_grades
 from experiments.craftmd.prompts import PROMPTS, TEMPLATES
 
 GRADER_TEMPLATES = ("grader_extract", "grader_match")
@@ -72,13 +72,6 @@ def answer_grade(mode: str, a: dict, judge: dict | None = None) -> Grade:
 def graded(mode: str, a: dict, judge: dict | None = None) -> tuple[dict, Grade]:
     """An answer as the record keeps it (what was said and extracted), and its grade."""
     return {k: v for k, v in a.items() if k not in GRADED}, answer_grade(mode, a, judge)
-
-
-def patient_check_grades(pc: dict) -> dict[str, Grade]:
-    """One grade per patient check a record holds (None: not checkable, the correct answer is no diagnosis)."""
-    return {score_name("patient-check", c): Grade(
-        value=None if pc[c] is None else int(bool(pc[c])), answer=pc[c] if isinstance(pc[c], list) and pc[c] else None, source="rule",
-        judge={"rule": f"patient_checks.{c}" + (f" ({pc.get('span_words')} words)" if c == "copies_vignette" else "")}) for c in CHECKS if c in pc}
 
 
 def conversation_grades(record: dict, assessor: str | None) -> dict[str, Grade]:

@@ -236,7 +236,7 @@ def import_stats(records: list[dict]) -> dict:
             by_fmt.setdefault(fmt, Counter())[rule] += 1
             answer_only += a.get("mcq_mapping") == "answer_only"
             if rule == "unparsed":
-                unmapped.append({"id": r["id"], "format": fmt, "answer": "(no answer in the file)" if a.get("missing") else g.answer})
+                unmapped.append({"id": r["id"], "format": fmt, "answer": "(no answer in the file)" if a.get("missing") else a.get("answer")})
     minus_one = Counter(f for r in records for f, d in (r.get("answers") or {}).items() if d.get("frq", {}).get("published_evaluation") == -1)
     order = {k: i for i, k in enumerate(MCQ_RULES)}
     return {

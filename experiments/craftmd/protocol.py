@@ -68,10 +68,6 @@ def single(prompt: str, settings: CraftSettings) -> list[dict]:
     return [{"role": "user" if settings.lone_system_as_user else "system", "content": prompt}]
 
 
-def clean_turn(text: str) -> str:
-    return (text or "").strip()
-
-
 # ------------------------------------------------------------------ conversation
 
 def identity(specialty: str) -> str:
@@ -125,18 +121,18 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
     stops = TURN_STOPS if settings.turn_stops else None
     transcript: list[dict] = []
     r = await ctx.chat(patient_view([], case, prompt=settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
-    transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": 0})
+    transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": 0})
     turn = 0
     while True:
         turn += 1
         r = await ctx.chat(doctor_view(transcript, case, settings.loop, settings.empty_turn), role="clinical", gen=_gen(settings, "doctor", stops), step=f"doctor_turn_{turn}")
-        doctor = clean_turn(r.text)
+        doctor = (r.text or "").strip()
         transcript.append({"agent": "doctor", "content": doctor, "turn": turn})
         reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
         if reason:
             return transcript, reason
         r = await ctx.chat(patient_view(transcript, case, settings.empty_turn, settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
-        transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": turn})
+        transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": turn})
 
 
 def context_turns(transcript: list[dict]) -> list[dict]:

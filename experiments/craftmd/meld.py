@@ -8,8 +8,6 @@ suggests the case was memorized.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from rapidfuzz.distance import Levenshtein
 
 from experiments.core.config import ConfigError, config_dir
@@ -57,10 +55,7 @@ def meld_grades(sim: float | None, cut: str | None, threshold) -> dict[str, Grad
 def meld_scores(record: dict, config: dict) -> dict[str, Grade]:
     """A case's typed scores (experiments/common/grade.py): those its run stored, or, for a record written before, its
     ``similarity`` and ``memorized`` fields."""
-    if record.get("scores"):
-        return grades(record)
-    old = meld_grades(record.get("similarity"), record.get("generation_cut"), config.get("threshold"))
-    return {**old, "memorized": replace(old["memorized"], value=record.get("memorized"))}
+    return grades(record) if record.get("scores") else meld_grades(record.get("similarity"), record.get("generation_cut"), config.get("threshold"))
 
 
 class MeldStudy(Study):

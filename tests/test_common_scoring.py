@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from experiments.common.choice import LETTERS, map_choice, pick_letter
-from experiments.common.grade import Grade
+from experiments.common.grade import Grade, to_disk
 from experiments.common.parsing import extract_verdict
 from experiments.common.stats import prf
 from experiments.craftmd import metrics as craft_metrics
 from experiments.craftmd.data import answer_index
+from experiments.craftmd.scores import MCQ_RULE, scores as craft_scores
 from experiments.dera import report as dera_report
 
 CHOICES = ["Melanoma", "Psoriasis", "Lichen planus", "Tinea corporis"]
@@ -77,9 +78,10 @@ def test_typed_grades_read_the_record_shapes():
     rec = {"case_id": "c1", "answers": {"vignette": {"mcq": {"answer": "B", "choice": 1, "correct": 1, "parsed_by": "letter"},
                                                      "frq": {"answer": "x", "correct": None, "grade_source": "unscored_verdict",
                                                              "extraction_status": "ok", "grader_reasks": 2}}}}
-    g = craft_metrics.grades(rec)
+    g = craft_metrics.grades({"case_id": "c1", "scores": to_disk(craft_scores(rec, {}))})  # an old record, upgraded
+    rec = {"case_id": "c1", "scores": to_disk(craft_scores(rec, {}))}
     assert list(g) == [("vignette", "mcq"), ("vignette", "frq")]
-    assert g["vignette", "mcq"] == Grade(value=1, answer="B", source="letter", metadata={"extraction_status": None, "grader_reasks": 0})
+    assert g["vignette", "mcq"] == Grade(value=1, answer="B", source="letter", metadata={"extraction_status": None, "grader_reasks": 0}, judge={"rule": MCQ_RULE})
     assert not g["vignette", "frq"].scored and g["vignette", "frq"].metadata["grader_reasks"] == 2
     acc = craft_metrics.accuracy([rec], "vignette", "frq")
     assert acc["n"] == 0 and acc["unscored"] == 1 and acc["n_answers"] == 1

@@ -10,7 +10,8 @@ import pytest
 
 from experiments.craftmd.assess import QUESTIONS, conversation_text, parse_reply, question_rates, request_prompt
 from experiments.craftmd.metrics import conversation_markdown
-from experiments.craftmd.patient_checks import check_conversation, count_checks
+from experiments.common.patient_checks import check_conversation, count_checks, patient_metrics
+from experiments.core.runner import check_patient, patient_section
 from experiments.craftmd.settings import CraftSettings, additions
 from experiments.craftmd.study import CraftmdStudy, paper_model
 from experiments.core.runner import run_study
@@ -68,7 +69,7 @@ def test_summary_table_puts_the_papers_value_beside_the_run_where_it_has_one():
     assert "## Conversation quality" in md and "| Q1: one most likely diagnosis can be reached | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | 53.33 (GPT-4) |" in md
     assert "7.22 (all four models)" in md
     assert "| patient-AI answers complete for what was asked | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | – |" in md
-    assert "## Patient checks" in md and "| this run | 1 |" in md  # the table: tests/test_craftmd_patient_checks.py
+    assert "## Patient checks" not in md  # the runner's, for every study that declares its patient (below)
     md = conversation_markdown(metrics, None, None)  # the published values absent: the column stays, empty
     assert "| 1 / 0 / 0 | – |" in md and "none of the paper's four" in md
     assert conversation_markdown({}, None, None) == ""
@@ -130,7 +131,10 @@ def test_solve_adds_five_assessor_requests_and_patient_checks(tmp_path):
     client = ScriptedLLM(respond, roles=ROLES)
     s = settings(tmp_path)
     ctx = CaseContext(client, "case_x/t0")
-    rec = asyncio.run(CraftmdStudy().solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0}, s))
+    unit, study = {"id": "case_x/t0", "case": CASE, "trial": 0}, CraftmdStudy()
+    rec = asyncio.run(study.solve(ctx, unit, s))
+    assert "patient_checks" not in rec  # the runner checks the declared patient, the study does not
+    check_patient(study, unit, rec, s)
     steps = [c["step"] for c in ctx.calls if c["role"] == "assessor"]
     assert sorted(steps) == sorted(f"assess_{q}" for q in QUESTIONS) and state["assessor"] == 5
     a = rec["assessment"]
@@ -139,7 +143,14 @@ def test_solve_adds_five_assessor_requests_and_patient_checks(tmp_path):
     assert "assess_q1" in rec["prompt_hashes"]
     m = CraftmdStudy().metrics([rec], s)
     assert m["conversation_quality"]["Q3"]["unscored"] == 1 and m["conversation_quality"]["Q3"]["rate"] is None
-    assert m["patient_checks"]["leaks_diagnosis"]["conversations"] == 1 and m["additions"]
+    assert rec["scores"]["patient-check/leaks_diagnosis"]["value"] == 1 and m["additions"]
+    m["patient_checks"] = patient_metrics([rec], s.copy_span_words)
+    assert m["patient_checks"]["leaks_diagnosis"]["conversations"] == 1 and m["patient_checks"]["span_words"] == s.copy_span_words
+    md = patient_section(study, m, s)
+    assert "## Patient checks (no model), beside the authors' four released patients" in md and md.count("(authors' release)") == 4
+    off = {k: v for k, v in rec.items() if k != "patient_checks"}
+    check_patient(study, unit, off, s.model_copy(update={"patient_checks": False}))
+    assert "patient_checks" not in off  # --no-patient-checks: the runner checks nothing
 
 
 def test_constrained_assessor_requests_carry_their_format_and_a_broken_reply_is_unscored(tmp_path):

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from experiments.core import registry
 from experiments.craftmd.compare import compare, run_compare
 from experiments.craftmd.importer import import_folder, parse_conversation
+from experiments.craftmd.metrics import grades
 from experiments.common.stats import mcnemar_test, mean_ci, paired_bootstrap
 
 
@@ -105,17 +106,19 @@ def test_import_published_folder(fixtures_dir, tmp_path):
     assert a0["stop_reason"] == "final_diagnosis" and a1["stop_reason"] == "no_question" and b1["stop_reason"] == "turn_cap"
     assert a1["transcript"][1] == {"agent": "doctor", "content": "Do your nails look different?", "turn": 1}
     # MCQ free text -> choice, one rule: exact / letter / stated / contains / first / fuzzy / unparsed
-    mcq = lambda r, f: r["answers"][f]["mcq"]
-    assert (mcq(a0, "vignette")["parsed_by"], mcq(a0, "vignette")["correct"]) == ("letter", 1)
-    assert (mcq(a0, "multiturn")["parsed_by"], mcq(a0, "multiturn")["correct"]) == ("stated", 1)  # "The answer is plaque psoriasis."
-    assert (mcq(a0, "summarized")["parsed_by"], mcq(a0, "summarized")["correct"]) == ("unparsed", 0)
-    assert (mcq(a1, "multiturn")["choice_text"], mcq(a1, "multiturn")["correct"]) == ("Tinea corporis", 0)
-    assert (mcq(b0, "summarized")["parsed_by"], mcq(b0, "summarized")["correct"]) == ("fuzzy", 1)  # 'infraction'
+    g = lambda r, f, m="mcq": grades(r)[(f, m)]
+    assert (g(a0, "vignette").source, g(a0, "vignette").value) == ("letter", 1)
+    assert (g(a0, "multiturn").source, g(a0, "multiturn").value) == ("stated", 1)  # "The answer is plaque psoriasis."
+    assert (g(a0, "summarized").source, g(a0, "summarized").value) == ("unparsed", 0)
+    assert (a1["answers"]["multiturn"]["mcq"]["choice_text"], g(a1, "multiturn").value) == ("Tinea corporis", 0)
+    assert (g(b0, "summarized").source, g(b0, "summarized").value) == ("fuzzy", 1)  # 'infraction'
+    assert "correct" not in a0["answers"]["vignette"]["mcq"] and "parsed_by" not in a0["answers"]["vignette"]["mcq"]  # the grade is in scores only
     assert b0["choices"][0] == "Myocardial infarction" and b0["specialty"] == "Cardiovascular System"  # from --cases
     # FRQ: published grades and extracted answers
-    assert a0["answers"]["singleturn"]["frq"]["extraction_status"] == "multiple" and a0["answers"]["singleturn"]["frq"]["correct"] == 0
-    assert b0["answers"]["singleturn"]["frq"]["extraction_status"] == "none"
-    assert a1["answers"]["summarized"]["frq"]["correct"] == 0 and a1["answers"]["vignette"]["frq"]["grade_source"] == "published"
+    assert g(a0, "singleturn", "frq").metadata["extraction_status"] == "multiple" and g(a0, "singleturn", "frq").value == 0
+    assert g(b0, "singleturn", "frq").metadata["extraction_status"] == "none"
+    assert g(a1, "summarized", "frq").value == 0 and g(a1, "vignette", "frq").source == "published"
+    assert g(a1, "vignette", "frq").judge == {"model": "published"}
     assert m["accuracy"]["vignette.frq"]["accuracy"] == 1.0 and m["accuracy"]["singleturn.frq"]["accuracy"] == 0.0
     assert m["accuracy"]["multiturn.mcq"]["accuracy"] == 0.25  # a0 right, a1/b0/b1 wrong -> case means 0.5, 0
     # re-import into the same folder adds nothing
@@ -127,8 +130,8 @@ def test_import_without_case_file_maps_against_answer_only(fixtures_dir, tmp_pat
     import_folder(fixtures_dir / "craftmd" / "published_demo", "p", tmp_path / "imp")
     recs = {json.loads(l)["id"]: json.loads(l) for l in (tmp_path / "imp" / "records.jsonl").read_text().splitlines()}
     assert recs["case_b/t0"]["answers"]["vignette"]["mcq"]["mcq_mapping"] == "answer_only"
-    assert recs["case_b/t0"]["answers"]["vignette"]["mcq"]["correct"] == 1
-    assert recs["case_b/t0"]["answers"]["multiturn"]["mcq"]["correct"] == 0
+    assert grades(recs["case_b/t0"])[("vignette", "mcq")].value == 1
+    assert grades(recs["case_b/t0"])[("multiturn", "mcq")].value == 0
     assert recs["case_a/t0"]["answers"]["vignette"]["mcq"]["mcq_mapping"] == "choices"  # choices in 'question'
 
 

@@ -8,7 +8,7 @@ from html import unescape
 import pytest
 
 from experiments.craftmd.metrics import released_patient_checks
-from experiments.craftmd.patient_checks import CHECKS
+from experiments.common.patient_checks import CHECKS
 
 pytestmark = pytest.mark.e2e
 
@@ -31,9 +31,9 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     assert r["transcript"][0]["agent"] == "patient" and {t["agent"] for t in r["transcript"]} <= {"doctor", "patient"}
     assert 1 <= r["n_doctor_turns"] <= 2
     assert set(r["answers"]) == {"vignette", "multiturn", "singleturn", "summarized"}
-    for a in r["answers"].values():
-        assert a["mcq"]["correct"] in (0, 1)  # unparsed counts as wrong, never missing
-        assert a["frq"]["correct"] in (0, 1, None) and "extraction_status" in a["frq"]
+    for fmt in r["answers"]:
+        assert r["scores"][f"mcq/{fmt}"]["value"] in (0, 1)  # unparsed counts as wrong, never missing
+        assert "extraction_status" in r["scores"][f"frq/{fmt}"]["metadata"]
     assert r["usage"]["clinical"]["completion_tokens"] > 0 and r["usage"]["total"]["failed"] == 0
     assert all(c["t_end"] >= c["t_start"] and c["step"] for c in r["calls"])  # the call log, for replay
     # the config's conversation checks: the assessor's five questions (real replies, unreadable ones unscored) and the patient checks
@@ -42,11 +42,11 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     assert sorted(c["step"] for c in r["calls"] if c["role"] == "assessor") == sorted(f"assess_{q}" for q in r["assessment"])
     assert r["patient_checks"]["patient_turns"] >= 1 and "turn_cap" not in r["patient_checks"]  # the turn cap is the doctor's
     assert set(CHECKS) <= set(r["patient_checks"]) and r["patient_checks"]["longest_span"] >= 0
-    # the typed scores restate every decision: the grader's and the choice mapping's per format, the assessor's, the checks
+    # the typed scores hold every decision: the grader's and the choice mapping's per format, the assessor's, the checks
     scores = r["scores"]
     for fmt, a in r["answers"].items():
-        assert scores[f"frq/{fmt}"]["value"] == a["frq"]["correct"] and scores[f"frq/{fmt}"]["judge"]["model"] == role
-        assert scores[f"mcq/{fmt}"]["value"] == a["mcq"]["correct"] and scores[f"mcq/{fmt}"]["judge"]["rule"].startswith("map_choice")
+        assert scores[f"frq/{fmt}"]["value"] in (0, 1, None) and scores[f"frq/{fmt}"]["judge"]["model"] == role and "correct" not in a["frq"]
+        assert scores[f"mcq/{fmt}"]["value"] in (0, 1) and scores[f"mcq/{fmt}"]["judge"]["rule"].startswith("map_choice") and "correct" not in a["mcq"]
     assert {q: scores[f"assess-{q}"]["value"] for q in r["assessment"]} == {q: None if a["verdict"] is None else int(a["verdict"]) for q, a in r["assessment"].items()}
     assert all(scores[f"patient-check/{c}"]["value"] in (0, 1, None) for c in CHECKS)
     summary = (out / "summary.md").read_text()
@@ -83,9 +83,10 @@ def test_meld_one_case(cli, embedded_server, fixtures_dir, tmp_path):
     out = tmp_path / "meld"
     cli("meld", "--model", f"embedded@{embedded_server['base_url']}", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "1", "--out", str(out), check=True)
     rec = json.loads((out / "records.jsonl").read_text().splitlines()[0])
-    assert 0.0 <= rec["similarity"] <= 1.0 and rec["n_words"] == len(rec["true_second_half"].split())
+    sim = rec["scores"]["similarity"]["value"]
+    assert 0.0 <= sim <= 1.0 and rec["n_words"] == len(rec["true_second_half"].split()) and "similarity" not in rec
     m = json.loads((out / "metrics.json").read_text())
-    assert m["n"] == 1 and m["share_ge_threshold"] in (0.0, 1.0)
+    assert m["n"] == 1 and m["share_ge_threshold"] == rec["scores"]["memorized"]["value"] and m["mean_similarity"] == sim
 
 
 def test_bad_case_file_is_a_clean_error(cli, tmp_path):

@@ -58,7 +58,7 @@ def test_multiple_and_none_score_zero_without_a_verdict():
     for status in ("multiple", "none"):
         g = grading.grade_frq(None, status, "Gout", None)
         assert g == {"correct": 0, "grade_source": f"extraction_{status}"}
-        assert not grading.needs_verdict(None, status, "Gout")
+        assert not grading.match_targets(None, status, "Gout")
 
 
 @pytest.mark.parametrize("given, correct, relation", [
@@ -76,7 +76,7 @@ def test_lexical_subtype_relation(given, correct, relation):
 def test_grade_frq_subtype_rule_and_verdicts():
     # exact (after normalisation) needs no grader call
     assert grading.grade_frq("Scarlet fever", "ok", "scarlet fever", None) == {"correct": 1, "grade_source": "exact"}
-    assert not grading.needs_verdict("Scarlet fever", "ok", "scarlet fever")
+    assert not grading.match_targets("Scarlet fever", "ok", "scarlet fever")
     # the grader's verdict decides when it parses
     assert grading.grade_frq("Heart attack", "ok", "Myocardial infarction", "Verdict: Yes") == {"correct": 1, "grade_source": "grader"}
     assert grading.grade_frq("Guttate psoriasis", "ok", "Psoriasis", " No") == {"correct": 0, "grade_source": "grader"}
@@ -214,11 +214,11 @@ def test_fuzzy_mcq_rule_takes_spelling_slips_not_other_diagnoses():
 
 def test_cushing_disease_is_never_scored_correct_by_a_shortcut():
     g, c = "Cushing disease", "Cushing syndrome"
-    assert grading.needs_verdict(g, "ok", c) and grading.match_targets(g, "ok", c) == [g]
+    assert grading.match_targets(g, "ok", c) and grading.match_targets(g, "ok", c) == [g]
     assert grading.lexical_relation(g, c) is None  # disease/syndrome are words, not stop words
     assert grading.grade_frq(g, "ok", c, "Verdict: No") == {"correct": 0, "grade_source": "grader"}
     assert grading.grade_frq(g, "ok", c, "hmm")["correct"] is None  # unreadable verdict: unscored, not 1
-    assert grading.needs_verdict("cushing's syndrome", "ok", "Cushing syndrome")  # asked, not assumed
+    assert grading.match_targets("cushing's syndrome", "ok", "Cushing syndrome")  # asked, not assumed
     assert grading.grade_frq("Cushing  Syndrome.", "ok", "cushing syndrome", None) == {"correct": 1, "grade_source": "exact"}
 
 

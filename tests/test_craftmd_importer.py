@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from experiments.craftmd.importer import import_folder, infer_stop, parse_conversation
+from experiments.craftmd.metrics import grades
 
 GREETING = "Hi! What symptoms are you facing today?"
 
@@ -38,11 +39,11 @@ def test_stop_reasons_with_the_inferred_turn_cap(fixtures_dir, tmp_path):
 
 def test_missing_mcq_answer_is_recorded_wrong_and_shown(fixtures_dir, tmp_path):
     m, recs = _import(fixtures_dir, tmp_path)
-    t4 = recs["case_c/t4"]["answers"]
+    t4, g = recs["case_c/t4"]["answers"], grades(recs["case_c/t4"])
     for fmt in ("multiturn", "singleturn", "summarized"):
-        assert t4[fmt]["mcq"]["parsed_by"] == "unparsed" and t4[fmt]["mcq"]["correct"] == 0 and t4[fmt]["mcq"]["missing"] is True
-        assert t4[fmt]["frq"]["correct"] == 0 and t4[fmt]["frq"]["published_evaluation"] == -1
-    assert "multiturn.mcq: unparsed choice" in recs["case_c/t4"]["parse_errors"]
+        assert g[(fmt, "mcq")].source == "unparsed" and g[(fmt, "mcq")].value == 0 and t4[fmt]["mcq"]["missing"] is True
+        assert g[(fmt, "frq")].value == 0 and t4[fmt]["frq"]["published_evaluation"] == -1
+    assert m["parse_errors"] >= 3  # the three missing MCQ answers, counted from the scores
     # counted: multi-turn MCQ right in t0 (letter B), t2, t3; wrong in t1 (Measles) and t4 (missing)
     assert m["accuracy"]["multiturn.mcq"]["n_answers"] == 5 and m["accuracy"]["multiturn.mcq"]["accuracy"] == 0.6
     assert {"id": "case_c/t4", "format": "multiturn", "answer": "(no answer in the file)"} in m["mcq_unmapped"]

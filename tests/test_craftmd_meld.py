@@ -1,6 +1,7 @@
 """MELD pieces: halves, truncation and similarity = 1 - normalized Levenshtein (hand-worked)."""
 
-from experiments.craftmd.meld import meld_metrics, similarity, split_halves, truncate_words
+from experiments.common.grade import to_disk
+from experiments.craftmd.meld import meld_grades, meld_metrics, similarity, split_halves, truncate_words
 
 
 def test_split_and_truncate():
@@ -16,7 +17,8 @@ def test_similarity_hand_worked():
 
 
 def test_meld_metrics_share_at_threshold():
-    recs = [{"similarity": s} for s in (0.2, 0.95, 0.99, 0.5)]
+    recs = [{"scores": to_disk(meld_grades(s, "", 0.95))} for s in (0.2, 0.95, 0.99, 0.5)]
+    assert [r["scores"]["memorized"]["value"] for r in recs] == [0, 1, 1, 0]
     m = meld_metrics(recs, 0.95)
     assert m["n"] == 4 and m["share_ge_threshold"] == 0.5 and m["max_similarity"] == 0.99
     assert abs(m["mean_similarity"] - 0.66) < 1e-12

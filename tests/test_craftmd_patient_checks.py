@@ -1,12 +1,12 @@
-"""CRAFT-MD's deterministic patient checks, one hand-worked fixture per rule (experiments/craftmd/patient_checks.py;
+"""CRAFT-MD's deterministic patient checks, one hand-worked fixture per rule (experiments/common/patient_checks.py;
 the rules in docs/protocols.md, CRAFT-MD patient checks), and their table beside the authors' released patients."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments.craftmd.metrics import conversation_markdown, patient_check_table, released_patient_checks, span_quantiles
-from experiments.craftmd.patient_checks import (CHECKS, check_conversation, count_checks, diagnosis_mentions, flagged, is_diagnosis,
+from experiments.craftmd.metrics import patient_check_section, released_patient_checks, released_rows
+from experiments.common.patient_checks import (CHECKS, patient_check_table, span_quantiles, check_conversation, count_checks, diagnosis_mentions, flagged, is_diagnosis,
                                                 longest_copied_run)
 
 VIGNETTE = ("A 30-year-old woman has silvery scaly plaques on her elbows and knees that began two months ago and itch at night. "
@@ -122,8 +122,8 @@ def test_the_table_puts_a_run_beside_the_four_released_patients():
     assert len(rel) == 4 and all(set(CHECKS) <= set(pc) for pc in rel.values())
     pc = count_checks([{"case_id": "a", "patient_checks": check_conversation([("patient", "It's plaque psoriasis."), ("doctor", "?")],
                                                                                vignette=VIGNETTE, correct="Plaque psoriasis")}])
-    columns, rows = patient_check_table([("mine", pc)])
+    columns, rows = patient_check_table([("mine", pc), *released_rows()])
     assert columns[2:-1] == list(CHECKS) and [r[0] for r in rows] == ["mine"] + [f"{k} (authors' release)" for k in rel]
     assert rows[0][2] == "100.00 [100.00, 100.00] (1/1)"
-    md = conversation_markdown({"patient_checks": pc}, run_name="mine")
+    md = patient_check_section([("mine", pc)])
     assert "| mine | 1 | 100.00 [100.00, 100.00] (1/1) |" in md and md.count("(authors' release)") == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from experiments.craftmd.metrics import grades, run_metrics
 from experiments.craftmd.protocol import context_turns, converse, solve, stop_reason_for
 from experiments.craftmd.study import units_for
 from experiments.craftmd.settings import CraftSettings
@@ -146,31 +147,33 @@ def test_record_shape_and_scores():
     # kept whole, as the authors keep it (no blank-line cut without the named deviation summary_stops)
     assert rec["summary"] == "A woman reports scaly elbow patches.\n\nPatient statements:\n- more"
     assert set(rec["answers"]) == {"vignette", "multiturn", "singleturn", "summarized"}
+    g = grades(rec)
     for fmt, a in rec["answers"].items():
-        assert a["mcq"]["choice"] == 0 and a["mcq"]["correct"] == 1 and a["mcq"]["answer"] == "Plaque psoriasis"
+        assert a["mcq"]["choice"] == 0 and g[(fmt, "mcq")].value == 1 and g[(fmt, "mcq")].answer == a["mcq"]["answer"] == "Plaque psoriasis"
         # 'Psoriasis' vs 'Plaque psoriasis': lexically broader, but the grader was asked and said yes
-        assert a["frq"]["extracted"] == "Psoriasis" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "grader"
-    assert rec["correct"] == 1 and rec["correct_metric"] == "multiturn.mcq"
+        assert a["frq"]["extracted"] == "Psoriasis" and g[(fmt, "frq")].value == 1 and g[(fmt, "frq")].source == "grader"
+        assert g[(fmt, "frq")].judge["model"] == "embedded" and g[(fmt, "frq")].explanation == "Verdict: Yes"
+        assert not set(a["mcq"]) & {"correct", "parsed_by"} and not set(a["frq"]) & {"correct", "grade_source", "extraction_status"}
+    assert not {"correct", "correct_metric", "parse_errors"} & set(rec)  # the grades are the record's scores only
     assert rec["usage"]["clinical"]["calls"] == 2 + 8 and rec["usage"]["grader"]["calls"] == 8
     assert set(rec["prompt_hashes"]) >= {"doctor_system", "patient_system", "grader_extract", "grader_match"}
-    assert rec["parse_errors"] == []
 
 
 def test_grader_multiple_and_none_score_zero_and_skip_step_two():
     for reply, status in (("Multiple", "multiple"), ("Diagnosis: None", "none")):
         c = Scripted(["Done."], extract=reply)
         rec = run(c, settings(formats="vignette", mcq=False))
-        frq = rec["answers"]["vignette"]["frq"]
-        assert frq["extraction_status"] == status and frq["correct"] == 0
+        frq = grades(rec)[("vignette", "frq")]
+        assert frq.metadata["extraction_status"] == status and frq.value == 0
         assert not any("Decide whether" in m[-1]["content"] for r, m in c.calls if r == "grader")
 
 
 def test_unparsed_mcq_and_unscored_frq_are_counted():
     c = Scripted(["Done."], mcq="I cannot tell", frq="Heart attack", extract="Diagnosis: Heart attack", verdict="maybe")
     rec = run(c, settings(formats="vignette"))
-    a = rec["answers"]["vignette"]
-    assert a["mcq"]["correct"] == 0 and a["frq"]["correct"] is None
-    assert rec["parse_errors"] == ["vignette.mcq: unparsed choice", "vignette.frq: unscored_verdict"]
+    g = grades(rec)
+    assert g[("vignette", "mcq")].value == 0 and g[("vignette", "frq")].value is None
+    assert run_metrics([rec])["parse_errors"] == 2  # the unparsed choice and the unscored verdict
 
 
 def test_vignette_only_runs_no_conversation_and_osce_cases_skip_mcq():
@@ -179,8 +182,9 @@ def test_vignette_only_runs_no_conversation_and_osce_cases_skip_mcq():
     assert rec["transcript"] == [] and rec["stop_reason"] is None
     osce = {**CASE, "choices": [], "answer_index": None}
     rec = run(Scripted([]), settings(formats=["vignette"]), case=osce, unit_id="o/t0")
-    assert rec["answers"]["vignette"]["mcq"]["correct"] is None and "skipped" in rec["answers"]["vignette"]["mcq"]
-    assert rec["answers"]["vignette"]["frq"]["correct"] == 1
+    g = grades(rec)
+    assert g[("vignette", "mcq")].value is None and g[("vignette", "mcq")].skipped and "skipped" in rec["answers"]["vignette"]["mcq"]
+    assert g[("vignette", "frq")].value == 1
 
 
 def test_record_model_is_the_clinical_alias():
@@ -216,9 +220,9 @@ def test_completion_steps_use_text_completion_and_first_line():
     kinds = {(r, m[0]["role"]) for r, m in c.calls}
     assert ("clinical", "user") in kinds and ("patient", "system") in kinds  # the dialogue stays chat
     assert ("grader", "completion") in kinds and ("summarizer", "completion") in kinds and ("grader", "user") not in kinds
-    for a in rec["answers"].values():
-        assert a["mcq"]["answer"] == "Scarlet fever" and a["mcq"]["correct"] == 1
-        assert a["frq"]["answer"] == "Scarlet fever" and a["frq"]["correct"] == 1 and a["frq"]["grade_source"] == "exact"
+    for fmt, a in rec["answers"].items():
+        assert a["mcq"]["answer"] == "Scarlet fever" and grades(rec)[(fmt, "mcq")].value == 1
+        assert a["frq"]["answer"] == "Scarlet fever" and grades(rec)[(fmt, "frq")].value == 1 and grades(rec)[(fmt, "frq")].source == "exact"
     assert rec["summary"] == "A boy has a rash.\n\nPatient statements:"  # cut only by the server's stops (summary_stops)
 
 

@@ -17,7 +17,7 @@ from experiments.core.dryrun import dry_run
 from experiments.core.runner import prepare_run, with_answers_line
 from experiments.core.study import CaseContext
 from experiments.craftmd.data import load_cases
-from experiments.craftmd.metrics import run_metrics, summary_markdown
+from experiments.craftmd.metrics import grades, run_metrics, summary_markdown
 from experiments.craftmd.prompts import render
 from experiments.craftmd.protocol import SUMMARY_STOPS, TURN_STOPS, solve
 from experiments.craftmd.study import CONFIGS, CraftmdStudy
@@ -158,33 +158,33 @@ def test_paper_config_sends_no_stops_and_the_embedded_ones_are_named():
 # 6. the grader: max_tokens 150, temperature 1.0, both steps re-asked while the verdict is neither yes nor no
 def test_grader_sampling_and_bounded_reask_loop():
     rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=("Unclear", "Possibly", "Verdict: Yes")))
-    frq = rec["answers"]["vignette"]["frq"]
+    frq = grades(rec)[("vignette", "frq")]
     assert [c["gen"]["temperature"] for c in steps["vignette_extract"] + steps["vignette_match"]] == [1.0] * 6
     assert all(roles(c) == ["system"] for c in steps["vignette_extract"] + steps["vignette_match"])
     assert {c["gen"]["max_tokens"] for c in steps["vignette_extract"] + steps["vignette_match"]} == {150}
     assert len({c["gen"]["seed"] for c in steps["vignette_match"]}) == 3  # each re-ask a fresh sample
     assert len(steps["vignette_extract"]) == 3 and len(steps["vignette_match"]) == 3  # as diagnosis_evaluation: both again
-    assert frq["grader_reasks"] == 2 and frq["correct"] == 1 and frq["grade_source"] == "grader"
+    assert frq.metadata["grader_reasks"] == 2 and frq.value == 1 and frq.source == "grader"
     assert run_metrics([rec])["grader_reasks"] == {"total": 2, "answers_reasked": 1, "max": 2}
 
     rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=("unclear",)))
-    frq = rec["answers"]["vignette"]["frq"]
-    assert len(steps["vignette_match"]) == 12 and frq["grader_reasks"] == 11  # the authors' bound: depth 0..10 re-asks
-    assert frq["correct"] is None and frq["grade_source"] == "unscored_verdict"  # still no verdict: unscored, counted
+    frq = grades(rec)[("vignette", "frq")]
+    assert len(steps["vignette_match"]) == 12 and frq.metadata["grader_reasks"] == 11  # the authors' bound: depth 0..10 re-asks
+    assert frq.value is None and frq.source == "unscored_verdict"  # still no verdict: unscored, counted
 
 
 # 6b. the authors' verdict rule (paper.yaml): "yes" anywhere, else "no" anywhere, else asked again; first_word is named
 def test_verdict_rule_decides_the_grade_and_the_reasks():
     hedged = ("I am not sure", "Verdict: Yes")  # "not" holds "no": the authors read a verdict of no, and ask nothing again
     rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=hedged))
-    frq = rec["answers"]["vignette"]["frq"]
-    assert len(steps["vignette_match"]) == 1 and frq["grader_reasks"] == 0 and (frq["correct"], frq["grade_source"]) == (0, "grader")
+    frq = grades(rec)[("vignette", "frq")]
+    assert len(steps["vignette_match"]) == 1 and frq.metadata["grader_reasks"] == 0 and (frq.value, frq.source) == (0, "grader")
     rec, steps = calls_of(OTHER, paper(formats=["vignette"], mcq=False, verdict_rule="first_word"), Stand(verdicts=hedged))
-    frq = rec["answers"]["vignette"]["frq"]
-    assert len(steps["vignette_match"]) == 2 and frq["grader_reasks"] == 1 and (frq["correct"], frq["grade_source"]) == (1, "grader")
+    frq = grades(rec)[("vignette", "frq")]
+    assert len(steps["vignette_match"]) == 2 and frq.metadata["grader_reasks"] == 1 and (frq.value, frq.source) == (1, "grader")
     assert "grader verdict read from the reply's first word" in deviations(paper(verdict_rule="first_word"))[0]
     rec, _ = calls_of(OTHER, paper(formats=["vignette"], mcq=False), Stand(verdicts=("The diagnoses differ, yes they are the same",)))
-    assert rec["answers"]["vignette"]["frq"]["correct"] == 1  # "yes" anywhere wins over "no" (in "diagnoses")
+    assert grades(rec)[("vignette", "frq")].value == 1  # "yes" anywhere wins over "no" (in "diagnoses")
 
 
 # 6c. an empty turn is sent empty, as the authors send it; another text is a named deviation

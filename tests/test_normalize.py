@@ -12,7 +12,7 @@ import pytest
 from experiments.common.normalize import normalize, words
 from experiments.common.text import rouge
 from experiments.craftmd import grading
-from experiments.craftmd.patient_checks import singular, words as patient_words
+from experiments.common.patient_checks import singular, words as patient_words
 
 PINS = json.loads((Path(__file__).parent / "fixtures" / "normalize_pins.json").read_text(encoding="utf-8"))
 # each former normaliser (the fixture's key) -> the options of the one module that replace it

@@ -20,11 +20,8 @@ B = 10_000  # experiments.common.stats' bootstrap resamples
 
 def _rec(case: str, marks: dict[str, int], trial: int = 0) -> dict:
     """A CRAFT-MD record: marks = {'vignette.mcq': 1, ...} (1 correct, 0 wrong)."""
-    answers: dict = {}
-    for key, v in marks.items():
-        fmt, mode = key.split(".")
-        answers.setdefault(fmt, {})[mode] = {"correct": v}
-    return {"id": f"{case}/t{trial}", "case_id": case, "trial": trial, "answers": answers, "status": "ok"}
+    scores = {"{1}/{0}".format(*k.split(".")): {"value": v} for k, v in marks.items()}  # vignette.mcq -> mcq/vignette
+    return {"id": f"{case}/t{trial}", "case_id": case, "trial": trial, "answers": {}, "scores": scores, "status": "ok"}
 
 
 def _craft_run(path: str, name: str, rows: dict[str, list[int]], config: dict | None = None) -> dict:

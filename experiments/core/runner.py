@@ -35,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from experiments.core.concurrency import kv_bound, resolve_concurrency
 from experiments.common.grade import to_disk
+from experiments.common.patient_checks import NOTE, check_conversation, patient_check_grades, patient_check_markdown, patient_metrics
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
@@ -193,7 +194,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         unwritten = e
     # the run as computed, handed to the summary (and its paper tables): never read back from the folder just written
     run = Run(rundir.path, finished + failed, [], settings.model_dump(mode="json"), metrics=metrics, identity=identity)
-    summary = with_answers_line(study.summary(metrics, settings, run), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command, settings.roles)
+    summary = with_answers_line(study.summary(metrics, settings, run) + patient_section(study, metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command, settings.roles)
     if storage:
         log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {n_finished} finished record(s) are kept in {rundir.records_path}")
         summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
@@ -224,6 +225,8 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     finished = [r for r in records if r.get("status") != "failed"]
     failed = [r for r in records if r.get("status") == "failed"]
     metrics = study.metrics(finished, settings)
+    if study.patient is not None and (checked := patient_metrics(finished, study.patient.span_words(settings))):
+        metrics["patient_checks"] = checked
     metrics["case_status"] = {"total": len(case_ids), "finished": len(finished), "failed": len(failed),
                               "not_started": len(case_ids) - len(records)}
     metrics["answers"] = settings.answers
@@ -235,6 +238,23 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     if judged := self_judged(study, settings):
         metrics["self_judged"] = judged  # judging roles played by the model under test: a caveat in summary.md
     return metrics, finished, failed
+
+
+def check_patient(study: Study, case: dict, record: dict, settings: RunSettings) -> None:
+    """The patient checks of a record's conversation, with their scores, where the study declares its patient."""
+    p = study.patient
+    if p is None or (n := p.span_words(settings)) is None or not (turns := p.turns(record)):
+        return
+    record["patient_checks"] = check_conversation(turns, vignette=p.facts(case), correct=p.correct(case), choices=p.choices(case, settings), n_words=n)
+    record["scores"] = {**record.get("scores", {}), **to_disk(patient_check_grades(record["patient_checks"]))}
+
+
+def patient_section(study: Study, metrics: dict, settings: RunSettings) -> str:
+    """summary.md's patient-check table: this run's patient, then the study's rows beside it ('' without checks)."""
+    if study.patient is None or not metrics.get("patient_checks"):
+        return ""
+    rows = [(settings.name or "this run", metrics["patient_checks"]), *study.patient.beside()]
+    return patient_check_markdown(rows, study.patient.heading, study.patient.note or NOTE)
 
 
 def self_judged(study: Study, settings: RunSettings) -> dict[str, str]:
@@ -262,6 +282,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
                 if declared and "scores" not in record:  # typed scores (experiments/common/grade.py) the study's solve did not give
                     record["scores"] = to_disk(declared.scores(record, settings))
+                check_patient(study, case, record, settings)
                 state.consecutive = 0
                 state.finished += 1
             except RequestFailed as e:

@@ -237,6 +237,27 @@ class StudyResults:
         return next((j for j in self.judges if j.step == step), None)
 
 
+@dataclass(frozen=True)
+class PatientRole:
+    """A study's simulated patient: the runner checks each conversation (experiments/common/patient_checks.py, no model)
+    into the record (``patient_checks``, ``patient-check/<check>`` scores), metrics.json and summary.md.
+
+    Given the unit of work (``case``), its record and the settings: ``turns(record)``, the conversation as
+    ``(doctor | patient, text)``; ``facts(case)``, what the patient was given; ``correct(case)``, the correct
+    diagnosis; ``choices(case, settings)``, the other answers the doctor is asked to choose from (None: none);
+    ``span_words(settings)``, the copied run that flags a turn (None: no checks in this run). ``beside()``: other
+    patients' rows shown beside the run's (name, metrics' ``patient_checks``); ``heading`` and ``note``: the section's."""
+
+    turns: Callable[[dict], list[tuple[str, str]]]
+    facts: Callable[[dict], str]
+    correct: Callable[[dict], str]
+    choices: Callable[[dict, Any], list[str] | None]
+    span_words: Callable[[Any], int | None]
+    beside: Callable[[], list[tuple[str, dict]]] = list
+    heading: str = "Patient checks (no model)"
+    note: str = ""
+
+
 class Study:
     """Base class of every study the runner can run (see the module docstring)."""
 
@@ -256,6 +277,7 @@ class Study:
     # roles that grade the answers of the model under test: a run where one of them is that model says so (summary.md)
     judge_roles: ClassVar[tuple[str, ...]] = ()
     results: ClassVar[StudyResults | None] = None  # what the tools over results know of this study (StudyResults)
+    patient: ClassVar[PatientRole | None] = None  # its simulated patient, checked by the runner (PatientRole)
     runner_scale: ClassVar[Callable | None] = None  # (case_trials, trials, role ref) -> (study, settings): `bench --runner-scale`
     scope: dict | None = None  # set by select(): which cases this run takes (all, the first N, a sample) and their composition
 

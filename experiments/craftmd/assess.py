@@ -34,11 +34,9 @@ import re
 
 from experiments.common.parsing import extract_after, extract_verdict
 from experiments.common.stats import mean_ci
-from experiments.craftmd.prompts import PROMPTS, render
+from experiments.craftmd.prompts import PROMPTS, QUESTIONS, TEMPLATES, render
 from experiments.craftmd.protocol import ask, single
 
-QUESTIONS = ("Q1", "Q2", "Q3", "grounded", "complete")
-TEMPLATES = {q: f"assess_{q.lower()}" for q in QUESTIONS}
 LABELS = {
     "Q1": "Q1: one most likely diagnosis can be reached",
     "Q2": "Q2: the conversation covers all the vignette's key information",

@@ -16,10 +16,10 @@ import itertools
 import json
 from pathlib import Path
 
-from experiments.craftmd.metrics import PATIENT_CHECKS_NOTE, accuracy, case_scores, formats_modes, patient_check_table, per_specialty
-from experiments.craftmd.patient_checks import count_checks
+from experiments.craftmd.metrics import PATIENT_CHECKS_NOTE, accuracy, case_scores, formats_modes, per_specialty, released_rows
+from experiments.common.patient_checks import count_checks, patient_check_table
 from experiments.craftmd.settings import FORMATS, MODES
-from experiments.core.results import read_run
+from experiments.core.registry import open_run
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
 from experiments.tables.build import study_tables
@@ -63,7 +63,7 @@ def grading_warnings(runs: list[dict]) -> list[str]:
 def load_runs(paths: list[str]) -> list[dict]:
     runs = []
     for p in paths:
-        run = read_run(p).as_dict()
+        run = open_run(p).as_dict()
         name = (run.get("config") or {}).get("name") or Path(p).name
         run["name"] = name
         run.update(grading_of(run))
@@ -165,7 +165,7 @@ def summary_markdown(result: dict) -> str:
               [t["table"], t["a"], t["b"], t["n_paired"], num(t.get("mean_diff")), *(num(t.get(k), 4) for k in ("p", "p_holm", "mcnemar_p"))]
               for t in result["tests"]])]
     L += ["", "## Patient checks (no model): the runs' patients beside the authors' four released ones", "",
-          *md_table(*patient_check_table(list((result.get("patient_checks") or {}).items()))), "", PATIENT_CHECKS_NOTE]
+          *md_table(*patient_check_table([*(result.get("patient_checks") or {}).items(), *released_rows()])), "", PATIENT_CHECKS_NOTE]
     keys = [f"{f}.{m}" for f in FORMATS for m in MODES]
     L += ["", "## Per specialty (accuracy, n cases; FRQ graded as in the table above, per run)", "", *md_table(["run", "specialty", *keys], [
         [run, spec, *(f"{accs[k]['accuracy']:.2f} ({accs[k]['n']})" if k in accs and accs[k]["accuracy"] is not None else "–" for k in keys)]

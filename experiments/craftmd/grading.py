@@ -146,10 +146,6 @@ def match_targets(extracted: str | None, status: str, correct: str, rule: str = 
     return parts
 
 
-def needs_verdict(extracted: str | None, status: str, correct: str, rule: str = "zero") -> bool:
-    return bool(match_targets(extracted, status, correct, rule))
-
-
 VERDICT_RULES = ("anywhere", "first_word")
 
 

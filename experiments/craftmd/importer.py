@@ -20,7 +20,7 @@ FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 ri
 -1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
 unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
 accepts an answer naming several concurrent diagnoses when any matches).
-Patient checks (experiments/craftmd/patient_checks.py) on every conversation, against the file's vignette, correct
+Patient checks (experiments/common/patient_checks.py) on every conversation, against the file's vignette, correct
 answer and choices; metrics.json and summary.md give their rates with CIs and the longest copied runs.
 Conversations: the doctor's instructions are dropped, the fixed greeting is doctor turn 0 (not
 counted); the stop reason is inferred from the closing doctor turn, with the release's turn cap
@@ -37,13 +37,13 @@ from pathlib import Path
 from experiments.common.choice import MCQ_RULES, map_choice
 from experiments.craftmd import grading
 from experiments.craftmd.data import answer_index, load_cases
-from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
-from experiments.craftmd.patient_checks import check_conversation, count_checks
+from experiments.craftmd.metrics import grades, patient_check_section, per_specialty, run_metrics, summary_markdown
+from experiments.common.patient_checks import check_conversation, count_checks, patient_check_grades
 from experiments.craftmd.protocol import stop_reason_for
-from experiments.craftmd.scores import scores
+from experiments.craftmd.scores import graded
 from experiments.craftmd.settings import FORMATS
-from experiments.common.grade import to_disk
-from experiments.core.results import ConfigView, Run, RunDir
+from experiments.common.grade import score_name, to_disk
+from experiments.core.results import Run, RunDir
 from experiments.tables.render import run_paper_tables
 from models.errors import DataError, MedstackError
 
@@ -202,18 +202,20 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
                 a["frq"] = frq_answer(trial, fmt)
             if a:
                 answers[fmt] = a
-        main = (answers.get("multiturn") or {}).get("mcq") or {}
+        scores = {}  # the published grades and our MCQ mapping, typed (experiments/craftmd/scores.py)
+        for fmt, d in answers.items():
+            for mode in d:
+                d[mode], scores[score_name(mode, fmt)] = graded(mode, d[mode], {"model": "published"})
+        checks = check_conversation(turns, vignette=str(data.get("case_vignette") or case.get("vignette") or ""), correct=correct,
+                                    choices=choices if len(choices) == 4 else None) if turns else None
         records.append({
             "id": f"{cid}/t{k}", "case_id": cid, "trial": k, "specialty": data.get("category") or data.get("specialty") or case.get("specialty") or "unknown",
             "dataset": data.get("dataset") or case.get("dataset"), "source": path.name, "model": name, "roles": {"clinical": name},
             "correct_answer": correct, "choices": choices, "transcript": transcript,
             "stop_reason": None,  # import_folder infers it once the release's turn cap is known
             "n_doctor_turns": doctor_turns(transcript), "summary": trial.get("summarized_conversation"),
-            "answers": answers, "correct": main.get("correct"), "correct_metric": "multiturn.mcq",
-            "parse_errors": [f"{f}.mcq: unparsed choice" for f, d in answers.items() if d.get("mcq", {}).get("parsed_by") == "unparsed"],
-            "errors": [], "imported": True,
-            **({"patient_checks": check_conversation(turns, vignette=str(data.get("case_vignette") or case.get("vignette") or ""), correct=correct,
-                                                     choices=choices if len(choices) == 4 else None)} if turns else {}),
+            "answers": answers, "errors": [], "imported": True, **({"patient_checks": checks} if checks else {}),
+            "scores": to_disk({**scores, **(patient_check_grades(checks) if checks else {})}),
         })
     return records
 
@@ -221,16 +223,15 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
 def import_stats(records: list[dict]) -> dict:
     """MCQ mapping counts per rule (overall and per format), the unmapped answers themselves, and
     the published FRQ grades of -1 (counted as wrong)."""
-    from experiments.craftmd.settings import FORMATS as _F
-
     by_rule, by_fmt, unmapped = Counter(), {}, []
     answer_only = 0
     for r in records:
-        for fmt in _F:
-            a = (r.get("answers") or {}).get(fmt, {}).get("mcq")
-            if not a:
+        graded_mcq = grades(r)
+        for fmt in FORMATS:
+            a, g = (r.get("answers") or {}).get(fmt, {}).get("mcq"), graded_mcq.get((fmt, "mcq"))
+            if not g:
                 continue
-            rule = a.get("parsed_by")
+            rule = g.source
             by_rule[rule] += 1
             by_fmt.setdefault(fmt, Counter())[rule] += 1
             answer_only += a.get("mcq_mapping") == "answer_only"
@@ -263,7 +264,6 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release
     for rec in converted:
         rec["stop_reason"] = infer_stop(rec["transcript"], cap)
-        rec["scores"] = to_disk(scores(rec, ConfigView(config)))  # the published grades, typed (experiments/craftmd/scores.py)
     rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
     for rec in converted:
@@ -278,6 +278,7 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     if any("patient_checks" in r for r in records):
         metrics["patient_checks"] = count_checks(records)
     rundir.write_metrics(metrics)
-    rundir.write_summary(summary_markdown(name, metrics) + conversation_markdown(metrics, run_name=name) + "\n"
-                        + run_paper_tables(Run(rundir.path, records, [], config, metrics=metrics, identity=identity)))
+    checks = patient_check_section([(name, metrics["patient_checks"])]) if metrics.get("patient_checks") else ""
+    rundir.write_summary(summary_markdown(name, metrics) + checks + "\n"
+                         + run_paper_tables(Run(rundir.path, records, [], config, metrics=metrics, identity=identity)))
     return metrics

@@ -7,7 +7,6 @@ stored answer), the comparison of several runs, the authors' released runs, and 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from experiments.common.grade import Grade
@@ -18,11 +17,11 @@ from experiments.craftmd import metrics
 from experiments.craftmd.compare import run_compare
 from experiments.craftmd.importer import import_folder
 from experiments.craftmd.assess import LABELS, QUESTIONS, assess_conversation, conversation_text, transcript_turns
-from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
+from experiments.common.patient_checks import CHECKS, DESCRIPTIONS
 from experiments.craftmd.prompts import render
 from experiments.craftmd.protocol import grade_answer
 from experiments.craftmd.report_views import conversation_tables, conversations_calibration_tables, grader_calibration_tables
-from experiments.craftmd.scores import assess_grade, calibration_scores, grader_judge, grader_reply, scores
+from experiments.craftmd.scores import answer_grade, assess_grade, calibration_scores, grader_judge, scores
 
 # the question above each review item, in our words; the rule for diagnoses is the one the authors gave their dermatologist
 DX_RULE = ("Synonyms count as correct. An answer broader than the correct diagnosis (the correct one is a subtype of it) "
@@ -55,29 +54,27 @@ async def ask_frq(ctx, record: dict, part: str | None, settings, role: str) -> G
     stored FRQ answer of format ``part``, with the run's grader prompts, sampling and verdict rule."""
     answer = frq_answer(record, part).get("answer") or ""
     graded = {"answer": answer, **await grade_answer(ctx, answer, record["correct_answer"], settings, part, role=role)}
-    g = metrics.grades({"answers": {part: {"frq": graded}}})[(part, "frq")]
-    return replace(g, judge=grader_judge(settings.roles[role], settings.verdict_rule), explanation=grader_reply(graded))
+    return answer_grade("frq", graded, grader_judge(settings.roles[role], settings.verdict_rule))
 
 
 def frq_count_items(records: list[dict], cfg: dict, path: Path) -> tuple[dict, list[dict]]:
     """The trials of one case in one format: how many of them the grader judged correct (0..trials)."""
     groups: dict[tuple, list] = {}
     for r in records:
-        for fmt, modes in (r.get("answers") or {}).items():
-            frq = (modes or {}).get("frq") if isinstance(modes, dict) else None
-            if isinstance(frq, dict):
-                groups.setdefault((str(r.get("case_id", r["id"])), fmt, r.get("model", "")), []).append((r, frq))
+        for (fmt, mode), g in metrics.grades(r).items():
+            if mode == "frq":
+                groups.setdefault((str(r.get("case_id", r["id"])), fmt, r.get("model", "")), []).append((r, g))
     trials = int(cfg.get("trials") or max((len(v) for v in groups.values()), default=0))
     items = []
     for (case, fmt, model), rows in sorted(groups.items()):
         # a case counts only with every trial graded: a missing or unscored trial would bias the count
-        if len(rows) != trials or any(f.get("correct") not in (0, 1) for _, f in rows):
+        if len(rows) != trials or any(g.value not in (0, 1) for _, g in rows):
             continue
         rows.sort(key=lambda x: x[0].get("trial", 0))
-        count = sum(f["correct"] for _, f in rows)
+        count = sum(g.value for _, g in rows)
         items.append({"id": f"{case}|{fmt}|{model}", "verdict": count, "stratum": f"{count}|{fmt}|{model}",
                       "show": {"correct diagnosis": rows[0][0].get("correct_answer"),
-                               "doctor-AI's answers": [f.get("answer") or "" for _, f in rows]}})
+                               "doctor-AI's answers": [g.answer or "" for _, g in rows]}})
     return count_scale(trials), items
 
 

@@ -14,7 +14,7 @@ from experiments.core.config import ConfigError, config_dir
 from experiments.craftmd.data import load_cases
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.settings import MeldSettings
-from experiments.common.grade import Grade
+from experiments.common.grade import Grade, grades, to_disk
 from experiments.common.stats import mean_ci
 from experiments.core.study import CaseContext, Study, StudyResults
 from serving.refs import model_name
@@ -36,20 +36,26 @@ def truncate_words(text: str, n: int) -> str:
 
 
 def meld_metrics(records: list[dict], threshold: float) -> dict:
-    sims = [r["similarity"] for r in records if r.get("similarity") is not None]
+    sims = [g.value for r in records if (g := grades(r).get("similarity")) is not None and g.value is not None]
     ci = mean_ci(sims)
     return {"n": len(sims), "mean_similarity": ci.mean if sims else None, "ci": [ci.low, ci.high] if sims else None,
             "share_ge_threshold": sum(s >= threshold for s in sims) / len(sims) if sims else None, "threshold": threshold,
             "max_similarity": max(sims) if sims else None}
 
 
-def meld_scores(record: dict, settings) -> dict[str, Grade]:
-    """A case's typed scores (experiments/common/grade.py): ``similarity`` (1 - normalized Levenshtein distance of the
-    cut continuation and the true second half) and ``memorized`` (similarity >= the threshold); rules of ours."""
+def meld_grades(sim: float | None, cut: str | None, threshold) -> dict[str, Grade]:
+    """``similarity`` (1 - normalized Levenshtein distance of the cut continuation and the true second half) and
+    ``memorized`` (similarity >= the threshold); rules of ours."""
     rule = {"rule": "1 - normalized Levenshtein distance"}
-    return {"similarity": Grade(value=record.get("similarity"), answer=record.get("generation_cut"), source="levenshtein", judge=rule),
-            "memorized": Grade(value=record.get("memorized"), answer=record.get("generation_cut"), source="similarity >= threshold",
-                               judge={"rule": f"similarity >= {settings.threshold}"})}
+    return {"similarity": Grade(value=sim, answer=cut, source="levenshtein", judge=rule),
+            "memorized": Grade(value=None if sim is None else int(sim >= threshold), answer=cut, source="similarity >= threshold",
+                               judge={"rule": f"similarity >= {threshold}"})}
+
+
+def meld_scores(record: dict, settings) -> dict[str, Grade]:
+    """A case's typed scores (experiments/common/grade.py): those its run stored, or, for a record written before, its
+    ``similarity`` and ``memorized`` fields."""
+    return grades(record) if record.get("scores") else meld_grades(record.get("similarity"), record.get("generation_cut"), settings.threshold)
 
 
 class MeldStudy(Study):
@@ -80,10 +86,9 @@ class MeldStudy(Study):
         gen = step.gen(max_tokens=min(step.max_tokens, 2 * n + 16))
         r = await ctx.chat([{"role": "user", "content": prompt}], role="model", gen=gen, step="continue")
         cut = truncate_words(r.text, n)
-        sim = similarity(cut, second)
         return {"case_id": case["case_id"], "specialty": case["specialty"], "model": model_name(s.roles["model"]),
                 "first_half": first, "true_second_half": second, "n_words": n, "generation": r.text, "generation_cut": cut,
-                "similarity": sim, "memorized": int(sim >= s.threshold), "prompt_hash": PROMPTS.hash("meld")}
+                "scores": to_disk(meld_grades(similarity(cut, second), cut, s.threshold)), "prompt_hash": PROMPTS.hash("meld")}
 
     def metrics(self, records: list[dict], s: MeldSettings) -> dict:
         return meld_metrics(records, s.threshold)

@@ -14,20 +14,25 @@ from pathlib import Path
 
 import yaml
 
-from experiments.common.grade import Grade
+from experiments.common.grade import Grade, grades as typed_grades, split_name
 from experiments.common.markdown import md_table
 from experiments.common.stats import mean_ci
 from experiments.craftmd.assess import LABELS, QUESTIONS
-from experiments.craftmd.patient_checks import CHECKS
+from experiments.common.patient_checks import NOTE, patient_check_markdown
 from experiments.craftmd.settings import FORMATS, MODES
 
 
 def grades(record: dict) -> dict[tuple[str, str], Grade]:
-    """{(format, mode): grade} of a record's answers: value ``correct``, source ``grade_source`` (FRQ) or ``parsed_by``
-    (MCQ), metadata the FRQ grader's extraction status and re-asks."""
-    return {(f, m): Grade(value=a.get("correct"), answer=a.get("answer"), source=a["grade_source"] if "grade_source" in a else a.get("parsed_by"),
-                          skipped=bool(a.get("skipped")), metadata={"extraction_status": a.get("extraction_status"), "grader_reasks": int(a.get("grader_reasks") or 0)})
-            for f, d in (record.get("answers") or {}).items() for m, a in d.items()}
+    """{(format, mode): grade} of a record's answers: its scores ``mcq/<format>``, ``frq/<format>`` (not a rescore's)."""
+    out = {}
+    for name, g in typed_grades(record).items():
+        mode, fmt, judge = split_name(name)
+        if mode in MODES and fmt in FORMATS and judge is None:
+            out[(fmt, mode)] = g
+    return out
+
+
+UNPARSED = ("unparsed", "unscored_extraction", "unscored_verdict")  # an MCQ mapped to no choice, an FRQ grader reply not read
 
 
 def case_scores(records: list[dict], fmt: str, mode: str) -> dict[str, float]:
@@ -62,7 +67,7 @@ def run_metrics(records: list[dict]) -> dict:
     out["mean_doctor_turns"] = sum(turns) / len(turns) if turns else None
     all_grades = [(fm, g) for r in good for fm, g in grades(r).items()]
     n_answers = sum(1 for _, g in all_grades if not g.skipped)
-    n_parse = sum(len(r.get("parse_errors") or []) for r in good)
+    n_parse = sum(g.source in UNPARSED for _, g in all_grades)
     out["parse_errors"] = n_parse
     out["parse_error_rate"] = n_parse / n_answers if n_answers else None
     frq = [g for (_, m), g in all_grades if m == "frq"]
@@ -153,8 +158,8 @@ def published_expert_value(published: dict | None, question: str, paper_model: s
 
 
 RELEASED_CHECKS = Path(__file__).with_name("released_patient_checks.yaml")
-PATIENT_CHECKS_NOTE = ("Each rate: % of conversations flagged [95% bootstrap CI over cases] (flagged / checked); a leak is not checkable "
-                       "where the correct answer is not a diagnosis. The turn cap is the doctor's (stop reasons above). Rules, and how "
+PATIENT_CHECKS_HEADING = "Patient checks (no model), beside the authors' four released patients"
+PATIENT_CHECKS_NOTE = (NOTE + " The turn cap is the doctor's (stop reasons above). Rules, and how "
                        "the released rates were measured: docs/protocols.md, CRAFT-MD patient checks.")
 
 
@@ -163,36 +168,18 @@ def released_patient_checks() -> dict[str, dict]:
     return yaml.safe_load(RELEASED_CHECKS.read_text(encoding="utf-8"))["releases"]
 
 
-def span_quantiles(dist: dict) -> str:
-    """'median / 90th percentile / max' of the conversations' longest copied runs ({words: conversations})."""
-    values = sorted((int(k), v) for k, v in (dist or {}).items())
-    n = sum(v for _, v in values)
-    if not n:
-        return "–"
-    def q(p):
-        seen = 0
-        for k, v in values:
-            seen += v
-            if seen >= p * n:
-                return k
-    return f"{q(0.5)} / {q(0.9)} / {values[-1][0]}"
+def released_rows() -> list[tuple[str, dict]]:
+    """The authors' four released patients, as rows beside a run's in the patient-check table."""
+    return [(f"{label} (authors' release)", pc) for label, pc in released_patient_checks().items()]
 
 
-def patient_check_table(own: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the patient-check table: the given runs' patients, then the authors' four released ones."""
-    def cell(x: dict | None) -> str:
-        if not x or x.get("rate") is None:
-            return "–"
-        na = f"; {x['not_checkable']} not checkable" if x.get("not_checkable") else ""
-        return f"{100 * x['rate']:.2f} [{100 * x['ci_low']:.2f}, {100 * x['ci_high']:.2f}] ({x['conversations']}/{x['of']}{na})"
-    rows = [(name, pc) for name, pc in own] + [(f"{label} (authors' release)", pc) for label, pc in released_patient_checks().items()]
-    columns = ["patient-AI of", "conversations", *CHECKS, "longest copied run, words: median / 90th pct / max"]
-    return columns, [[name, str(pc.get("conversations", 0)), *(cell(pc.get(c)) for c in CHECKS), span_quantiles(pc.get("longest_span"))]
-                     for name, pc in rows]
+def patient_check_section(rows: list[tuple[str, dict]]) -> str:
+    """The patient-check table of ``rows`` beside the authors' four released patients (import, compare)."""
+    return patient_check_markdown([*rows, *released_rows()], PATIENT_CHECKS_HEADING, PATIENT_CHECKS_NOTE)
 
 
-def conversation_markdown(metrics: dict, published: dict | None = None, paper_model: str | None = None, run_name: str | None = None) -> str:
-    """summary.md's "Conversation quality" table (assessors) and patient-check table; '' when the run has neither."""
+def conversation_markdown(metrics: dict, published: dict | None = None, paper_model: str | None = None) -> str:
+    """summary.md's "Conversation quality" table (assessors); '' when the run has none."""
     lines: list[str] = []
     q = metrics.get("conversation_quality") or {}
     if q:
@@ -203,7 +190,4 @@ def conversation_markdown(metrics: dict, published: dict | None = None, paper_mo
         lines += ["", "One yes/no request per question and conversation; an unreadable reply is unscored (left out of the rate, never a No). "
                   "The paper's values (Fig. 3i: Q1, Fig. 3j: Q2, per clinical LLM; Q3 over all 180 conversations) are dermatologists' labels "
                   "of the paper's own conversations" + ("" if paper_model else "; this run's doctor model is none of the paper's four") + "."]
-    if metrics.get("patient_checks"):
-        lines += ["", "## Patient checks (no model), beside the authors' four released patients", "",
-                  *md_table(*patient_check_table([(run_name or "this run", metrics["patient_checks"])])), "", PATIENT_CHECKS_NOTE]
     return "\n".join(lines) + ("\n" if lines else "")

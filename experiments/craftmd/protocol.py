@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from experiments.common.grade import Grade, score_name, to_disk
 from experiments.craftmd import grading
 from experiments.craftmd.data import DEFAULT_QUESTION
 from experiments.craftmd.prompts import PROMPTS, render
+from experiments.craftmd.scores import graded, grader_judge
 from experiments.craftmd.settings import CraftSettings
 from experiments.core.study import CaseContext
 from serving.client import GenConfig
@@ -64,10 +66,6 @@ def single(prompt: str, settings: CraftSettings) -> list[dict]:
     """A one-message request of the grader or summarizer: a system message, as the authors' GPT-4 / GPT-3.5
     calls in both loops (a user message with the named deviation ``lone_system_as_user``)."""
     return [{"role": "user" if settings.lone_system_as_user else "system", "content": prompt}]
-
-
-def clean_turn(text: str) -> str:
-    return (text or "").strip()
 
 
 # ------------------------------------------------------------------ conversation
@@ -123,18 +121,18 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
     stops = TURN_STOPS if settings.turn_stops else None
     transcript: list[dict] = []
     r = await ctx.chat(patient_view([], case, prompt=settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
-    transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": 0})
+    transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": 0})
     turn = 0
     while True:
         turn += 1
         r = await ctx.chat(doctor_view(transcript, case, settings.loop, settings.empty_turn), role="clinical", gen=_gen(settings, "doctor", stops), step=f"doctor_turn_{turn}")
-        doctor = clean_turn(r.text)
+        doctor = (r.text or "").strip()
         transcript.append({"agent": "doctor", "content": doctor, "turn": turn})
         reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
         if reason:
             return transcript, reason
         r = await ctx.chat(patient_view(transcript, case, settings.empty_turn, settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
-        transcript.append({"agent": "patient", "content": clean_turn(r.text), "turn": turn})
+        transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": turn})
 
 
 def context_turns(transcript: list[dict]) -> list[dict]:
@@ -273,25 +271,19 @@ async def solve(ctx: CaseContext, unit: dict, settings: CraftSettings) -> dict:
             keys.append((fmt, "frq"))
     results = await asyncio.gather(*jobs)
     answers: dict[str, dict] = {fmt: {} for fmt in settings.formats}
+    scores: dict[str, Grade] = {}  # the grading's result: the answers keep what was said and extracted
+    judge = grader_judge(settings.roles.get("grader"), settings.verdict_rule)
     for (fmt, mode), res in zip(keys, results):
-        answers[fmt][mode] = res
+        answers[fmt][mode], scores[score_name(mode, fmt)] = graded(mode, res, judge)
     if settings.mcq and not do_mcq:
         for fmt in settings.formats:
-            answers[fmt]["mcq"] = {"skipped": "case has no 4 answer choices", "correct": None}
-
-    parse_errors = [f"{fmt}.mcq: unparsed choice" for fmt in settings.formats if answers[fmt].get("mcq", {}).get("parsed_by") == "unparsed"]
-    parse_errors += [f"{fmt}.frq: {answers[fmt]['frq']['grade_source']}" for fmt in settings.formats
-                     if "frq" in answers[fmt] and str(answers[fmt]["frq"]["grade_source"]).startswith("unscored")]
-    main_fmt = "multiturn" if "multiturn" in answers else settings.formats[0]
-    main = answers[main_fmt].get("mcq") if answers[main_fmt].get("mcq", {}).get("correct") is not None else answers[main_fmt].get("frq", {})
+            answers[fmt]["mcq"], scores[score_name("mcq", fmt)] = graded("mcq", {"skipped": "case has no 4 answer choices"})
     return {
         "id": unit["id"], "case_id": case["case_id"], "trial": trial, "specialty": case["specialty"], "dataset": case["dataset"],
         "source": case.get("source"), "model": model_name(settings.roles["clinical"]), "roles": dict(settings.roles),
         "correct_answer": case["answer"], "choices": case["choices"], "answer_index": case["answer_index"],
         "transcript": transcript, "stop_reason": stop, "n_doctor_turns": sum(t["agent"] == "doctor" for t in transcript),
-        "summary": summary, "answers": answers,
-        "correct": main.get("correct") if main else None, "correct_metric": f"{main_fmt}.{'mcq' if main is answers[main_fmt].get('mcq') else 'frq'}",
-        "parse_errors": parse_errors,
+        "summary": summary, "answers": answers, "scores": to_disk(scores),
         "timing": {"conversation_s": round(t_conv, 3), "total_s": round(time.perf_counter() - t0, 3)},
         "prompt_hashes": PROMPTS.hashes(PROMPTS_USED),
     }

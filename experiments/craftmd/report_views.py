@@ -5,8 +5,8 @@ paper's dermatologists. The report itself knows no study (experiments/report/bui
 from __future__ import annotations
 
 from experiments.craftmd.assess import LABELS, QUESTIONS
-from experiments.craftmd.metrics import patient_check_table
-from experiments.craftmd.patient_checks import CHECKS, DESCRIPTIONS
+from experiments.common.patient_checks import CHECKS, DESCRIPTIONS, patient_check_table
+from experiments.craftmd.metrics import released_rows
 
 
 CALIBRATION_COLUMNS = ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"]
@@ -29,7 +29,7 @@ def conversation_tables(run: dict) -> list[dict]:
                               f"[{100 * x['ci_low']:.1f}, {100 * x['ci_high']:.1f}]" if x.get("ci_low") is not None else "–",
                               x["n"], x["yes"], x["no"], x["unscored"]] for k in QUESTIONS if (x := q.get(k))]})
     if pc:
-        columns, rows = patient_check_table([(str(((run.get("config") or {}).get("name")) or "this run"), pc)])
+        columns, rows = patient_check_table([(str(((run.get("config") or {}).get("name")) or "this run"), pc), *released_rows()])
         out.append({"heading": None if q else "Conversation checks", "columns": columns, "rows": rows,
                     "title": "Patient checks (no model): % of conversations flagged [95% CI over cases] (flagged/checked), "
                              "this run's patient beside the authors' four released ones (docs/protocols.md, CRAFT-MD patient checks)"})

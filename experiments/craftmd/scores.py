@@ -7,25 +7,22 @@
 - ``assess-<Q>@experts``: the paper's dermatologists' label of a released conversation (``import craftmd-experts``,
   ``calibrate conversations``), beside the assessor's where both exist;
 - ``patient-check/<check>``: a deterministic patient check flagged the conversation (1) or not (0), or could not check it (None)
-  (experiments/craftmd/patient_checks.py);
+  (experiments/common/patient_checks.py, made by the runner);
 - ``grader`` / ``published`` (``calibrate craftmd-grader``): per case, the count of correct trials by the judge / the
   authors' grader.
 
-The values are those the metrics read (:func:`experiments.craftmd.metrics.grades`, ``assessment``, ``patient_checks``):
-the scores restate the record's own fields, typed, and never change a figure. A live run's records get them from the
-runner, an import's at import, a folder written before from the reader's upgrade: all through :func:`scores`.
+A run's grading (experiments/craftmd/protocol.py) and an import put them in the record's ``scores`` themselves: the
+answers keep what was said and extracted, the grade is only here. A record written before (``records_schema`` 1) still
+holds its grades in its own fields (``correct``, ``grade_source``, ``parsed_by``, ...): :func:`scores` reads them
+into the same Grades, through the same functions, when the reader upgrades it.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from experiments.common.choice import MCQ_RULES
-from experiments.common.grade import Grade, score_name
-from experiments.craftmd import metrics
-from experiments.craftmd.assess import TEMPLATES
-from experiments.craftmd.patient_checks import CHECKS
-from experiments.craftmd.prompts import PROMPTS
+from experiments.common.grade import Grade, grades, score_name
+from experiments.common.patient_checks import patient_check_grades
+from experiments.craftmd.prompts import PROMPTS, TEMPLATES
 
 GRADER_TEMPLATES = ("grader_extract", "grader_match")
 MCQ_RULE = "map_choice: " + " > ".join(MCQ_RULES)
@@ -60,34 +57,42 @@ def expert_labels(record: dict) -> dict[str, bool | None]:
     return {q: None if v is None else v == "yes" for q, v in flat.items()}
 
 
-def scores(record: dict, settings) -> dict[str, Grade]:
-    """A CRAFT-MD record's typed scores (a live run's, an imported release's, a calibration's conversation)."""
-    roles = settings.roles if isinstance(settings.roles, dict) else {}
-    published = getattr(settings, "grades", None) == "published"  # an imported release's config
-    out: dict[str, Grade] = {}
-    for (fmt, mode), g in metrics.grades(record).items():
-        if mode == "frq":
-            a = record["answers"][fmt][mode]
-            judge = {"model": "published"} if published else grader_judge(roles.get("grader"), getattr(settings, "verdict_rule", None))
-            out[score_name(mode, fmt)] = replace(g, judge=judge, explanation=grader_reply(a))
-        else:
-            out[score_name(mode, fmt)] = replace(g, judge={"rule": MCQ_RULE})
-    for q, a in (record.get("assessment") or {}).items():
-        if isinstance(a, dict):
-            out[f"assess-{q}"] = assess_grade(q, a, roles.get("assessor"))
+GRADED = ("correct", "grade_source", "parsed_by", "extraction_status", "grader_reasks")  # an answer's fields its Grade holds
+
+
+def answer_grade(mode: str, a: dict, judge: dict | None = None) -> Grade:
+    """An answer's grade from the grading step's fields (``correct``, ``grade_source`` of an FRQ / ``parsed_by`` of an
+    MCQ, the FRQ grader's extraction status and re-asks); ``judge``: the FRQ's grader (the MCQ's is the mapping rule)."""
+    frq = mode == "frq"
+    return Grade(value=a.get("correct"), answer=a.get("answer"), source=a["grade_source"] if "grade_source" in a else a.get("parsed_by"),
+                 skipped=bool(a.get("skipped")), metadata={"extraction_status": a.get("extraction_status"), "grader_reasks": int(a.get("grader_reasks") or 0)},
+                 explanation=grader_reply(a) if frq else None, judge=judge if frq else {"rule": MCQ_RULE})
+
+
+def graded(mode: str, a: dict, judge: dict | None = None) -> tuple[dict, Grade]:
+    """An answer as the record keeps it (what was said and extracted), and its grade."""
+    return {k: v for k, v in a.items() if k not in GRADED}, answer_grade(mode, a, judge)
+
+
+def conversation_grades(record: dict, assessor: str | None) -> dict[str, Grade]:
+    """The grades of a record's conversation: the assessor's verdicts, the experts' labels, the patient checks."""
+    out = {f"assess-{q}": assess_grade(q, a, assessor) for q, a in (record.get("assessment") or {}).items() if isinstance(a, dict)}
     for q, v in expert_labels(record).items():
         out[score_name(f"assess-{q}", judge=EXPERTS)] = Grade(value=None if v is None else int(bool(v)), source=EXPERTS,
                                                                judge={"model": "dermatologists", "rule": EXPERTS_RULE})
-    pc = record.get("patient_checks")
-    if isinstance(pc, dict):
-        for c in CHECKS:
-            if c in pc:
-                found = pc[c]
-                out[score_name("patient-check", c)] = Grade(  # None: not checkable (the correct answer is no diagnosis)
-                    value=None if found is None else int(bool(found)), answer=found if isinstance(found, list) and found else None, source="rule",
-                    judge={"rule": f"patient_checks.{c}" + (f" ({pc.get('span_words')} words)" if c == "copies_vignette" else "")})
-    return out
+    return {**out, **(patient_check_grades(record["patient_checks"]) if isinstance(record.get("patient_checks"), dict) else {})}
 
+
+def scores(record: dict, settings) -> dict[str, Grade]:
+    """A CRAFT-MD record's typed scores: those its grading stored, or, for a record written before typed scores (or
+    by a calibration that keeps its verdicts in its own fields), derived from its fields by the same functions."""
+    if record.get("scores"):
+        return grades(record)
+    roles = settings.roles if isinstance(settings.roles, dict) else {}
+    published = getattr(settings, "grades", None) == "published"  # an imported release's config
+    judge = {"model": "published"} if published else grader_judge(roles.get("grader"), getattr(settings, "verdict_rule", None))
+    out = {score_name(mode, fmt): answer_grade(mode, a, judge) for fmt, d in (record.get("answers") or {}).items() for mode, a in d.items()}
+    return {**out, **conversation_grades(record, roles.get("assessor"))}
 
 
 def calibration_scores(record: dict, settings) -> dict[str, Grade]:

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from experiments.core.config import NO_FLAG, RunSettings, Sampling, role_flag
 from experiments.core.deviations import NOT_FIXED, Authors, Unpaired, settings_deviations
-from experiments.craftmd.patient_checks import DEFAULT_SPAN_WORDS
+from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")

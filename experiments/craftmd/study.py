@@ -6,17 +6,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from experiments.common.grade import to_disk
 from experiments.core.config import ConfigError, config_dir
 from experiments.craftmd import paper_values
 from experiments.craftmd.assess import TEMPLATES, assess_conversation, question_rates, transcript_turns
 from experiments.craftmd.data import load_cases, synthetic_cases
 from experiments.craftmd.judges import CRAFTMD
-from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
-from experiments.craftmd.patient_checks import check_conversation, count_checks, legacy_counts
+from experiments.craftmd.metrics import PATIENT_CHECKS_HEADING, PATIENT_CHECKS_NOTE, conversation_markdown, per_specialty, released_rows, run_metrics, summary_markdown
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
+from experiments.craftmd.scores import conversation_grades
 from experiments.craftmd.settings import CraftSettings, additions, loop_line, requests_line
-from experiments.core.study import CaseContext, Study
+from experiments.core.study import CaseContext, PatientRole, Study
 from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
 
@@ -28,22 +29,27 @@ def units_for(cases: list[dict], trials: int) -> list[dict]:
     return [{"id": f"{c['case_id']}/t{t}", "case": c, "trial": t} for c in cases for t in range(trials)]
 
 
-async def check_conversation_record(ctx: CaseContext, case: dict, record: dict, s: CraftSettings) -> dict:
-    """A record with its conversation checked: ``patient_checks`` (no model) and, with ``assess_conversations``,
-    ``assessment`` (the assessor's five verdicts). Nothing is added to a record without a conversation."""
+async def assess_record(ctx: CaseContext, case: dict, record: dict, s: CraftSettings) -> dict:
+    """A record with its conversation assessed (``assess_conversations``): ``assessment``, the assessor's five
+    verdicts, and their scores. Nothing is added to a record without a conversation."""
     turns = transcript_turns(record.get("transcript"))
-    if not turns:
+    if not turns or not s.assess_conversations:
         return record
-    if s.patient_checks:
-        mcq = s.mcq and len(case.get("choices") or []) == 4
-        record["patient_checks"] = check_conversation(turns, vignette=case["vignette"], correct=case["answer"], choices=case["choices"] if mcq else None,
-                                                      n_words=s.copy_span_words)
-    if s.assess_conversations:
-        # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
-        record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
-        record["vignette"] = case["vignette"]  # what the assessor (and a clinician reviewing it) was given
-        record["prompt_hashes"] = {**record.get("prompt_hashes", {}), **PROMPTS.hashes(TEMPLATES.values())}
+    # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
+    record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
+    record["vignette"] = case["vignette"]  # what the assessor (and a clinician reviewing it) was given
+    record["prompt_hashes"] = {**record.get("prompt_hashes", {}), **PROMPTS.hashes(TEMPLATES.values())}
+    record["scores"] = {**record.get("scores", {}), **to_disk(conversation_grades(record, s.roles.get("assessor")))}
     return record
+
+
+# the patient-AI, checked by the runner (experiments/common/patient_checks.py); the answer choices where the run asks the MCQ
+PATIENT = PatientRole(
+    turns=lambda record: transcript_turns(record.get("transcript")), facts=lambda unit: unit["case"]["vignette"],
+    correct=lambda unit: unit["case"]["answer"],
+    choices=lambda unit, s: unit["case"]["choices"] if s.mcq and len(unit["case"].get("choices") or []) == 4 else None,
+    span_words=lambda s: s.copy_span_words if s.patient_checks else None, beside=released_rows,
+    heading=PATIENT_CHECKS_HEADING, note=PATIENT_CHECKS_NOTE)
 
 
 def paper_model(alias: str) -> str | None:
@@ -71,6 +77,7 @@ class CraftmdStudy(Study):
     strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
     judge_roles = ("grader",)
     results = CRAFTMD  # typed scores, judges, compare, released runs, report lines (experiments/craftmd/judges.py)
+    patient = PATIENT
 
     @classmethod
     def runner_scale(cls, case_trials: int, trials: int, ref: str):
@@ -110,7 +117,7 @@ class CraftmdStudy(Study):
         return units_for(self.select(load_cases(s.data, specialty=s.specialty), s), s.trials)
 
     async def solve(self, ctx: CaseContext, unit: dict, s: CraftSettings) -> dict:
-        return await check_conversation_record(ctx, unit["case"], await solve(ctx, unit, s), s)
+        return await assess_record(ctx, unit["case"], await solve(ctx, unit, s), s)
 
     def metrics(self, records: list[dict], s: CraftSettings) -> dict:
         metrics = run_metrics(records)
@@ -119,10 +126,6 @@ class CraftmdStudy(Study):
         metrics["concurrent_rule"] = s.concurrent_rule
         metrics["requests"] = loop_line(s)  # the settings unlike the authors' follow under the title (the runner's metrics["deviations"])
         metrics["additions"] = additions(s)
-        checked = [r["patient_checks"] for r in records if isinstance(r.get("patient_checks"), dict)]
-        if checked:  # a run checked before these rules keeps its own counts
-            counts = count_checks(records) if any("longest_span" in pc for pc in checked) else legacy_counts(checked)
-            metrics["patient_checks"] = {**counts, "span_words": s.copy_span_words}
         quality = question_rates(records)
         if quality:
             metrics["conversation_quality"] = quality
@@ -135,5 +138,5 @@ class CraftmdStudy(Study):
     def summary(self, metrics: dict, s: CraftSettings, run) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
         published = getattr(paper_values, "EXPERT_PUBLISHED", None)
-        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper, s.name)
+        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper)
                 + "\n" + run_paper_tables(run))

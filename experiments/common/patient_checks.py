@@ -1,8 +1,10 @@
-"""Deterministic checks of the simulated patient: pure functions of a conversation's turns, no model.
+"""Deterministic checks of a simulated patient: pure functions of a conversation's turns, no model.
 
+The runner makes them for every study that declares its patient (``Study.patient``, experiments/core/study.py):
+into the record (``patient_checks`` and a ``patient-check/<check>`` score each), metrics.json and summary.md.
 A conversation is a list of ``(role, text)`` turns, role ``doctor`` or ``patient`` (a live run's transcript
-and a released conversation alike). Patient turns are numbered 1, 2, ... in order. The rules, with the
-rates measured on the authors' four releases, are in docs/protocols.md (CRAFT-MD, "Patient checks"):
+and a released conversation alike). Patient turns are numbered 1, 2, ... in order. The rules, and the rates
+measured on released runs, are in docs/protocols.md ("Patient checks"):
 
 - ``leaks_diagnosis``: an affirmed mention of the correct diagnosis in a patient turn before the doctor's
   last turn, which the vignette does not state and no doctor turn named first; None (not checkable)
@@ -21,6 +23,8 @@ import re
 from collections import Counter
 from difflib import SequenceMatcher
 
+from experiments.common.grade import Grade, score_name
+from experiments.common.markdown import md_table
 from experiments.common.normalize import words as word_list
 from experiments.common.stats import mean_ci
 
@@ -33,8 +37,8 @@ DESCRIPTIONS = {
     "copies_vignette": "a patient turn copies {n} or more consecutive words of the vignette",
     "empty_turn": "a patient turn is empty",
 }
-# the longest copied run in the patient turns of the authors' releases and of the dermatologists' Q3-yes conversations
-# (docs/protocols.md, CRAFT-MD patient checks): 6 words catches most of the labelled clinical phrasing
+# the longest copied run in the patient turns of released runs and of conversations clinicians labelled as using
+# medical terms (docs/protocols.md, patient checks): 6 words catches most of the labelled clinical phrasing
 DEFAULT_SPAN_WORDS = 6
 STOP = {"of", "the", "a", "an", "and", "with", "in", "to", "due", "or", "on", "by", "for"}
 # a clause with one of these words (a negation, a hedge, a test of it) does not affirm a diagnosis it names; nor does a question
@@ -202,3 +206,56 @@ def legacy_counts(checked: list[dict]) -> dict:
 def flagged(checks: dict) -> list[str]:
     """The checks a conversation failed, in :data:`CHECKS` order."""
     return [c for c in CHECKS if checks.get(c)]
+
+
+def patient_check_grades(pc: dict) -> dict[str, Grade]:
+    """One grade per check a record holds (None: not checkable, the correct answer is no diagnosis)."""
+    return {score_name("patient-check", c): Grade(
+        value=None if pc[c] is None else int(bool(pc[c])), answer=pc[c] if isinstance(pc[c], list) and pc[c] else None, source="rule",
+        judge={"rule": f"patient_checks.{c}" + (f" ({pc.get('span_words')} words)" if c == "copies_vignette" else "")}) for c in CHECKS if c in pc}
+
+
+def patient_metrics(records: list[dict], span_words: int | None) -> dict | None:
+    """metrics.json's ``patient_checks`` over the records checked (None when none was); a run checked before these
+    rules keeps its own counts."""
+    checked = [r["patient_checks"] for r in records if isinstance(r.get("patient_checks"), dict)]
+    if not checked:
+        return None
+    counts = count_checks(records) if any("longest_span" in pc for pc in checked) else legacy_counts(checked)
+    return {**counts, "span_words": span_words}
+
+
+def span_quantiles(dist: dict) -> str:
+    """'median / 90th percentile / max' of the conversations' longest copied runs ({words: conversations})."""
+    values = sorted((int(k), v) for k, v in (dist or {}).items())
+    n = sum(v for _, v in values)
+    if not n:
+        return "–"
+    def q(p):
+        seen = 0
+        for k, v in values:
+            seen += v
+            if seen >= p * n:
+                return k
+    return f"{q(0.5)} / {q(0.9)} / {values[-1][0]}"
+
+
+def patient_check_table(rows: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of the patient-check table, one row per (patient, metrics' ``patient_checks``)."""
+    def cell(x: dict | None) -> str:
+        if not x or x.get("rate") is None:
+            return "–"
+        na = f"; {x['not_checkable']} not checkable" if x.get("not_checkable") else ""
+        return f"{100 * x['rate']:.2f} [{100 * x['ci_low']:.2f}, {100 * x['ci_high']:.2f}] ({x['conversations']}/{x['of']}{na})"
+    columns = ["patient-AI of", "conversations", *CHECKS, "longest copied run, words: median / 90th pct / max"]
+    return columns, [[name, str(pc.get("conversations", 0)), *(cell(pc.get(c)) for c in CHECKS), span_quantiles(pc.get("longest_span"))]
+                     for name, pc in rows]
+
+
+NOTE = ("Each rate: % of conversations flagged [95% bootstrap CI over cases] (flagged / checked); a leak is not checkable "
+        "where the correct answer is not a diagnosis.")
+
+
+def patient_check_markdown(rows: list[tuple[str, dict]], heading: str, note: str = NOTE) -> str:
+    """summary.md's patient-check section: the table of ``rows`` under ``heading``, ``note`` below."""
+    return "\n".join(["", f"## {heading}", "", *md_table(*patient_check_table(rows)), "", note]) + "\n"

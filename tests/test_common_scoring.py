@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from experiments.core.results import ConfigView
 from experiments.common.choice import LETTERS, map_choice, pick_letter
 from experiments.common.grade import Grade, to_disk
 from experiments.common.parsing import extract_verdict
@@ -78,8 +79,8 @@ def test_typed_grades_read_the_record_shapes():
     rec = {"case_id": "c1", "answers": {"vignette": {"mcq": {"answer": "B", "choice": 1, "correct": 1, "parsed_by": "letter"},
                                                      "frq": {"answer": "x", "correct": None, "grade_source": "unscored_verdict",
                                                              "extraction_status": "ok", "grader_reasks": 2}}}}
-    g = craft_metrics.grades({"case_id": "c1", "scores": to_disk(craft_scores(rec, {}))})  # an old record, upgraded
-    rec = {"case_id": "c1", "scores": to_disk(craft_scores(rec, {}))}
+    g = craft_metrics.grades({"case_id": "c1", "scores": to_disk(craft_scores(rec, ConfigView({})))})  # an old record, upgraded
+    rec = {"case_id": "c1", "scores": to_disk(craft_scores(rec, ConfigView({})))}
     assert list(g) == [("vignette", "mcq"), ("vignette", "frq")]
     assert g["vignette", "mcq"] == Grade(value=1, answer="B", source="letter", metadata={"extraction_status": None, "grader_reasks": 0}, judge={"rule": MCQ_RULE})
     assert not g["vignette", "frq"].scored and g["vignette", "frq"].metadata["grader_reasks"] == 2
@@ -88,9 +89,10 @@ def test_typed_grades_read_the_record_shapes():
     sec = {"scored": True, "precision": 0.5, "recall": 1.0, "f1": 2 / 3, "concepts_cut": {"gt": 1, "pred": 0}}
     dera = {"gptf1": {"dera": {"sections": {"Plan": sec, "Assessment": {"scored": False, "precision": None, "recall": None, "f1": None}},
                                "average": {"precision": 0.5, "recall": 1.0, "f1": 2 / 3}}}}
-    sections, average = dera_report.gptf1_grades(dera)["dera"]
+    dera = {"scores": to_disk(dera_report.gptf1_scores(dera["gptf1"], "judge-model"))}  # the record's typed scores
+    sections, average = dera_report.gptf1_of(dera)["dera"]
     assert sections["Plan"].named("f1") == pytest.approx(2 / 3) and sections["Plan"].metadata["concepts_cut"]
     assert not sections["Assessment"].scored and sections["Assessment"].named("f1") is None
-    assert average.named("recall") == 1.0
+    assert average.named("recall") == 1.0 and average.judge["model"] == "judge-model"
     table = dera_report.gptf1_table([dera], "dera", ["Plan", "Assessment"])
     assert table["Plan"]["n"] == 1 and table["Assessment"] == {"precision": None, "recall": None, "f1": None, "n": 0, "unscored": 1}

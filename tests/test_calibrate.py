@@ -185,6 +185,11 @@ def test_calibrate_autoeval_rank_agreement(tmp_path):
     assert o["n"] == 4 and o["spearman"]["rho"] == pytest.approx(0.8) and o["kendall"]["tau_b"] == pytest.approx(4 / 6)
     assert o["exact_agreement"] == 0.5 and o["mean_abs_diff"] == 0.5 and m["items_matched"] == 4
     assert (tmp_path / "cal" / "confusion_autoeval.png").exists()
+    # the report draws the run's table through the study's hook, not by itself
+    from experiments.report.build import build_report
+
+    html = build_report([str(tmp_path / "cal")], tmp_path / "r.html").read_text()
+    assert "Rubric judge vs reference ratings" in html and "<td>rubric judge</td><td>4</td><td>0.500</td><td>0.500</td>" in html
 
 
 def test_cli_registers_both_commands(labels, tmp_path):

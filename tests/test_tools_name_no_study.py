@@ -1,5 +1,5 @@
 """The tools over studies and their results (docs/layout.md) name no study, strings included: every .py file of
-theirs is scanned for each study's names, taken from the registry (its commands, the folder it lives in, the
+theirs (and every template the report and the review page render) is scanned for each study's names, taken from the registry (its commands, the folder it lives in, the
 kinds of results folders it declares, its paper-table declaration's name and title), as whole words in any case,
 and for dynamic imports (``importlib.import_module`` / ``__import__``) of anything but a literal module outside
 the study folders. A tool reaches a study only through the registry."""
@@ -19,7 +19,7 @@ BENCH_TOOL = ("cli.py", "runner_scale.py")  # the part of the serving benchmark 
 
 
 def tool_files() -> list[Path]:
-    files = [f for t in TOOLS for f in sorted((ROOT / "experiments" / t).rglob("*.py"))]
+    files = [f for t in TOOLS for ext in ("py", "j2", "js") for f in sorted((ROOT / "experiments" / t).rglob(f"*.{ext}"))]
     return files + [ROOT / "experiments" / "bench" / f for f in BENCH_TOOL]
 
 
@@ -81,5 +81,5 @@ def test_tools_name_no_study():
         rel = f.relative_to(ROOT)
         for i, line in enumerate(text.splitlines(), 1):
             found += [f"{rel}:{i}: {m.group(0)!r}" for m in pat.finditer(line)]
-        found += [f"{rel}: {b}" for b in dynamic_imports(text, folders)]
+        found += [f"{rel}: {b}" for b in (dynamic_imports(text, folders) if f.suffix == ".py" else [])]
     assert len(tool_files()) > 20 and not found, "a tool names a study:\n" + "\n".join(found)

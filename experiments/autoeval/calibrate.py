@@ -14,6 +14,7 @@ from pathlib import Path
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.results import RunDir, read_jsonl
+from experiments.core.study import StudyResults
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
 
@@ -106,3 +107,17 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     L += ["", f"mean absolute difference: {num(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
     rundir.write_summary("\n".join(L) + "\n")
     return metrics
+
+
+def report_tables(run: dict) -> list[dict]:
+    """A `calibrate autoeval` run in `medstack report` (its ``StudyResults.report_run`` hook): the judge against the reference."""
+    x = (run.get("metrics") or {}).get("overall") if isinstance(run.get("metrics"), dict) else None
+    if not x:
+        return []
+    return [{"heading": "Judge calibration", "title": "Rubric judge vs reference ratings (1-5; kappa linear-weighted)",
+             "columns": ["rater", "n", "exact agreement", "mean |diff|", "weighted kappa", "Spearman rho", "Kendall tau-b"],
+             "rows": [["rubric judge", x["n"], *map(num, (x["exact_agreement"], x["mean_abs_diff"], x["weighted_kappa_linear"],
+                                                          (x.get("spearman") or {}).get("rho"), (x.get("kendall") or {}).get("tau_b")))]]}]
+
+
+CALIBRATION = StudyResults(experiment="calibrate-autoeval", report_run=report_tables)

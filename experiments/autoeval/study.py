@@ -18,12 +18,13 @@ from pathlib import Path
 
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.results import read_jsonl, strict_json
-from experiments.core.registry import register_study, register_tables
+from experiments.core.registry import register_results, register_study, register_tables
 from experiments.core.study import CaseContext, RequestFailed, Study
 from serving.refs import model_name
 
 from experiments.autoeval import judge as J
 from experiments.autoeval.judge import judge_config, load_dialogues  # noqa: F401 (load_dialogues: the study's input reader)
+from experiments.autoeval.calibrate import CALIBRATION
 from experiments.autoeval.results import RESULTS
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rating_metrics, summary_markdown
 from experiments.tables.render import run_paper_tables
@@ -160,3 +161,4 @@ register_study("autoeval", AutoevalStudy, help="""
     --reference) and summary.md. Exit 0 done, 2 bad input, 3 some ratings failed (run the same command again).
     """)
 register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)
+register_results(CALIBRATION)  # `calibrate autoeval`: its table in the report

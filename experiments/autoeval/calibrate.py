@@ -11,9 +11,11 @@ import csv
 import io
 from pathlib import Path
 
+from experiments.common.grade import grades, split_name
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
-from experiments.core.results import RunDir, read_jsonl
+from experiments.core.registry import open_run
+from experiments.core.results import RunDir
 from experiments.core.study import StudyResults
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
@@ -41,12 +43,14 @@ def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
 
 
 def _read_autoeval_dir(path: Path) -> dict[tuple[str, str], int]:
+    """An autoeval results folder's ratings: its records' typed scores ``rubric/<criterion>`` (read by the one reader)."""
     out = {}
-    for r in read_jsonl(path / "records.jsonl"):
-        if not isinstance(r, dict) or r.get("rating") is None:
-            continue
-        key = str(r.get("source_id") or r.get("dialogue_id") or str(r.get("id")).split("::")[0])
-        out[(key, str(r.get("criterion") or "").strip().lower())] = int(r["rating"])
+    for r in open_run(path).finished:
+        for name, g in grades(r).items():
+            step, criterion, by = split_name(name)
+            if step == "rubric" and by is None and g.scored:
+                key = str(r.get("source_id") or str(r.get("id")).split("::")[0])
+                out[(key, (criterion or "").strip().lower())] = int(g.value)
     return out
 
 

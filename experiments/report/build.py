@@ -168,15 +168,15 @@ def case_view(rec: dict, run_model: str, declared=None) -> dict:
     special = SPECIAL | set(declared.report_fields if declared else ())
     gold_key = next((k for k in GOLD_KEYS if k in rec), None)
     rest = {k: v for k, v in rec.items() if k not in special and not (k == gold_key and "prediction" in rec)}
-    error = rec.get("error") or rec.get("request_error")
+    error, o = rec.get("error") or rec.get("request_error"), outcome(rec)
     return {
         "id": str(rec.get("id", "?")),
         "model": str(rec.get("model") or run_model or "?"),
-        "outcome": outcome(rec),
-        "badge": "rated " + ", ".join(fmt(v) for v in own_values(rec) if not isinstance(v, dict)) if outcome(rec) == "rated" else outcome(rec),
+        "outcome": o,
+        "badge": "rated " + ", ".join(fmt(v) for v in own_values(rec) if not isinstance(v, dict)) if o == "rated" else o,
         "turns": _turns(rec["transcript"]) if "transcript" in rec else [],
         "scores": score_rows(rec),
-        "conversation_checks": study_lines(rec, declared),
+        "study_lines": study_lines(rec, declared),
         "scratchpad": _text(rec["scratchpad"], "\n") if rec.get("scratchpad") not in (None, "", []) else None,
         "prediction": _text(rec["prediction"]) if "prediction" in rec else None,
         "gold": _text(rec[gold_key]) if gold_key and ("prediction" in rec or gold_key == "gold") else None,

@@ -68,6 +68,8 @@ def test_the_scan_finds_what_it_looks_for():
     pat = name_pattern(study_names())
     assert pat.search(f"help: e.g. {command.upper()} runs") and pat.search(f"# see experiments/{folder}/x.py")
     assert not pat.search(f"x{folder}y and {command}_extra")  # a study's name inside another word is not it
+    title = declarations()[0].title  # a study order, a registry look-up by name, a help string naming a paper's study
+    assert all(pat.search(x) for x in (f"STUDY_ORDER = ('{command}',)", f"registry.get('{command}')", f'help="e.g. {title} runs"'))
     src = (f"import importlib\nimportlib.import_module('experiments.{folder}.study')\n"
            "importlib.import_module(f'experiments.{x}.cli')\nimportlib.import_module('experiments.core.registry')\n")
     assert [b.split(":")[0] for b in dynamic_imports(src, study_folders())] == ["line 2", "line 3"]

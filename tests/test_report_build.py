@@ -49,6 +49,8 @@ def test_report_escapes_model_output(fixtures_dir, tmp_path):
     assert '<script>document.body.setAttribute("data-pwned"' not in html and "<img src=x" not in html
     assert "&lt;script&gt;document.body.setAttribute(" in html
     assert html.count("<script>") == 1  # only our own inline script
+    # the index: case-001 correct, case-002 incorrect (old records: their typed scores derived on reading), case-003 failed
+    assert "<td>1</td><td>1</td><td>0</td><td>0</td><td>0</td><td>1</td><td>frq/multiturn 0.5; mcq/vignette 1</td>" in html
     assert "http://" not in html.replace("http://127.0.0.1:8011/v1", "") and "https://" not in html  # nothing fetched
 
 

@@ -184,6 +184,21 @@ def test_calibrate_autoeval_rank_agreement(tmp_path):
     assert o["n"] == 4 and o["spearman"]["rho"] == pytest.approx(0.8) and o["kendall"]["tau_b"] == pytest.approx(4 / 6)
     assert o["exact_agreement"] == 0.5 and o["mean_abs_diff"] == 0.5 and m["items_matched"] == 4
     assert (tmp_path / "cal" / "confusion_autoeval.png").exists()
+    # an autoeval results folder gives its typed scores rubric/<criterion> (an older record's derived on reading): the same figures
+    run = tmp_path / "autoeval-run"
+    run.mkdir()
+    (run / "config.yaml").write_text("experiment: autoeval\n")
+    rows = [{"id": "d1::empathy", "source_id": "d1", "criterion": "empathy", "rating": 2},  # written before typed scores
+            *({"id": f"{d}::empathy", "source_id": d, "criterion": "empathy", "scores": {"rubric/empathy": {"value": v}}}
+              for d, v in (("d2", 1), ("d3", 4), ("d4", 5), ("d9", 3))),
+            {"id": "d5::empathy", "source_id": "d5", "criterion": "empathy", "scores": {"rubric/empathy": {"value": None}}}]
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert calibrate_autoeval(str(run), str(ref), tmp_path / "cal2")["overall"] == o
+    # the report draws the run's table through the study's hook, not by itself
+    from experiments.report.build import build_report
+
+    html = build_report([str(tmp_path / "cal")], tmp_path / "r.html").read_text()
+    assert "Rubric judge vs reference ratings" in html and "<td>rubric judge</td><td>4</td><td>0.500</td><td>0.500</td>" in html
 
 
 def test_cli_registers_both_commands(labels, tmp_path):

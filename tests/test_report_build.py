@@ -21,14 +21,25 @@ def test_metric_tables_flatten_nested_metrics():
     assert by["levels"]["rows"] == [["1"], ["2"]]
 
 
-def test_outcome_and_case_view_for_any_study():
-    assert [outcome(r) for r in ({"correct": 1}, {"correct": False}, {"correct": 1, "error": "x"}, {"score": 0.3}, {"status": "failed"})] == \
-        ["correct", "incorrect", "failed", "unscored", "failed"]
+def test_outcome_from_typed_scores_only():
+    def rec(**scores):
+        return {"scores": {k.replace("_at_", "@"): v if isinstance(v, dict) else {"value": v} for k, v in scores.items()}}
+
+    cases = [(rec(frq=1, mcq=1), "correct"), (rec(frq=0), "incorrect"), (rec(frq=1, mcq=0), "mixed"), (rec(rubric=4), "rated"),
+             (rec(nlu={"value": {"precision": 1, "recall": 0}}), "rated"), (rec(frq=None, frq_at_panel=1), "unscored"),
+             (rec(frq={"value": 1, "skipped": True}), "unscored"), ({"correct": 1, "rating": 5}, "unscored"),
+             ({**rec(frq=1), "error": "x"}, "failed"), ({"status": "failed"}, "failed")]
+    assert [outcome(r) for r, _ in cases] == [o for _, o in cases]
+
+
+def test_case_view_for_any_study():
     c = case_view({"id": 7, "transcript": [{"agent": "doctor", "content": "hi", "turn": 0}, {"role": "patient", "text": "ok"}],
-                   "prediction": {"intent": "x"}, "gold": "y", "extracted_diagnosis": "flu", "odd": [1, {"z": None}]}, "m")
+                   "prediction": {"intent": "x"}, "gold": "y", "extracted_diagnosis": "flu", "odd": [1, {"z": None}],
+                   "scores": {"frq": {"value": 1, "answer": "flu", "judge": {"model": "m", "prompt_hash": "abc"}}}}, "m")
     assert c["id"] == "7" and c["model"] == "m" and [t["agent"] for t in c["turns"]] == ["doctor", "patient"]
-    assert '"intent": "x"' in c["prediction"] and c["gold"] == "y"
-    assert ["extracted_diagnosis", "flu"] in c["grades"] and '"odd"' in c["rest"] and "transcript" not in c["rest"]
+    assert '"intent": "x"' in c["prediction"] and c["gold"] == "y" and c["outcome"] == "correct"
+    assert c["scores"] == [["frq", "1", "m prompt abc", "flu"]]
+    assert '"extracted_diagnosis": "flu"' in c["rest"] and '"odd"' in c["rest"] and "transcript" not in c["rest"] and "scores" not in c["rest"]
 
 
 def test_report_escapes_model_output(fixtures_dir, tmp_path):
@@ -38,6 +49,8 @@ def test_report_escapes_model_output(fixtures_dir, tmp_path):
     assert '<script>document.body.setAttribute("data-pwned"' not in html and "<img src=x" not in html
     assert "&lt;script&gt;document.body.setAttribute(" in html
     assert html.count("<script>") == 1  # only our own inline script
+    # the index: case-001 correct, case-002 incorrect (old records: their typed scores derived on reading), case-003 failed
+    assert "<td>1</td><td>1</td><td>0</td><td>0</td><td>0</td><td>1</td><td>frq/multiturn 0.5; mcq/vignette 1</td>" in html
     assert "http://" not in html.replace("http://127.0.0.1:8011/v1", "") and "https://" not in html  # nothing fetched
 
 

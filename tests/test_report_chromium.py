@@ -46,7 +46,7 @@ def test_report_renders_in_headless_chromium(fixtures_dir, tmp_path, cli):
     assert 'data-ready="1"' in dom  # our script ran
     assert "6 of 6 cases shown" in dom
     for text in ("ZEBRA-PATIENT-LINE", "QUOKKA-RESEARCHER-NOTE", "quit smoking five years ago", "inform_symptom", "HTTP 500: server fell over",
-                 "PELICAN-TARGET-ACT", "multiturn.frq", "acute appendicitis"):
+                 "PELICAN-TARGET-ACT", "frq/multiturn", "acute appendicitis"):
         assert text in dom
     for agent in ("doctor", "patient", "decider", "researcher"):
         assert f'class="who">{agent} ' in dom

@@ -70,8 +70,8 @@ def test_report_sections_in_the_papers_order(tmp_path, cli):
     assert "GPT-4 (paper)" in mcq and "0.820" in mcq and "vs vignette" in mcq
     assert "Turn cap 4 doctor turns" in body and "Saley et al." in body and "In-context exemplars retrieved with all-MiniLM-L6-v2" in body
     assert "GPT-4-Turbo (in-context)" in body and "0.6641" in body
-    # ratings as ratings, with their axis names
-    assert "rating 4/5" in body and "Showing Empathy" in body and "3.00 [2.00, 4.00]" in body
+    # ratings as ratings (the case's badge gives its typed score's value), with their axis names
+    assert ">rated 4<" in body and "Showing Empathy" in body and "3.00 [2.00, 4.00]" in body
     # fine-tuning: loss curves, best checkpoint, adapter hash, recipe; bench: ratio table and headline
     assert "best checkpoint" in body and adapter_hash(str(runs / "finetune" / "adapter")) in body and "learning_rate" in body
     assert "vLLM / transformers ratios" in body and "2.07x" in body and "80.4 output tok/s" in body

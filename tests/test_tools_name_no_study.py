@@ -1,5 +1,5 @@
 """The tools over studies and their results (docs/layout.md) name no study, strings included: every .py file of
-theirs is scanned for each study's names, taken from the registry (its commands, the folder it lives in, the
+theirs (and every template the report and the review page render) is scanned for each study's names, taken from the registry (its commands, the folder it lives in, the
 kinds of results folders it declares, its paper-table declaration's name and title), as whole words in any case,
 and for dynamic imports (``importlib.import_module`` / ``__import__``) of anything but a literal module outside
 the study folders. A tool reaches a study only through the registry."""
@@ -18,7 +18,7 @@ TOOLS = ("report", "review", "calibrate", "compare", "rescore", "sweep", "tables
 
 
 def tool_files() -> list[Path]:
-    return [f for t in TOOLS for f in sorted((ROOT / "experiments" / t).rglob("*.py"))]
+    return [f for t in TOOLS for ext in ("py", "j2", "js") for f in sorted((ROOT / "experiments" / t).rglob(f"*.{ext}"))]
 
 
 def study_folders() -> set[str]:
@@ -65,6 +65,8 @@ def test_the_scan_finds_what_it_looks_for():
     pat = name_pattern(study_names())
     assert pat.search(f"help: e.g. {command.upper()} runs") and pat.search(f"# see experiments/{folder}/x.py")
     assert not pat.search(f"x{folder}y and {command}_extra")  # a study's name inside another word is not it
+    title = declarations()[0].title  # a study order, a registry look-up by name, a help string naming a paper's study
+    assert all(pat.search(x) for x in (f"STUDY_ORDER = ('{command}',)", f"registry.get('{command}')", f'help="e.g. {title} runs"'))
     src = (f"import importlib\nimportlib.import_module('experiments.{folder}.study')\n"
            "importlib.import_module(f'experiments.{x}.cli')\nimportlib.import_module('experiments.core.registry')\n")
     assert [b.split(":")[0] for b in dynamic_imports(src, study_folders())] == ["line 2", "line 3"]
@@ -78,5 +80,5 @@ def test_tools_name_no_study():
         rel = f.relative_to(ROOT)
         for i, line in enumerate(text.splitlines(), 1):
             found += [f"{rel}:{i}: {m.group(0)!r}" for m in pat.finditer(line)]
-        found += [f"{rel}: {b}" for b in dynamic_imports(text, folders)]
+        found += [f"{rel}: {b}" for b in (dynamic_imports(text, folders) if f.suffix == ".py" else [])]
     assert len(tool_files()) > 20 and not found, "a tool names a study:\n" + "\n".join(found)

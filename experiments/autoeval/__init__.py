@@ -15,5 +15,6 @@ STUDY = StudyDeclaration(
     --reference) and summary.md. Exit 0 done, 2 bad input, 3 some ratings failed (run the same command again).
     """),),
     tables="paper_tables.yaml", adapter="paper_values:ADAPTER",
+    results=("calibrate:CALIBRATION",),  # `calibrate autoeval` writes results folders of this kind: its table in the report
     cli={"calibrate autoeval": "cli:autoeval_cmd"},
 )

@@ -11,11 +11,12 @@ import csv
 import io
 from pathlib import Path
 
+from experiments.common.grade import grades, split_name
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
-from experiments.autoeval.metrics import rating_of
 from experiments.core.registry import open_run
 from experiments.core.results import RunDir
+from experiments.core.study import StudyResults
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
 
@@ -42,12 +43,14 @@ def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
 
 
 def _read_autoeval_dir(path: Path) -> dict[tuple[str, str], int]:
+    """An autoeval results folder's ratings: its records' typed scores ``rubric/<criterion>`` (read by the one reader)."""
     out = {}
-    for r in open_run(path).finished:  # older records read with typed scores
-        if (v := rating_of(r).value) is None:
-            continue
-        key = str(r.get("source_id") or r.get("dialogue_id") or str(r.get("id")).split("::")[0])
-        out[(key, str(r.get("criterion") or "").strip().lower())] = int(v)
+    for r in open_run(path).finished:
+        for name, g in grades(r).items():
+            step, criterion, by = split_name(name)
+            if step == "rubric" and by is None and g.scored:
+                key = str(r.get("source_id") or str(r.get("id")).split("::")[0])
+                out[(key, (criterion or "").strip().lower())] = int(g.value)
     return out
 
 
@@ -108,3 +111,17 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     L += ["", f"mean absolute difference: {num(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
     rundir.write_summary("\n".join(L) + "\n")
     return metrics
+
+
+def report_tables(run: dict) -> list[dict]:
+    """A `calibrate autoeval` run in `medstack report` (its ``StudyResults.report_run`` hook): the judge against the reference."""
+    x = (run.get("metrics") or {}).get("overall") if isinstance(run.get("metrics"), dict) else None
+    if not x:
+        return []
+    return [{"heading": "Judge calibration", "title": "Rubric judge vs reference ratings (1-5; kappa linear-weighted)",
+             "columns": ["rater", "n", "exact agreement", "mean |diff|", "weighted kappa", "Spearman rho", "Kendall tau-b"],
+             "rows": [["rubric judge", x["n"], *map(num, (x["exact_agreement"], x["mean_abs_diff"], x["weighted_kappa_linear"],
+                                                          (x.get("spearman") or {}).get("rho"), (x.get("kendall") or {}).get("tau_b")))]]}]
+
+
+CALIBRATION = StudyResults(experiment="calibrate-autoeval", report_run=report_tables)

@@ -43,12 +43,9 @@ def score_rows(run: Run) -> list[dict]:
                     unscored[full] += 1
                 else:
                     values[full].append(float(v))
-    rows = []
-    for name in sorted(values):
-        ci = mean_ci(values[name])
-        rows.append({"score": name, "mean": None if not values[name] else ci.mean, "ci_low": None if not values[name] else ci.low,
-                     "ci_high": None if not values[name] else ci.high, "n": ci.n, "unscored": unscored[name]})
-    return rows
+    cis = {name: mean_ci(v) if v else None for name, v in values.items()}  # an empty score: no mean, never NaN
+    return [{"score": name, "mean": ci and ci.mean, "ci_low": ci and ci.low, "ci_high": ci and ci.high, "n": len(values[name]),
+             "unscored": unscored[name]} for name, ci in sorted(cis.items())]
 
 
 def scores_markdown(table: list[dict]) -> str:

@@ -3,14 +3,14 @@
 All content goes through Jinja2 autoescaping (model output can hold anything, including
 markup); CSS and JS are inlined from ``templates/``; charts are embedded as base64 PNG.
 Records of any study render: the shared conventions get dedicated views (``transcript``,
-``scratchpad``, ``correct`` and grades, ``prediction`` next to ``gold``, ``error``), every
+``scratchpad``, the typed ``scores``, ``prediction`` next to ``gold``, ``error``), every
 other field goes into a collapsible JSON block.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from experiments.bench.measure import FIGURES
 from experiments.bench.summary import RATIO_HEADS
 from experiments.calibrate.reviews import COLUMNS, consensus_note, table_rows
-from experiments.common.grade import grades as typed_grades
+from experiments.common.grade import grades as typed_grades, split_name
 from experiments.compare.run import score_rows as score_means
 from experiments.core.registry import results_of
 from experiments.report.collect import find_runs, full_record, load_run_dir
@@ -31,11 +31,10 @@ from experiments.tables.render import table_view
 from finetune.report import loss_figure_png
 
 TEMPLATES = Path(__file__).with_name("templates")
-SPECIAL = {"id", "model", "transcript", "scratchpad", "correct", "prediction", "gold", "error", "request_error", "traceback",
+SPECIAL = {"id", "model", "transcript", "scratchpad", "prediction", "gold", "error", "request_error", "traceback",
            "scores"}  # the typed scores: their own table (score_rows); a study's report_fields: its report_case lines
-GRADE_KEY = re.compile(r"correct|diagnos|answer|extract|grade|verdict|score|accuracy|label|outcome|status", re.I)
-NOT_GRADES = re.compile(r"reply|raw|prompt|hash|roles|usage|timing|tokens", re.I)
 GOLD_KEYS = ("gold", "target", "reference")  # the names studies give a gold label
+OUTCOMES = ("correct", "incorrect", "mixed", "rated", "unscored", "failed")  # a case's, by its typed scores (outcome)
 
 
 def _is_scalar(v) -> bool:
@@ -87,16 +86,23 @@ def metric_tables(data, title: str = "overview") -> list[dict]:
 
 # ---------------------------------------------------------------- cases
 
+def own_values(rec: dict) -> list:
+    """The scored values of the record's own typed scores (a rescore's ``@JUDGE`` grades left out)."""
+    return [g.value for name, g in typed_grades(rec).items() if g.scored and split_name(name)[2] is None]
+
+
 def outcome(rec: dict) -> str:
-    """failed (no answer: never scored), rated (a rubric rating), correct, incorrect or unscored."""
+    """failed (no answer: never scored), else from the record's own typed scores (a rescore's ``@JUDGE`` grades left
+    out): correct / incorrect when every scored value is 1 / 0, mixed when some are 1 and some 0, rated when one is
+    another value (a rating, a fraction, named values), unscored when none is scored."""
     if rec.get("status") == "failed" or rec.get("error") or rec.get("request_error"):
         return "failed"
-    if "rating" in rec and "criterion" in rec:  # a rubric rating is a rating, not a right/wrong answer
-        return "rated" if rec.get("rating") is not None else "unscored"
-    c = rec.get("correct")
-    if isinstance(c, (bool, int, float)):
-        return "correct" if c == 1 else "incorrect" if c == 0 else "unscored"
-    return "unscored"
+    values = own_values(rec)
+    if not values:
+        return "unscored"
+    if any(isinstance(v, dict) or v not in (0, 1) for v in values):
+        return "rated"
+    return "correct" if all(v == 1 for v in values) else "incorrect" if all(v == 0 for v in values) else "mixed"
 
 
 def _text(v, sep: str = "\n\n") -> str:
@@ -122,28 +128,6 @@ def _turns(transcript) -> list[dict]:
 
 def _short(v, n: int = 160):
     return v[:n] + " ..." if isinstance(v, str) and len(v) > n else v
-
-
-def nested_grades(rec: dict, special=SPECIAL) -> dict | None:
-    """Grade-like fields of nested answers (e.g. answers[format][mcq|frq]) as one table."""
-    rows = []
-
-    def walk(path: str, d: dict, depth: int) -> None:
-        leaf = {k: _short(v) for k, v in d.items() if _is_scalar(v) and GRADE_KEY.search(k) and not NOT_GRADES.search(k)}
-        if leaf:
-            rows.append((path, leaf))
-        if depth < 3:
-            for k, v in d.items():
-                if isinstance(v, dict):
-                    walk(f"{path}.{k}", v, depth + 1)
-
-    for k, v in rec.items():
-        if k not in special and isinstance(v, dict) and not NOT_GRADES.search(k):
-            walk(k, v, 1)
-    if not rows:
-        return None
-    cols = list(dict.fromkeys(c for _, leaf in rows for c in leaf))
-    return {"columns": ["", *cols], "rows": [[path, *(fmt(leaf.get(c)) if c in leaf else "" for c in cols)] for path, leaf in rows]}
 
 
 def score_rows(rec: dict) -> list[list[str]] | None:
@@ -181,26 +165,18 @@ def judges_view(run: dict) -> dict | None:
 
 
 def case_view(rec: dict, run_model: str, declared=None) -> dict:
-    rated, special = "rating" in rec and "criterion" in rec, SPECIAL | set(declared.report_fields if declared else ())
-    grades = [[k, fmt(_short(v))] for k, v in rec.items()
-              if k not in special and GRADE_KEY.search(k) and not NOT_GRADES.search(k) and _is_scalar(v)]
-    if "correct" in rec:
-        grades.insert(0, ["correct" if not rated else "rated dialogue's answer correct", fmt(rec["correct"])])
-    if rated:
-        grades.insert(0, [str(rec.get("criterion_name") or rec["criterion"]), "-" if rec["rating"] is None else f"{fmt(rec['rating'])} / 5"])
+    special = SPECIAL | set(declared.report_fields if declared else ())
     gold_key = next((k for k in GOLD_KEYS if k in rec), None)
     rest = {k: v for k, v in rec.items() if k not in special and not (k == gold_key and "prediction" in rec)}
-    error = rec.get("error") or rec.get("request_error")
+    error, o = rec.get("error") or rec.get("request_error"), outcome(rec)
     return {
         "id": str(rec.get("id", "?")),
         "model": str(rec.get("model") or run_model or "?"),
-        "outcome": outcome(rec),
-        "badge": f"rating {fmt(rec['rating'])}/5" if rated and rec.get("rating") is not None else outcome(rec),
+        "outcome": o,
+        "badge": "rated " + ", ".join(fmt(v) for v in own_values(rec) if not isinstance(v, dict)) if o == "rated" else o,
         "turns": _turns(rec["transcript"]) if "transcript" in rec else [],
-        "grades": grades,
-        "nested_grades": nested_grades(rec, special),
         "scores": score_rows(rec),
-        "conversation_checks": study_lines(rec, declared),
+        "study_lines": study_lines(rec, declared),
         "scratchpad": _text(rec["scratchpad"], "\n") if rec.get("scratchpad") not in (None, "", []) else None,
         "prediction": _text(rec["prediction"]) if "prediction" in rec else None,
         "gold": _text(rec[gold_key]) if gold_key and ("prediction" in rec or gold_key == "gold") else None,
@@ -227,22 +203,6 @@ def _run_model(run: dict) -> str:
     return str(spec).split("@", 1)[0] if spec else ""  # a label only: references are parsed in serving/refs.py
 
 
-def calibration_view(run: dict) -> dict | None:
-    """Judge-calibration results dirs (medstack calibrate ...): one row per rater vs the clinicians."""
-    cfg, m = run.get("config") or {}, run.get("metrics") or {}
-    study = str(cfg.get("experiment") or "")
-    if not study.startswith("calibrate") or not isinstance(m, dict) or "overall" not in m:
-        return None  # a calibration kind of a study's own shows its own tables (StudyResults.report_run)
-    rows = []
-    x = m.get("overall") or {}
-    if x:
-        rows.append(["rubric judge", x["n"], fmt(x["exact_agreement"]), fmt(x["mean_abs_diff"]), "–", fmt(x["weighted_kappa_linear"]),
-                     fmt((x.get("spearman") or {}).get("rho")), fmt((x.get("kendall") or {}).get("tau_b"))])
-    title = "Rubric judge vs reference ratings (1-5; kappa linear-weighted)"
-    return {"title": title, "columns": ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"],
-            "rows": rows}
-
-
 def review_calibration_view(c: dict) -> dict:
     """A `medstack calibrate RUN_DIR --labels` result (reviews/calibration-<judge>.json): its table, as in its summary."""
     s, scale = c.get("sample") or {}, c.get("scale") or {}
@@ -260,7 +220,7 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
     declared = results_of(run["run"])
     cases = [case_view(full_record(run, i), model, declared) for i in range(min(max_cases, len(run["records"])))]
     outcomes = [outcome(r) for r in run["records"]]
-    scored = [o for o in outcomes if o in ("correct", "incorrect")]
+    means = score_means(run["run"])
     metrics = run["metrics"] if run["metrics"] is not None else (run["bench"] or {}).get("results") if run["bench"] else None
     run_stats = (run["metrics"] or {}).get("run", {}) if isinstance(run["metrics"], dict) else {}
     if run["bench"] and not run_stats:
@@ -277,17 +237,14 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "roles": {str(k): str(v) for k, v in cfg["roles"].items()} if isinstance(cfg.get("roles"), dict) else {},
         "n_records": len(run["records"]),
         "n_shown": len(cases),
-        "accuracy": f"{sum(o == 'correct' for o in scored) / len(scored):.1%}" if scored else "-",
-        "n_correct": sum(o == "correct" for o in outcomes),
-        "n_incorrect": sum(o == "incorrect" for o in outcomes),
-        "n_failed": sum(o == "failed" for o in outcomes),
+        "n": {o: sum(x == o for x in outcomes) for o in OUTCOMES},
+        "score_means": "; ".join(f"{x['score']} {fmt(x['mean'])}" for x in means if x["mean"] is not None) or "-",
         "tokens_per_s": fmt(run_stats.get("output_tokens_per_s")) if run_stats.get("output_tokens_per_s") is not None else "-",
         "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
-        "calibration": calibration_view(run),
         "study_tables": declared.report_run(run) if declared is not None and declared.report_run is not None else [],
         "score_table": [[x["score"], "-" if x["mean"] is None else f"{fmt(x['mean'])} [{fmt(x['ci_low'])}, {fmt(x['ci_high'])}]", x["n"], x["unscored"]]
-                        for x in score_means(run["run"])],
+                        for x in means],
         "judges": judges_view(run),
         "review_calibrations": [review_calibration_view(c) for c in run.get("review_calibrations") or []],
         # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
@@ -299,19 +256,11 @@ def run_view(run: dict, idx: int, max_cases: int) -> dict:
         "warnings": run["warnings"],
         "finetune": finetune_view(run),
         "bench_view": bench_view(run),
-        "mean_rating": mean_rating(run["records"]),
         "cases": cases,
     }
 
 
-def mean_rating(records: list[dict]) -> str | None:
-    ratings = [r["rating"] for r in records if "criterion" in r and isinstance(r.get("rating"), (int, float))]
-    return f"{sum(ratings) / len(ratings):.2f} / 5 (n={len(ratings)})" if ratings else None
-
-
 def _png(data: bytes | None) -> str | None:
-    import base64
-
     return base64.b64encode(data).decode("ascii") if data else None
 
 
@@ -406,7 +355,7 @@ def render(runs: list[dict], sources: list[str], sections: list[dict] | None = N
     if sections is None:
         sections = [{"key": "runs", "title": "Runs", "paper": None, "tables": [], "runs": runs, "warnings": []}]
     return env.get_template("report.html.j2").generate(
-        runs=runs, models=models, sources=sources, sections=sections,
+        runs=runs, models=models, sources=sources, sections=sections, outcomes=OUTCOMES,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         n_cases=sum(len(r["cases"]) for r in runs),
     )

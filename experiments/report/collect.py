@@ -75,8 +75,8 @@ def _finetune(p: Path, warnings: list[str]) -> dict | None:
 
 def full_record(run: dict, index: int) -> dict:
     """Record ``index`` of a run from :func:`load_run_dir` read again whole, call log included (for the cases the
-    report renders): the one reader's :meth:`Run.full_record`."""
-    return run["run"].full_record(index)
+    report renders): the one reader's :meth:`Run.full_record`, with the record as upgraded to today's shape on top."""
+    return {**run["run"].full_record(index), **run["records"][index]}
 
 
 def load_run_dir(p: Path) -> dict:

@@ -111,7 +111,7 @@ def write_sample(run_dir: str | Path, judge: dict, n: int, seed: int) -> dict:
 
 def read_sample(path: Path) -> dict:
     try:
-        s = json.loads(_utf8_lines(path)[1])
+        s = json.loads(read_utf8(path))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(s, dict) or not isinstance(s.get("items"), list):
@@ -124,12 +124,6 @@ def sample_tag(sample: dict) -> str:
     say which sample their item numbers count in, without naming anything."""
     text = json.dumps([sample.get("judge"), [it["id"] for it in sample["items"]]])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def _utf8_lines(f: Path) -> tuple[list[str], str]:
-    """The file's lines and text (:func:`models.errors.read_utf8`: not UTF-8 is bad input naming the file and line)."""
-    text = read_utf8(f)
-    return text.splitlines(), text
 
 
 def check_label(value, scale: dict, where: str):
@@ -218,7 +212,7 @@ def _numbered(row: dict, run_dir, samples: dict, where: str) -> tuple[str, str]:
 
 def _label_lines(f: Path):
     """(line number, object) per line; a torn LAST line (a kill mid-write) is left out, any other bad line is an error."""
-    lines = [(n, ln) for n, ln in enumerate(_utf8_lines(f)[0], 1) if ln.strip()]
+    lines = [(n, ln) for n, ln in enumerate(read_utf8(f).splitlines(), 1) if ln.strip()]
     for k, (n, ln) in enumerate(lines):
         try:
             row = json.loads(ln)

@@ -89,16 +89,18 @@ def labels_for(models: list[str]) -> list[str]:
     return out
 
 
+def case_statuses(out: Path) -> dict[str, str | None]:
+    """case id -> the status of its latest record (empty without records, or with records that cannot be read)."""
+    try:
+        return {str(r.get("id")): r.get("status") for r in read_jsonl(out / "records.jsonl")} if (out / "records.jsonl").exists() else {}
+    except MedstackError:
+        return {}
+
+
 def is_finished(out: Path, case_ids: list[str]) -> bool:
     """Every case has a finished (not failed) record and metrics were written: nothing left to run."""
-    records = out / "records.jsonl"
-    if not (records.exists() and (out / "metrics.json").exists()):
-        return False
-    try:
-        latest = {str(r.get("id")): r for r in read_jsonl(records)}
-    except MedstackError:
-        return False
-    return all(i in latest and latest[i].get("status") != "failed" for i in case_ids)
+    latest = case_statuses(out)
+    return (out / "metrics.json").exists() and all(i in latest and latest[i] != "failed" for i in case_ids)
 
 
 def _split(values: dict, to_overrides) -> tuple[dict, dict]:

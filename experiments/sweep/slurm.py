@@ -33,9 +33,9 @@ from pathlib import Path
 
 from experiments.common.markdown import md_table
 from experiments.core.config import ConfigError
-from experiments.core.results import make_results_dir, read_jsonl
+from experiments.core.results import make_results_dir
 from experiments.core.runlock import RunLock
-from experiments.sweep.run import Plan, SweepOutcome, check_gpu_fit, is_finished, join, run_entry
+from experiments.sweep.run import Plan, SweepOutcome, case_statuses, check_gpu_fit, is_finished, join, run_entry
 from models.errors import MedstackError
 from models.paths import USER_HOME_ENV, medstack_home, private_dir
 from models.registry import get_spec, resolve_weights
@@ -94,14 +94,7 @@ def gpu_plan(roles: dict[str, str], visible: str) -> dict[str, str]:
 
 def progress(out: Path, total: int) -> tuple[int, int]:
     """(cases finished, total): cases whose latest record is not failed."""
-    records = out / "records.jsonl"
-    if not records.exists():
-        return 0, total
-    try:
-        latest = {str(r.get("id")): r.get("status") for r in read_jsonl(records)}
-    except MedstackError:
-        return 0, total
-    return sum(1 for s in latest.values() if s != "failed"), total
+    return sum(1 for s in case_statuses(out).values() if s != "failed"), total
 
 
 # ------------------------------------------------------------------ submit (the login node)

@@ -41,7 +41,12 @@ def qa_scores(record: dict, settings) -> dict[str, Grade]:
 
 
 def upgrade(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k not in ("correct", "score", "improved")}  # the DERA arm's grade, restated
+    """An older record in today's shape: without the fields that restated the DERA arm's grade, and with each arm's
+    answer under ``answers`` (an older QA record kept it among the arm's values under ``scores``)."""
+    out = {k: v for k, v in record.items() if k not in ("correct", "score", "improved")}
+    if "answers" not in out and out.get("question") is not None and isinstance(out.get("scores"), dict):
+        out["answers"] = {arm: s.get("answer") for arm, s in out["scores"].items() if isinstance(s, dict)}
+    return out
 
 
 def dialogue_scores(record: dict, settings) -> dict[str, Grade]:

@@ -39,7 +39,7 @@ class AgentClinicSettings(RunSettings):
 
     experiment: str = "agentclinic"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the doctor model alias).")
-    data: str | None = Field(None, description="AgentClinic OSCE .jsonl (one OSCE_Examination per line) or a registered data set name "
+    data: str | None = Field("agentclinic-medqa", description="AgentClinic OSCE .jsonl (one OSCE_Examination per line) or a registered data set name "
                              "(agentclinic-medqa, agentclinic-medqa-ext).")
     inferences: int = Field(20, ge=1, description="The doctor's budget of inferences (patient questions and test requests together).")
     doctor_bias: Literal[DOCTOR_BIASES] = Field("none", description="A cognitive or implicit bias instruction added to the doctor's prompt.")

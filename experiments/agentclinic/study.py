@@ -17,7 +17,6 @@ from experiments.common.grade import Grade, grades
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci
 from experiments.core.config import ConfigError, config_dir
-from experiments.core.deviations import deviations_line
 from experiments.core.judging import YES_NO, Judge
 from experiments.core.registry import register_study, register_tables
 from experiments.core.results import iter_jsonl
@@ -105,8 +104,7 @@ def summary_markdown(m: dict, s: AgentClinicSettings) -> str:
             ["moderator replies unscored (unreadable)", m["moderator_unscored"], m["diagnosed"]],
             ["tests requested (all cases)", m["tests_requested"], ""],
             ["doctor inferences per case (mean)", num(m["mean_doctor_inferences"], 2), f"budget {m['inferences']}"]]
-    head = [f"# AgentClinic run: {s.name}", "", deviations_line(m.get("deviations")), "",
-            f"doctor bias: {s.doctor_bias}; patient bias: {s.patient_bias}; moderator rule: {s.verdict_rule}", ""]
+    head = [f"# AgentClinic run: {s.name}", "", f"doctor bias: {s.doctor_bias}; patient bias: {s.patient_bias}; moderator rule: {s.verdict_rule}", ""]
     return "\n".join(head + md_table(["", "value", "of"], rows)) + "\n"
 
 

@@ -91,7 +91,7 @@ def test_an_unreadable_moderator_reply_is_unscored_and_counted_not_fatal():
     assert [grades(r)["diagnosis"].value for r in records] == [None, 1, 0]
     m = run_metrics(records, s)
     assert m["accuracy"]["n"] == 2 and m["accuracy"]["accuracy"] == 0.5  # the unscored reply is left out, the no-diagnosis counted wrong
-    assert (m["diagnosed"], m["no_diagnosis"], m["moderator_unscored"]) == (2, 1, 1)
+    assert (m["diagnosed"], m["no_diagnosis"], m["moderator_unscored"], m["rules_disagree"]) == (2, 1, 1, 2)  # 'Yes.': no / yes; 'Perhaps': no / unscored
     exact = run(CASES[1], ["DIAGNOSIS READY: pneumonia"], moderator="Yes.")[0]
     assert grades(exact)["diagnosis"].value == 0  # the authors' rule: only exactly 'yes'
 

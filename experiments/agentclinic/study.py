@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from experiments.agentclinic.paper_values import ADAPTER
-from experiments.agentclinic.protocol import PROMPTS, moderate, no_diagnosis, solve
+from experiments.agentclinic.protocol import PROMPTS, moderate, no_diagnosis, solve, verdict
 from experiments.agentclinic.settings import AgentClinicSettings
 from experiments.common.grade import Grade, grades
 from experiments.common.markdown import md_table, num
@@ -91,6 +91,8 @@ def run_metrics(records: list[dict], s: AgentClinicSettings) -> dict:
                                                   "ci_high": ci.high if ci.n else None, "n": ci.n},
             "diagnosed": len(moderated), "no_diagnosis": len(records) - len(moderated),
             "moderator_unscored": len(moderated) - sum(1 for r in moderated if grades(r).get("diagnosis", Grade(None)).scored),
+            # replies the two rules read differently ('Yes.' is a no by the authors' rule, a yes by its first word)
+            "rules_disagree": sum(1 for r in moderated if verdict(e := grades(r)["diagnosis"].explanation or "", "exact") != verdict(e, "first_word")),
             "verdict_rule": s.verdict_rule, "biases": {"doctor": s.doctor_bias, "patient": s.patient_bias}, "inferences": s.inferences,
             "mean_doctor_inferences": sum(r.get("doctor_inferences", 0) for r in records) / len(records) if records else None,
             "tests_requested": sum(r.get("tests_requested", 0) for r in records)}
@@ -102,6 +104,7 @@ def summary_markdown(m: dict, s: AgentClinicSettings) -> str:
             ["cases with a diagnosis", m["diagnosed"], m["records"]],
             ["no diagnosis within the budget (wrong)", m["no_diagnosis"], m["records"]],
             ["moderator replies unscored (unreadable)", m["moderator_unscored"], m["diagnosed"]],
+            ["moderator replies read differently by the other rule (exact / first word)", m["rules_disagree"], m["diagnosed"]],
             ["tests requested (all cases)", m["tests_requested"], ""],
             ["doctor inferences per case (mean)", num(m["mean_doctor_inferences"], 2), f"budget {m['inferences']}"]]
     head = [f"# AgentClinic run: {s.name}", "", f"doctor bias: {s.doctor_bias}; patient bias: {s.patient_bias}; moderator rule: {s.verdict_rule}", ""]

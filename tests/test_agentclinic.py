@@ -32,7 +32,7 @@ def run(case, doctor_lines, moderator="Yes", **settings):
         return {"patient": "It hurts a lot.", "measurement": "RESULTS: glucose 412 mg/dL", "moderator": moderator}[role]
 
     s = AgentClinicSettings(data="-", roles={r: "scripted" for r in ROLES}, **settings)
-    ctx = CaseContext(ScriptedLLM(respond, roles=ROLES), case["id"])
+    ctx = CaseContext(ScriptedLLM(respond, roles=ROLES), case["id"], answers=s.answers)
     record = asyncio.run(solve(ctx, case, s))
     return record, ctx.calls
 
@@ -138,3 +138,12 @@ def test_the_extended_set_is_declared_in_the_study_folder_pinned_like_the_global
     ext = sets["agentclinic-medqa-ext"]
     assert ext.main == "agentclinic_medqa_extended.jsonl" and [f.size for f in ext.files] == [414177]
     assert ext.files[0].sha256 == "54a024eb2705c6c55d1988766adf4ab02ea7bbe2a28f843107b740032200f232"
+
+
+def test_the_moderator_is_the_one_constrained_step():
+    _, calls = run(CASES[0], ["DIAGNOSIS READY: migraine"], answers="constrained")
+    [moderator] = [c for c in calls if c["role"] == "moderator"]
+    assert moderator["gen"]["structured"] == {"choice": ["Yes", "No"]} and moderator["format_ok"] == [True]
+    assert all("structured" not in c["gen"] for c in calls if c["role"] != "moderator")
+    free = [c for c in run(CASES[0], ["DIAGNOSIS READY: migraine"])[1] if c["role"] == "moderator"][0]
+    assert "structured" not in free["gen"] and free["constraint"]["applied"] is False

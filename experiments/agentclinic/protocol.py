@@ -72,7 +72,7 @@ async def moderate(ctx: CaseContext, line: str, correct: str, s: AgentClinicSett
     judge = {"model": s.roles.get(role), "prompt_hash": PROMPTS.hash(*MODERATOR_TEMPLATES), "rule": s.verdict_rule}
     system, user = PROMPTS.render("moderator_system"), PROMPTS.render("moderator_user", correct=correct, diagnosis=line)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    r = await ctx.chat(messages, role=role, gen=s.sampling.moderator.gen(), step="moderator")
+    r = await ctx.chat(messages, role=role, gen=s.sampling.moderator.gen(), step="moderator", constraint=PROMPTS.constraint("moderator_user"))
     reply = re.sub(r"\s+", " ", r.text or "")
     return Grade(value=verdict(reply, s.verdict_rule), answer=line, source=RULES[s.verdict_rule], explanation=reply, judge=judge)
 

@@ -30,9 +30,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from experiments.autoeval import cli as autoeval_cli
 from experiments.calibrate import cli as calibrate_cli
-from experiments.craftmd import cli as craftmd_cli
+from experiments.core import registry
 from experiments.autoeval.calibrate import calibrate_autoeval
 from experiments.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader, published_counts, read_labels, trivial_kind
 from experiments.common.stats import count_agreement, kendall, spearman, weighted_kappa
@@ -191,9 +190,7 @@ def test_cli_registers_both_commands(labels, tmp_path):
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    calibrate_cli.register(**apps)
-    craftmd_cli.register(**apps)  # the studies' calibrations join the group from their folders
-    autoeval_cli.register(**apps)
+    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     runner = CliRunner()
     for cmd in (["calibrate", "craftmd-grader", "--help"], ["calibrate", "autoeval", "--help"]):
         assert runner.invoke(app, cmd).exit_code == 0
@@ -240,6 +237,5 @@ def _app():
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    calibrate_cli.register(**apps)
-    craftmd_cli.register(**apps)
+    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     return app

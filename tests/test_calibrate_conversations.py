@@ -125,13 +125,12 @@ def test_cli_help_and_metrics_without_labels(tmp_path):
     from typer.testing import CliRunner
 
     from experiments.calibrate import cli as calibrate_cli
-    from experiments.craftmd import cli as craftmd_cli
+    from experiments.core import registry
 
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    calibrate_cli.register(**apps)
-    craftmd_cli.register(**apps)  # CRAFT-MD's calibrations join the group from its folder
+    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     r = CliRunner().invoke(app, ["calibrate", "conversations", "--help"])
     assert r.exit_code == 0 and "--labels" in r.output and "--limit" in r.output
     assert calibration_metrics([])["raters"]["Q1"]["n"] == 0 and calibration_metrics([])["questions"] == {}
@@ -195,13 +194,12 @@ def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_p
     from typer.testing import CliRunner
 
     from experiments.calibrate import cli as calibrate_cli
-    from experiments.craftmd import cli as craftmd_cli
+    from experiments.core import registry
 
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    calibrate_cli.register(**apps)
-    craftmd_cli.register(**apps)
+    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     r = CliRunner().invoke(app, ["calibrate", "conversations", "--labels", str(fixtures_dir / "craftmd" / "experts"), "--out", str(tmp_path / "cal"),
                                  "--n-boot", "200"])
     assert r.exit_code == 0, r.output

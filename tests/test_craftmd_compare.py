@@ -9,9 +9,6 @@ import yaml
 from typer.testing import CliRunner
 
 from experiments.core import registry
-from experiments.core.commands import study_command
-from experiments.compare import cli as compare_cli
-from experiments.craftmd import cli as craftmd_cli
 from experiments.craftmd.compare import compare, run_compare
 from experiments.craftmd.importer import import_folder, parse_conversation
 from experiments.common.stats import mcnemar_test, mean_ci, paired_bootstrap
@@ -144,13 +141,12 @@ def test_parse_conversation_errors_name_the_file():
 
 
 def _app():
-    app, run_app, import_app = typer.Typer(), typer.Typer(), typer.Typer()
-    app.add_typer(run_app, name="run")
-    app.add_typer(import_app, name="import")
-    craftmd_cli.register(app=app, run_app=run_app, score_app=typer.Typer(), import_app=import_app, data_app=typer.Typer(), finetune_app=typer.Typer())
-    compare_cli.register(app=app)  # `medstack compare`: the tool's, which runs CRAFT-MD's comparison (StudyResults.compare)
-    run_app.command("craftmd")(study_command(registry.get("craftmd")))  # the study commands: from the registry
-    app.command("meld")(study_command(registry.get("meld")))
+    """`medstack` with every command from the registry (CRAFT-MD's import and study commands, the tools' compare)."""
+    apps = {name: typer.Typer() for name in ("run_app", "score_app", "import_app", "data_app", "finetune_app")}
+    app = typer.Typer()
+    for name, sub in apps.items():
+        app.add_typer(sub, name=name.removesuffix("_app"))
+    registry.register_all(app=app, **apps)
     return app
 
 

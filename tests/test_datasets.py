@@ -307,3 +307,20 @@ def test_cli_corrupted_file_exits_2_and_keeps_nothing(cli, test_registry, server
     r = cli("data", "fetch", "agentclinic-medqa", env={**env, "MEDSTACK_DATA_REGISTRY": str(changed)})
     assert r.returncode == 2 and "sha256 mismatch" in r.stderr
     assert _nothing_left(home)
+
+
+def test_a_study_folders_data_sets_join_the_registry_once(tmp_path, monkeypatch):
+    """A study folder's datasets.yaml (here one on $MEDSTACK_STUDIES) adds its sets to the registry; a name that is
+    registered already is an error naming the file."""
+    raw = yaml.safe_load(D.REGISTRY_FILE.read_text())["sets"]
+    name, entry = next(iter(raw.items()))
+    folder = tmp_path / "mystudy"
+    folder.mkdir()
+    (folder / "datasets.yaml").write_text(yaml.safe_dump({"sets": {"mystudy-cases": entry}}))
+    monkeypatch.setenv("MEDSTACK_STUDIES", str(folder))
+    monkeypatch.delenv("MEDSTACK_DATA_REGISTRY", raising=False)
+    reg = D.load_registry()
+    assert set(reg) == set(raw) | {"mystudy-cases"} and reg["mystudy-cases"].files == reg[name].files
+    (folder / "datasets.yaml").write_text(yaml.safe_dump({"sets": {name: entry}}))
+    with pytest.raises(DataError, match=f"{folder / 'datasets.yaml'}: {name} registered already"):
+        D.load_registry()

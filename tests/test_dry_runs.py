@@ -128,7 +128,7 @@ class _Broken(Study):
     def metrics(self, records, settings):
         return {}
 
-    def summary(self, metrics, settings):
+    def summary(self, metrics, settings, run):
         return "# broken\n"
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from experiments.common.grade import grades
 from experiments.core import registry
+from experiments.core.results import ConfigView
 from experiments.craftmd.meld import meld_scores
 from experiments.meditod.prompts import prompt_hash
 from tests.scripted import ScriptedLLM
@@ -62,5 +63,5 @@ def test_adjudications_are_judge_scores(tmp_path):
 
 def test_meld_scores():
     rec = {"similarity": 0.97, "memorized": 1, "generation_cut": "a b c"}
-    g = meld_scores(rec, {"threshold": 0.95})
+    g = meld_scores(rec, ConfigView(threshold=0.95))
     assert (g["similarity"].value, g["memorized"].value, g["memorized"].judge) == (0.97, 1, {"rule": "similarity >= 0.95"})

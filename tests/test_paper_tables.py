@@ -148,7 +148,7 @@ def test_every_declaration_loads_and_names_its_rows():
     decls = declarations()
     assert [d.study for d in decls] == ["craftmd", "dera", "meditod", "autoeval"]
     for d in decls:
-        d.load_adapter()
+        assert d.adapter is not None
         for p in d.published:
             rows = {r.id for t in d.tables for r in t.rows}
             assert set(p.values) <= rows, (d.study, p.model, set(p.values) - rows)
@@ -172,21 +172,22 @@ def test_helpers():
     assert math.isclose(1 / (B + 1), 9.999e-05, rel_tol=1e-3)
 
 
-def test_a_runs_summary_tables_come_from_its_metrics_in_memory(tmp_path):
-    """The summary renders its tables from the metrics it was given: metrics.json may be missing or stale."""
+def test_a_runs_summary_tables_come_from_the_run_in_memory(tmp_path):
+    """The summary renders its tables from the run the runner computed (records, config, metrics in memory): its folder
+    is not read, so a stale metrics.json, or no folder at all, changes nothing."""
     import json
 
-    import yaml
-
+    from experiments.core.results import Run
     from experiments.tables.render import run_paper_tables
 
-    (tmp_path / "records.jsonl").write_text("".join(json.dumps({"id": i, "dialog_id": "d1", "status": "ok"}) + "\n" for i in "12"))
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"experiment": "meditod-nlu", "task": "nlu", "mode": "supervised"}))
-    (tmp_path / "identity.json").write_text(json.dumps({"experiment": "meditod-nlu"}))
+    records = [{"id": i, "dialog_id": "d1", "status": "ok"} for i in "12"]
     metrics = {"f1": 0.5, "medical_f1": 0.6, "non_medical_f1": 0.25, "scored_turns": 2, "turns": 2,
                "settings": {"task": "nlu", "mode": "supervised", "model": "embedded"}}
-    fresh = run_paper_tables(tmp_path, metrics)
-    assert "0.500" in fresh and "0.600" in fresh
-    (tmp_path / "metrics.json").write_text(json.dumps({**metrics, "f1": 0.125}))  # a stale file from an earlier run
-    assert run_paper_tables(tmp_path, metrics) == fresh
-    assert run_paper_tables(tmp_path / "missing", metrics) == ""
+    run = Run(tmp_path / "never-written", records, [], {"experiment": "meditod-nlu", "task": "nlu", "mode": "supervised"},
+              metrics=metrics, identity={"experiment": "meditod-nlu"})
+    fresh = run_paper_tables(run)
+    assert "0.500" in fresh and "0.600" in fresh and not (tmp_path / "never-written").exists()
+    (tmp_path / "never-written").mkdir()
+    (tmp_path / "never-written" / "metrics.json").write_text(json.dumps({**metrics, "f1": 0.125}))  # a stale file from an earlier run
+    assert run_paper_tables(run) == fresh
+    assert run_paper_tables(Run(tmp_path, records, [], {"experiment": "nothing-declared"}, metrics=metrics)) == ""

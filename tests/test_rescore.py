@@ -59,7 +59,7 @@ MATCH = Judge(step="match", scale=BINARY, question="Does the answer match?", rol
 RATE = Judge(step="rate", scale=RATING, question="How good is the answer?", role="judge", ask=ask_rate)
 
 
-def toy_scores(record: dict, config: dict) -> dict[str, Grade]:
+def toy_scores(record: dict, settings) -> dict[str, Grade]:
     out = {f"match/{p}": Grade(value=record["match"][p], answer=record["answers"][p]) for p in PARTS}
     out["rate"] = Grade(value=record["rating"], answer=record["answers"]["p1"])
     return out
@@ -85,7 +85,7 @@ class JudgedToy(Study):
     def metrics(self, records: list[dict], s: ToySettings) -> dict:
         return {"records": len(records)}
 
-    def summary(self, metrics: dict, s: ToySettings) -> str:
+    def summary(self, metrics: dict, s: ToySettings, run) -> str:
         return f"# toy-judged\n\n{metrics['records']} records\n"
 
 
@@ -100,9 +100,8 @@ def own_judge(role: str, text: str) -> str:
 def toy(tmp_path, monkeypatch):
     """A source run of the toy study (its records carry typed scores) and `medstack rescore` on a Typer app;
     ``script["judge"]`` answers the rescore's judge requests; ``sent`` is every request the scripted client got."""
-    registry.studies()
-    monkeypatch.setitem(registry.STUDIES, "toy-judged", registry.StudyEntry("toy-judged", JudgedToy, "toy"))
-    monkeypatch.setitem(registry.RESULTS, "toy-judged", JudgedToy.results)
+    monkeypatch.setitem(registry.loaded().studies, "toy-judged", registry.Command("toy-judged", "toy", JudgedToy))
+    monkeypatch.setitem(registry.loaded().results, "toy-judged", JudgedToy.results)
     sent: list[tuple[str, str]] = []
     script = {"judge": own_judge}
 

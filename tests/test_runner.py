@@ -52,7 +52,7 @@ class ToyStudy(Study):
     def metrics(self, records, s):
         return {"n": len(records), "accuracy": sum(r["correct"] for r in records) / len(records) if records else None}
 
-    def summary(self, m, s):
+    def summary(self, m, s, run):
         return f"# toy\n\nn={m['n']} accuracy={m['accuracy']}\n"
 
 

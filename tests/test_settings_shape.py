@@ -132,15 +132,3 @@ def test_help_lists_every_study_without_importing_one():
     assert _study_modules_loaded("--help") == []
     assert _study_modules_loaded("run", "--help") == []
     assert _study_modules_loaded("run", "dera-qa", "--help") == ["experiments.dera.study"]  # its own folder's only
-
-
-def test_every_registered_study_is_declared_as_registered():
-    import inspect
-
-    declared = registry.declared()
-    registered = registry.studies()
-    assert set(declared) == set(registered)
-    for name, entry in registered.items():
-        _, help, top = declared[name]
-        assert " ".join(inspect.cleandoc(entry.help).split("\n\n")[0].split()) == help, name
-        assert top == entry.top_level, name

@@ -1,11 +1,13 @@
-"""The study registry and the flags generated from settings models: a toy study registered from here (a
-settings model + a Study + its StudyResults, nothing else) runs end to end against the scripted client through its
-generated `medstack run toy` command line, dry-runs and renders its paper table, and the tools that know no study
-serve it: `review` builds its judge's items, `calibrate` holds its judge to a clinician's labels, `compare` runs its own
-comparison and the typed scores', the report shows its scores; and every shipped default config agrees with its
-settings model's code defaults on every key it sets.
+"""The study registry and the flags generated from settings models: a toy study declared in one file of its own folder
+(tests/studies/toy/__init__.py: settings, Study, StudyResults, paper-table adapter, the declaration), found through the
+registry's search path ($MEDSTACK_STUDIES), runs end to end against the scripted client through its generated
+`medstack run toy` command line (its data set named from the folder's datasets.yaml), dry-runs, takes a stratified
+`--sample`, is swept, and renders its paper table; and the tools that know no study serve it: `review` builds its
+judge's items and page, `calibrate reviews` holds its judge to a clinician's labels, `rescore` asks its judge again,
+`compare` runs its own comparison and the typed scores', the report shows its scores; and every shipped default config
+agrees with its settings model's code defaults on every key it sets.
 
-Fixtures others reuse: ``toy`` (the study registered, a `medstack` app from the registry, the scripted client's
+Fixtures others reuse: ``toy`` (the study on the search path, a `medstack` app from the registry, the scripted client's
 requests) and ``toy_run`` (a finished toy run of cases c1 (right) and c2 (wrong), with typed scores ``echo-judge``)."""
 
 from __future__ import annotations
@@ -18,125 +20,30 @@ from pathlib import Path
 import pytest
 import typer
 import yaml
-from pydantic import Field
 from typer.testing import CliRunner
 
-from experiments.common.grade import Grade
 from experiments.core import registry, runner
-from experiments.core.config import RunSettings, Sampling, role_flag
-from experiments.core.judging import BINARY, Judge
 from experiments.core.results import read_run
-from experiments.core.study import CaseContext, Study, StudyResults
-from experiments.tables.adapter import PaperAdapter
-from experiments.tables.render import run_paper_tables
+from experiments.tables.declare import declarations
 from scripted import ScriptedLLM
 
-
-class ToySettings(RunSettings):
-    cli_flags = (role_flag("echo", "Echo model (alias of --role echo=REF)."),)
-
-    experiment: str = "toy"
-    roles: dict[str, str] = {"echo": "embedded"}
-    word: str = Field("hello", description="The word the model is asked to repeat.")
-    repeats: int = Field(1, ge=1, description="Requests per case.")
-    shout: bool = Field(False, description="Ask for the word in capitals.")
-    sampling: Sampling = Field(Sampling(max_tokens=8), description="Sampling of the one step.", json_schema_extra={"cli": False})  # no flag
-
-
-def toy_scores(record: dict, config: dict) -> dict[str, Grade]:
-    """The toy's one decision, typed: did every answer repeat the word (a rule of ours, not a model)."""
-    return {"echo-judge": Grade(value=record["correct"], answer=" ".join(record["answers"]), source="exact",
-                                judge={"rule": "every answer equals the word"})}
-
-
-def toy_show(record: dict, part: str | None, config: dict) -> dict:
-    return {"the word asked for": config.get("word"), "the answers": record["answers"]}
-
-
-async def toy_ask(ctx: CaseContext, record: dict, part: str | None, s: "ToySettings", role: str) -> Grade:
-    """Ask ``role`` again whether the stored answers repeat the word (for `medstack rescore`): yes -> 1, no -> 0, else unscored."""
-    answer = " ".join(record["answers"])
-    reply = await ctx.chat([{"role": "user", "content": f"{record['id']}: is {answer!r} the word {s.word}? yes or no"}], role=role,
-                           gen=s.sampling.gen(), step="echo-judge")
-    first = (reply.text or "").strip().lower().split()[:1]
-    return Grade(value={"yes": 1, "no": 0}.get(first[0]) if first else None, answer=answer, explanation=reply.text,
-                 judge={"model": s.roles[role], "rule": "first word yes / no"})
-
-
-def toy_compare(run_dirs: list[str], out) -> dict:
-    """The toy's own comparison: accuracy per run."""
-    rows = []
-    for d in run_dirs:
-        run = read_run(d)
-        rows.append({"run": d, "accuracy": sum(r["correct"] for r in run.finished) / len(run.finished)})
-    (Path(out) / "summary.md").write_text("# Toy comparison\n\n" + "".join(f"- {Path(r['run']).name}: accuracy {r['accuracy']:.3f}\n" for r in rows))
-    return {"runs": rows, "warnings": []}
-
-
-TOY_RESULTS = StudyResults(
-    experiment="toy", scores=toy_scores, compare=toy_compare,
-    judges=(Judge("echo-judge", BINARY, "Did the model repeat the word it was asked for, in every answer?", role="echo", show=toy_show, ask=toy_ask),))
-
-
-class ToyStudy(Study):
-    name = "toy"
-    results = TOY_RESULTS
-    settings_cls = ToySettings
-    roles = ("echo",)
-    primary_role = "echo"
-
-    def load_cases(self, s: ToySettings) -> list[dict]:
-        lines = Path(s.data).read_text(encoding="utf-8").splitlines()
-        return [json.loads(x) for x in lines if x.strip()][: s.limit]
-
-    async def solve(self, ctx: CaseContext, case: dict, s: ToySettings) -> dict:
-        word = s.word.upper() if s.shout else s.word
-        answers = [(await ctx.chat([{"role": "user", "content": f"{case['id']}: say {word}"}], role="echo",
-                                   gen=s.sampling.gen(), step=f"ask{i}")).text for i in range(s.repeats)]
-        return {"answers": answers, "correct": int(all(a.strip() == word for a in answers))}
-
-    def metrics(self, records: list[dict], s: ToySettings) -> dict:
-        return {"accuracy": sum(r["correct"] for r in records) / len(records) if records else None}
-
-    def summary(self, metrics: dict, s: ToySettings) -> str:
-        return f"# toy\n\naccuracy: {metrics['accuracy']}\n\n" + run_paper_tables(s.out, metrics)
-
-
-class ToyTables(PaperAdapter):
-    def case_values(self, run: dict, records: list[dict]) -> dict[str, dict[str, float]]:
-        return {"correct": {r["id"]: float(r["correct"]) for r in records}}
-
-
-TABLES = """study: toy
-title: Toy
-paper: Nobody, 2026
-source: this test
-experiments: [toy]
-published:
-  - {model: Paper, any_model: true, values: {correct: 0.5}}
-tables:
-  - id: acc
-    title: Toy accuracy
-    rows:
-      - {key: correct, label: repeated the word}
-"""
+TOY = Path(__file__).parent / "studies" / "toy"
+ECHO = "embedded@http://127.0.0.1:9/v1"
 
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    """The toy study registered as a study folder's study.py would, and a `medstack` app built from the registry."""
-    registry.studies()
-    monkeypatch.setitem(registry.STUDIES, "toy", registry.StudyEntry("toy", ToyStudy, "Toy: ask each case to repeat a word."))
-    monkeypatch.setitem(registry.RESULTS, "toy", ToyStudy.results)  # as register_study does
-    tables = tmp_path / "paper_tables.yaml"
-    tables.write_text(TABLES, encoding="utf-8")
-    monkeypatch.setitem(registry.TABLES, str(tables), registry.PaperTables(tables, ToyTables()))
+    """The toy study's folder on the registry's search path, and a `medstack` app built from the registry."""
+    monkeypatch.setenv("MEDSTACK_STUDIES", str(TOY))
+    monkeypatch.setenv("MEDSTACK_HOME", str(tmp_path / "home"))  # where `data fetch` puts the toy's data set
     sent = []
 
     def respond(role, content, gen):
         sent.append((role, content))
         text = content[-1]["content"]
-        return text.rsplit(" ", 1)[-1] if "c1" in text else "no"  # case c1 answers right, c2 wrong
+        if text.endswith("yes or no"):  # the judge asked again (rescore): it finds every answer right
+            return "yes"
+        return text.rsplit(" ", 1)[-1] if "c1" in text else "no"  # case c1 answers right, the others wrong
 
     @asynccontextmanager
     async def scripted(roles, **kw):
@@ -149,8 +56,15 @@ def toy(tmp_path, monkeypatch):
         app.add_typer(sub, name=name.removesuffix("_app"))
     registry.register_all(app=app, **apps)
     data = tmp_path / "cases.jsonl"
-    data.write_text('{"id": "c1"}\n{"id": "c2"}\n{"id": "c3"}\n', encoding="utf-8")
+    data.write_text('{"id": "c1", "group": "a"}\n{"id": "c2", "group": "b"}\n{"id": "c3", "group": "a"}\n', encoding="utf-8")
     return app, data, sent
+
+
+def test_the_toy_is_found_through_the_search_path_only(toy, monkeypatch):
+    assert "toy" in registry.commands() and registry.results_for("toy").judge("echo-judge") is not None
+    assert any(d.path == str(TOY / "paper_tables.yaml") for d in declarations())
+    monkeypatch.delenv("MEDSTACK_STUDIES")
+    assert "toy" not in registry.commands() and registry.results_for("toy") is None
 
 
 def test_toy_study_runs_through_its_generated_command_line(toy, tmp_path):
@@ -160,20 +74,45 @@ def test_toy_study_runs_through_its_generated_command_line(toy, tmp_path):
                        ("--echo-model", "alias of --role echo=REF"), ("--limit", "Only the first N cases"), ("--dry-run", "")]:
         assert flag in help_text and text in help_text, (flag, help_text)
     assert "--sampling" not in help_text  # a field marked cli(False) is not a flag, its description notwithstanding
+    assert "Toy: ask each case to repeat a word." in help_text and "One record per case." in help_text  # the declaration's help, once
+    assert "Toy: ask each case to repeat a word." in CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
 
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi", "--repeats", "2",
-                                 "--echo-model", "embedded@http://127.0.0.1:9/v1", "--out", str(out)])
+                                 "--echo-model", ECHO, "--out", str(out)])
     assert r.exit_code == 0, r.output
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert (config["word"], config["repeats"], config["shout"], config["limit"]) == ("hi", 2, False, 2)
-    assert config["roles"] == {"echo": "embedded@http://127.0.0.1:9/v1"}
+    assert config["roles"] == {"echo": ECHO}
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert {x["id"]: x["correct"] for x in records} == {"c1": 1, "c2": 0}
     assert len(sent) == 4 and all(c[-1]["content"].endswith("say hi") for _, c in sent)
     assert json.loads((out / "metrics.json").read_text())["accuracy"] == 0.5
     summary = (out / "summary.md").read_text()
     assert "Toy accuracy" in summary and "repeated the word" in summary and "0.500" in summary  # its paper table, with the paper's value
+
+
+def test_toy_data_set_comes_from_its_folder(toy, tmp_path):
+    app, _, _ = toy
+    r = CliRunner().invoke(app, ["data", "list"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "toy-cases" in r.output, r.output
+    r = CliRunner().invoke(app, ["data", "fetch", "toy-cases", "--from", str(TOY / "cases.jsonl")])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "named"
+    r = CliRunner().invoke(app, ["run", "toy", "--data", "toy-cases", "--word", "hi", "--echo-model", ECHO, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert [x["id"] for x in read_run(out).records] == ["c1", "c2", "c3", "c4"]
+
+
+def test_toy_sample_keeps_its_strata(toy, tmp_path):
+    app, data, _ = toy
+    out = tmp_path / "sample"
+    r = CliRunner().invoke(app, ["run", "toy", "--data", str(TOY / "cases.jsonl"), "--sample", "2", "--echo-model", ECHO, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    groups = {"c1": "a", "c2": "b", "c3": "a", "c4": "b"}
+    assert sorted(groups[x["id"]] for x in read_run(out).records) == ["a", "b"]  # one case of each group, as the whole set's mix
+    scope = json.loads((out / "metrics.json").read_text())["scope"]
+    assert (scope["how"], scope["n"], scope["of"], scope["strata"]) == ("sample", 2, 4, ["group"])
 
 
 def test_toy_study_dry_runs_and_rejects_bad_flags(toy, tmp_path):
@@ -188,20 +127,42 @@ def test_toy_study_dry_runs_and_rejects_bad_flags(toy, tmp_path):
     assert r.exit_code != 0 and "repeats" in str(r.exception) and not (tmp_path / "bad").exists()
 
 
+def test_toy_sweeps(toy, tmp_path):
+    app, data, sent = toy
+    dry = tmp_path / "sweep-dry"
+    r = CliRunner().invoke(app, ["sweep", "toy", "--models", f"{ECHO},{ECHO}", "--data", str(data), "--dry-run", "--out", str(dry)])
+    assert r.exit_code == 0, r.output
+    assert [len((dry / lbl / "dry-run.jsonl").read_text().splitlines()) for lbl in ("embedded", "embedded-2")] == [3, 3] and not sent
+    out = tmp_path / "sweep"
+    r = CliRunner().invoke(app, ["sweep", "toy", "--models", f"{ECHO},{ECHO}", "--data", str(data), "--word", "hi", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert [json.loads((out / lbl / "metrics.json").read_text())["accuracy"] for lbl in ("embedded", "embedded-2")] == [1 / 3, 1 / 3]
+    assert "# Toy comparison" in (out / "compare" / "summary.md").read_text() and (out / "report.html").exists()
+
+
 @pytest.fixture
 def toy_run(toy, tmp_path):
     """A finished toy run (c1 answered right, c2 wrong; word "hi"), its records carrying the typed score echo-judge."""
     app, data, sent = toy
     out = tmp_path / "toy-run"
-    r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi",
-                                 "--echo-model", "embedded@http://127.0.0.1:9/v1", "--out", str(out)])
+    r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi", "--echo-model", ECHO, "--out", str(out)])
     assert r.exit_code == 0, r.output
     return out
 
 
+def test_toy_rescore_asks_its_judge_again(toy, toy_run, tmp_path):
+    app, _, sent = toy
+    out = tmp_path / "rescored"
+    r = CliRunner().invoke(app, ["rescore", str(toy_run), "--judge", "echo-judge", "--judge-model", ECHO, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    scores = {x["id"]: x["scores"] for x in read_run(out).records}
+    assert {i: (s["echo-judge"]["value"], s[f"echo-judge@{ECHO.split('@')[0]}"]["value"]) for i, s in scores.items()} == {"c1": (1, 1), "c2": (0, 1)}
+    assert sum(c[-1]["content"].endswith("yes or no") for _, c in sent) == 2
+
+
 def test_toy_records_carry_typed_scores(toy_run):
     records = {r["id"]: r for r in read_run(toy_run).records}
-    assert records["c1"]["scores"] == {"echo-judge": {"value": 1, "answer": "hi", "source": "exact", "judge": {"rule": "every answer equals the word"}}}
+    assert records["c1"]["scores"] == {"echo-judge": {"value": 1, "answer": "hi", "source": "exact", "judge": {"rule": "every answer equals the word hi"}}}
     assert records["c2"]["scores"]["echo-judge"]["value"] == 0
 
 
@@ -211,7 +172,7 @@ def test_toy_review_builds_its_judges_items(toy, toy_run, tmp_path):
 
     app, _, _ = toy
     j = load_judge(toy_run, "echo-judge")
-    assert (j["experiment"], j["scale"]["kind"], j["scale"]["question"]) == ("toy", "binary", TOY_RESULTS.judges[0].question)
+    assert (j["experiment"], j["scale"]["kind"], j["scale"]["question"]) == ("toy", "binary", registry.results_for("toy").judges[0].question)
     assert [(i["id"], i["verdict"], i["stratum"]) for i in j["items"]] == [("c1", 1, "1||"), ("c2", 0, "0||")]
     assert j["items"][0]["show"] == {"the word asked for": "hi", "the answers": ["hi"]}
     with pytest.raises(DataError, match="a toy run's judge steps are echo-judge"):
@@ -238,7 +199,7 @@ def test_toy_calibrate_holds_its_judge_to_a_clinicians_labels(toy, toy_run):
     write_sample(toy_run, load_judge(toy_run, "echo-judge"), 2, 0)
     labels = toy_run / "reviews" / "alice.jsonl"
     labels.write_text("".join(json.dumps({"judge": "echo-judge", "item": i, "reviewer": "alice", "label": v}) + "\n" for i, v in (("c1", 1), ("c2", 1))))
-    r = CliRunner().invoke(app, ["calibrate", str(toy_run), "--labels", str(toy_run / "reviews"), "--n-boot", "200"])
+    r = CliRunner().invoke(app, ["calibrate", "reviews", str(toy_run), "--labels", str(toy_run / "reviews"), "--n-boot", "200"])
     assert r.exit_code == 0, r.output
     cal = json.loads((toy_run / "reviews" / "calibration-echo-judge.json").read_text())
     vs = cal["reviewers"]["alice"]["vs_judge"]
@@ -261,7 +222,7 @@ def test_toy_calibrate_holds_its_judge_to_a_clinicians_labels(toy, toy_run):
 def test_toy_compare_runs_its_own_and_the_typed_scores(toy, toy_run, tmp_path):
     app, data, _ = toy
     other = tmp_path / "toy-hello"
-    assert CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--echo-model", "embedded@http://127.0.0.1:9/v1", "--out", str(other)]).exit_code == 0
+    assert CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--echo-model", ECHO, "--out", str(other)]).exit_code == 0
     r = CliRunner().invoke(app, ["compare", str(toy_run), str(other), "--out", str(tmp_path / "cmp")])
     assert r.exit_code == 0, r.output
     summary = (tmp_path / "cmp" / "summary.md").read_text()
@@ -276,7 +237,7 @@ def test_toy_report_shows_its_scores(toy_run, tmp_path):
     from experiments.report.build import build_report
 
     html = build_report([str(toy_run)], tmp_path / "r.html").read_text()
-    assert "<td>echo-judge</td><td>1</td><td>rule every answer equals the word</td><td>hi</td>" in html
+    assert "<td>echo-judge</td><td>1</td><td>rule every answer equals the word hi</td><td>hi</td>" in html
     assert "<td>echo-judge</td><td>0</td>" in html
     assert "<tr><td>echo-judge</td><td>0.5 [" in html and "</td><td>2</td><td>0</td></tr>" in html  # the run's mean of the score, n, unscored
 

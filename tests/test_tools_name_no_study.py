@@ -24,13 +24,12 @@ def tool_files() -> list[Path]:
 
 
 def study_folders() -> set[str]:
-    """The folders of the registered studies (where each study's class, and its declared commands, live)."""
-    modules = [e.make.__module__ for e in registry.studies().values()] + [m for m, _, _ in registry.declared().values()]
-    return {m.split(".")[1] for m in modules if m.startswith("experiments.")}
+    """The folders of the declared studies (each package with a StudyDeclaration)."""
+    return {d.package.split(".")[1] for d in registry.declarations() if d.package.startswith("experiments.")}
 
 
 def study_names() -> set[str]:
-    names = set(registry.studies()) | set(registry.declared()) | set(registry.RESULTS) | study_folders()
+    names = set(registry.studies()) | set(registry.commands()) | set(registry.loaded().results) | study_folders()
     names |= {n for d in declarations() for n in (d.study, d.title, *d.experiments)}
     return {n for n in names if n}
 
@@ -59,12 +58,12 @@ def dynamic_imports(source: str, folders: set[str]) -> list[str]:
 def test_names_come_from_the_registry():
     names = {n.lower() for n in study_names()}
     # every study command, every study folder, and the studies' display names are in the list the scan uses
-    assert set(registry.declared()) <= names and {x.lower() for x in study_folders()} <= names
+    assert set(registry.commands()) <= names and {x.lower() for x in study_folders()} <= names
     assert {d.title.lower() for d in declarations()} <= names and len(study_folders()) >= 2
 
 
 def test_the_scan_finds_what_it_looks_for():
-    folder, command = sorted(study_folders())[0], sorted(registry.declared())[0]
+    folder, command = sorted(study_folders())[0], sorted(registry.commands())[0]
     pat = name_pattern(study_names())
     assert pat.search(f"help: e.g. {command.upper()} runs") and pat.search(f"# see experiments/{folder}/x.py")
     assert not pat.search(f"x{folder}y and {command}_extra")  # a study's name inside another word is not it

@@ -1,4 +1,4 @@
-"""autoeval's other command: `calibrate autoeval` (`autoeval` itself: study.py)."""
+"""autoeval's other command: `calibrate autoeval` (declared in __init__.py)."""
 
 from pathlib import Path
 
@@ -16,8 +16,3 @@ def autoeval_cmd(
 
     calibrate_autoeval(str(ratings), str(reference), out)
     typer.echo((out / "summary.md").read_text().rstrip("\n"))
-
-
-def register(calibrate_app=None, **_) -> None:
-    if calibrate_app is not None:  # `medstack calibrate` (experiments/calibrate/cli.py)
-        calibrate_app.command("autoeval")(autoeval_cmd)

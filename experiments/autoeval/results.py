@@ -22,16 +22,16 @@ from models.errors import DataError
 TEMPLATES = ("explain", "example", "rate")
 
 
-def _judge(record: dict, config: dict) -> dict:
-    return {"model": record.get("judge") or (config.get("roles") or {}).get("judge"), "prompt_hash": J.PROMPTS.hash(*TEMPLATES)}
+def _judge(record: dict, settings) -> dict:
+    return {"model": record.get("judge") or (settings.roles or {}).get("judge"), "prompt_hash": J.PROMPTS.hash(*TEMPLATES)}
 
 
-def scores(record: dict, config: dict) -> dict[str, Grade]:
+def scores(record: dict, settings) -> dict[str, Grade]:
     notes = record.get("explanation") if isinstance(record.get("explanation"), dict) else {}
     return {f"rubric/{record.get('criterion')}": Grade(
         value=record.get("rating"), answer=record.get("source_id"), source="Rating: N", explanation=record.get("raw"),
         metadata={k: v for k, v in {"notes": notes, "parse_error": record.get("parse_error")}.items() if v},
-        judge=_judge(record, config))}
+        judge=_judge(record, settings))}
 
 
 # ------------------------------------------------------------------ the judge

@@ -1,4 +1,4 @@
-"""`medstack autoeval` through the study runner (registered below, with its paper tables): rate every stored dialogue with the self-CoT judge.
+"""`medstack autoeval` through the study runner (declared in __init__.py, with its paper tables): rate every stored dialogue with the self-CoT judge.
 
 Cases are (dialogue, criterion) pairs, id ``<record id>::<criterion>``, from the records of the
 results directory given as RESULTS / ``--data`` that carry a ``transcript``. ``setup()`` runs
@@ -18,7 +18,6 @@ from pathlib import Path
 
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.results import read_jsonl, strict_json
-from experiments.core.registry import register_study, register_tables
 from experiments.core.study import CaseContext, RequestFailed, Study
 from serving.refs import model_name
 
@@ -27,7 +26,6 @@ from experiments.autoeval.judge import judge_config, load_dialogues  # noqa: F40
 from experiments.autoeval.results import RESULTS
 from experiments.autoeval.metrics import agreement_metrics, load_reference, rating_metrics, summary_markdown
 from experiments.tables.render import run_paper_tables
-from experiments.autoeval.paper_values import ADAPTER
 from experiments.autoeval.settings import AutoevalSettings
 
 CONFIGS = config_dir(__file__)
@@ -102,9 +100,9 @@ class AutoevalStudy(Study):
             metrics["reference"] = {"path": s.reference, "rows": len(self.reference)}
         return metrics
 
-    def summary(self, metrics: dict, s: AutoevalSettings) -> str:
+    def summary(self, metrics: dict, s: AutoevalSettings, run) -> str:
         # the runner appends the run line (wall time, tokens, cache hits, failed cases)
-        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(s.out, metrics)
+        return summary_markdown({k: v for k, v in metrics.items() if k != "run"}, f"Rubric auto-evaluation of {s.data}") + "\n" + run_paper_tables(run)
 
 
 # ------------------------------------------------------------------ step (a), cached
@@ -148,15 +146,3 @@ async def explained_examples(client, out: Path, criteria, examples, cfg: J.Judge
     stats = {"explained": len(entries), "from_cache_file": len(entries) - len(todo),
              "unparsed": sum(1 for e in entries if not e["parsed"]), "request_errors": 0}
     return result, stats
-
-
-register_study("autoeval", AutoevalStudy, help="""
-    Step (a): the judge explains (Good/Bad/Summary) example dialogues with known ratings, once per judge
-    model (cached in the output directory). Step (b): a few-shot prompt with one explained example per
-    rating point rates each dialogue (Good/Bad/Summary/Rating). Unparseable ratings are unscored and counted.
-    One case per (dialogue, criterion); --limit counts dialogues. Default --out runs/autoeval/<results>-<judge>;
-    default config experiments/autoeval/configs/default.yaml (see also amie.yaml, embedded-completion.yaml).
-    Writes records.jsonl, metrics.json (mean rating per criterion with 95% CI, n, unscored; agreement with
-    --reference) and summary.md. Exit 0 done, 2 bad input, 3 some ratings failed (run the same command again).
-    """)
-register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)

@@ -151,8 +151,9 @@ def measure(case_trials: int, *, trials: int = 5, concurrency: int = 64, out: Pa
     from experiments.core.results import read_run
 
     t0 = time.perf_counter()
-    metrics = study.metrics(read_run(rundir).finished, settings)
-    study.summary(metrics, settings)
+    run = read_run(rundir)
+    run.metrics = study.metrics(run.finished, settings)
+    study.summary(run.metrics, settings, run)
     row["metrics_s"] = round(time.perf_counter() - t0, 2)
     row["peak_rss_mb"] = round(_rss_mb())
     row["report_s"], row["peak_rss_mb_report"] = report_rss(rundir, out / "report.html")

@@ -345,9 +345,10 @@ class RunDir:
             raise StorageError.from_os(self.records_path, e, hint="finished records are kept") from None
 
     # -- outputs --------------------------------------------------------------
-    def write_identity(self, models: dict, extra: dict | None = None) -> None:
+    def write_identity(self, models: dict, extra: dict | None = None) -> dict:
         ident = {"models": models, "git_commit": git_commit(), "packages": package_versions(), "records_schema": SCHEMA, **(extra or {})}
         self._write(self.path / "identity.json", strict_json(ident, indent=2))
+        return ident
 
     def write_metrics(self, metrics: dict) -> None:
         """metrics.json, strict: a NaN / infinite figure (a mean over nothing) is null, ``null_metrics`` counts and names them."""
@@ -450,16 +451,36 @@ def has_typed_scores(record: dict) -> bool:
     return isinstance(raw, dict) and all(isinstance(g, dict) and "value" in g for g in raw.values())
 
 
-def upgrade_record(record: dict, config: dict, upgrade=None, scores=None) -> dict:
+def upgrade_record(record: dict, settings, upgrade=None, scores=None) -> dict:
     """The one upgrade of a record written before typed scores (or imported from a release): ``upgrade`` (the study's)
-    puts its own fields in today's shape, ``scores`` (the study's) derives its typed scores from them."""
+    puts its own fields in today's shape, ``scores`` (the study's) derives its typed scores from them, given the run's
+    settings (:func:`settings_of`)."""
     if has_typed_scores(record) or record.get("status") == "failed":
         return record
     if upgrade is not None:
         record = upgrade(record)
     if scores is not None:
-        record["scores"] = {name: g.to_json() for name, g in scores(record, config).items()}
+        record["scores"] = {name: g.to_json() for name, g in scores(record, settings).items()}
     return record
+
+
+class ConfigView(dict):
+    """A config.yaml that is no study's settings (an imported release, a calibration), read as settings: each key an
+    attribute, None where it has none."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.get(name)
+
+
+def settings_of(config: dict, settings_cls: type | None):
+    """A results folder's config.yaml as its study's settings object, read as a resume reads it (settings added since
+    at their value then, older spellings moved); a :class:`ConfigView` where it is no such settings."""
+    try:
+        return settings_cls.model_validate({**settings_cls.resume_rules()[0], **{k: v for k, v in config.items() if k != "prompt_files"}})
+    except (AttributeError, ValueError):  # no settings class; not valid as one (pydantic's ValidationError is a ValueError)
+        return ConfigView(config)
 
 
 def _read_text(path: Path) -> str:

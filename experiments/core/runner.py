@@ -38,7 +38,7 @@ from experiments.common.grade import to_disk
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
-from experiments.core.results import CALL_LOG, RunDir, upgrade_record
+from experiments.core.results import CALL_LOG, Run, RunDir, upgrade_record
 from experiments.core.runlock import RunLock
 from experiments.core.scope import scope_line
 from experiments.core.study import CaseContext, RequestFailed, Study, call_formats, format_stats
@@ -162,9 +162,9 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         urls = sorted({ep.base_url for ep in getattr(client, "endpoints", {}).values()})
         targets = metrics_targets(urls)  # a replica group's URL -> its replicas' URLs (the router has no engine metrics)
         before = scrape_targets(targets)
-        t0 = time.perf_counter()
+        t0, identity = time.perf_counter(), None
         try:
-            rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
+            identity = rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
             await study.setup(client, settings, todo, rundir.path)
             state = await _dispatch(study, settings, todo, rundir, client, identities, log)
         except RequestFailed as e:  # the study's one-off set-up calls got no answer
@@ -180,7 +180,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         # the servers' own view of the run (prefix-cache hit rate, queueing vs prefill), where /metrics answers
         stats["server"] = server_metrics.endpoint_figures(targets, before, scrape_targets(targets))
 
-    metrics, failed = _score(study, settings, rundir, known, offset, case_ids)  # empties `known`
+    metrics, finished, failed = _score(study, settings, rundir, known, offset, case_ids)  # empties `known`
     metrics["run"] = stats
     n_finished, not_started = metrics["case_status"]["finished"], metrics["case_status"]["not_started"]
     storage = state.storage
@@ -191,7 +191,9 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         if not storage:
             raise
         unwritten = e
-    summary = with_answers_line(study.summary(metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command, settings.roles)
+    # the run as computed, handed to the summary (and its paper tables): never read back from the folder just written
+    run = Run(rundir.path, finished + failed, [], settings.model_dump(mode="json"), metrics=metrics, identity=identity)
+    summary = with_answers_line(study.summary(metrics, settings, run), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command, settings.roles)
     if storage:
         log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {n_finished} finished record(s) are kept in {rundir.records_path}")
         summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
@@ -207,17 +209,18 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     return RunOutcome(rundir.path, metrics, summary, n_finished, len(failed), not_started, storage)
 
 
-def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str, dict], offset: int, case_ids: list[str]) -> tuple[dict, list[dict]]:
+def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str, dict], offset: int,
+           case_ids: list[str]) -> tuple[dict, list[dict], list[dict]]:
     """Metrics over the finished records: ``known`` (read at the start, without call logs) and what this run
-    appended after byte ``offset``. Returns the metrics and the failed records. ``known`` is emptied and the
-    other records are let go on return, so the run never holds its records twice (the summary reads them again)."""
+    appended after byte ``offset``, upgraded to today's shape. Returns the metrics, the finished and the failed
+    records (the summary and its paper tables are made from these). ``known`` is emptied and the records of other
+    ids are let go on return, so the run never holds its records twice."""
     latest = known
     latest.update(rundir.latest(drop=CALL_LOG, start=offset))  # metrics never read the call log
     records = [latest.pop(i) for i in case_ids if i in latest]
     latest.clear()
     if study.results is not None:  # records a resumed folder holds from before typed scores: in today's shape, as every reader reads them
-        config = settings.model_dump(mode="json")
-        records = [upgrade_record(r, config, study.results.upgrade, study.results.scores) for r in records]
+        records = [upgrade_record(r, settings, study.results.upgrade, study.results.scores) for r in records]
     finished = [r for r in records if r.get("status") != "failed"]
     failed = [r for r in records if r.get("status") == "failed"]
     metrics = study.metrics(finished, settings)
@@ -231,7 +234,7 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
         metrics["scope"] = study.scope  # which cases: all, the first N, a stratified sample (experiments/core/scope.py)
     if judged := self_judged(study, settings):
         metrics["self_judged"] = judged  # judging roles played by the model under test: a caveat in summary.md
-    return metrics, failed
+    return metrics, finished, failed
 
 
 def self_judged(study: Study, settings: RunSettings) -> dict[str, str]:
@@ -247,7 +250,6 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
     state = LoopState()
     served_dtypes = {role: i.get("dtype") for role, i in identities.items()}
     declared = study.results if study.results is not None and study.results.scores is not None else None
-    config = settings.model_dump(mode="json") if declared else {}
 
     async def one(case: dict, progress: Progress, task) -> None:
         async with sem:
@@ -259,7 +261,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
                 if declared:  # the record's typed scores (experiments/common/grade.py), from its own fields
-                    record["scores"] = to_disk(declared.scores(record, config))
+                    record["scores"] = to_disk(declared.scores(record, settings))
                 state.consecutive = 0
                 state.finished += 1
             except RequestFailed as e:

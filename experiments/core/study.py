@@ -8,8 +8,10 @@ A study (DERA, CRAFT-MD, MELD, autoeval, MediTOD, ...) subclasses :class:`Study`
   :class:`~models.errors.DataError` naming the file and line/id. Called before any server starts. ``--limit`` and
   ``--sample`` are applied there, through ``self.select(items, settings)`` (experiments/core/scope.py; ``strata``);
 - ``solve(ctx, case, settings)``: one case -> one record, every model call made through ``ctx``;
-- ``metrics(records, settings)`` and ``summary(metrics, settings)``: over the finished records
-  only (a failed case never reaches them).
+- ``metrics(records, settings)`` and ``summary(metrics, settings, run)``: over the finished records
+  only (a failed case never reaches them); ``run`` is the finished run as the runner computed it (a
+  :class:`~experiments.core.results.Run` in memory, its records upgraded, its metrics these), which the summary's
+  paper tables are made from (``experiments/tables/render.run_paper_tables``): nothing is read back from the folder.
 
 Everything else (settings, model references and the client, the results directory, resume, the
 failure policy, identity, the call log) is the runner's, once, in ``experiments/core/runner.py``.
@@ -206,12 +208,13 @@ def call_formats(calls: list[dict]) -> dict:
 @dataclass(frozen=True)
 class StudyResults:
     """What a study declares about its results folders (config.yaml's ``experiment``), so that the tools over results
-    (review, calibrate, rescore, compare, sweep, report) serve it without knowing it. Registered with
-    ``registry.register_results``; a study's own is ``Study.results`` (a study folder may register more kinds, e.g.
-    the results of its calibration commands).
+    (review, calibrate, rescore, compare, sweep, report) serve it without knowing it. A study's own is ``Study.results``;
+    a study folder declares more kinds in its declaration's ``results`` (experiments/core/registry.py: the results
+    of its calibration commands).
 
-    ``scores(record, config)``: the record's typed scores (the runner stores them in ``scores``; the reader derives
-    them for records written before, after ``upgrade(record)`` put an older record's own fields in today's shape);
+    ``scores(record, settings)``: the record's typed scores, given the run's validated settings object (the runner
+    stores them in ``scores``; the reader derives them for records written before, after ``upgrade(record)`` put an
+    older record's own fields in today's shape, from config.yaml read by ``results.settings_of``);
     ``judges``: its judged decisions (experiments/core/judging.py); ``compare(run_dirs, out)``: its comparison of
     several runs; ``import_published(name, dest, cases)``: import one of its ``published`` data sets (the authors'
     released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case (drawn from
@@ -220,7 +223,7 @@ class StudyResults:
     ``run``: the report's mapping of the folder: config, metrics, records)."""
 
     experiment: str
-    scores: Callable[[dict, dict], dict[str, Grade]] | None = None
+    scores: Callable[[dict, Any], dict[str, Grade]] | None = None
     upgrade: Callable[[dict], dict] | None = None
     judges: tuple[Judge, ...] = ()
     compare: Callable[[list[str], str], Any] | None = None
@@ -293,5 +296,5 @@ class Study:
         """Lines saying how the study builds its requests under these settings (printed by --dry-run)."""
         return []
 
-    def summary(self, metrics: dict, settings: RunSettings) -> str:
+    def summary(self, metrics: dict, settings: RunSettings, run) -> str:
         raise NotImplementedError

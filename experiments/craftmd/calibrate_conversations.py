@@ -90,7 +90,7 @@ class ConversationCalibration(Study):
     def metrics(self, records: list[dict], s: ConversationCalibrationSettings) -> dict:
         return calibration_metrics(records, n_boot=s.n_boot)
 
-    def summary(self, metrics: dict, s: ConversationCalibrationSettings) -> str:
+    def summary(self, metrics: dict, s: ConversationCalibrationSettings, run) -> str:
         return calibration_summary(metrics, s.roles.get("assessor", ""), s.settings_line)
 
 

@@ -29,7 +29,7 @@ from experiments.common.grade import to_disk
 from experiments.common.markdown import md_table
 from experiments.common.stats import count_agreement
 from experiments.core.dryrun import RecordingClient, request_line, write_requests
-from experiments.core.results import RunDir
+from experiments.core.results import ConfigView, RunDir
 from experiments.core.study import CaseContext, RequestFailed
 from experiments.craftmd import grading
 from experiments.craftmd.protocol import grade_answer
@@ -300,7 +300,7 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: 
             rec["judge"] = sum(t["correct"] == 1 for t in trials)
         if c["id"] in pub:
             rec["published"] = pub[c["id"]]
-        rec["scores"] = to_disk(calibration_scores(rec, config_out))
+        rec["scores"] = to_disk(calibration_scores(rec, ConfigView(config_out)))
         rundir.append(rec)
         records.append(rec)
     rundir.write_identity(identities)

@@ -1,5 +1,5 @@
 """CRAFT-MD's other commands: `import craftmd`, `import craftmd-experts`, `calibrate craftmd-grader`, `calibrate conversations`
-(`run craftmd` and `meld`: study.py; its comparison is `medstack compare`'s, through ``StudyResults.compare``)."""
+(declared in __init__.py; its comparison is `medstack compare`'s, through ``StudyResults.compare``)."""
 
 from __future__ import annotations
 
@@ -143,11 +143,3 @@ def calibrate_conversations_cmd(
         study_config=str(config or "experiments/craftmd/configs/paper.yaml"), settings_line=settings_line(run, "assessor", config))
     settings, cases = prepare_run(study, settings)
     execute(study, settings, cases, api_key=api_key)
-
-
-def register(app, import_app, calibrate_app=None, **_) -> None:
-    import_app.command("craftmd")(import_craftmd)
-    import_app.command("craftmd-experts")(import_experts_cmd)
-    if calibrate_app is not None:  # `medstack calibrate` (experiments/calibrate/cli.py): CRAFT-MD's own calibrations
-        calibrate_app.command("craftmd-grader")(calibrate_grader_cmd)
-        calibrate_app.command("conversations")(calibrate_conversations_cmd)

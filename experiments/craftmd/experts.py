@@ -286,7 +286,7 @@ def to_record(c: ExpertConversation) -> dict:
 def import_experts(src: str | Path, out: str | Path, *, n_boot: int = 10_000) -> dict:
     """`medstack import craftmd-experts`: records, metrics.json and summary.md in ``out``."""
     from experiments.common.grade import to_disk
-    from experiments.core.results import RunDir
+    from experiments.core.results import ConfigView, RunDir
     from experiments.craftmd.paper_values import EXPERT_PUBLISHED
     from experiments.craftmd.scores import scores
 
@@ -297,7 +297,7 @@ def import_experts(src: str | Path, out: str | Path, *, n_boot: int = 10_000) ->
     done = rundir.done_ids()
     records = [to_record(c) for c in convs if c.id not in done]
     for rec in records:
-        rec["scores"] = to_disk(scores(rec, config))  # the experts' labels, typed (experiments/craftmd/scores.py)
+        rec["scores"] = to_disk(scores(rec, ConfigView(config)))  # the experts' labels, typed (experiments/craftmd/scores.py)
     rundir.append_many(records)
     rundir.write_identity({"experts": {"alias": "dermatologists", "imported_from": str(src.resolve())}})
     metrics = expert_metrics(convs, n_boot=n_boot)

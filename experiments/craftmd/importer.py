@@ -43,7 +43,7 @@ from experiments.craftmd.protocol import stop_reason_for
 from experiments.craftmd.scores import scores
 from experiments.craftmd.settings import FORMATS
 from experiments.common.grade import to_disk
-from experiments.core.results import RunDir
+from experiments.core.results import ConfigView, Run, RunDir
 from experiments.tables.render import run_paper_tables
 from models.errors import DataError, MedstackError
 
@@ -263,13 +263,13 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release
     for rec in converted:
         rec["stop_reason"] = infer_stop(rec["transcript"], cap)
-        rec["scores"] = to_disk(scores(rec, config))  # the published grades, typed (experiments/craftmd/scores.py)
+        rec["scores"] = to_disk(scores(rec, ConfigView(config)))  # the published grades, typed (experiments/craftmd/scores.py)
     rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
     for rec in converted:
         if rec["id"] not in done:
             rundir.append(rec)
-    rundir.write_identity({"clinical": {"alias": name, "imported_from": str(src.resolve())}})
+    identity = rundir.write_identity({"clinical": {"alias": name, "imported_from": str(src.resolve())}})
     records = rundir.records()
     metrics = run_metrics(records)
     metrics["per_specialty"] = per_specialty(records)
@@ -278,5 +278,6 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     if any("patient_checks" in r for r in records):
         metrics["patient_checks"] = count_checks(records)
     rundir.write_metrics(metrics)
-    rundir.write_summary(summary_markdown(name, metrics) + conversation_markdown(metrics, run_name=name) + "\n" + run_paper_tables(rundir.path, metrics))
+    rundir.write_summary(summary_markdown(name, metrics) + conversation_markdown(metrics, run_name=name) + "\n"
+                        + run_paper_tables(Run(rundir.path, records, [], config, metrics=metrics, identity=identity)))
     return metrics

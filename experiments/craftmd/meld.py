@@ -43,13 +43,13 @@ def meld_metrics(records: list[dict], threshold: float) -> dict:
             "max_similarity": max(sims) if sims else None}
 
 
-def meld_scores(record: dict, config: dict) -> dict[str, Grade]:
+def meld_scores(record: dict, settings) -> dict[str, Grade]:
     """A case's typed scores (experiments/common/grade.py): ``similarity`` (1 - normalized Levenshtein distance of the
     cut continuation and the true second half) and ``memorized`` (similarity >= the threshold); rules of ours."""
     rule = {"rule": "1 - normalized Levenshtein distance"}
     return {"similarity": Grade(value=record.get("similarity"), answer=record.get("generation_cut"), source="levenshtein", judge=rule),
             "memorized": Grade(value=record.get("memorized"), answer=record.get("generation_cut"), source="similarity >= threshold",
-                               judge={"rule": f"similarity >= {config.get('threshold')}"})}
+                               judge={"rule": f"similarity >= {settings.threshold}"})}
 
 
 class MeldStudy(Study):
@@ -88,7 +88,7 @@ class MeldStudy(Study):
     def metrics(self, records: list[dict], s: MeldSettings) -> dict:
         return meld_metrics(records, s.threshold)
 
-    def summary(self, m: dict, s: MeldSettings) -> str:
+    def summary(self, m: dict, s: MeldSettings, run) -> str:
         lines = ["# MELD contamination check", "", f"model: {s.roles['model']}; cases: {m['n']}",
                  f"mean similarity: {m['mean_similarity']}; share >= {s.threshold}: {m['share_ge_threshold']}; max: {m['max_similarity']}"]
         return "\n".join(lines) + "\n"

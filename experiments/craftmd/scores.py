@@ -60,15 +60,15 @@ def expert_labels(record: dict) -> dict[str, bool | None]:
     return {q: None if v is None else v == "yes" for q, v in flat.items()}
 
 
-def scores(record: dict, config: dict) -> dict[str, Grade]:
+def scores(record: dict, settings) -> dict[str, Grade]:
     """A CRAFT-MD record's typed scores (a live run's, an imported release's, a calibration's conversation)."""
-    roles = config.get("roles") if isinstance(config.get("roles"), dict) else {}
-    published = config.get("grades") == "published"
+    roles = settings.roles if isinstance(settings.roles, dict) else {}
+    published = getattr(settings, "grades", None) == "published"  # an imported release's config
     out: dict[str, Grade] = {}
     for (fmt, mode), g in metrics.grades(record).items():
         if mode == "frq":
             a = record["answers"][fmt][mode]
-            judge = {"model": "published"} if published else grader_judge(roles.get("grader"), config.get("verdict_rule"))
+            judge = {"model": "published"} if published else grader_judge(roles.get("grader"), getattr(settings, "verdict_rule", None))
             out[score_name(mode, fmt)] = replace(g, judge=judge, explanation=grader_reply(a))
         else:
             out[score_name(mode, fmt)] = replace(g, judge={"rule": MCQ_RULE})
@@ -90,14 +90,14 @@ def scores(record: dict, config: dict) -> dict[str, Grade]:
 
 
 
-def calibration_scores(record: dict, config: dict) -> dict[str, Grade]:
+def calibration_scores(record: dict, settings) -> dict[str, Grade]:
     """A grader calibration's case: the judge's count of correct trials (None with an unreadable verdict) and the
     authors' grader's count where the case was matched in their release."""
     out = {}
     if record.get("status") != "failed":
         unscored = "judge_unscored_trials" in record
         out["grader"] = Grade(value=None if unscored else record.get("judge"), answer=[t.get("extracted") for t in record.get("trials") or []],
-                              judge={"model": config.get("judge"), "prompt_hash": config.get("prompt_hash"), "rule": config.get("concurrent_rule")})
+                              judge={"model": settings.judge, "prompt_hash": settings.prompt_hash, "rule": settings.concurrent_rule})
     if isinstance(record.get("published"), dict):
         out["published"] = Grade(value=record["published"].get("count"), judge={"model": "published"})
     return out

@@ -1,5 +1,5 @@
 """CRAFT-MD's studies: `medstack run craftmd` (cases × trials through the study runner: records, metrics,
-summary; resumable) and `medstack meld` (experiments/craftmd/meld.py), registered with their paper tables."""
+summary; resumable); declared in __init__.py with `medstack meld` (experiments/craftmd/meld.py) and its paper tables."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import re
 from pathlib import Path
 
 from experiments.core.config import ConfigError, config_dir
-from experiments.core.registry import register_results, register_study, register_tables
 from experiments.craftmd import paper_values
 from experiments.craftmd.assess import TEMPLATES, assess_conversation, question_rates, transcript_turns
 from experiments.craftmd.data import load_cases, synthetic_cases
-from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS, CALIBRATE_GRADER, CRAFTMD, EXPERTS_IMPORT
-from experiments.craftmd.meld import MeldStudy
+from experiments.craftmd.judges import CRAFTMD
 from experiments.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
-from experiments.craftmd.paper_values import ADAPTER
 from experiments.craftmd.patient_checks import check_conversation, count_checks, legacy_counts
 from experiments.craftmd.prompts import PROMPTS, render
 from experiments.craftmd.protocol import solve
@@ -135,18 +132,8 @@ class CraftmdStudy(Study):
         adds = additions(s)
         return [requests_line(s)] + ([f"additions to the protocol: {'; '.join(adds)}"] if adds else [])
 
-    def summary(self, metrics: dict, s: CraftSettings) -> str:
+    def summary(self, metrics: dict, s: CraftSettings, run) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
         published = getattr(paper_values, "EXPERT_PUBLISHED", None)
         return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper, s.name)
-                + "\n" + run_paper_tables(s.out, metrics))
-
-
-register_study("craftmd", CraftmdStudy, help="""
-    One record per (case, trial), id CASE/tK. Writes records.jsonl, metrics.json, summary.md in --out.
-    Exit 0 done, 2 bad input, 3 some cases failed (run the same command again to retry them).
-    """)
-register_study("meld", MeldStudy)  # its help and place: __init__.py
-register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)
-for _kind in (EXPERTS_IMPORT, CALIBRATE_GRADER, CALIBRATE_CONVERSATIONS):  # `import craftmd-experts`, `calibrate craftmd-grader | conversations`
-    register_results(_kind)
+                + "\n" + run_paper_tables(run))

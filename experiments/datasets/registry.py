@@ -27,6 +27,8 @@ from models.paths import user_home
 
 REGISTRY_FILE = Path(__file__).with_name("datasets.yaml")
 REGISTRY_ENV = "MEDSTACK_DATA_REGISTRY"  # another registry YAML (tests, private sets)
+STUDIES_ENV = "MEDSTACK_STUDIES"  # study folders outside experiments/ (experiments/core/registry.py); their datasets.yaml merged in
+EXPERIMENTS = REGISTRY_FILE.parent.parent  # the study folders, each of which may ship a datasets.yaml
 MARKER = ".medstack-data.json"  # written last into a fetched set's folder
 SHA256 = r"^[0-9a-f]{64}$"
 CHUNK = 1 << 20
@@ -79,13 +81,25 @@ def registry_path() -> Path:
     return Path(os.environ.get(REGISTRY_ENV) or REGISTRY_FILE)
 
 
+def study_folders(extra: str | None = None) -> list[Path]:
+    """The study folders outside ``experiments/`` (``extra``, default ``$MEDSTACK_STUDIES``: os.pathsep-separated)."""
+    return [Path(x).resolve() for x in (os.environ.get(STUDIES_ENV, "") if extra is None else extra).split(os.pathsep) if x.strip()]
+
+
 def load_registry(path: Optional[Path] = None) -> dict[str, DataSet]:
-    path = Path(path or registry_path())
-    try:
-        raw = yaml.safe_load(path.read_text())
-        return {name: DataSet(name=name, **entry) for name, entry in raw["sets"].items()}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValidationError) as e:
-        raise DataError(f"data registry {path} is not valid: {e}") from e
+    """The data sets of ``path``; by default of the registry with each study folder's ``datasets.yaml`` merged in."""
+    files = [Path(path)] if path else [registry_path()] + [f for d in [*EXPERIMENTS.iterdir(), *study_folders()]
+                                                          if (f := d / "datasets.yaml").is_file() and f != REGISTRY_FILE]
+    out: dict[str, DataSet] = {}
+    for f in files:
+        try:
+            sets = {name: DataSet(name=name, **entry) for name, entry in yaml.safe_load(f.read_text())["sets"].items()}
+        except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValidationError) as e:
+            raise DataError(f"data registry {f} is not valid: {e}") from e
+        if twice := sorted(set(sets) & set(out)):
+            raise DataError(f"data registry {f}: {', '.join(twice)} registered already")
+        out.update(sets)
+    return out
 
 
 def _get(name: str, registry: dict[str, DataSet]) -> DataSet:

@@ -1,18 +1,25 @@
 """DERA (Dialog-Enabled Resolving Agents, Nair et al. 2023): Researcher/Decider dialogues for
-medical conversation summarization, care plans, the corruption study, and open-ended MedQA.
+medical conversation summarization, care plans, the corruption study, and open-ended MedQA. See README.md."""
 
-Modules: ``settings`` (YAML -> pydantic), ``data`` (encounters, MedQA), ``prompts`` (template
-files + hashes), ``calls`` (one model call, logged), ``dialogue`` (summaries/care plans/corruption),
-``qa`` (MedQA protocol), ``gptf1`` and ``qa_metrics`` (scores), ``report`` (metrics + summary.md),
-``cli`` (the ``medstack run dera-*`` commands).
-"""
+from experiments.core.registry import Command, StudyDeclaration
 
-# The study commands study.py registers, as `medstack --help` lists them before study.py is imported (start-up stays
-# light: experiments/core/registry.py declared()); the only copy of each command's first help paragraph and place.
-COMMANDS = {
-    'dera-summarize': 'DERA summarization (docs/protocols.md, DERA): initial summary, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite; GPT-F1 of DERA vs initial.',
-    'dera-careplan': 'DERA care plans (docs/protocols.md, DERA): one-shot initial plan, Researcher/Decider dialogue with a scratchpad (<= 15 turns), final rewrite.',
-    'dera-corrupt': 'Corruption study (docs/protocols.md, DERA): write reference summaries, corrupt them at --level, run DERA from the corrupted version, and score both against the reference with GPT-F1 per section. Default --out: runs/dera-corrupt-<model>-level<L>.',
-    'dera-qa': 'The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (docs/protocols.md, DERA).',
-}
-TOP_LEVEL = ()  # `medstack NAME` rather than `medstack run NAME`
+EXIT = "    Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them)."
+
+# everything this folder adds to medstack (experiments/core/registry.py): read by `medstack --help` without importing study.py
+STUDY = StudyDeclaration(
+    commands=(
+        Command("dera-summarize", "DERA summarization (docs/protocols.md, DERA): initial summary, Researcher/Decider dialogue with a scratchpad "
+                "(<= 15 turns), final rewrite; GPT-F1 of DERA vs initial.", "study:SummarizeStudy", more=EXIT),
+        Command("dera-careplan", "DERA care plans (docs/protocols.md, DERA): one-shot initial plan, Researcher/Decider dialogue with a "
+                "scratchpad (<= 15 turns), final rewrite.", "study:CareplanStudy", more=EXIT),
+        Command("dera-corrupt", "Corruption study (docs/protocols.md, DERA): write reference summaries, corrupt them at --level, run DERA from "
+                "the corrupted version, and score both against the reference with GPT-F1 per section. Default --out: "
+                "runs/dera-corrupt-<model>-level<L>.", "study:CorruptStudy", more=EXIT),
+        Command("dera-qa", "The 1-shot self-consistency baseline and DERA on the same MedQA questions, in one run (docs/protocols.md, DERA).",
+                "study:QAStudy", more="""    --data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
+    default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq].
+
+""" + EXIT),
+    ),
+    tables="paper_tables.yaml", adapter="paper_values:ADAPTER",
+)

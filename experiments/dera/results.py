@@ -30,16 +30,16 @@ NO_ANSWER = {"rule": "no answer"}  # every sample unusable: not judged, scored 0
 GPTF1_TEMPLATES = ("gptf1_extract", "gptf1_verify")
 
 
-def _judge(record: dict, config: dict, *templates: str) -> dict:
+def _judge(record: dict, settings, *templates: str) -> dict:
     """Who judged: the judge role's model and the hash of the template(s), as the record used them when it says."""
     stored = record.get("prompt_hashes") or {}
     h = stored[templates[0]] if len(templates) == 1 and templates[0] in stored else PROMPTS.hash(*templates)
-    return {"model": (config.get("roles") or {}).get("judge"), "prompt_hash": h}
+    return {"model": (settings.roles or {}).get("judge"), "prompt_hash": h}
 
 
 # ------------------------------------------------------------------ typed scores
 
-def qa_scores(record: dict, config: dict) -> dict[str, Grade]:
+def qa_scores(record: dict, settings) -> dict[str, Grade]:
     out: dict[str, Grade] = {}
     for arm, s in arm_scores(record).items():
         answer = s.get("answer")
@@ -50,19 +50,19 @@ def qa_scores(record: dict, config: dict) -> dict[str, Grade]:
         asked = bool(answer)
         out[f"llm-exact/{arm}"] = Grade(value=s.get("exact"), answer=answer, source="first line True/False" if asked else "no answer",
                                         explanation=s.get("exact_explanation"),
-                                        judge=_judge(record, config, "judge_exact") if asked else NO_ANSWER)
+                                        judge=_judge(record, settings, "judge_exact") if asked else NO_ANSWER)
         out[f"llm-similarity/{arm}"] = Grade(value=s.get("similarity_raw"), answer=answer, source="first number" if asked else "no answer",
                                              explanation=s.get("similarity_reply"), metadata={"normalized": "over the run"} if asked else {},
-                                             judge=_judge(record, config, "judge_similarity") if asked else NO_ANSWER)
+                                             judge=_judge(record, settings, "judge_similarity") if asked else NO_ANSWER)
         out[f"bertscore/{arm}"] = Grade(value=s.get("bertscore"), answer=answer, source="bertscore F1" if asked else "no answer",
                                         judge={"rule": "bertscore F1" if asked else "no answer"},
-                                        metadata={"encoder": config.get("bertscore_model"), "layer": config.get("bertscore_layer")} if asked else {})
+                                        metadata={"encoder": settings.bertscore_model, "layer": settings.bertscore_layer} if asked else {})
     return out
 
 
-def dialogue_scores(record: dict, config: dict) -> dict[str, Grade]:
+def dialogue_scores(record: dict, settings) -> dict[str, Grade]:
     """GPT-F1 per arm (initial, dera, dera_vs_initial) and section, from :func:`~experiments.dera.report.gptf1_grades`."""
-    judge = _judge(record, config, *GPTF1_TEMPLATES)
+    judge = _judge(record, settings, *GPTF1_TEMPLATES)
     out: dict[str, Grade] = {}
     for arm, (sections, average) in gptf1_grades(record).items():
         out[f"gptf1/{arm}"] = replace(average, judge=judge, source="mean over the scored sections")

@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from experiments.core.config import ConfigError, config_dir
-from experiments.core.registry import register_study, register_tables
 from experiments.dera import dialogue, qa, qa_metrics, report
 from experiments.dera.calls import CaseLog
 from experiments.dera.data import load_encounters, load_medqa, resolve_qa_path
 from experiments.dera.prompts import PROMPTS
 from experiments.dera.results import DIALOGUE_RESULTS, QA_RESULTS
-from experiments.dera.paper_values import ADAPTER
 from experiments.dera.settings import CareplanSettings, CorruptSettings, DialogueSettings, QASettings
 from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
@@ -74,8 +72,8 @@ class DeraDialogueStudy(Study):
     def metrics(self, records: list[dict], s: DialogueSettings) -> dict:
         return report.dialogue_metrics(records, s)
 
-    def summary(self, metrics: dict, s: DialogueSettings) -> str:
-        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: DialogueSettings, run) -> str:
+        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
 
 
 class SummarizeStudy(DeraDialogueStudy):
@@ -113,7 +111,7 @@ class CorruptStudy(DeraDialogueStudy):
 
 
 class QAStudy(Study):
-    """`medstack run dera-qa` (its help: __init__.py and HELP below)."""
+    """`medstack run dera-qa` (its help: __init__.py)."""
 
     name = "dera-qa"
     settings_cls = QASettings
@@ -146,13 +144,8 @@ class QAStudy(Study):
     def metrics(self, records: list[dict], s: QASettings) -> dict:
         return report.qa_metrics(records, s)
 
-    def summary(self, metrics: dict, s: QASettings) -> str:
-        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: QASettings, run) -> str:
+        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
 
 
 STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}
-HELP = {"dera-qa": """--data: MedQA open-ended JSONL (question_open, answer, options, answer_idx) or a folder with <split>.jsonl;
-    default: the shipped 5-question sample. Default --out: runs/dera-qa-<model>[-mcq]."""}  # after __init__.py's paragraph
-for _study in STUDIES.values():
-    register_study(_study.name, _study, help="    " + "\n\n    ".join(filter(None, (HELP.get(_study.name), "Exit 0 done, 2 bad input (nothing started), 3 some cases failed (run the same command again to retry them)."))))
-register_tables(HERE / "paper_tables.yaml", ADAPTER)

@@ -1,4 +1,4 @@
-"""`medstack score|data` commands for MediTOD (user docs: experiments/meditod/README.md; `run meditod-*`: study.py).
+"""`medstack score|data` commands for MediTOD, declared in __init__.py (user docs: experiments/meditod/README.md).
 
 - ``medstack score meditod-nlu|meditod-pol|meditod-nlg --data dialogs.json --pred PRED.jsonl [--json]``
 - ``medstack data meditod --data dialogs.json [--splits-dir DIR] [--png FILE]``
@@ -61,8 +61,4 @@ def data_command(
         print_stats(stats)
 
 
-def register(score_app, data_app, **_) -> None:
-    for task in ("nlu", "pol", "nlg"):
-        score_app.command(f"meditod-{task}")(_score_command(task))
-    data_app.command("meditod")(data_command)
-
+score_nlu, score_pol, score_nlg = (_score_command(task) for task in ("nlu", "pol", "nlg"))

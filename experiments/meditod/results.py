@@ -26,10 +26,10 @@ from experiments.meditod.prompts import prompt_hash
 RULE = {"rule": "the dataset authors' scorer"}
 
 
-def scores(record: dict, config: dict) -> dict[str, Grade]:
+def scores(record: dict, settings) -> dict[str, Grade]:
     if not record.get("scored", True) or "target" not in record:
         return {}
-    task = record.get("task") or config.get("task")
+    task = record.get("task") or settings.task
     pred = record.get("prediction")
     if task == "nlg":
         gold = normalize(record["target"], split="punct")
@@ -43,7 +43,7 @@ def scores(record: dict, config: dict) -> dict[str, Grade]:
                         source="tuples, all", judge=RULE, skipped=not scored),
            "format": Grade(value=one["format_errors"] if scored else None, answer=pred, source="format error", judge=RULE,
                            skipped=not scored)}
-    judge = {"model": (config.get("roles") or {}).get("grader"), "prompt_hash": prompt_hash("adjudicate.txt")}
+    judge = {"model": (settings.roles or {}).get("grader"), "prompt_hash": prompt_hash("adjudicate.txt")}
     for i, j in enumerate(record.get("adjudications") or []):
         out[f"adjudicate/{i}"] = Grade(value=int(bool(j.get("same"))), answer={"gold": j.get("gold"), "pred": j.get("pred")},
                                        source="positive / negative" if j.get("parsed") else "no verdict: not the same",

@@ -1,4 +1,4 @@
-"""`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner (registered below, with its paper tables).
+"""`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner (declared in __init__.py, with its paper tables).
 
 One case per sample (tasks.py: the authors' windows and skip rules): load + validate data -> build
 the test samples (and, in-context, the training exemplars the same way) -> retrieve k exemplars per
@@ -24,13 +24,11 @@ from experiments.common.markdown import md_table
 from experiments.common.parsing import extract_verdict
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.constraints import Constraint
-from experiments.core.registry import register_results, register_study, register_tables
 from experiments.core.results import strict_json
 from experiments.meditod import metrics as M
 from experiments.meditod.constraints import nlu_schema, pol_schema
 from experiments.meditod.data import load_dialogs, load_split_ids
 from experiments.meditod.ontology import load_ontology
-from experiments.meditod.paper_values import ADAPTER
 from experiments.meditod.results import RESULTS
 from experiments.meditod.settings import MeditodSettings
 from experiments.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
@@ -231,8 +229,8 @@ class MeditodStudy(Study):
                          "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)), "context_budget": self._budget}
         return m
 
-    def summary(self, metrics: dict, s: MeditodSettings) -> str:
-        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: MeditodSettings, run) -> str:
+        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(run)
 
 
 # ------------------------------------------------------------------ scoring and adjudication
@@ -349,12 +347,4 @@ def summary_markdown(s: MeditodSettings, m: dict, other: tuple[str, dict] | None
     return text
 
 
-for _task in ("nlu", "pol", "nlg"):  # each command's first help paragraph: __init__.py
-    register_study(f"meditod-{_task}", partial(MeditodStudy, _task), fixed={"task": _task}, help="""
-    One case per test turn (id DIALOG/UTTR). Default config: configs/<task>_<mode>.yaml; default --out runs/meditod/<task>-<mode>.
-    Writes records.jsonl, metrics.json, summary.md; re-running resumes.
-    Exit 0 done, 2 bad input, 3 some turns failed (run the same command again to retry them).
-    """)
-for _results in RESULTS.values():  # registered by experiment: the study itself is registered as a factory per task
-    register_results(_results)
-register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)
+NLU, POL, NLG = (partial(MeditodStudy, task) for task in ("nlu", "pol", "nlg"))  # one study command each (__init__.py)

@@ -192,7 +192,7 @@ class RescoreStudy(Study):
         return {"records": len(records), "rescore": rescore_metrics(records, self.judge, self.models, settings.rescore),
                 "deviations": self.deviations}
 
-    def summary(self, metrics: dict, settings: RescoreSettings) -> str:
+    def summary(self, metrics: dict, settings: RescoreSettings, run) -> str:
         return rescore_summary(metrics["rescore"], metrics["records"])
 
 

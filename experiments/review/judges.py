@@ -22,8 +22,7 @@ from models.errors import DataError
 
 def reviewable() -> dict[str, tuple[str, ...]]:
     """experiment -> its judge steps, for every registered kind of results folder that declares judges."""
-    registry.studies()
-    return {exp: tuple(j.step for j in r.judges) for exp, r in sorted(registry.RESULTS.items()) if r.judges}
+    return {exp: tuple(j.step for j in r.judges) for exp, r in sorted(registry.loaded().results.items()) if r.judges}
 
 
 def _listing() -> str:

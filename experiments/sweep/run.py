@@ -158,9 +158,9 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     study = study_factory()
     if values.get("model") or values.get("out"):
         raise ConfigError("sweep: give the models with --models, the fixed roles with --role ROLE=REF and the sweep folder with --out (not --model)")
-    declared = results_of(study)
+    declared = study.results  # what its runs' results folders declare: its comparison, its released runs
     if published and not (declared and declared.import_published):
-        have = sorted(e for e, r in registry.RESULTS.items() if r.import_published)
+        have = sorted(e for e, r in registry.loaded().results.items() if r.import_published)
         raise ConfigError(f"--published imports a study's released runs ({', '.join(have)}); {study.name} has none")
     roles_varied = swept_roles(study, vary)
     in_config, named = named_roles(study, values, to_overrides)
@@ -261,7 +261,7 @@ def join(plan: Plan) -> SweepOutcome:
     if any(common.get("dry_run") for _, common, *_ in plan.planned):  # nothing ran: no import, compare or report
         write_summary(out, sweep_dir, plan.study.name)
         return out
-    declared = results_of(plan.study)
+    declared = plan.study.results
     if plan.pub_dirs:
         out.published = _import_published(declared, plan.pub_dirs, plan.planned[0][3].data, log)
     done = [r.out for r in out.runs if (r.out / "metrics.json").exists()] + out.published
@@ -274,12 +274,6 @@ def join(plan: Plan) -> SweepOutcome:
         out.report = build_report([str(sweep_dir)], sweep_dir / "report.html")
         log(f"sweep: report: {out.report.resolve()}")
     return out
-
-
-def results_of(study):
-    """What ``study`` declares about the results folders its runs write (its comparison, its released runs), or None."""
-    field_ = type(study).settings_cls.model_fields.get("experiment")
-    return registry.results_for(str(field_.default if field_ is not None else "") or study.name)
 
 
 def _published_plan(names: list[str], sweep_dir: Path, study: str) -> list[tuple[str, Path]]:

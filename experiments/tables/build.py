@@ -114,7 +114,7 @@ class PreparedRun:
 
     def __init__(self, run: dict, decl: Declaration, label: str):
         self.run, self.decl = run, decl
-        self.adapter = decl.load_adapter()
+        self.adapter = decl.adapter
         self.records = finished(run.get("records") or [])
         base = {**(run.get("config") or {}), **((run.get("metrics") or {}).get("settings") or {})}
         base.update({"experiment": experiment_of(run), "published_run": bool((run.get("config") or {}).get("imported_from"))})
@@ -155,7 +155,7 @@ def prepare_runs(runs: list[dict]) -> dict[str, list[PreparedRun]]:
         decl = declaration_for(experiment_of(run))
         if decl is None:
             continue
-        by.setdefault(decl.study, []).append((run, decl, decl.load_adapter().label(run, run_label(run))))
+        by.setdefault(decl.study, []).append((run, decl, decl.adapter.label(run, run_label(run))))
     return {study: [PreparedRun(run, decl, lbl) for run, decl, lbl in items] for study, items in by.items()}
 
 

@@ -16,7 +16,7 @@ say where a run's setting differs from the paper's, and the tables themselves:
         plot: {rows: [...], ylabel: accuracy, ylim: [0, 1]}
 
 Each study registers its file with the adapter that turns a run into per-case values and setting
-attributes (``register_tables(path, ADAPTER)`` in its study.py, experiments/core/registry.py).
+attributes (``tables`` and ``adapter`` of its folder's declaration, experiments/core/registry.py).
 Nothing here computes: :mod:`experiments.tables.build` does, :mod:`experiments.tables.render` prints.
 """
 
@@ -110,9 +110,6 @@ class Declaration(BaseModel):
     def covers(self, experiment: str) -> bool:
         return experiment in self.experiments
 
-    def load_adapter(self):
-        return self.adapter
-
 
 def load_declaration(path: str | Path, adapter: Any = None) -> Declaration:
     p = Path(path)
@@ -129,12 +126,12 @@ def load_declaration(path: str | Path, adapter: Any = None) -> Declaration:
 
 def declarations() -> tuple[Declaration, ...]:
     """Every registered study's declaration, in the report's order."""
-    return _declarations(tuple(registry.paper_tables()))
+    return _declarations(tuple((d.folder / d.tables, d.resolve(d.adapter)) for d in registry.declarations() if d.tables))
 
 
 @lru_cache(maxsize=None)
 def _declarations(tables: tuple) -> tuple[Declaration, ...]:
-    found = [load_declaration(t.path, t.adapter) for t in tables]
+    found = [load_declaration(path, adapter) for path, adapter in tables]
     return tuple(sorted(found, key=lambda d: (d.order, d.study)))
 
 

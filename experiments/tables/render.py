@@ -8,8 +8,7 @@ numbers; the footnotes follow the table.
 from __future__ import annotations
 
 from experiments.common.markdown import md_cell, md_table
-from experiments.core.registry import open_run
-from experiments.core.results import ResultsError
+from experiments.core.results import Run
 from experiments.tables.build import ComputedTable, StudyTables, study_tables
 
 COLUMNS = ["run", "", "ours [95% CI]", "n", "paper", "ours − paper", "paired test (Holm)"]
@@ -103,11 +102,7 @@ def paper_tables_markdown(runs: list[dict]) -> str:
     return "\n".join(study_markdown(st) for st in study_tables(runs) if st.tables)
 
 
-def run_paper_tables(path, metrics: dict) -> str:
-    """The paper tables of one results directory (for its summary.md), over its ``metrics`` in memory (metrics.json
-    need not be written yet) and its records on disk; '' when none applies or the records cannot be read."""
-    try:
-        run = {**open_run(path).as_dict(), "metrics": metrics}
-    except (ResultsError, OSError):
-        return ""
-    return paper_tables_markdown([run])
+def run_paper_tables(run: Run) -> str:
+    """The paper tables of one run (for its summary.md), over the run as computed in memory (the runner's, an
+    importer's: records, config, metrics; nothing is read from its folder); '' when none applies."""
+    return paper_tables_markdown([run.as_dict()])

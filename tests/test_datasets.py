@@ -317,10 +317,13 @@ def test_a_study_folders_data_sets_join_the_registry_once(tmp_path, monkeypatch)
     folder = tmp_path / "mystudy"
     folder.mkdir()
     (folder / "datasets.yaml").write_text(yaml.safe_dump({"sets": {"mystudy-cases": entry}}))
-    monkeypatch.setenv("MEDSTACK_STUDIES", str(folder))
+    monkeypatch.delenv("MEDSTACK_STUDIES", raising=False)
     monkeypatch.delenv("MEDSTACK_DATA_REGISTRY", raising=False)
+    before = set(D.load_registry())  # the global registry and the study folders' under experiments/
+    assert set(raw) <= before
+    monkeypatch.setenv("MEDSTACK_STUDIES", str(folder))
     reg = D.load_registry()
-    assert set(reg) == set(raw) | {"mystudy-cases"} and reg["mystudy-cases"].files == reg[name].files
+    assert set(reg) == before | {"mystudy-cases"} and reg["mystudy-cases"].files == reg[name].files
     (folder / "datasets.yaml").write_text(yaml.safe_dump({"sets": {name: entry}}))
     with pytest.raises(DataError, match=f"{folder / 'datasets.yaml'}: {name} registered already"):
         D.load_registry()

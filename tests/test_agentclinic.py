@@ -131,11 +131,12 @@ def test_settings_against_the_authors():
     assert "doctor budget 6 inferences (authors: 20, their default)" in settings_deviations(demo)
 
 
-def test_the_extended_set_is_declared_in_the_study_folder_pinned_like_the_global_registry():
-    from experiments.datasets.registry import load_registry
+def test_the_extended_set_joins_the_registry_from_the_study_folder_pinned_like_the_global_ones(monkeypatch):
+    from experiments.datasets.registry import REGISTRY_FILE, load_registry
 
-    sets = load_registry(Path("experiments/agentclinic/datasets.yaml"))
-    ext = sets["agentclinic-medqa-ext"]
+    monkeypatch.delenv("MEDSTACK_DATA_REGISTRY", raising=False)
+    assert "agentclinic-medqa-ext" not in load_registry(REGISTRY_FILE)  # only the folder's datasets.yaml declares it
+    ext = load_registry()["agentclinic-medqa-ext"]
     assert ext.main == "agentclinic_medqa_extended.jsonl" and [f.size for f in ext.files] == [414177]
     assert ext.files[0].sha256 == "54a024eb2705c6c55d1988766adf4ab02ea7bbe2a28f843107b740032200f232"
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -11,6 +12,7 @@ import pytest
 
 from experiments.core.judging import review_items
 from experiments.core.registry import open_run, results_of
+from experiments.datasets.registry import MARKER
 
 
 class _Clinic(BaseHTTPRequestHandler):
@@ -77,3 +79,20 @@ def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_pat
                "--out", str(tmp_path / "dry"), check=True)
     said = proc.stdout + proc.stderr
     assert "stratified by sex" in said and "1 female, 1 male" in said and "dry run: 80 request(s) of 2 case(s)" in said
+
+
+def test_the_extended_set_is_listed_and_read_by_name(cli, fixtures_dir, tmp_path):
+    """`--data agentclinic-medqa-ext` resolves through the registry the study folder's datasets.yaml joins."""
+    env = {"MEDSTACK_HOME": str(tmp_path / "home")}
+    rows = {row["name"]: row for row in json.loads(cli("data", "list", "--json", env=env, check=True).stdout)}
+    assert {"agentclinic-medqa", "agentclinic-medqa-ext"} <= rows.keys()
+    args = ("run", "agentclinic", "--data", "agentclinic-medqa-ext", "--dry-run", "--out", str(tmp_path / "dry"))
+    r = cli(*args, env=env)
+    assert r.returncode == 2 and "agentclinic-medqa-ext is registered but not fetched yet" in r.stderr
+    # fetched (here the fixture's cases in its folder, as `data fetch` leaves a set): the name reads them
+    folder = tmp_path / "home" / "data" / "agentclinic-medqa-ext"
+    folder.mkdir(parents=True)
+    shutil.copy(fixtures_dir / "agentclinic" / "cases.jsonl", folder / "agentclinic_medqa_extended.jsonl")
+    (folder / MARKER).write_text("{}")
+    r = cli(*args, env=env, check=True)
+    assert "dry run: 120 request(s) of 3 case(s)" in r.stdout + r.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from experiments.agentclinic.paper_values import ADAPTER
 from experiments.agentclinic.protocol import PROMPTS, moderate, no_diagnosis, solve, verdict
 from experiments.agentclinic.settings import AgentClinicSettings
 from experiments.common.grade import Grade, grades
@@ -18,7 +17,6 @@ from experiments.common.markdown import md_table, num
 from experiments.common.stats import mean_ci
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.judging import YES_NO, Judge
-from experiments.core.registry import register_study, register_tables
 from experiments.core.results import iter_jsonl
 from experiments.core.study import CaseContext, Study, StudyResults
 from experiments.tables.render import run_paper_tables
@@ -59,11 +57,6 @@ def load_cases(path: str | Path) -> list[dict]:
 
 # ------------------------------------------------------------------ results: the typed score and its judge
 
-def scores(record: dict, config) -> dict[str, Grade]:
-    """The record's own typed scores: the loop writes them (``diagnosis``)."""
-    return grades(record)
-
-
 def show_diagnosis(record: dict, part: str | None, config: dict) -> dict:
     """What the moderator was given: the correct diagnosis and the doctor's whole diagnosis line."""
     return {"correct diagnosis": record.get("correct_diagnosis"), "doctor's line": record.get("diagnosis") or ""}
@@ -76,7 +69,7 @@ async def ask_diagnosis(ctx: CaseContext, record: dict, part: str | None, settin
     return await moderate(ctx, record["diagnosis"], record["correct_diagnosis"], settings, role)
 
 
-RESULTS = StudyResults(experiment="agentclinic", scores=scores, judges=(Judge(
+RESULTS = StudyResults(experiment="agentclinic", judges=(Judge(
     "diagnosis", YES_NO, "Do the doctor's diagnosis and the correct diagnosis name the same disease?", role="moderator",
     show=show_diagnosis, ask=ask_diagnosis),))
 
@@ -147,12 +140,6 @@ class AgentClinicStudy(Study):
         return [f"requests: built as the authors' agentclinic.py loop; doctor budget {s.inferences}; "
                 f"biases doctor {s.doctor_bias}, patient {s.patient_bias}; moderator rule {s.verdict_rule}"]
 
-    def summary(self, metrics: dict, s: AgentClinicSettings) -> str:
-        return summary_markdown(metrics, s) + "\n" + run_paper_tables(s.out, metrics)
+    def summary(self, metrics: dict, s: AgentClinicSettings, run) -> str:
+        return summary_markdown(metrics, s) + "\n" + run_paper_tables(run)
 
-
-register_study("agentclinic", AgentClinicStudy, help="""
-    One record per OSCE case. Writes records.jsonl, metrics.json, summary.md in --out.
-    Exit 0 done, 2 bad input, 3 some cases failed (run the same command again to retry them).
-    """)
-register_tables(Path(__file__).with_name("paper_tables.yaml"), ADAPTER)

@@ -1,0 +1,78 @@
+"""AgentClinic end to end through the real embedded vLLM server: the 3 fixture cases under the demo config.
+
+The patient, the measurement agent and the moderator are the embedded model on the real server. The doctor is a
+scripted OpenAI-shaped endpoint (a question, then a test request, then a diagnosis), because the small embedded
+model, as the doctor, wrote no ``REQUEST TEST`` in any of the 3 cases when tried, and the test must see one answered.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+QUESTION = "What brings you in today?"
+
+
+class _Doctor(BaseHTTPRequestHandler):
+    """The doctor: a question first, a test request once it has an answer, a diagnosis once it has a result."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        user = body["messages"][-1]["content"]
+        said = ("DIAGNOSIS READY: pneumonia" if "REQUEST TEST" in user else "REQUEST TEST: Chest_X-Ray" if QUESTION in user else QUESTION)
+        out = {"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": said}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_three_cases_through_the_real_server(cli, embedded_server, fixtures_dir, tmp_path):
+    role = f"embedded@{embedded_server['base_url']}"
+    doctor = ThreadingHTTPServer(("127.0.0.1", 0), _Doctor)
+    threading.Thread(target=doctor.serve_forever, daemon=True).start()
+    out = tmp_path / "run"
+    try:
+        cli("run", "agentclinic", "--config", "experiments/agentclinic/configs/embedded-demo.yaml", "--data",
+            str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--model", role, "--doctor-model",
+            f"embedded@http://127.0.0.1:{doctor.server_address[1]}/v1", "--out", str(out), check=True)
+    finally:
+        doctor.shutdown()
+    recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in recs) == ["case_0", "case_1", "case_2"] and all(r["status"] == "ok" for r in recs)
+    for r in recs:
+        agents = [t["agent"] for t in r["transcript"]]
+        assert agents == ["doctor", "patient", "doctor", "measurement", "doctor"], agents
+        result = next(c for c in r["calls"] if c["role"] == "measurement")
+        assert "REQUEST TEST: Chest_X-Ray" in result["messages"][1]["content"] and result["texts"][0].strip()  # the real model answered
+        assert r["transcript"][3]["text"] == " ".join(result["texts"][0].split())
+        assert r["tests_requested"] == 1 and r["stop_reason"] == "diagnosis"
+        g = r["scores"]["diagnosis"]  # the one typed score, written by the loop; the moderator is the real model
+        assert set(r["scores"]) == {"diagnosis"} and "correct" not in r and g["value"] in (0, 1)
+        assert g["judge"]["model"] == role and g["judge"]["rule"] == "exact" and g["answer"] == "DIAGNOSIS READY: pneumonia"
+        moderator = [c for c in r["calls"] if c["role"] == "moderator"]
+        assert len(moderator) == 1 and r["correct_diagnosis"] in moderator[0]["messages"][1]["content"]
+        assert g["value"] == int(" ".join(moderator[0]["texts"][0].split()).lower() == "yes")
+        assert r["patient_facts"]["Demographics"] and r["transcript"][1]["text"].strip()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["accuracy"]["n"] == 3 and metrics["tests_requested"] == 3 and metrics["inferences"] == 6
+    assert "doctor budget 6 inferences (authors: 20, their default)" in metrics["deviations"]
+    summary = (out / "summary.md").read_text()
+    assert "# AgentClinic run" in summary and "diagnostic accuracy (moderator)" in summary and "Diagnostic accuracy (moderator)" in summary

@@ -1,0 +1,98 @@
+"""AgentClinic through the generic tools, every role a scripted OpenAI-shaped endpoint (no model server): `run`,
+`--sample`, `rescore --judge diagnosis`, `compare` and the review items of its moderator, with no tool told of it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from experiments.core.judging import review_items
+from experiments.core.registry import open_run, results_of
+from experiments.datasets.registry import MARKER
+
+
+class _Clinic(BaseHTTPRequestHandler):
+    """Each agent told apart by its system prompt: the doctor asks, requests an MRI, then says migraine; the moderator
+    says 'Yes' for Migraine and 'No.' otherwise."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+        if "Dr. Agent" in system:
+            said = "DIAGNOSIS READY: migraine" if "REQUEST TEST" in user else "REQUEST TEST: MRI" if "brings you" in user else "What brings you in?"
+        elif "test results" in system:
+            said = "RESULTS: normal"
+        elif "same disease" in system:
+            said = "Yes" if "Migraine" in user else "No."
+        else:
+            said = "I have a headache."
+        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
+                           "choices": [{"index": 0, "message": {"role": "assistant", "content": said}, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture(scope="module")
+def clinic():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Clinic)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"embedded@http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_path):
+    run = tmp_path / "run"
+    cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--model", clinic, "--out", str(run), check=True)
+    recs = [json.loads(l) for l in (run / "records.jsonl").read_text().splitlines()]
+    assert {r["id"]: r["scores"]["diagnosis"]["value"] for r in recs} == {"case_0": 1, "case_1": 0, "case_2": 0}
+    assert all([t["agent"] for t in r["transcript"]] == ["doctor", "patient", "doctor", "measurement", "doctor"] for r in recs)
+    summary = (run / "summary.md").read_text()
+    assert "| diagnostic accuracy (moderator) | 0.333" in summary and "| **GPT-4 (paper)** | AgentClinic-MedQA | – | – | 0.522 |" in summary
+    # the moderator's decisions as review items: what it was shown, nothing else
+    opened = open_run(run)
+    judge = results_of(opened).judge("diagnosis")
+    scale, items = review_items(judge, opened.records, opened.config, opened.path)
+    assert scale["kind"] == "binary" and sorted((i["id"], i["verdict"]) for i in items) == [("case_0", 1), ("case_1", 0), ("case_2", 0)]
+    assert items[0]["show"].keys() == {"correct diagnosis", "doctor's line"}
+    # another moderator over the stored diagnosis lines, and its agreement with the run's
+    cli("rescore", str(run), "--judge", "diagnosis", "--judge-model", clinic, "--out", str(tmp_path / "rescore"), check=True)
+    assert "| embedded | 3 | 100.0% |" in (tmp_path / "rescore" / "summary.md").read_text()
+    cli("compare", str(run), "--out", str(tmp_path / "cmp"), check=True)
+    assert "| agentclinic | diagnosis | 0.333" in (tmp_path / "cmp" / "summary.md").read_text()
+    # --sample keeps the set's mix of the patients' sex
+    proc = cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--sample", "2", "--dry-run",
+               "--out", str(tmp_path / "dry"), check=True)
+    said = proc.stdout + proc.stderr
+    assert "stratified by sex" in said and "1 female, 1 male" in said and "dry run: 80 request(s) of 2 case(s)" in said
+
+
+def test_the_extended_set_is_listed_and_read_by_name(cli, fixtures_dir, tmp_path):
+    """`--data agentclinic-medqa-ext` resolves through the registry the study folder's datasets.yaml joins."""
+    env = {"MEDSTACK_HOME": str(tmp_path / "home")}
+    rows = {row["name"]: row for row in json.loads(cli("data", "list", "--json", env=env, check=True).stdout)}
+    assert {"agentclinic-medqa", "agentclinic-medqa-ext"} <= rows.keys()
+    args = ("run", "agentclinic", "--data", "agentclinic-medqa-ext", "--dry-run", "--out", str(tmp_path / "dry"))
+    r = cli(*args, env=env)
+    assert r.returncode == 2 and "agentclinic-medqa-ext is registered but not fetched yet" in r.stderr
+    # fetched (here the fixture's cases in its folder, as `data fetch` leaves a set): the name reads them
+    folder = tmp_path / "home" / "data" / "agentclinic-medqa-ext"
+    folder.mkdir(parents=True)
+    shutil.copy(fixtures_dir / "agentclinic" / "cases.jsonl", folder / "agentclinic_medqa_extended.jsonl")
+    (folder / MARKER).write_text("{}")
+    r = cli(*args, env=env, check=True)
+    assert "dry run: 120 request(s) of 3 case(s)" in r.stdout + r.stderr

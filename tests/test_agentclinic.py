@@ -74,7 +74,7 @@ def test_diagnosis_ready_ends_the_loop_and_the_moderator_sees_the_whole_line_and
     assert g.value == 1 and g.answer == line and g.explanation == "Yes" and g.judge["model"] == "scripted" and g.judge["rule"] == "exact"
     assert record["diagnosis"] == line and record["stop_reason"] == "diagnosis" and record["correct_diagnosis"] == "Migraine"
     assert record["patient_facts"]["Demographics"] == "28-year-old woman" and [t["agent"] for t in record["transcript"]] == ["doctor", "patient", "doctor"]
-    assert set(record["scores"]) == {"diagnosis"} and "correct" not in record
+    assert set(record["scores"]) == {"diagnosis"} and "correct" not in record  # the loop's own; the runner adds the patient checks
 
 
 @pytest.mark.parametrize("reply, exact, first_word", [("yes", 1, 1), ("Yes", 1, 1), ("Yes.", 0, 1), (" yes", 0, 1), ("No", 0, 0),

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from experiments.common.patient_checks import flagged
 from experiments.core.judging import review_items
 from experiments.core.registry import open_run, results_of
 from experiments.datasets.registry import MARKER
@@ -63,6 +64,9 @@ def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_pat
     assert all([t["agent"] for t in r["transcript"]] == ["doctor", "patient", "doctor", "measurement", "doctor"] for r in recs)
     summary = (run / "summary.md").read_text()
     assert "| diagnostic accuracy (moderator) | 0.333" in summary and "| **GPT-4 (paper)** | AgentClinic-MedQA | – | – | 0.522 |" in summary
+    # the runner's simulated-patient checks, from the patient the study declares: nothing flagged in "I have a headache."
+    assert all(r["patient_checks"]["patient_turns"] == 1 and not flagged(r["patient_checks"]) and "patient-check/leaks_diagnosis" in r["scores"] for r in recs)
+    assert "## Patient checks (no model)" in summary and json.loads((run / "metrics.json").read_text())["patient_checks"]
     # the moderator's decisions as review items: what it was shown, nothing else
     opened = open_run(run)
     judge = results_of(opened).judge("diagnosis")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from experiments.agentclinic.protocol import PROMPTS, moderate, no_diagnosis, solve, verdict
+from experiments.agentclinic.protocol import PROMPTS, facts, moderate, no_diagnosis, solve, verdict
 from experiments.agentclinic.settings import AgentClinicSettings
 from experiments.common.grade import Grade, grades
 from experiments.common.markdown import md_table, num
@@ -18,7 +18,8 @@ from experiments.common.stats import mean_ci
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.judging import YES_NO, Judge
 from experiments.core.results import iter_jsonl
-from experiments.core.study import CaseContext, Study, StudyResults
+from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
+from experiments.core.study import CaseContext, PatientRole, Study, StudyResults
 from experiments.tables.render import run_paper_tables
 from models.errors import DataError
 from serving.refs import model_name
@@ -114,7 +115,11 @@ class AgentClinicStudy(Study):
     strata = ("sex",)  # --sample keeps the set's mix of female and male patients (the cases have no specialty)
     judge_roles = ("moderator",)
     results = RESULTS
-    patient_role = "patient"  # the simulated patient: its turns are the transcript's agent "patient", its facts patient_facts
+    # the simulated patient, checked by the runner (experiments/common/patient_checks.py): what it was told is its
+    # Patient_Actor facts; the doctor chooses from no list
+    patient = PatientRole(turns=lambda record: [(t["agent"], t["text"]) for t in record.get("transcript") or []],
+                          facts=lambda case: facts(case["osce"]["Patient_Actor"]), correct=lambda case: case["correct_diagnosis"],
+                          choices=lambda case, s: None, span_words=lambda s: DEFAULT_SPAN_WORDS)
 
     def fixed_roles(self, s: AgentClinicSettings) -> tuple[str, ...]:
         return ("patient", "measurement", "moderator")

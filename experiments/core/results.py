@@ -1,19 +1,4 @@
-"""Results directories: one self-contained folder per run.
-
-    config.yaml     the fully resolved settings
-    identity.json   model identity per role, engine version, git commit, package versions
-    records.jsonl   one line per finished case, appended and fsync'ed as it finishes
-    metrics.json    aggregate metrics (+ run statistics: wall time, tokens/s, cache hits)
-    summary.md      tables for people
-
-A re-run with the same ``--out`` resumes: records are append-only and the last line per id
-wins (a case that failed and was run again has two lines). A torn line (a kill in the middle
-of a write, a full disk) is moved on open to ``records.jsonl.torn`` and said on screen
-(:attr:`RunDir.notes`); its case runs again, so a crash never corrupts finished results. A line
-that is JSON but not a record (not an object, no id) is an error naming the file and line. The
-settings and the hash of every prompt file are pinned in config.yaml: resuming with other
-settings or an edited prompt is refused, naming what changed.
-"""
+"""Results directories, one self-contained folder per run (docs/running-studies.md, "Results directories")."""
 
 from __future__ import annotations
 

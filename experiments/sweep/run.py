@@ -17,7 +17,7 @@ from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
-from experiments.core.results import make_results_dir, read_jsonl
+from experiments.core.results import latest_records, make_results_dir
 from experiments.core.runlock import RunLock
 from experiments.core.runner import prepare_run
 from experiments.datasets.registry import resolve_data
@@ -70,16 +70,18 @@ def labels_for(models: list[str]) -> list[str]:
     return out
 
 
+def finished_ids(out: Path) -> set[str]:
+    """The ids whose last record in OUT/records.jsonl is not a failure (none where the file is missing or unreadable)."""
+    try:
+        records, _ = latest_records(out / "records.jsonl")
+    except (OSError, MedstackError):
+        return set()
+    return {str(r.get("id")) for r in records if r.get("status") != "failed"}
+
+
 def is_finished(out: Path, case_ids: list[str]) -> bool:
     """Every case has a finished (not failed) record and metrics were written: nothing left to run."""
-    records = out / "records.jsonl"
-    if not (records.exists() and (out / "metrics.json").exists()):
-        return False
-    try:
-        latest = {str(r.get("id")): r for r in read_jsonl(records)}
-    except MedstackError:
-        return False
-    return all(i in latest and latest[i].get("status") != "failed" for i in case_ids)
+    return (out / "metrics.json").exists() and set(map(str, case_ids)) <= finished_ids(out)
 
 
 def _split(values: dict, to_overrides) -> tuple[dict, dict]:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from experiments.common.markdown import md_table
 from experiments.core.config import ConfigError
-from experiments.core.results import make_results_dir, read_jsonl
+from experiments.core.results import make_results_dir
 from experiments.core.runlock import RunLock
-from experiments.sweep.run import Plan, SweepOutcome, check_gpu_fit, is_finished, join, run_entry
+from experiments.sweep.run import Plan, SweepOutcome, check_gpu_fit, finished_ids, is_finished, join, run_entry
 from models.errors import MedstackError
 from models.paths import USER_HOME_ENV, medstack_home, private_dir
 from models.registry import get_spec, resolve_weights
@@ -73,18 +73,6 @@ def gpu_plan(roles: dict[str, str], visible: str) -> dict[str, str]:
         plan.append(f"{alias}={','.join(devices[i:i + n])}")
         i += n
     return {GPU_PLAN_ENV: ";".join(plan)}
-
-
-def progress(out: Path, total: int) -> tuple[int, int]:
-    """(cases finished, total): cases whose latest record is not failed."""
-    records = out / "records.jsonl"
-    if not records.exists():
-        return 0, total
-    try:
-        latest = {str(r.get("id")): r.get("status") for r in read_jsonl(records)}
-    except MedstackError:
-        return 0, total
-    return sum(1 for s in latest.values() if s != "failed"), total
 
 
 # ------------------------------------------------------------------ submit (the login node)
@@ -381,7 +369,7 @@ def status_rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
     for label, e in entries.items():
         out = Path(e["out"])
         st = read_state(out / JOB_STATE)
-        done, total = progress(out, int(e.get("cases", 0)))
+        done, total = len(finished_ids(out)), int(e.get("cases", 0))
         state = "done" if done == total and total and (out / "metrics.json").exists() and not queued.get(e.get("job")) \
             else shown_state(queued.get(e.get("job")), st, unknown)
         rows.append({"entry": label, "model": e.get("model"), "job": e.get("job", "-"), "state": state,

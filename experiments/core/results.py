@@ -96,7 +96,8 @@ def _lines(f, start: int = 0):
 
 
 def value_at(path: str | Path, offset: int):
-    """The JSON value on the line that starts at byte ``offset`` (an offset :func:`latest_records` gave); None when that line is no longer a JSON value (the file was rewritten since)."""
+    """The JSON value on the line that starts at byte ``offset`` (an offset :func:`latest_records` gave); None when
+    that line is no longer a JSON value (the file was rewritten since)."""
     with open(path, "rb") as f:
         f.seek(offset)
         try:

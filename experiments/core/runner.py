@@ -2,7 +2,8 @@
 
 Failure policy: docs/running-studies.md ("A failed request is never a result") and docs/exit-codes.md. Two faults
 stop the run at once instead of failing case after case: an endpoint that refuses our key
-(:class:`~experiments.core.study.EndpointAuthError`) and a disk that refuses a write (:class:`~models.errors.StorageError`).
+(:class:`~experiments.core.study.EndpointAuthError`) and a disk that refuses a write
+(:class:`~models.errors.StorageError`).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def labels_for(models: list[str]) -> list[str]:
 
 
 def finished_ids(out: Path) -> set[str]:
-    """The ids whose last record in OUT/records.jsonl is not a failure (none where the file is missing or unreadable)."""
+    """The ids whose last record in OUT/records.jsonl is not a failure (none where it is missing or unreadable)."""
     try:
         records, _ = latest_records(out / "records.jsonl")
     except (OSError, MedstackError):

@@ -1,9 +1,5 @@
-"""A graded answer as a typed value (in the spirit of Inspect's ``Score``): what every record carries on disk under
-``scores: {name: Grade}`` (docs/layout.md, Results folders), and what review, calibrate, rescore and the report read.
-
-A score's name is its judge step, with the part of the record it judges after a slash where a record holds several
-(``frq/vignette``, ``llm-exact/dera``, ``assess-Q1``); a grade given after the run by another judge (``medstack
-rescore``) is kept beside the first under ``STEP/PART@JUDGE`` (``frq/vignette@mistral-7b``, ``...@panel``).
+"""A graded answer as a typed value (in the spirit of Inspect's ``Score``): what every record carries under
+``scores: {name: Grade}``, and how a score is named (docs/layout.md, "Results folders").
 """
 
 from __future__ import annotations

@@ -1,16 +1,4 @@
-"""Statistics shared by every experiment that compares arms (CRAFT-MD, DERA, MediTOD).
-
-- ``mean_ci``: mean with a percentile bootstrap 95% CI (fixed seed).
-- ``paired_bootstrap``: two-sided paired bootstrap test on per-case outcomes
-  (B resamples of the paired differences, centred under the null;
-  p = (extreme + 1) / (B + 1)), plus a CI of the mean difference.
-- ``holm``: Holm–Bonferroni adjusted p-values (statsmodels).
-- ``mcnemar_test``: McNemar's test on paired binary outcomes (statsmodels; exact
-  binomial when the discordant count is small, or when asked).
-- ``prf``: precision / recall / F1 from match counts (DERA's GPT-F1, MediTOD's micro F1).
-- ``weighted_kappa``, ``rater_agreement``, ``fleiss_kappa``: agreement between raters (judges, clinicians; a judge
-  panel's internal agreement).
-"""
+"""Statistics shared by every experiment that compares arms: CIs, paired tests, Holm, McNemar, F1, rater agreement."""
 
 from __future__ import annotations
 
@@ -58,6 +46,7 @@ class MeanCI:
 
 
 def mean_ci(values, *, n_boot: int = DEFAULT_B, seed: int = DEFAULT_SEED, level: float = 0.95) -> MeanCI:
+    """Mean with a percentile bootstrap CI (fixed seed)."""
     x = np.asarray(list(values), dtype=float)
     if x.size == 0:
         return MeanCI(float("nan"), float("nan"), float("nan"), 0)
@@ -80,7 +69,8 @@ class PairedTest:
 
 
 def paired_bootstrap(a, b, *, n_boot: int = DEFAULT_B, seed: int = DEFAULT_SEED, level: float = 0.95) -> PairedTest:
-    """Two-sided paired bootstrap test of mean(a) == mean(b) over cases paired by position."""
+    """Two-sided paired bootstrap test of mean(a) == mean(b) over cases paired by position: resamples of the paired
+    differences, centred under the null, p = (extreme + 1) / (B + 1); plus a CI of the mean difference."""
     a = np.asarray(list(a), dtype=float)
     b = np.asarray(list(b), dtype=float)
     if a.shape != b.shape:

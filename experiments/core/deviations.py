@@ -1,19 +1,5 @@
-"""Protocol deviations as data: every request that carries less than the protocol asks, counted and said.
-
-A step that has to send less than its paper's protocol (in-context exemplars left out to fit the
-model's context, the oldest dialogue messages cut to fit, a rated dialogue cut at a character cap) names
-the quantity at its call, as (sent, asked)::
-
-    await ctx.chat(messages, role="model", gen=gen, step="predict", protocol={"exemplars": (kept, s.k)})
-
-Name it on every request that has the quantity, not only the short ones, so the mean and the
-minimum are over all of them. The call log entry keeps it (``protocol: {exemplars: {sent, asked}}``;
-also each ``--dry-run`` line), the runner sums each record's requests into ``record["protocol"]``
-(:func:`call_protocol`) and every run's into ``metrics.json["protocol"]`` (:func:`protocol_stats`).
-:func:`protocol_lines` turns that into the sentences shown at the end of the run, under summary.md's
-title, in ``--dry-run`` output and as a footnote of every paper table of the run. One mechanism for
-all studies: a study only names the quantity (its label is declared once, in :data:`QUANTITIES`).
-"""
+"""Protocol deviations as data: every request that carries less than the protocol asks, counted and said
+(docs/protocol-deviations.md)."""
 
 from __future__ import annotations
 

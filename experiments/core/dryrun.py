@@ -1,21 +1,8 @@
-"""``--dry-run`` for every study command: every request built exactly as the run would send it, none sent.
+"""``--dry-run`` for every study command (docs/running-studies.md): the one runner with a :class:`RecordingClient`.
 
-The run goes through the one runner (:func:`experiments.core.runner.run_study`) with a
-:class:`RecordingClient` in place of the model client: no server is started or contacted, no
-response cache is read or written, and every call is answered with an empty text so the study's
-own loop carries on. The runner's results files go to a throw-away directory; the only file written
-to ``OUT`` is ``dry-run.jsonl``: one line per request, in case order, with ``case_id``, ``role``,
-``step``, the sampling settings and either ``messages`` (chat) or ``prompt`` (completion), plus
-``constraint`` (the step's declared reply format; ``applied`` in a ``answers: constrained`` run, whose
-``gen.structured`` is what would be sent) and ``protocol`` (what the request carries less of than the
-protocol asks, experiments/core/deviations.py; the sentences are printed too). A dry run that builds no
-request for a non-empty case list exits 2 naming the cause.
-
-Multi-turn studies (DERA, CRAFT-MD, autoeval) continue on empty answers, so the first request of
-each conversation is exactly what a real run sends, and later ones show the shape of the turns that
-follow (their content depends on answers a real model would have given; loops that stop on an empty
-answer end early). Requests a study makes once per run before its cases (set-up) come first, with
-``case_id`` null.
+Every call is answered with an empty text so the study's own loop carries on; requests a study makes once per run
+before its cases come first, with ``case_id`` null. A dry run that builds no request for a non-empty case list
+exits 2 naming the cause.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Prompt templates: one text file per prompt in a study's ``prompts/`` folder, one syntax.
+"""Prompt templates: one ``string.Template`` text file per prompt in a study's ``prompts/`` folder.
 
-Templates use ``string.Template`` placeholders (``$name`` or ``${name}``; ``$$`` is a literal
-dollar sign). A missing value is an error naming the template and the placeholder. Each record
-stores the hashes of the templates it used, and a results directory stores the hash of every
-file in the folder, so a resumed run never mixes prompt versions silently.
-
-A step whose reply has a fixed format declares it beside its template, in the folder's
-``constraints.yaml`` (template name -> constraint; see experiments/core/constraints.py):
-``PromptSet.constraint(name, **values)`` returns it (None: a free-text step). It is sent only in
-runs with ``answers: constrained``, whose results directory then pins the file's hash too.
+A missing value is an error naming the template and the placeholder. Records and the results directory keep the
+templates' hashes, so a resumed run never mixes prompt versions. ``constraint(name)`` returns a step's declared
+reply format (docs/constrained-answers.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,4 @@
-"""Results directories: one self-contained folder per run.
-
-    config.yaml     the fully resolved settings
-    identity.json   model identity per role, engine version, git commit, package versions
-    records.jsonl   one line per finished case, appended and fsync'ed as it finishes
-    metrics.json    aggregate metrics (+ run statistics: wall time, tokens/s, cache hits)
-    summary.md      tables for people
-
-A re-run with the same ``--out`` resumes: records are append-only and the last line per id
-wins (a case that failed and was run again has two lines). A torn line (a kill in the middle
-of a write, a full disk) is moved on open to ``records.jsonl.torn`` and said on screen
-(:attr:`RunDir.notes`); its case runs again, so a crash never corrupts finished results. A line
-that is JSON but not a record (not an object, no id) is an error naming the file and line. The
-settings and the hash of every prompt file are pinned in config.yaml: resuming with other
-settings or an edited prompt is refused, naming what changed.
-"""
+"""Results directories, one self-contained folder per run (docs/running-studies.md, "Results directories")."""
 
 from __future__ import annotations
 
@@ -84,20 +69,10 @@ def write_private(path: Path, text: str, hint: str = "") -> None:
 
 
 def iter_jsonl(path: str | Path, *, objects: bool = True):
-    """Yield (line number, value) for each non-blank line of a JSONL file.
-
-    Raise a DataError naming the file and line for invalid JSON, or (with ``objects``) for a
-    line that is not a JSON object. Every data loader reads JSONL through this.
-    """
-    for lineno, _, row in iter_jsonl_at(path, objects=objects):
-        yield lineno, row
-
-
-def iter_jsonl_at(path: str | Path, *, objects: bool = True):
-    """:func:`iter_jsonl` with each line's byte offset: (line number, offset, value); :func:`value_at` reads
-    that line again."""
+    """Yield (line number, value) for each non-blank line of a JSONL file; every data loader reads JSONL through this.
+    Invalid JSON, or (with ``objects``) a line that is not a JSON object, is a DataError naming the file and line."""
     with open(path, "rb") as f:
-        for lineno, at, line in _lines(f):
+        for lineno, _, line in _lines(f):
             if not line.strip():
                 continue
             try:
@@ -108,7 +83,7 @@ def iter_jsonl_at(path: str | Path, *, objects: bool = True):
                 raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
             if objects and not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object")
-            yield lineno, at, row
+            yield lineno, row
 
 
 def _lines(f, start: int = 0):
@@ -121,8 +96,8 @@ def _lines(f, start: int = 0):
 
 
 def value_at(path: str | Path, offset: int):
-    """The JSON value on the line that starts at byte ``offset`` (an offset :func:`iter_jsonl_at` or
-    :func:`latest_records` gave); None when that line is no longer a JSON value (the file was rewritten since)."""
+    """The JSON value on the line that starts at byte ``offset`` (an offset :func:`latest_records` gave); None when
+    that line is no longer a JSON value (the file was rewritten since)."""
     with open(path, "rb") as f:
         f.seek(offset)
         try:
@@ -131,17 +106,10 @@ def value_at(path: str | Path, offset: int):
             return None
 
 
-def iter_records(path: Path, id_key: str = "id", start: int = 0):
-    """The records of a results directory, from byte ``start`` on; a line that is not a record is an error
-    naming the file and line. A torn line (a write stopped mid-line, e.g. by a full disk) is skipped here:
-    it is moved aside when the folder is next opened (RunDir._repair)."""
-    for _, row in iter_records_at(path, id_key, start):
-        yield row
-
-
 def iter_records_at(path: Path, id_key: str = "id", start: int = 0, torn: list[int] | None = None):
-    """:func:`iter_records` with each record's byte offset: (offset, record); ``torn`` collects the numbers of the
-    lines skipped as torn."""
+    """(byte offset, record) for the records of a results directory, from byte ``start`` on; a line that is not a
+    record is an error naming the file and line. A torn line (a write stopped mid-line, e.g. by a full disk) is
+    skipped here (``torn`` collects its number): it is moved aside when the folder is next opened (RunDir._repair)."""
     with open(path, "rb") as f:
         for lineno, at, line in _lines(f, start):
             if not line.strip():
@@ -167,11 +135,6 @@ def _is_json(line: bytes) -> bool:
     except (ValueError, UnicodeDecodeError):
         return False
     return True
-
-
-def read_records(path: Path, id_key: str = "id") -> list[dict]:
-    """:func:`iter_records` as a list."""
-    return list(iter_records(path, id_key))
 
 
 # a record's call log: most of its bytes, read by the replay and by the report for the cases it renders, never by metrics
@@ -304,7 +267,7 @@ class RunDir:
         self.notes.append(f"{self.records_path}: {len(torn_at)} torn line(s) (line {where}) moved aside to {aside}; their cases run again")
 
     def records(self) -> list[dict]:
-        return read_records(self.records_path, self.id_key) if self.records_path.exists() else []
+        return [r for _, r in iter_records_at(self.records_path, self.id_key)] if self.records_path.exists() else []
 
     def latest(self, *, drop: tuple[str, ...] = (), start: int = 0) -> dict[str, dict]:
         """id -> the last record written for it (a case run again after a failure has two lines).
@@ -315,16 +278,13 @@ class RunDir:
         what was appended since)."""
         out: dict[str, dict] = {}
         memo: dict = {}
-        for r in self._scan(start):
-            out[str(r[self.id_key])] = slim(r, drop, memo)
+        if self.records_path.exists():
+            for _, r in iter_records_at(self.records_path, self.id_key, start):
+                out[str(r[self.id_key])] = slim(r, drop, memo)
         return out
 
     def size(self) -> int:
         return self.records_path.stat().st_size if self.records_path.exists() else 0
-
-    def _scan(self, start: int = 0):
-        if self.records_path.exists():
-            yield from iter_records(self.records_path, self.id_key, start)
 
     def done_ids(self) -> set[str]:
         """Ids whose last record is not a failure."""

@@ -1,19 +1,8 @@
-"""One process per results directory (docs/protocols.md, Runs): an exclusive lock held for the whole run.
+"""One process per results directory: an exclusive ``flock`` on ``<out>/.medstack.lock`` held for the whole run.
 
-``with RunLock(out):`` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``<out>/.medstack.lock`` and
-writes who holds it (host, pid, start time, command line) into the file. A second process on the
-same directory is refused at once with :class:`RunDirInUse` (exit 2), naming the holder. The
-kernel drops a flock when its holder dies (kill -9 included), so a lock file left behind by a
-dead process is simply taken over: its stale contents are overwritten.
-
-Across nodes (a cluster's shared file system, docs/cluster.md): a Linux NFS client (2.6.12 and later)
-sends a flock to the server as a whole-file byte-range lock (NFSv4 locking; NFSv3 through lockd), so
-the lock holds between nodes, and the server releases the lock of a node that died when its lease
-expires. Such an emulated exclusive lock needs a descriptor open for writing (flock(2), NFS details:
-EBADF on a read-only one), so the lock file is opened for writing where the read-only descriptor is
-refused. A file system that refuses the lock otherwise (ENOLCK: no lock manager; EOPNOTSUPP, ENOSYS, ...)
-is refused with :class:`LockUnsupported` (exit 2), naming the folder and the remedy: nothing runs unlocked. The lock is node-local where the mount says ``local_lock=flock`` or ``local_lock=all`` and on
-Lustre mounted with ``localflock``; there, run one process per folder by hand.
+The holder (host, pid, start time, command line) is written into the file; a second process is refused with
+:class:`RunDirInUse` (exit 2). The kernel drops a flock when its holder dies, so a stale file is taken over.
+Which file systems hold it across nodes, and why the file may be opened for writing: docs/cluster.md ("Locks").
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """The one study runner: settings -> cases -> client -> results directory, for every study.
 
-    run_study(study, settings)
-      1. cases = study.load_cases(settings)       bad input -> exit 2, before any server starts
-      2. RunDir(out): resume check (settings and prompt files), last line per id wins
-      3. open_client(roles): reuse or start servers; identity.json (models, server command line)
-      4. every case not finished yet -> study.solve(ctx, case) under the concurrency limit,
-         each record appended (fsync'ed) as soon as it finishes
-      5. metrics and summary over the finished records only
-
-Failure policy (docs/protocols.md, Runs): a case whose call failed after the client's retries is recorded as
-``status: failed`` with the error, left out of every metric, counted in metrics.json and
-summary.md, and run again by the next resume; :class:`RunOutcome.failed` > 0 makes the command
-exit 3. When the endpoint stops answering (``max_consecutive_failures`` cases in a row failed in
-transport), no new case is started; the log tail of a server this run started is shown.
-
-Two faults stop the run at once instead of failing case after case: an endpoint that refuses our
-key (HTTP 401/403: :class:`~experiments.core.study.EndpointAuthError`, exit 2, the case is not
-recorded), and a disk that refuses a write (full, read-only: :class:`~models.errors.StorageError`):
-no new case starts, finished records stay, metrics and summary are written if the disk allows,
-and the command exits 3 with the resume command.
+Failure policy: docs/running-studies.md ("A failed request is never a result") and docs/exit-codes.md. Two faults
+stop the run at once instead of failing case after case: an endpoint that refuses our key
+(:class:`~experiments.core.study.EndpointAuthError`) and a disk that refuses a write
+(:class:`~models.errors.StorageError`).
 """
 
 from __future__ import annotations

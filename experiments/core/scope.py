@@ -1,15 +1,8 @@
-"""Which of a study's cases a run takes, said with its results: all of them, the first N (``--limit``), or a random
-sample of N stratified like the whole set (``--sample N``, drawn with the run's ``--seed``).
+"""Which of a study's cases a run takes, said with its results: all, the first N (``--limit``), or a random sample of
+N stratified like the whole set (``--sample N``, the run's ``--seed``): docs/running-studies.md, "Which cases".
 
-A study applies it once where it reads its cases (``Study.select``); its ``strata`` name the case fields that
-define the strata (CRAFT-MD: dataset and specialty; a study without strata samples from one stratum).
-
-The sample: proportional allocation by largest remainder (each stratum gets ``floor(N x its share)``, the cases
-left over go to the strata with the largest remainders, ties to the larger stratum, then by name), and within a
-stratum the cases that rank first by sha256(seed, case id). So one seed gives the same cases on every machine and
-Python version (a resumed run finds its own cases), another seed other cases; the chosen cases keep the input's
-order. The scope (``metrics.json``: ``scope``) and a line saying it (summary.md, ``--dry-run``) come from
-:func:`scope_line`.
+Ties among the largest remainders go to the larger stratum, then by name; the ranking by sha256(seed, case id)
+gives the same cases on every machine and Python version, so a resumed run finds its own cases.
 """
 
 from __future__ import annotations

@@ -1,50 +1,7 @@
-"""What a study is, for the runner: roles + prompts + cases + a solver + metrics.
+"""What a study is, for the runner: roles + prompts + cases + a solver + metrics (docs/layout.md, "Adding a study").
 
-A study (DERA, CRAFT-MD, MELD, autoeval, MediTOD, ...) subclasses :class:`Study` and declares:
-
-- ``name``, ``settings_cls`` (a :class:`~experiments.core.config.RunSettings` subclass), ``roles``
-  (the valid role names; ``primary_role`` is the model under test), ``prompts`` (its folder);
-- ``load_cases(settings)``: the cases, each a dict with a unique ``id``; bad input raises
-  :class:`~models.errors.DataError` naming the file and line/id. Called before any server starts. ``--limit`` and
-  ``--sample`` are applied there, through ``self.select(items, settings)`` (experiments/core/scope.py; ``strata``);
-- ``solve(ctx, case, settings)``: one case -> one record, every model call made through ``ctx``;
-- ``metrics(records, settings)`` and ``summary(metrics, settings, run)``: over the finished records
-  only (a failed case never reaches them); ``run`` is the finished run as the runner computed it (a
-  :class:`~experiments.core.results.Run` in memory, its records upgraded, its metrics these), which the summary's
-  paper tables are made from (``experiments/tables/render.run_paper_tables``): nothing is read back from the folder.
-
-Everything else (settings, model references and the client, the results directory, resume, the
-failure policy, identity, the call log) is the runner's, once, in ``experiments/core/runner.py``.
-
-:class:`CaseContext` is the one call log. Every call a case makes goes through it and is kept in
-the record (role, step, the messages sent, sampling, tokens, start/end times, the call it waited
-for), so ``medstack bench --replay`` can replay a run. A call that failed after the client's
-retries raises :class:`RequestFailed`: the case is then recorded as failed, never scored.
-Sampled calls get a seed derived from (run seed, case id, step, occurrence), which makes them
-cacheable: a killed run replays every answered call from the cache and continues mid-conversation.
-
-Constrained answers (docs/constrained-answers.md, setting ``answers: free | constrained``, default ``free``): one
-mechanism for every study, here. A step whose reply has a fixed format declares that format once,
-beside its prompt template, in the study's ``prompts/constraints.yaml`` (template name ->
-``{choice | regex | json | grammar: spec}``, ``$name`` placeholders filled at the call; see
-experiments/core/constraints.py), and passes it with its call::
-
-    c = PROMPTS.constraint("ask_mcq", choices=case["choices"])    # None for a free-text template
-    r = await ctx.chat(messages, role="clinical", gen=gen, step="vignette_mcq", constraint=c)
-
-With ``answers: constrained`` the context sends it as vLLM's ``structured_outputs`` field (it is
-then in the request, in the cache key and in the call log entry: ``gen.structured`` and
-``constraint``); with ``free`` nothing is sent and the step runs as the paper did. Free-text
-steps (conversation turns, summaries) declare nothing and are never constrained. In both modes
-every reply of a declared step is checked against its format (``format_ok`` on the entry: the
-whole reply matches and was not cut at max_tokens), so the two modes can be compared. Under
-``constrained``, a reply that still breaks its format (cut at max_tokens, or a stop string) is
-handed to the step as an empty reply (the raw text stays in the call log), so every study's own
-parser counts it as a format error and nothing crashes. Free text in a format is bounded at the call
-from the step's ``max_tokens`` (``$words``, experiments/core/constraints.py), so a constrained reply ends
-inside its budget; the log entry and the request carry the bounded form. The runner probes each endpoint once
-before a constrained run (an endpoint without structured outputs is an error, exit 2) and names
-the mode in config.yaml, identity.json, metrics.json and summary.md.
+:class:`CaseContext` is the one call log (docs/running-studies.md, "Resume mid-conversation") and the one place
+where constrained answers are applied (docs/constrained-answers.md).
 """
 
 from __future__ import annotations
@@ -259,7 +216,7 @@ class PatientRole:
 
 
 class Study:
-    """Base class of every study the runner can run (see the module docstring)."""
+    """Base class of every study the runner can run (docs/layout.md, "Adding a study")."""
 
     name: ClassVar[str] = ""
     settings_cls: ClassVar[type[RunSettings]] = RunSettings

@@ -1,27 +1,8 @@
 """`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder.
 
-    SWEEP/<label>/          each model's run: an ordinary results directory, made by the study's own
-                            command body (experiments.core.commands.run_command -> the one runner)
-    SWEEP/published-<name>/ --published NAME: a released run of the study's authors, imported
-    SWEEP/compare/          the study's comparison over every run of the sweep (`medstack compare`)
-    SWEEP/report.html       `medstack report` over the sweep
-
-Only the role under test varies (``Study.sweep_roles``; ``--vary`` names others); every other role is one
-model for every run, named once with ``--role ROLE=REF`` (or the study's own --patient-model,
---grader-model, ...), as in the papers. A sweep whose study calls a fixed role nobody named
-(``Study.fixed_roles``) is refused before anything starts. The role -> model map is in every run's config,
-records and summary, in SWEEP/summary.md and in the report.
-
-Models run in turn: the runner reuses a running server for the alias, else starts one for the run
-and stops it after. A run whose fixed roles are another model holds two servers at once: on one GPU each
-gets its share of the memory (serving/gpu_memory.py), or the run is refused with the numbers. Every input check happens for every
-model before anything starts (bad input: exit 2). Resumable as a whole: the same command again
-skips finished runs without starting their server, resumes a partial one. A model whose run stops
-on an error (its server will not start: weights missing, ...) is reported and the sweep goes on to
-the next; the sweep then exits 3, as does one that leaves failed or unstarted cases.
-
-``--executor slurm`` (experiments/sweep/slurm.py) takes the same checked plan and runs each entry as a
-Slurm job, through the same :func:`run_entry`, and the same :func:`join` in a job that follows them.
+The folder, which roles vary, resume and exit codes: docs/running-studies.md ("A study over several models").
+Each entry runs through :func:`run_entry` (the study's own command body), then :func:`join`; ``--executor slurm``
+(experiments/sweep/slurm.py) runs the same checked plan through the same two functions as Slurm jobs.
 """
 
 from __future__ import annotations
@@ -36,7 +17,7 @@ from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
-from experiments.core.results import make_results_dir, read_jsonl
+from experiments.core.results import latest_records, make_results_dir
 from experiments.core.runlock import RunLock
 from experiments.core.runner import prepare_run
 from experiments.datasets.registry import resolve_data
@@ -89,18 +70,18 @@ def labels_for(models: list[str]) -> list[str]:
     return out
 
 
-def case_statuses(out: Path) -> dict[str, str | None]:
-    """case id -> the status of its latest record (empty without records, or with records that cannot be read)."""
+def finished_ids(out: Path) -> set[str]:
+    """The ids whose last record in OUT/records.jsonl is not a failure (none where it is missing or unreadable)."""
     try:
-        return {str(r.get("id")): r.get("status") for r in read_jsonl(out / "records.jsonl")} if (out / "records.jsonl").exists() else {}
-    except MedstackError:
-        return {}
+        records, _ = latest_records(out / "records.jsonl")
+    except (OSError, MedstackError):
+        return set()
+    return {str(r.get("id")) for r in records if r.get("status") != "failed"}
 
 
 def is_finished(out: Path, case_ids: list[str]) -> bool:
     """Every case has a finished (not failed) record and metrics were written: nothing left to run."""
-    latest = case_statuses(out)
-    return (out / "metrics.json").exists() and all(i in latest and latest[i] != "failed" for i in case_ids)
+    return (out / "metrics.json").exists() and set(map(str, case_ids)) <= finished_ids(out)
 
 
 def _split(values: dict, to_overrides) -> tuple[dict, dict]:

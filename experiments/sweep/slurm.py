@@ -1,25 +1,8 @@
 """`medstack sweep ... --executor slurm`: the sweep's entries as Slurm jobs (plain sbatch scripts), one join.
 
-    SWEEP/slurm/sweep.json        the sweep's arguments, and each entry's job id (the jobs re-read the arguments)
-    SWEEP/slurm/entries-N.sbatch  one job array per resource shape (GPUs, memory); task i runs entry LABELS[i]
-    SWEEP/slurm/join.sbatch       the join: submitted to wait for every entry job (--dependency=afterany)
-    SWEEP/<label>/slurm-job.log   the entry job's log (appended across requeues), beside its results
-    SWEEP/<label>/slurm-job.json  what the job says of itself: running -> done | failed | interrupted,
-                                  with its log's last lines when it failed
-    SWEEP/<label>/.home/          the job's own medstack home: its vLLM servers (on free ports), their logs, its cache;
-                                  the data sets and the embedded model are read from the user's ($MEDSTACK_USER_HOME)
-
-An entry job runs ``medstack sweep slurm-job SWEEP LABEL``: the sweep command's own planning (every input
-check) and then :func:`experiments.sweep.run.run_entry` for its one entry, the function the local executor
-calls for each entry in turn: the study's command body, into the same results folder, starting the servers
-of its roles (the model under test and the fixed roles) inside the job and stopping them after. A job that
-Slurm stops (preemption, ``scontrol requeue``, a lost node) gets SIGTERM, keeps every finished record and is
-requeued (``--requeue``); it resumes where it stopped, at turn level, as a local run does.
-
-The join job (``medstack sweep slurm-join SWEEP``) waits for every entry job (``--dependency=afterany``);
-if an entry is back in the queue (requeued), it submits itself again behind it. It then runs the local
-sweep's join: the study's compare, SWEEP/summary.md, the report. Running the same ``sweep`` command again
-also joins, when every entry is finished; it resubmits the entries that failed or left the queue unfinished.
+Files, requeue, the join and status: docs/cluster.md. An entry job runs ``medstack sweep slurm-job SWEEP LABEL``
+(the sweep's own planning, then :func:`experiments.sweep.run.run_entry` for its one entry); the join job runs
+``medstack sweep slurm-join SWEEP``, submitting itself again behind an entry that is back in the queue.
 """
 
 from __future__ import annotations
@@ -35,7 +18,7 @@ from experiments.common.markdown import md_table
 from experiments.core.config import ConfigError
 from experiments.core.results import make_results_dir
 from experiments.core.runlock import RunLock
-from experiments.sweep.run import Plan, SweepOutcome, case_statuses, check_gpu_fit, is_finished, join, run_entry
+from experiments.sweep.run import Plan, SweepOutcome, check_gpu_fit, finished_ids, is_finished, join, run_entry
 from models.errors import MedstackError
 from models.paths import USER_HOME_ENV, medstack_home, private_dir
 from models.registry import get_spec, resolve_weights
@@ -90,11 +73,6 @@ def gpu_plan(roles: dict[str, str], visible: str) -> dict[str, str]:
         plan.append(f"{alias}={','.join(devices[i:i + n])}")
         i += n
     return {GPU_PLAN_ENV: ";".join(plan)}
-
-
-def progress(out: Path, total: int) -> tuple[int, int]:
-    """(cases finished, total): cases whose latest record is not failed."""
-    return sum(1 for s in case_statuses(out).values() if s != "failed"), total
 
 
 # ------------------------------------------------------------------ submit (the login node)
@@ -391,7 +369,7 @@ def status_rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
     for label, e in entries.items():
         out = Path(e["out"])
         st = read_state(out / JOB_STATE)
-        done, total = progress(out, int(e.get("cases", 0)))
+        done, total = len(finished_ids(out)), int(e.get("cases", 0))
         state = "done" if done == total and total and (out / "metrics.json").exists() and not queued.get(e.get("job")) \
             else shown_state(queued.get(e.get("job")), st, unknown)
         rows.append({"entry": label, "model": e.get("model"), "job": e.get("job", "-"), "state": state,

@@ -1,15 +1,7 @@
-"""Paper tables over runs: declaration + runs -> a computed table (values, CIs, published, tests).
+"""Paper tables over runs: declaration + runs -> a computed table (experiments/tables/README.md).
 
-A *run* here is :meth:`experiments.core.results.Run.as_dict` of ``registry.open_run`` (or the report's loader): a
-dict with ``path``, ``config``, ``metrics``, ``identity`` and ``records``. Failed records are
-dropped (never scored). Every statistic comes from :mod:`experiments.common.stats`:
-
-- a ``key`` row: mean of the per-case values with its 95% percentile-bootstrap CI, n = cases;
-- a ``metric`` row: the corpus figure from metrics.json (no CI; n from the row's ``n`` path);
-- published value beside it where the declaration gives one for that run (its model, or
-  ``any_model`` entries), and the difference ours − published;
-- the declared paired tests (row b against row a, within each run, paired on case id; paired
-  bootstrap), Holm–Bonferroni corrected across every test of the table.
+A *run* here is :meth:`experiments.core.results.Run.as_dict` (``path``, ``config``, ``metrics``, ``identity``,
+``records``); failed records are dropped (never scored). Every statistic comes from :mod:`experiments.common.stats`.
 """
 
 from __future__ import annotations

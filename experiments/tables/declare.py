@@ -1,22 +1,5 @@
-"""Paper-table declarations: what each study's headline tables look like, read from
-``experiments/<study>/paper_tables.yaml``.
+"""Paper-table declarations, read from ``experiments/<study>/paper_tables.yaml`` (schema: experiments/tables/README.md).
 
-A declaration names the runs it covers (``experiments``: the study names a run was made with), where its
-section comes among the studies' in the report (``order``, lower first), the paper's published values with their source, the footnotes that
-say where a run's setting differs from the paper's, and the tables themselves:
-
-    tables:
-      - id: mcq
-        title: 4-choice MCQ accuracy by format
-        when: {mode: icl}                 # only runs whose attributes match (optional)
-        rows:
-          - {key: vignette.mcq, label: vignette}          # per-case values -> mean, 95% CI, n
-          - {metric: f1, label: F1 (all), n: scored_turns} # a corpus figure read from metrics.json
-        tests: [[vignette.mcq, multiturn.mcq]]           # paired tests (b vs a), Holm across the table
-        plot: {rows: [...], ylabel: accuracy, ylim: [0, 1]}
-
-Each study registers its file with the adapter that turns a run into per-case values and setting
-attributes (``tables`` and ``adapter`` of its folder's declaration, experiments/core/registry.py).
 Nothing here computes: :mod:`experiments.tables.build` does, :mod:`experiments.tables.render` prints.
 """
 

@@ -154,7 +154,7 @@ def _lookup(tree: dict, dotted: str):
 
 def _dry_run(recipe) -> None:
     """The samples training would see, without weights (messages only) or with the base's local tokenizer."""
-    from experiments.meditod.prompts import load_tokenizer
+    from experiments.studies.meditod.prompts import load_tokenizer
     from finetune.data import write_samples
 
     tok = load_tokenizer(recipe.model.base)

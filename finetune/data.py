@@ -1,7 +1,7 @@
 """MediTOD supervised fine-tuning samples, built as the dataset authors' released code builds them (docs/protocols.md, MediTOD).
 
-Samples come from the MediTOD study's own builders (``experiments.meditod.tasks.sft_samples``, the
-authors' per-task windows) and messages (``experiments.meditod.prompts.sft_messages``): system,
+Samples come from the MediTOD study's own builders (``experiments.studies.meditod.tasks.sft_samples``, the
+authors' per-task windows) and messages (``experiments.studies.meditod.prompts.sft_messages``): system,
 user (``[dialog state]``/``[action]``, ``[dialog history]``, ``[last turn]``, ``[output]`` blocks) and
 assistant ``[answer] <target> [done]``. ``render_sft`` (models/prompt_format.py) renders them with the base's chat template
 (``chat``) or joins them by newlines (``completion``, for a base without a chat template); the
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.meditod.data import load_dialogs, load_split_ids
-from experiments.meditod.prompts import sft_messages
-from experiments.meditod.tasks import sft_samples
+from experiments.studies.meditod.data import load_dialogs, load_split_ids
+from experiments.studies.meditod.prompts import sft_messages
+from experiments.studies.meditod.tasks import sft_samples
 from models.errors import DataError
 from models.prompt_format import ANSWER, render_sft
 

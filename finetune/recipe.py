@@ -82,7 +82,7 @@ class DataSection(_Section):
     rendering for a base without a chat template). `run --mode supervised` sends the same rendering."""
     limit: int | None = Field(None, ge=1, description="use at most N training samples (smoke tests)")
     history_size: int = Field(4, ge=2, description="the authors' history_size (4): the window of each sample "
-                              "(experiments/meditod/tasks.py sft_samples)")
+                              "(experiments/studies/meditod/tasks.py sft_samples)")
 
 
 class TrainingSection(_Section):

@@ -7,6 +7,9 @@ same value; for text neither parses, ``json``'s ``JSONDecodeError`` (a ``ValueEr
 messages are the standard library's. Writes stay with ``json.dumps`` where the bytes on disk matter (records,
 cache keys).
 
+:func:`iter_jsonl` is the one reader of JSONL data files (every loader reads through it); :func:`lines_at` walks a
+file's lines with their byte offsets (a results folder's records are read from an offset on).
+
 :func:`for_script` writes JSON that an HTML page embeds in a ``<script>`` element: whatever text the data
 holds (model output is untrusted input), the element cannot end early and the JSON parses back to the same data.
 """
@@ -14,8 +17,11 @@ holds (model output is untrusted input), the element cannot end early and the JS
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import orjson
+
+from models.errors import DataError
 
 # orjson reads an integer beyond 64 bits as a float (3.13: 18446744073709551616 -> 1.8446744073709552e+19) where
 # ``json`` keeps it exact. Such an integer has at least 19 digits (-9223372036854775809), so text with a run of 19
@@ -46,3 +52,30 @@ def for_script(data) -> str:
     # ASCII out: any other character (a lone surrogate from a model's JSON too) is a \uXXXX escape, so the page
     # is valid UTF-8 whatever the data holds
     return json.dumps(data, ensure_ascii=True).translate(_SCRIPT_SAFE)
+
+
+def iter_jsonl(path: str | Path, *, objects: bool = True):
+    """Yield (line number, value) for each non-blank line of a JSONL file; every data loader reads JSONL through this.
+    Invalid JSON, or (with ``objects``) a line that is not a JSON object, is a DataError naming the file and line."""
+    with open(path, "rb") as f:
+        for lineno, _, line in lines_at(f):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if objects and not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object")
+            yield lineno, row
+
+
+def lines_at(f, start: int = 0):
+    """(line number, byte offset, line) of a file opened in binary mode, from byte ``start`` on."""
+    f.seek(start)
+    at = start
+    for lineno, line in enumerate(f, 1):
+        yield lineno, at, line
+        at += len(line)

@@ -386,7 +386,7 @@ def chat(
 
 def _register_studies() -> None:
     """Each study adds its own commands; importing here keeps start-up light."""
-    from experiments.calibrate.cli import calibrate_app  # the `calibrate` group: studies add their own calibrations to it
+    from experiments.tools.calibrate.cli import calibrate_app  # the `calibrate` group: studies add their own calibrations to it
     from experiments.core import registry
 
     registry.register_all(app=app, run_app=run_app, score_app=score_app, import_app=import_app, data_app=data_app, finetune_app=finetune_app,

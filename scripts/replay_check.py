@@ -47,11 +47,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RUNS = {  # name -> the medstack command line (data: the studies' shipped samples and the test fixtures)
     "craftmd": ["run", "craftmd", "--data", "tests/fixtures/craftmd/cases.csv", "--limit", "2", "--trials", "1",
-                "--config", "experiments/craftmd/configs/embedded-small.yaml"],
-    "dera-qa": ["run", "dera-qa", "--data", "experiments/dera/data/sample_medqa_open.jsonl", "--limit", "3",
-                "--config", "experiments/dera/configs/demo-qa.yaml"],
+                "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"],
+    "dera-qa": ["run", "dera-qa", "--data", "experiments/studies/dera/data/sample_medqa_open.jsonl", "--limit", "3",
+                "--config", "experiments/studies/dera/configs/demo-qa.yaml"],
     **{f"meditod-{task}": ["run", f"meditod-{task}", "--data", "tests/fixtures/meditod/dialogs.json", "--limit", "3", "--k", "2",
-                           "--max-tokens", "64", "--config", f"experiments/meditod/configs/{task}_icl.yaml"] for task in ("nlu", "pol", "nlg")},
+                           "--max-tokens", "64", "--config", f"experiments/studies/meditod/configs/{task}_icl.yaml"] for task in ("nlu", "pol", "nlg")},
     "autoeval": ["autoeval", "tests/fixtures/autoeval/results", "--limit", "2", "--criteria", "empathy,concerns",
                  "--max-tokens", "48", "--reference", "tests/fixtures/autoeval/reference.csv"],
 }

@@ -131,8 +131,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
-    from experiments.calibrate.reviews import calibrate_reviews
-    from experiments.craftmd.calibrate_grader import read_labels
+    from experiments.tools.calibrate.reviews import calibrate_reviews
+    from experiments.studies.craftmd.calibrate_grader import read_labels
 
     derm = {c["id"]: c["dermatologist"] for c in read_labels(a.labels)["cases"]}
     port = free_port()

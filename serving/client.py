@@ -11,7 +11,7 @@ does not sink a run.
 
 Transport: one ``aiohttp`` session (keep-alive connection pool) per endpoint, JSON bodies (orjson) sent as
 they are to vLLM's OpenAI-compatible routes. Measured at 256 requests in flight against an endpoint
-that answers at once (``experiments/bench/README.md``, "Runner at paper scale"): 0.4-0.5 ms of CPU per
+that answers at once (``serving/bench/README.md``, "Runner at paper scale"): 0.4-0.5 ms of CPU per
 request, against 2.2-2.9 ms through the OpenAI SDK's ``post`` (its request building and httpx's
 connection pool) -- the bulk of the runner's own cost per call at paper scale.
 """

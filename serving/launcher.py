@@ -118,8 +118,8 @@ class ServerSettings:
         return f"http://{host}:{self.port}/v1"
 
 
-# CPU-build defaults, chosen by side-by-side runs on the 2-core box (experiments/bench/README.md,
-# "Serving settings"; python -m experiments.bench.ab_settings): binding every usable core beats vLLM's
+# CPU-build defaults, chosen by side-by-side runs on the 2-core box (serving/bench/README.md,
+# "Serving settings"; python -m serving.bench.ab_settings): binding every usable core beats vLLM's
 # `auto` (which reserves one of two cores for the front end) by ~50 % at 32 concurrent requests;
 # chunked prefill off ties on throughput and is the one setting under which seeded sampling does not
 # kill the engine ("CPU Generator does not use offset"); the other knobs measured no better than vLLM's.

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.agentclinic.protocol import NO_DIAGNOSIS, PROMPTS, bias_text, solve, verdict
-from experiments.agentclinic.settings import DOCTOR_BIASES, PATIENT_BIASES, AgentClinicSettings
-from experiments.agentclinic.study import AgentClinicStudy, load_cases, run_metrics
+from experiments.studies.agentclinic.protocol import NO_DIAGNOSIS, PROMPTS, bias_text, solve, verdict
+from experiments.studies.agentclinic.settings import DOCTOR_BIASES, PATIENT_BIASES, AgentClinicSettings
+from experiments.studies.agentclinic.study import AgentClinicStudy, load_cases, run_metrics
 from experiments.common.grade import grades
 from experiments.core.study import CaseContext
 from models.errors import DataError
@@ -125,9 +125,9 @@ def test_settings_against_the_authors():
     from experiments.core.config import load_settings
     from experiments.core.deviations import settings_deviations, uncovered
 
-    paper = load_settings(AgentClinicSettings, Path("experiments/agentclinic/configs/paper.yaml"), {})
+    paper = load_settings(AgentClinicSettings, Path("experiments/studies/agentclinic/configs/paper.yaml"), {})
     assert settings_deviations(paper) == [] and uncovered(AgentClinicSettings) == []
-    demo = load_settings(AgentClinicSettings, Path("experiments/agentclinic/configs/embedded-demo.yaml"), {})
+    demo = load_settings(AgentClinicSettings, Path("experiments/studies/agentclinic/configs/embedded-demo.yaml"), {})
     assert "doctor budget 6 inferences (authors: 20, their default)" in settings_deviations(demo)
 
 

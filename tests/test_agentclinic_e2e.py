@@ -50,7 +50,7 @@ def test_three_cases_through_the_real_server(cli, embedded_server, fixtures_dir,
     threading.Thread(target=doctor.serve_forever, daemon=True).start()
     out = tmp_path / "run"
     try:
-        cli("run", "agentclinic", "--config", "experiments/agentclinic/configs/embedded-demo.yaml", "--data",
+        cli("run", "agentclinic", "--config", "experiments/studies/agentclinic/configs/embedded-demo.yaml", "--data",
             str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--model", role, "--doctor-model",
             f"embedded@http://127.0.0.1:{doctor.server_address[1]}/v1", "--out", str(out), check=True)
     finally:

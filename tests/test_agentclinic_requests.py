@@ -6,7 +6,7 @@ it, with placeholder words instead of their prompts: per doctor inference, the f
 last reply on the last one; the doctor's (reply, answer) history; ``DIAGNOSIS READY`` checked before ``REQUEST TEST``;
 the measurement agent's and the patient's histories and what each adds to the other's; the moderator's two inputs;
 temperature 0.05, max_tokens 200. The same comparison runs their own file on all cases with
-``python -m experiments.agentclinic.check_requests AGENTCLINIC_REPO CASES.jsonl`` (docs/protocols.md, AgentClinic).
+``python -m experiments.studies.agentclinic.check_requests AGENTCLINIC_REPO CASES.jsonl`` (docs/protocols.md, AgentClinic).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.agentclinic import check_requests as C
+from experiments.studies.agentclinic import check_requests as C
 
 FX = Path(__file__).parent / "fixtures" / "agentclinic" / "cases.jsonl"
 CASES = C.load_cases(FX)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from experiments.autoeval.judge import PROMPTS
-from experiments.autoeval.results import RESULTS
+from experiments.studies.autoeval.judge import PROMPTS
+from experiments.studies.autoeval.results import RESULTS
 from experiments.common.grade import grades
 from experiments.core import registry
 from experiments.core.study import CaseContext
-from experiments.review.judges import load_judge
+from experiments.tools.review.judges import load_judge
 from tests.scripted import ScriptedLLM
 from tests.test_autoeval_runner import SCRIPT, Judge, records, run, settings
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.autoeval.study import AutoevalSettings, AutoevalStudy
+from experiments.studies.autoeval.study import AutoevalSettings, AutoevalStudy
 from experiments.common.grade import grades
 from experiments.core.runner import prepare_run, run_study
 from tests.scripted import ScriptedLLM, down

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.autoeval import judge as J
-from experiments.autoeval.metrics import agreement_metrics, load_reference, rank_agreement, rating_metrics
-from experiments.autoeval.study import load_dialogues
+from experiments.studies.autoeval import judge as J
+from experiments.studies.autoeval.metrics import agreement_metrics, load_reference, rank_agreement, rating_metrics
+from experiments.studies.autoeval.study import load_dialogues
 from experiments.common.parsing import extract_rating
 from models.errors import DataError
 from serving.client import ChatResult

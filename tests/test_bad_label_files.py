@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.autoeval.metrics import load_reference
-from experiments.autoeval.calibrate import read_ratings
-from experiments.craftmd.calibrate_grader import read_labels
-from experiments.craftmd.data import load_csv
-from experiments.review.labels import read_labels as read_review_labels
+from experiments.studies.autoeval.metrics import load_reference
+from experiments.studies.autoeval.calibrate import read_ratings
+from experiments.studies.craftmd.calibrate_grader import read_labels
+from experiments.studies.craftmd.data import load_csv
+from experiments.tools.review.labels import read_labels as read_review_labels
 from models.errors import DataError, read_utf8
 from tests.conftest import run_cli
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from experiments.bench.compare import against_bench, compare_run
-from experiments.bench.measure import calculate_metrics, nearest, ratios
-from experiments.bench.send import RequestOutput
-from experiments.bench.summary import fixed_width, render_markdown, summarize
+from serving.bench.compare import against_bench, compare_run
+from serving.bench.measure import calculate_metrics, nearest, ratios
+from serving.bench.send import RequestOutput
+from serving.bench.summary import fixed_width, render_markdown, summarize
 from models.errors import DataError, MedstackError
 
 
@@ -90,7 +90,7 @@ def test_fixed_width_table_aligns_and_markdown_has_ratios():
 def test_prompts_exact_length_distinct_and_bos(tmp_path):
     from transformers import AutoTokenizer
 
-    from experiments.bench.prompts import build_prompts, load_texts, random_prompts
+    from serving.bench.prompts import build_prompts, load_texts, random_prompts
     from models.registry import resolve_weights
 
     tok = AutoTokenizer.from_pretrained(str(resolve_weights("embedded")[1]))
@@ -111,7 +111,7 @@ def test_prompts_exact_length_distinct_and_bos(tmp_path):
 
 
 def test_cli_rejects_bad_levels_and_compare_paths(cli, tmp_path):
-    from experiments.bench.cli import parse_levels
+    from experiments.tools.bench.cli import parse_levels
 
     assert parse_levels("1, 8,32", "--concurrency") == [1, 8, 32]
     with pytest.raises(MedstackError, match="'x'"):
@@ -128,7 +128,7 @@ REPLAY_RUN = __import__("pathlib").Path(__file__).parent / "fixtures" / "bench" 
 
 
 def test_replay_workload_reads_last_line_per_id_and_skips_what_never_reached_the_engine():
-    from experiments.bench.replay import load_workload
+    from serving.bench.replay import load_workload
 
     wl = load_workload(REPLAY_RUN)
     d = wl.describe()
@@ -156,7 +156,7 @@ def _fake_send(events):
 def test_replay_schedule_honours_after_and_case_concurrency():
     import asyncio
 
-    from experiments.bench.replay import load_workload, schedule
+    from serving.bench.replay import load_workload, schedule
 
     wl = load_workload(REPLAY_RUN)
     events: list = []
@@ -190,7 +190,7 @@ def test_replay_schedule_honours_after_and_case_concurrency():
 def test_replay_schedule_concurrency_one_runs_cases_one_after_another():
     import asyncio
 
-    from experiments.bench.replay import load_workload, schedule
+    from serving.bench.replay import load_workload, schedule
 
     wl = load_workload(REPLAY_RUN)
     events: list = []
@@ -202,7 +202,7 @@ def test_replay_schedule_concurrency_one_runs_cases_one_after_another():
 
 
 def test_replay_rejects_bad_runs(tmp_path):
-    from experiments.bench.replay import load_workload
+    from serving.bench.replay import load_workload
 
     with pytest.raises(DataError, match="no such results directory"):
         load_workload(tmp_path / "nope")
@@ -227,8 +227,8 @@ def test_replay_rejects_bad_runs(tmp_path):
 
 
 def test_replay_markdown_and_speedup():
-    from experiments.bench.replay import figures, speedup
-    from experiments.bench.summary import render_replay_markdown
+    from serving.bench.replay import figures, speedup
+    from serving.bench.summary import render_replay_markdown
 
     recs = [{"success": True, "completion_tokens": 10, "prompt_tokens": 5, "latency": 1.0, "expected_tokens": 10, "error": ""}]
     v, h = figures(recs, 2.0, "vllm", 4), figures(recs, 10.0, "hf", 1)

@@ -43,7 +43,7 @@ def test_embedded_default_is_the_local_minilm_at_its_last_layer():
 
 
 def test_meditod_nlg_metrics_name_encoder_and_layer():
-    from experiments.meditod.metrics import gold_length_report, score
+    from experiments.studies.meditod.metrics import gold_length_report, score
 
     m = score("nlg", ["Do you have a fever?"], ["Any fever?"])
     assert m["bertscore_encoder"].startswith("all-MiniLM-L6-v2") and m["bertscore_layer"] == 6
@@ -58,8 +58,8 @@ def test_meditod_nlg_metrics_name_encoder_and_layer():
 
 def test_meditod_bertscore_encoder_is_its_own_setting(monkeypatch):
     """The retrieval `encoder` never reaches BERTScore; `bertscore_encoder` / `bertscore_layer` do."""
-    from experiments.meditod import metrics as M
-    from experiments.meditod import study as run_mod
+    from experiments.studies.meditod import metrics as M
+    from experiments.studies.meditod import study as run_mod
 
     seen = {}
     monkeypatch.setattr(M, "score", lambda task, golds, preds, **kw: seen.update(kw) or {})
@@ -73,7 +73,7 @@ def test_meditod_bertscore_encoder_is_its_own_setting(monkeypatch):
 
 
 def test_meditod_table_names_encoder_and_layer_and_warns_on_mixed_columns():
-    from experiments.meditod.study import metrics_table
+    from experiments.studies.meditod.study import metrics_table
 
     mini = {"bleu2": 10.0, "bertscore_f1": 0.9, "bertscore_encoder": "all-MiniLM-L6-v2", "bertscore_layer": 6}
     table = metrics_table("nlg", [("icl", mini), ("supervised", dict(mini, bertscore_f1=0.8))])
@@ -98,8 +98,8 @@ def _qa_records(n_options: int, mcq: bool):
 
 
 def test_mcq_tables_state_the_options_and_never_show_4_option_figures_beside_5():
-    from experiments.dera import report
-    from experiments.dera.settings import QASettings
+    from experiments.studies.dera import report
+    from experiments.studies.dera.settings import QASettings
 
     s = QASettings(mcq=True)
     m = report.qa_metrics(_qa_records(5, True), s)
@@ -113,8 +113,8 @@ def test_mcq_tables_state_the_options_and_never_show_4_option_figures_beside_5()
 
 
 def test_open_ended_table_names_bertscore_encoder_and_layer():
-    from experiments.dera import report
-    from experiments.dera.settings import QASettings
+    from experiments.studies.dera import report
+    from experiments.studies.dera.settings import QASettings
 
     s = QASettings()
     m = report.qa_metrics(_qa_records(5, False), s)

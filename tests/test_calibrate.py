@@ -30,10 +30,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from experiments.calibrate import cli as calibrate_cli
+from experiments.tools.calibrate import cli as calibrate_cli
 from experiments.core import registry
-from experiments.autoeval.calibrate import calibrate_autoeval
-from experiments.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader, published_counts, read_labels, trivial_kind
+from experiments.studies.autoeval.calibrate import calibrate_autoeval
+from experiments.studies.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader, published_counts, read_labels, trivial_kind
 from experiments.common.stats import count_agreement, kendall, spearman, weighted_kappa
 from models.errors import DataError
 from serving.client import ChatResult
@@ -195,7 +195,7 @@ def test_calibrate_autoeval_rank_agreement(tmp_path):
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert calibrate_autoeval(str(run), str(ref), tmp_path / "cal2")["overall"] == o
     # the report draws the run's table through the study's hook, not by itself
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     html = build_report([str(tmp_path / "cal")], tmp_path / "r.html").read_text()
     assert "Rubric judge vs reference ratings" in html and "<td>rubric judge</td><td>4</td><td>0.500</td><td>0.500</td>" in html
@@ -214,7 +214,7 @@ def test_cli_registers_both_commands(labels, tmp_path):
 
 
 def test_report_has_a_calibration_section(labels, tmp_path):
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     asyncio.run(calibrate_grader("scripted", str(labels), tmp_path / "runs" / "cal", client=ScriptedJudge(), log=lambda *_: None))
     html = build_report([str(tmp_path / "runs")], tmp_path / "r.html").read_text()
@@ -226,8 +226,8 @@ def test_calibrate_grader_dry_run_sends_the_grader_requests_of_a_paper_run(tmp_p
     test_craftmd_requests.py's stand-in run of the same case): the same verdict request (role, message roles and text,
     temperature 1.0, max_tokens 150), re-asked as often (grader_reasks 11) while the reply holds no verdict."""
     from experiments.core.config import load_settings
-    from experiments.craftmd.settings import CraftSettings
-    from experiments.craftmd.study import CONFIGS
+    from experiments.studies.craftmd.settings import CraftSettings
+    from experiments.studies.craftmd.study import CONFIGS
     from tests.test_craftmd_requests import OTHER, Stand, calls_of
 
     paper = load_settings(CraftSettings, CONFIGS / "paper.yaml", {"trials": 1})

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from experiments.craftmd.calibrate_conversations import (ConversationCalibration, ConversationCalibrationSettings, agreement,
+from experiments.studies.craftmd.calibrate_conversations import (ConversationCalibration, ConversationCalibrationSettings, agreement,
                                                  calibration_metrics, interleaved)
 from experiments.core.runner import prepare_run, run_study
-from experiments.craftmd.assess import conversation_text, transcript_turns
-from experiments.craftmd.experts import load_expert_labels
+from experiments.studies.craftmd.assess import conversation_text, transcript_turns
+from experiments.studies.craftmd.experts import load_expert_labels
 from serving.cache import ResponseCache
 from tests.scripted import ScriptedLLM
 
@@ -104,7 +104,7 @@ def test_calibration_through_the_runner_by_hand_and_resume(convs, fixtures_dir, 
     rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[0])
     assert rec["experts"] and rec["assessment"]["Q1"]["verdict"] is True and rec["transcript"]
     # the report: beside the grader calibration (judge-calibration table), and each conversation's verdicts beside the experts'
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
     assert "CRAFT-MD conversation assessors vs the paper&#39;s dermatologists" in html
@@ -124,7 +124,7 @@ def test_cli_help_and_metrics_without_labels(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from experiments.calibrate import cli as calibrate_cli
+    from experiments.tools.calibrate import cli as calibrate_cli
     from experiments.core import registry
 
     app = typer.Typer()
@@ -140,7 +140,7 @@ def test_cli_help_and_metrics_without_labels(tmp_path):
 def test_calibrate_conversations_with_the_real_embedded_server(cli, embedded_server, fixtures_dir, tmp_path):
     out = tmp_path / "cal"
     args = ["calibrate", "conversations", "--assessor-model", f"embedded@{embedded_server['base_url']}", "--labels", str(fixtures_dir / "craftmd" / "experts"),
-            "--limit", "2", "--out", str(out), "--config", "experiments/craftmd/configs/embedded-small.yaml"]
+            "--limit", "2", "--out", str(out), "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"]
     proc = cli(*args, check=True)
     assert "CRAFT-MD conversation checks against the paper's dermatologists" in proc.stdout
     assert "temperature 0.0, top_p 1.0, max_tokens 24, text completion" in proc.stdout  # as embedded-small.yaml's run asks
@@ -158,9 +158,9 @@ def test_calibrate_conversations_with_the_real_embedded_server(cli, embedded_ser
 
 def test_clinicians_review_the_assessor_on_the_same_blind_page_and_calibrate_reads_their_labels(convs, fixtures_dir, tmp_path):
     """`review --judge assess-Q1` over the calibration's conversations, then `calibrate RUN --labels RUN/reviews`."""
-    from experiments.calibrate.reviews import calibrate_reviews
-    from experiments.review.judges import load_judge
-    from experiments.review.labels import append_label, write_sample
+    from experiments.tools.calibrate.reviews import calibrate_reviews
+    from experiments.tools.review.judges import load_judge
+    from experiments.tools.review.labels import append_label, write_sample
 
     respond, _ = scripted(convs, {"case_1": {"Q1": "Verdict: No"}, "case_4": {"Q1": "unsure"}})
     study = ConversationCalibration()
@@ -193,7 +193,7 @@ def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_p
     import typer
     from typer.testing import CliRunner
 
-    from experiments.calibrate import cli as calibrate_cli
+    from experiments.tools.calibrate import cli as calibrate_cli
     from experiments.core import registry
 
     app = typer.Typer()
@@ -212,7 +212,7 @@ def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_p
     assert "| terminology check | Q3 | rater d1 | 6 | 0.833 [" in r.output and "| rater d2 (the ceiling) | Q3 | rater d1 | 4 | 0.750 [" in r.output
     rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[2])
     assert rec["id"] == "gpt-4/case_3" and rec["terminology"] == {"verdict": True, "terms": ["papule", "telangiectasia"]}
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
     assert "terminology check (no model)" in html and "confusion [[6, 1], [0, 1]]" in html

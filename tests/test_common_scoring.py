@@ -9,10 +9,10 @@ from experiments.common.choice import LETTERS, map_choice, pick_letter
 from experiments.common.grade import Grade, to_disk
 from experiments.common.parsing import extract_verdict
 from experiments.common.stats import prf
-from experiments.craftmd import metrics as craft_metrics
-from experiments.craftmd.data import answer_index
-from experiments.craftmd.scores import MCQ_RULE, scores as craft_scores
-from experiments.dera import report as dera_report
+from experiments.studies.craftmd import metrics as craft_metrics
+from experiments.studies.craftmd.data import answer_index
+from experiments.studies.craftmd.scores import MCQ_RULE, scores as craft_scores
+from experiments.studies.dera import report as dera_report
 
 CHOICES = ["Melanoma", "Psoriasis", "Lichen planus", "Tinea corporis"]
 

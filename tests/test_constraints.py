@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.autoeval import judge as J
+from experiments.studies.autoeval import judge as J
 from experiments.core.config import ConfigError, load_settings
 from experiments.core.constraints import Constraint, ConstraintError, read_declarations
-from experiments.craftmd import grading
-from experiments.craftmd.data import load_cases as load_craft_cases
-from experiments.craftmd.prompts import PROMPTS as CRAFT
-from experiments.dera.calls import CaseLog
-from experiments.dera.dialogue import parse_decider, parse_researcher
-from experiments.dera.prompts import PROMPTS as DERA
-from experiments.dera.qa import answer_from_completion, letter_values
+from experiments.studies.craftmd import grading
+from experiments.studies.craftmd.data import load_cases as load_craft_cases
+from experiments.studies.craftmd.prompts import PROMPTS as CRAFT
+from experiments.studies.dera.calls import CaseLog
+from experiments.studies.dera.dialogue import parse_decider, parse_researcher
+from experiments.studies.dera.prompts import PROMPTS as DERA
+from experiments.studies.dera.qa import answer_from_completion, letter_values
 from experiments.common.parsing import extract_after, extract_bool, extract_indices, extract_list, extract_number, extract_verdict
 from experiments.core.results import ResultsError
 from experiments.core.study import CaseContext
@@ -288,7 +288,7 @@ def _qa_backend(role, content, gen):
 
 def _run_qa(tmp_path, mode, out=None):
     from experiments.core.commands import build_settings
-    from experiments.dera.study import STUDIES
+    from experiments.studies.dera.study import STUDIES
     from experiments.core.runner import prepare_run, run_study
 
     study = STUDIES["dera-qa"]()
@@ -319,7 +319,7 @@ def test_runner_names_the_mode_everywhere_and_refuses_to_mix_modes(tmp_path):
 
 def test_an_endpoint_that_ignores_the_field_is_refused_before_any_case(tmp_path):
     from experiments.core.commands import build_settings
-    from experiments.dera.study import STUDIES
+    from experiments.studies.dera.study import STUDIES
     from experiments.core.runner import prepare_run, run_study
     from serving.client import StructuredOutputsUnsupported
 
@@ -344,7 +344,7 @@ def test_old_results_without_the_setting_resume_as_free(tmp_path):
 
 
 def test_compare_warns_when_modes_differ(tmp_path):
-    from experiments.craftmd.compare import run_compare
+    from experiments.studies.craftmd.compare import run_compare
     from tests.test_craftmd_compare import make_run
 
     a = make_run(tmp_path / "a", "free-run", {("vignette", "mcq"): {"c1": [1], "c2": [0]}})

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.craftmd.prompts import PROMPTS as CRAFT
-from experiments.craftmd.prompts import render
+from experiments.studies.craftmd.prompts import PROMPTS as CRAFT
+from experiments.studies.craftmd.prompts import render
 from experiments.core.constraints import build
-from experiments.dera.prompts import PROMPTS as DERA
-from experiments.dera.prompts import render as render_dera
+from experiments.studies.dera.prompts import PROMPTS as DERA
+from experiments.studies.dera.prompts import render as render_dera
 from experiments.core.study import CaseContext
 from serving.client import Endpoint, GenConfig, LLMClient
 

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from experiments.craftmd.assess import QUESTIONS, conversation_text, parse_reply, question_rates, request_prompt
-from experiments.craftmd.metrics import conversation_markdown
+from experiments.studies.craftmd.assess import QUESTIONS, conversation_text, parse_reply, question_rates, request_prompt
+from experiments.studies.craftmd.metrics import conversation_markdown
 from experiments.common.patient_checks import check_conversation, count_checks, patient_metrics
 from experiments.core.runner import check_patient, patient_section
-from experiments.craftmd.settings import CraftSettings, additions
-from experiments.craftmd.study import CraftmdStudy, paper_model
+from experiments.studies.craftmd.settings import CraftSettings, additions
+from experiments.studies.craftmd.study import CraftmdStudy, paper_model
 from experiments.core.runner import run_study
 from experiments.core.study import CaseContext
 from serving.cache import ResponseCache
@@ -196,7 +196,7 @@ def test_assessor_step_resumes_from_the_cache(tmp_path):
 
 
 def test_review_of_a_live_runs_assessor(tmp_path):
-    from experiments.review.judges import load_judge
+    from experiments.tools.review.judges import load_judge
 
     respond, _ = backend(lambda text: "Terms: None" if "medical terminology" in text else "Verdict: Yes")
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
@@ -208,7 +208,7 @@ def test_review_of_a_live_runs_assessor(tmp_path):
 
 
 def test_report_shows_the_rates_the_checks_and_each_cases_checks(tmp_path):
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     respond, _ = backend(lambda text: "Verdict: No. Invented: a fever" if "grounded in the case notes" in text else "Verdict: Yes")
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
@@ -236,7 +236,7 @@ def test_q3_is_answered_with_the_terms_and_each_must_be_in_a_patient_line():
 
 
 def test_terminology_check_reads_the_patients_lines_only():
-    from experiments.craftmd.terminology import medical_terms, terminology_check, terms
+    from experiments.studies.craftmd.terminology import medical_terms, terminology_check, terms
 
     assert terms()["macule"] == "flat spot" and "eczema" not in terms()  # a diagnosis name is no term of the list
     # whole words, any case, -s / -es added; "plaques" -> plaque; "lesioned" and "Erythematousness" are no listed word

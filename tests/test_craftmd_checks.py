@@ -1,6 +1,6 @@
 """The two claims checked against the authors' release, under test on fixtures (the authors' code is not needed):
 
-- ``check_split``: our question split (experiments/craftmd/data.py) against a release folder, on a case file with
+- ``check_split``: our question split (experiments/studies/craftmd/data.py) against a release folder, on a case file with
   one line per quirk of the authors' rule (docs/protocols.md, CRAFT-MD); the release files hold what their
   splitter returns for each line, and one that differs on purpose.
 - ``check_requests``' comparison: the request shapes of one trial on each side, with the scripted doctor of
@@ -22,10 +22,10 @@ import pytest
 
 from experiments.core.config import load_settings
 from experiments.core.study import CaseContext
-from experiments.craftmd import check_requests, check_split
-from experiments.craftmd.data import DEFAULT_QUESTION, load_csv
-from experiments.craftmd.protocol import solve
-from experiments.craftmd.settings import CraftSettings
+from experiments.studies.craftmd import check_requests, check_split
+from experiments.studies.craftmd.data import DEFAULT_QUESTION, load_csv
+from experiments.studies.craftmd.protocol import solve
+from experiments.studies.craftmd.settings import CraftSettings
 from serving.client import ChatResult
 from tests.scripted import ScriptedLLM
 

@@ -9,9 +9,9 @@ import yaml
 from typer.testing import CliRunner
 
 from experiments.core import registry
-from experiments.craftmd.compare import compare, run_compare
-from experiments.craftmd.importer import import_folder, parse_conversation
-from experiments.craftmd.metrics import grades
+from experiments.studies.craftmd.compare import compare, run_compare
+from experiments.studies.craftmd.importer import import_folder, parse_conversation
+from experiments.studies.craftmd.metrics import grades
 from experiments.common.stats import mcnemar_test, mean_ci, paired_bootstrap
 
 

@@ -7,7 +7,7 @@ from html import unescape
 
 import pytest
 
-from experiments.craftmd.metrics import released_patient_checks
+from experiments.studies.craftmd.metrics import released_patient_checks
 from experiments.common.patient_checks import CHECKS
 
 pytestmark = pytest.mark.e2e
@@ -19,7 +19,7 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     out = tmp_path / "run"
     args = ["run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "1", "--trials", "1", "--max-turns", "2",
             "--clinical-model", role, "--patient-model", role, "--grader-model", role,
-            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--out", str(out)]
+            "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--out", str(out)]
     proc = cli(*args, check=True)
     assert "CRAFT-MD run" in proc.stdout
     recs = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]

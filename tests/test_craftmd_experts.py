@@ -31,7 +31,7 @@ import shutil
 import pytest
 
 from experiments.common.stats import mcnemar_test
-from experiments.craftmd.experts import (combine, expert_metrics, import_experts, load_expert_labels, truncate)
+from experiments.studies.craftmd.experts import (combine, expert_metrics, import_experts, load_expert_labels, truncate)
 from models.errors import DataError
 from tests.conftest import FIXTURES, run_cli
 

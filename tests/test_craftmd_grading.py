@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.craftmd import grading
-from experiments.craftmd.data import answer_index, load_cases
+from experiments.studies.craftmd import grading
+from experiments.studies.craftmd.data import answer_index, load_cases
 from experiments.common.choice import map_choice, same_but_typos
 from experiments.common.parsing import extract_verdict
 from models.errors import DataError
@@ -146,7 +146,7 @@ def _ok_csv(tmp_path):
 
 # -- the case question, MCQ mapping of verbose answers, no shortcut past the subtype rule, concurrent rule
 
-from experiments.craftmd.data import split_question
+from experiments.studies.craftmd.data import split_question
 
 
 # The authors' rule (src/utils.py get_case_without_question), quirks included: the first "?" sentence of the last

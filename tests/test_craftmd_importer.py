@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from experiments.craftmd.importer import import_folder, infer_stop, parse_conversation
-from experiments.craftmd.metrics import grades
+from experiments.studies.craftmd.importer import import_folder, infer_stop, parse_conversation
+from experiments.studies.craftmd.metrics import grades
 
 GREETING = "Hi! What symptoms are you facing today?"
 

@@ -1,7 +1,7 @@
 """MELD pieces: halves, truncation and similarity = 1 - normalized Levenshtein (hand-worked)."""
 
 from experiments.common.grade import to_disk
-from experiments.craftmd.meld import meld_grades, meld_metrics, similarity, split_halves, truncate_words
+from experiments.studies.craftmd.meld import meld_grades, meld_metrics, similarity, split_halves, truncate_words
 
 
 def test_split_and_truncate():
@@ -30,7 +30,7 @@ def test_meld_failed_request_is_a_failed_case_never_a_zero_similarity(tmp_path):
     import json
     from pathlib import Path
 
-    from experiments.craftmd.meld import MeldSettings, MeldStudy
+    from experiments.studies.craftmd.meld import MeldSettings, MeldStudy
     from experiments.core.runner import prepare_run, run_study
     from tests.scripted import ScriptedLLM, down
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.craftmd.metrics import patient_check_section, released_patient_checks, released_rows
+from experiments.studies.craftmd.metrics import patient_check_section, released_patient_checks, released_rows
 from experiments.common.patient_checks import (CHECKS, patient_check_table, span_quantiles, check_conversation, count_checks, diagnosis_mentions, flagged, is_diagnosis,
                                                 longest_copied_run)
 

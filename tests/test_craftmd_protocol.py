@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from experiments.craftmd.metrics import grades, run_metrics
-from experiments.craftmd.protocol import context_turns, converse, solve, stop_reason_for
-from experiments.craftmd.study import units_for
-from experiments.craftmd.settings import CraftSettings
+from experiments.studies.craftmd.metrics import grades, run_metrics
+from experiments.studies.craftmd.protocol import context_turns, converse, solve, stop_reason_for
+from experiments.studies.craftmd.study import units_for
+from experiments.studies.craftmd.settings import CraftSettings
 from experiments.core.study import CaseContext
 from serving.client import ChatResult
 

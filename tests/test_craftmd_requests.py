@@ -16,12 +16,12 @@ from experiments.core.config import load_settings
 from experiments.core.dryrun import dry_run
 from experiments.core.runner import prepare_run, with_answers_line
 from experiments.core.study import CaseContext
-from experiments.craftmd.data import load_cases
-from experiments.craftmd.metrics import grades, run_metrics, summary_markdown
-from experiments.craftmd.prompts import render
-from experiments.craftmd.protocol import SUMMARY_STOPS, TURN_STOPS, solve
-from experiments.craftmd.study import CONFIGS, CraftmdStudy
-from experiments.craftmd.settings import CraftSettings, deviations, requests_line
+from experiments.studies.craftmd.data import load_cases
+from experiments.studies.craftmd.metrics import grades, run_metrics, summary_markdown
+from experiments.studies.craftmd.prompts import render
+from experiments.studies.craftmd.protocol import SUMMARY_STOPS, TURN_STOPS, solve
+from experiments.studies.craftmd.study import CONFIGS, CraftmdStudy
+from experiments.studies.craftmd.settings import CraftSettings, deviations, requests_line
 from serving.client import ChatResult
 
 FX = Path(__file__).parent / "fixtures" / "craftmd"

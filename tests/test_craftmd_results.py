@@ -14,10 +14,10 @@ from experiments.common.grade import grades
 from experiments.core import registry
 from experiments.core.runner import run_study
 from experiments.core.study import CaseContext
-from experiments.craftmd.metrics import run_metrics
+from experiments.studies.craftmd.metrics import run_metrics
 from experiments.common.patient_checks import CHECKS
-from experiments.craftmd.prompts import PROMPTS
-from experiments.craftmd.study import CraftmdStudy
+from experiments.studies.craftmd.prompts import PROMPTS
+from experiments.studies.craftmd.study import CraftmdStudy
 from tests.scripted import ScriptedLLM
 from tests.test_craftmd_assess import CASE, ROLES, backend, settings
 
@@ -79,7 +79,7 @@ def test_a_folder_written_before_typed_scores_is_upgraded_by_the_reader(tmp_path
 
 
 def test_an_imported_release_carries_its_published_grades_typed(tmp_path, fixtures_dir):
-    from experiments.craftmd.importer import import_folder
+    from experiments.studies.craftmd.importer import import_folder
 
     import_folder(fixtures_dir / "craftmd" / "published_demo", "demo-published", tmp_path / "imp")
     records = raw_records(tmp_path / "imp")

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from experiments.common.grade import to_disk
-from experiments.dera import report
-from experiments.dera.data import load_encounters, load_medqa
-from experiments.dera.qa_metrics import normalize_similarity
-from experiments.dera.settings import DialogueSettings, QASettings
+from experiments.studies.dera import report
+from experiments.studies.dera.data import load_encounters, load_medqa
+from experiments.studies.dera.qa_metrics import normalize_similarity
+from experiments.studies.dera.settings import DialogueSettings, QASettings
 from models.errors import DataError
 
 

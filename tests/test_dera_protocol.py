@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from experiments.dera import dialogue, gptf1, qa
+from experiments.studies.dera import dialogue, gptf1, qa
 from experiments.common.stats import prf
 from experiments.common.grade import Grade, to_disk
-from experiments.dera.calls import CaseLog
-from experiments.dera.settings import DialogueSettings, QASettings, Sampling
+from experiments.studies.dera.calls import CaseLog
+from experiments.studies.dera.settings import DialogueSettings, QASettings, Sampling
 from experiments.core.study import CaseContext, RequestFailed
 from serving.client import ChatResult, GenConfig
 
@@ -365,7 +365,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     assert res["sections"]["Pertinent Negatives"]["gt_concepts"] == many and "concepts_cut" not in res["sections"]["Pertinent Negatives"]
     assert DialogueSettings().gptf1.max_concepts == 40
     # metrics count the cut comparisons
-    from experiments.dera import report
+    from experiments.studies.dera import report
 
     rec = {"id": "e", "turns": 1, "stop_reason": "researcher_stop", "scratchpad": [], "parse_attempts": 1, "parse_errors": [],
            "calls": [], "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": {**s, "concepts_cut": {"gt": 2, "pred": 0}}}}}}
@@ -419,7 +419,7 @@ def test_sampling_config_gen():
 
 
 def test_mcq_variant_votes_letters_and_scores_accuracy():
-    from experiments.dera.qa_metrics import make_scorer
+    from experiments.studies.dera.qa_metrics import make_scorer
 
     def reply(role, prompt, gen):
         if role == "researcher":
@@ -440,7 +440,7 @@ def test_mcq_variant_votes_letters_and_scores_accuracy():
 
 
 def test_careplan_prompts_render_with_sections():
-    from experiments.dera.prompts import prompt_hash, render
+    from experiments.studies.dera.prompts import prompt_hash, render
 
     text = render("careplan_decider_initial", age=50, sex="male", chief_complaint="cough", chat="Doctor: hi")
     for s in ("Medications", "Referrals", "Tests", "Lifestyle", "Supportive Care"):
@@ -472,6 +472,6 @@ def test_gptf1_empty_reference_is_unscored_and_empty_prediction_scores_zero():
     (None, False),
 ])
 def test_context_errors_are_recognised(error, is_context):
-    from experiments.dera.calls import is_context_error
+    from experiments.studies.dera.calls import is_context_error
 
     assert is_context_error(error) is is_context

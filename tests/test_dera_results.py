@@ -13,8 +13,8 @@ import pytest
 from experiments.common.grade import grades
 from experiments.core import registry
 from experiments.core.study import CaseContext
-from experiments.dera.results import QA_RESULTS
-from experiments.review.judges import load_judge
+from experiments.studies.dera.results import QA_RESULTS
+from experiments.tools.review.judges import load_judge
 from tests.scripted import ScriptedLLM
 from tests.test_dera_runner import ROLES, SUMMARY_SECTIONS, dialogue_backend, no_bertscore, qa_backend, records, run, settings_for  # noqa: F401
 

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from experiments.core.commands import build_settings
 from experiments.core.config import ConfigError
-from experiments.dera import qa_metrics
-from experiments.dera.settings import CAREPLAN_SECTIONS, SUMMARY_SECTIONS
-from experiments.dera.study import STUDIES, SAMPLE_ENCOUNTERS
+from experiments.studies.dera import qa_metrics
+from experiments.studies.dera.settings import CAREPLAN_SECTIONS, SUMMARY_SECTIONS
+from experiments.studies.dera.study import STUDIES, SAMPLE_ENCOUNTERS
 from experiments.core.runner import prepare_run, run_study
 from tests.scripted import ScriptedLLM, down
 

@@ -13,7 +13,7 @@ from experiments.core import registry
 from experiments.core.config import RunSettings, Sampling, load_settings
 from experiments.core.deviations import Authors, Unpaired, _expand, deviations_line, settings_deviations, table_of, uncovered
 from experiments.core.runner import answers_line
-from experiments.craftmd.settings import CraftSettings
+from experiments.studies.craftmd.settings import CraftSettings
 
 CRAFT = Path(__file__).resolve().parent.parent / "experiments" / "craftmd" / "configs"
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from experiments.bench.run import baseline_dtype, peak_flop_per_cycle, roofline
+from serving.bench.run import baseline_dtype, peak_flop_per_cycle, roofline
 from serving.launcher import ServeError, ServerSettings, build_command, choose_cpu_dtype, cpu_flags, find_server, write_record
 from tests.test_runner import ToySettings, ToyStudy, records
 
@@ -104,7 +104,7 @@ def test_cache_is_not_shared_across_dtypes(monkeypatch, tmp_path):
     """A resumed run whose server now computes in the other dtype asks again; back on the first dtype it hits the cache.
 
     The endpoint is the instant stand-in (a real HTTP server) recorded as a medstack server of the embedded model."""
-    from experiments.bench.runner_scale import InstantEndpoint
+    from experiments.tools.bench.runner_scale import InstantEndpoint
     from serving.client import GenConfig
     from serving.session import open_client
 
@@ -141,7 +141,7 @@ def test_cache_is_not_shared_across_dtypes(monkeypatch, tmp_path):
 def test_resumed_run_tags_each_record_with_the_dtype_that_answered_it(monkeypatch, tmp_path):
     """A run resumed against a server of the other dtype: identity.json then names the resuming server, so each
     record keeps the dtype of the server that answered it, and the resumed cases' calls miss the cache."""
-    from experiments.bench.runner_scale import InstantEndpoint
+    from experiments.tools.bench.runner_scale import InstantEndpoint
     from experiments.core.runner import prepare_run, run_study
 
     home = tmp_path / "home"
@@ -198,7 +198,7 @@ def test_cli_serve_names_a_bad_dtype(cli):
 def test_unknown_dtype_endpoint_is_said_once_and_cached_apart(monkeypatch, tmp_path):
     """An ALIAS@URL endpoint that names no dtype (the instant stand-in, like a plain vLLM server): one line when the
     client opens, however many roles use it; its answers are kept under its URL, apart from a known dtype's."""
-    from experiments.bench.runner_scale import InstantEndpoint
+    from experiments.tools.bench.runner_scale import InstantEndpoint
     from serving.client import GenConfig
     from serving.session import open_client
 

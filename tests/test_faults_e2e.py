@@ -64,7 +64,7 @@ def own_server(medstack_home):
 def craftmd_args(url: str, out: Path, fixtures_dir: Path, *extra: str) -> list[str]:
     return ["run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "4", "--trials", "1",
             "--max-turns", "2", "--formats", "vignette,multiturn", "--no-frq", "--model", f"embedded@{url}",
-            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--concurrency", "1",
+            "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--concurrency", "1",
             "--set", "retries=1", "--out", str(out), *extra]
 
 

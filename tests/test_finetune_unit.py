@@ -209,9 +209,9 @@ def test_early_stopping_needs_a_valid_split():
 # ------------------------------------------------------------------ data and the loss mask
 
 def test_pairs_are_the_meditod_supervised_messages():
-    from experiments.meditod.data import load_dialogs, load_split_ids
-    from experiments.meditod.prompts import sft_messages
-    from experiments.meditod.tasks import sft_samples
+    from experiments.studies.meditod.data import load_dialogs, load_split_ids
+    from experiments.studies.meditod.prompts import sft_messages
+    from experiments.studies.meditod.tasks import sft_samples
 
     pairs = load_pairs(str(FIX / "dialogs.json"), None, "train", "nlu")
     samples = sft_samples(load_dialogs(FIX / "dialogs.json"), load_split_ids(FIX, "train"), "nlu")

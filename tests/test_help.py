@@ -135,7 +135,7 @@ def test_print_config_prints_the_resolved_settings(app, tmp_path):
                                  "--set", "sampling.doctor.temperature=0.5", "--set", "max_turns=7", "--out", str(tmp_path / "never"),
                                  "--print-config"])
     assert r.exit_code == 0, r.output
-    assert r.output.startswith("# medstack run craftmd: experiments/craftmd/configs/paper.yaml + the command line")
+    assert r.output.startswith("# medstack run craftmd: experiments/studies/craftmd/configs/paper.yaml + the command line")
     config = yaml.safe_load(r.output)
     assert (config["trials"], config["formats"], config["max_turns"]) == (2, ["multiturn", "vignette"], 7)  # flags and --set
     assert config["sampling"]["doctor"]["temperature"] == 0.5 and config["sampling"]["doctor"]["max_tokens"] == 250  # --set over the config
@@ -220,7 +220,7 @@ REFUSED = (  # what a run refuses before it reads data, and the words it says
 
 @pytest.mark.parametrize("args,said", REFUSED)
 def test_print_config_and_dry_run_refuse_what_a_run_refuses_without_reading_data(app, tmp_path, monkeypatch, args, said):
-    from experiments.craftmd import study as craftmd_study
+    from experiments.studies.craftmd import study as craftmd_study
     from models.errors import MedstackError
 
     cases = str(Path(__file__).parent / "fixtures" / "craftmd" / "requests_cases.csv")

@@ -12,10 +12,10 @@ import pytest
 from experiments.common.grade import Grade
 from experiments.core.judging import BINARY, RATING, UNIT, Judge, by_judge, count_scale, on_scale, panel_grade, review_items
 from experiments.core.results import RunDir, finite, strict_json
-from experiments.rescore.run import agreement
-from experiments.review.judges import load_judge
-from experiments.review.labels import read_labels, sample_tag, write_sample
-from experiments.review.page import page_data, render_page
+from experiments.tools.rescore.run import agreement
+from experiments.tools.review.judges import load_judge
+from experiments.tools.review.labels import read_labels, sample_tag, write_sample
+from experiments.tools.review.page import page_data, render_page
 from test_rescore import REF, rescore, toy  # noqa: F401 - the toy fixture
 
 M = {"model": "m"}
@@ -142,8 +142,8 @@ def test_a_rescore_says_how_many_items_no_judge_decided(toy, tmp_path):  # noqa:
 def test_deras_metrics_json_of_arms_with_nothing_scored_is_strict(tmp_path):
     """DERA-QA over no finished question: each arm's mean and CI are NaN in memory (a mean over nothing); metrics.json
     holds null for each and counts them (3 figures x 2 arms)."""
-    from experiments.dera.report import qa_metrics
-    from experiments.dera.settings import QASettings
+    from experiments.studies.dera.report import qa_metrics
+    from experiments.studies.dera.settings import QASettings
 
     m = qa_metrics([], QASettings(mcq=True))
     assert "NaN" in json.dumps(m)  # what a plain json.dumps wrote before

@@ -12,8 +12,8 @@ against it: the tools over results import no study folder; a study imports core,
     layer 1  serving/                launching vLLM, the client, the response cache, CPU topology
     layer 0  models/                 registry, local weights, paths, errors, the fine-tuned prompt format
 
-Cycles are checked between modules and between units (each ``experiments/<folder>`` and each other
-top-level package), so two studies, or a study and fine-tuning, never import each other either way.
+Cycles are checked between modules and between units (each study, each tool, each other ``experiments/<folder>``,
+the serving benchmark and each other top-level package), so two studies, or a study and fine-tuning, never import each other either way.
 """
 
 from __future__ import annotations
@@ -124,29 +124,37 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+GROUPS = ("experiments.studies", "experiments.tools")  # folders of units: each study, each tool
+
+
 def unit(module: str) -> str:
+    """The unit a module belongs to: a study or a tool folder, another folder of experiments/, the serving
+    benchmark, or a top-level package (``experiments`` for the packages that only hold units)."""
     parts = module.split(".")
+    if ".".join(parts[:2]) in GROUPS:
+        return ".".join(parts[:3]) if len(parts) > 2 else "experiments"
+    if parts[:2] == ["serving", "bench"]:
+        return "serving.bench"
     return ".".join(parts[:2]) if parts[0] == "experiments" and len(parts) > 1 else parts[0]
 
 
 def test_the_walk_sees_function_local_and_importlib_imports():
     graph = import_graph()
     assert "models.errors" in graph["serving.launcher"]  # top-level
-    assert "serving.session" in graph["experiments.report.collect"]  # made inside a function only
+    assert "serving.session" in graph["experiments.tools.report.collect"]  # made inside a function only
     modules = _modules()
-    src = ("import importlib\ndef f(x):\n    importlib.import_module('experiments.craftmd.study')\n"
-           "    importlib.import_module(f'experiments.dera.{x}')\n    importlib.import_module(f'experiments.{x}.study')\n")
-    assert edges(src, "experiments.report.x", "experiments.report", modules) == {"experiments.craftmd.study", "experiments.dera", "experiments"}
+    src = ("import importlib\ndef f(x):\n    importlib.import_module('experiments.studies.craftmd.study')\n"
+           "    importlib.import_module(f'experiments.studies.dera.{x}')\n    importlib.import_module(f'experiments.{x}.study')\n")
+    assert edges(src, "experiments.tools.report.x", "experiments.tools.report", modules) == {"experiments.studies.craftmd.study", "experiments.studies.dera", "experiments"}
 
 
 # ------------------------------------------------------------------ docs/layout.md's Architecture table
 
-STUDY_ROW = "experiments/<study>/"
+STUDY_ROW = "experiments/studies/<study>/"
 
 
 def _unit_of_path(token: str) -> str:
-    parts = [p for p in token.strip().strip("`").removesuffix(".py").split("/") if p]
-    return ".".join(parts[:2]) if parts[0] == "experiments" else parts[0]
+    return unit(".".join(p for p in token.strip().strip("`").removesuffix(".py").split("/") if p))
 
 
 def architecture() -> tuple[dict[str, str], dict[str, set[str] | None]]:
@@ -154,7 +162,7 @@ def architecture() -> tuple[dict[str, str], dict[str, set[str] | None]]:
     text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8").split("## Architecture", 1)[1]
     table = next(block for block in text.split("\n\n") if block.startswith("| folder | responsible for | may import |"))
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    studies = {f"experiments.{p.parent.name}" for p in (ROOT / "experiments").glob("*/study.py")} - {"experiments.core"}
+    studies = {f"experiments.studies.{p.parent.name}" for p in (ROOT / "experiments" / "studies").glob("*/study.py")}
     row_of: dict[str, str] = {}
     allowed: dict[str, set[str] | None] = {}
     for line in rows:
@@ -175,7 +183,7 @@ def test_every_folder_has_a_row_of_the_architecture_table():
     row_of, _ = architecture()
     units = {unit(m) for m in _modules()} - {"experiments"}
     assert sorted(units - set(row_of)) == [], "folders without a row in docs/layout.md's Architecture table"
-    assert {"experiments.craftmd", "experiments.dera", "experiments.meditod", "experiments.autoeval"} <= {u for u, r in row_of.items() if STUDY_ROW in r}
+    assert {"experiments.studies.craftmd", "experiments.studies.dera", "experiments.studies.meditod", "experiments.studies.autoeval"} <= {u for u, r in row_of.items() if STUDY_ROW in r}
 
 
 def test_every_import_follows_the_architecture_table():
@@ -188,9 +196,9 @@ def test_every_import_follows_the_architecture_table():
 def test_tools_import_no_study():
     row_of, allowed = architecture()
     studies = {u for u, r in row_of.items() if STUDY_ROW in r}
-    tools = {u for u, r in row_of.items() if "experiments/report/" in r}
-    assert {"experiments.review", "experiments.calibrate", "experiments.compare", "experiments.sweep", "experiments.bench"} <= tools
-    assert not studies & allowed[row_of["experiments.report"]] and not studies & allowed[row_of["experiments.tables"]]
+    tools = {u for u, r in row_of.items() if "experiments/tools/report/" in r}
+    assert {"experiments.tools.review", "experiments.tools.calibrate", "experiments.tools.compare", "experiments.tools.sweep", "experiments.tools.bench"} <= tools
+    assert not studies & allowed[row_of["experiments.tools.report"]] and not studies & allowed[row_of["experiments.tables"]]
 
 
 def test_no_import_cycle_between_modules():

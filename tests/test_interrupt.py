@@ -15,12 +15,12 @@ from tests.conftest import FIXTURES, MEDSTACK, REPO
 
 CASES = FIXTURES / "craftmd" / "cases.csv"
 SMALL = ["--data", str(CASES), "--trials", "2", "--max-turns", "3", "--concurrency", "1",
-         "--config", "experiments/craftmd/configs/embedded-small.yaml"]
+         "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"]
 
 
 @pytest.fixture
 def slow_endpoint():
-    from experiments.bench.runner_scale import InstantEndpoint
+    from experiments.tools.bench.runner_scale import InstantEndpoint
 
     with InstantEndpoint(delay_ms=300) as ep:
         yield ep.base_url

@@ -53,8 +53,8 @@ def test_a_run_records_auto_and_the_number_it_took(tmp_path, monkeypatch):
     from experiments.core.concurrency import AUTO_CPU
     from experiments.core.config import load_settings
     from experiments.core.runner import run_study
-    from experiments.craftmd.settings import CraftSettings
-    from experiments.craftmd.study import CONFIGS, CraftmdStudy
+    from experiments.studies.craftmd.settings import CraftSettings
+    from experiments.studies.craftmd.study import CONFIGS, CraftmdStudy
     from tests.scripted import ScriptedLLM
 
     monkeypatch.setenv("MEDSTACK_FORCE_CPU", "1")

@@ -10,12 +10,12 @@ import jsonschema
 import pytest
 
 from experiments.core.constraints import Constraint
-from experiments.meditod.constraints import nlu_schema, pol_schema
+from experiments.studies.meditod.constraints import nlu_schema, pol_schema
 
 DIALOGS = json.loads((Path(__file__).parent / "fixtures" / "meditod" / "dialogs.json").read_text())
 STATUS_PREFIXES = ("positive", "negative", "unknown", "avail", "unavail")
 
-ONTOLOGY = {  # hand-written, in the format experiments/meditod/ontology.yaml has
+ONTOLOGY = {  # hand-written, in the format experiments/studies/meditod/ontology.yaml has
     "intents": {"inform": "the patient gives information", "chit-chat": "small talk", "deny": "the patient says no"},
     "actions": {"inquire": "ask about a slot", "chit-chat": "small talk", "nod_prompt_salutations": "acknowledge, greet"},
     "slots": {
@@ -114,8 +114,8 @@ def test_run_constraint_from_the_shipped_ontology_accepts_fixture_gold():
     import json as _json
     from pathlib import Path as _Path
 
-    from experiments.meditod.ontology import to_status_shape
-    from experiments.meditod.study import icl_constraint
+    from experiments.studies.meditod.ontology import to_status_shape
+    from experiments.studies.meditod.study import icl_constraint
 
     dialogs = _json.loads((_Path(__file__).parent / "fixtures" / "meditod" / "dialogs.json").read_text())
     nlu, pol = icl_constraint("nlu"), icl_constraint("pol")

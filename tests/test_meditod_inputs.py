@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.meditod.ontology import from_status_shape, load_ontology, prefixed_slots, render_ontology, to_status_shape
-from experiments.meditod.prompts import fit_icl_messages, icl_messages, parse_icl, parse_sft, sft_messages
-from experiments.meditod.retrieval import retrieve_exemplars
+from experiments.studies.meditod.ontology import from_status_shape, load_ontology, prefixed_slots, render_ontology, to_status_shape
+from experiments.studies.meditod.prompts import fit_icl_messages, icl_messages, parse_icl, parse_sft, sft_messages
+from experiments.studies.meditod.retrieval import retrieve_exemplars
 from models.prompt_format import ANSWER, render_sft
-from experiments.meditod.tasks import gold_turns, icl_samples, sft_samples
+from experiments.studies.meditod.tasks import gold_turns, icl_samples, sft_samples
 
 FX = Path(__file__).parent / "fixtures" / "meditod"
 
@@ -98,7 +98,7 @@ def test_icl_nlu_layout_keeps_an_empty_history_block(dialogs):
 
 
 def test_sample_counts_follow_the_authors_rules():
-    from experiments.meditod.data import load_dialogs
+    from experiments.studies.meditod.data import load_dialogs
 
     d = load_dialogs(FX / "dialogs.json")
     for did, dlg in d.items():
@@ -180,8 +180,8 @@ def test_status_shape_round_trip_and_invalid_status():
 
 
 def test_every_label_of_the_fixtures_is_in_the_ontology():
-    from experiments.meditod.data import load_dialogs
-    from experiments.meditod.ontology import split_slot
+    from experiments.studies.meditod.data import load_dialogs
+    from experiments.studies.meditod.ontology import split_slot
 
     ont = load_ontology()
     d = load_dialogs(FX / "dialogs.json")
@@ -253,7 +253,7 @@ def test_parse_sft_lowercases_cuts_and_counts_format_errors():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from experiments.meditod.prompts import load_tokenizer
+    from experiments.studies.meditod.prompts import load_tokenizer
 
     tok = load_tokenizer("embedded")
     assert tok is not None and tok.chat_template  # the embedded model is prepared with medstack's chat template
@@ -298,7 +298,7 @@ def test_run_dry_run_writes_every_request_and_no_results(cli, tmp_path, task, n)
     rows = [json.loads(x) for x in (out / "dry-run.jsonl").read_text().splitlines()]
     assert sorted(p.name for p in out.iterdir()) == ["dry-run.jsonl"]          # no records, metrics, identity, cache
     assert len(rows) == n and [r["case_id"] for r in rows] == [s["id"] for s in icl_samples(
-        __import__("experiments.meditod.data", fromlist=["x"]).load_dialogs(FX / "dialogs.json"), ["301"], task)]
+        __import__("experiments.studies.meditod.data", fromlist=["x"]).load_dialogs(FX / "dialogs.json"), ["301"], task)]
     for row in rows:
         assert row["role"] == "model" and row["step"] == "predict" and row["kind"] == "chat" and "prompt" not in row
         roles = [m["role"] for m in row["messages"]]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from experiments.common.normalize import normalize
-from experiments.meditod.metrics import (adjudication_pairs, nlu_tuples, pol_tuples, precision_at_k, score)
+from experiments.studies.meditod.metrics import (adjudication_pairs, nlu_tuples, pol_tuples, precision_at_k, score)
 
 # ------------------------------------------------------------------ NLU unrolling
 

@@ -12,9 +12,9 @@ import pytest
 from experiments.common.grade import grades
 from experiments.core import registry
 from experiments.core.results import ConfigView
-from experiments.craftmd.meld import meld_scores
-from experiments.meditod.prompts import prompt_hash
-from experiments.meditod.results import adjudications
+from experiments.studies.craftmd.meld import meld_scores
+from experiments.studies.meditod.prompts import prompt_hash
+from experiments.studies.meditod.results import adjudications
 from tests.scripted import ScriptedLLM
 from tests.test_meditod_runner import adjudication_backend, gold_backend, no_tokenizer, records, run, settings  # noqa: F401
 

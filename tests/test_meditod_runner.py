@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.meditod.prompts import icl_assistant, icl_user, sft_user
-from experiments.meditod.study import MeditodSettings, MeditodStudy, load_samples
+from experiments.studies.meditod.prompts import icl_assistant, icl_user, sft_user
+from experiments.studies.meditod.study import MeditodSettings, MeditodStudy, load_samples
 from experiments.core.runner import prepare_run, run_study
 from models.errors import MedstackError
 from tests.scripted import ScriptedLLM, down
@@ -23,8 +23,8 @@ DATA = FX / "dialogs.json"
 @pytest.fixture(autouse=True)
 def no_tokenizer(monkeypatch):
     """Count prompt tokens with the estimate (loading the model's tokenizer is slow and not under test here)."""
-    from experiments.meditod import study as run_mod
-    from experiments.meditod.prompts import estimate_message_tokens
+    from experiments.studies.meditod import study as run_mod
+    from experiments.studies.meditod.prompts import estimate_message_tokens
 
     monkeypatch.setattr(run_mod, "token_counter", lambda alias: (lambda text: len(text) // 3 + 1))
     monkeypatch.setattr(run_mod, "message_counter", lambda alias: estimate_message_tokens)
@@ -123,7 +123,7 @@ def test_record_shape_prompt_and_format_errors(tmp_path):
 
 
 def test_icl_exemplars_and_side_by_side_summary(tmp_path, monkeypatch):
-    from experiments.meditod import study as run_mod
+    from experiments.studies.meditod import study as run_mod
 
     monkeypatch.setattr(run_mod, "context_budget", lambda *a: None)   # no context limit: every exemplar is kept
     sent: list = []
@@ -249,7 +249,7 @@ def test_cli_help_lists_common_and_study_options(cli):
 def test_input_too_long_for_the_served_context_fails_and_says_how_to_make_room(tmp_path, monkeypatch):
     """The budget follows the served context (the server's max_model_len); a turn whose input alone is over it
     is a failed turn (never scored) whose error names `--max-model-len`."""
-    from experiments.meditod import study as run_mod
+    from experiments.studies.meditod import study as run_mod
     from serving.client import StatusError
 
     served = []
@@ -275,8 +275,8 @@ def test_exemplars_left_out_to_fit_are_counted_and_said_everywhere(tmp_path, mon
     """In-context requests that carry fewer than k exemplars are a protocol deviation: per request in
     the record, summed in metrics.json, a line in summary.md (the CLI prints it last), a paper-table footnote."""
     from experiments.core.deviations import protocol_lines
-    from experiments.meditod import study as run_mod
-    from experiments.meditod.prompts import estimate_message_tokens, icl_messages
+    from experiments.studies.meditod import study as run_mod
+    from experiments.studies.meditod.prompts import estimate_message_tokens, icl_messages
 
     cases = load_samples(settings(tmp_path, "nlu", k=2))
     with_one = [estimate_message_tokens(icl_messages("nlu", c["sample"], c["exemplars"][:1])) for c in cases]

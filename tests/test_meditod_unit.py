@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.meditod import study as run_mod
-from experiments.meditod.data import load_dialogs, load_split_ids
-from experiments.meditod.retrieval import top_k
-from experiments.meditod.tasks import build_samples, gold_turns
+from experiments.studies.meditod import study as run_mod
+from experiments.studies.meditod.data import load_dialogs, load_split_ids
+from experiments.studies.meditod.retrieval import top_k
+from experiments.studies.meditod.tasks import build_samples, gold_turns
 from models.errors import DataError
 
 FX = Path(__file__).parent / "fixtures" / "meditod"
@@ -99,7 +99,7 @@ def test_top_k_inner_product_and_exclusion():
 
 
 def test_retrieval_with_local_encoder(dialogs):
-    from experiments.meditod.retrieval import load_encoder, retrieve_exemplars
+    from experiments.studies.meditod.retrieval import load_encoder, retrieve_exemplars
 
     test = build_samples(dialogs, ["301"], "nlu")
     train = build_samples(dialogs, ["101", "102", "301"], "nlu")
@@ -169,7 +169,7 @@ def test_score_cli_perturbed_nlu(cli, tmp_path, dialogs):
 
 
 def score_counts(dialogs):
-    from experiments.meditod.metrics import nlu_skipped, nlu_tuples
+    from experiments.studies.meditod.metrics import nlu_skipped, nlu_tuples
 
     c = n = 0
     for s in gold_turns(dialogs, list(dialogs), "nlu"):

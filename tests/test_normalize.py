@@ -11,7 +11,7 @@ import pytest
 
 from experiments.common.normalize import normalize, words
 from experiments.common.text import rouge
-from experiments.craftmd import grading
+from experiments.studies.craftmd import grading
 from experiments.common.patient_checks import singular, words as patient_words
 
 PINS = json.loads((Path(__file__).parent / "fixtures" / "normalize_pins.json").read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ import pytest
 
 from experiments.common.grade import grades
 from experiments.core import registry
-from experiments.review.judges import load_judge
+from experiments.tools.review.judges import load_judge
 from tests.conftest import FIXTURES, run_cli
 
 OLD = FIXTURES / "old_runs"

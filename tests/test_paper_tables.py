@@ -8,7 +8,7 @@ import math
 import pytest
 
 from experiments.common.grade import to_disk
-from experiments.dera.report import gptf1_scores
+from experiments.studies.dera.report import gptf1_scores
 from experiments.tables.build import dig, matches, study_tables
 from experiments.tables.declare import declarations, load_declaration
 from experiments.tables.plots import figure_png

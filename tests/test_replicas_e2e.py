@@ -206,7 +206,7 @@ def test_study_through_the_group_survives_a_replica_killed_and_stop_leaves_nothi
     out = tmp_path / "run"
     args = ["run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "2", "--trials", "1", "--max-turns", "2",
             "--formats", "vignette,multiturn", "--no-frq", "--model", f"embedded@{rec['base_url']}", "--no-cache", "--concurrency", "2",
-            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--out", str(out)]
+            "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--out", str(out)]
     start = sum(_served(u) for u in replicas)
     run = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "COLUMNS": "200", "MEDSTACK_API_KEY": KEY})

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from experiments.report.build import build_report, case_view, metric_tables, outcome
-from experiments.report.collect import find_runs
+from experiments.tools.report.build import build_report, case_view, metric_tables, outcome
+from experiments.tools.report.collect import find_runs
 from models.errors import MedstackError
 
 

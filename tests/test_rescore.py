@@ -23,7 +23,7 @@ from experiments.core import registry, runner
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.judging import BINARY, RATING, Judge, review_items
 from experiments.core.study import CaseContext, Study, StudyResults
-from experiments.rescore.cli import register
+from experiments.tools.rescore.cli import register
 from models.errors import MedstackError
 from scripted import ScriptedLLM
 from tests.conftest import run_cli
@@ -299,7 +299,7 @@ def test_fleiss_kappa_on_a_hand_worked_example():
 
 
 def test_the_report_shows_the_judges_side_by_side(toy, tmp_path):
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     app, src, sent, script = toy
     script["judge"] = lambda role, text: {"judge1": "yes", "judge2": "no", "judge3": "no"}[role]

@@ -1,15 +1,15 @@
 """A judge panel is one judge for review and calibration: `medstack review RUN2 --judge match@panel` samples the panel's
 verdicts (a tie is no item), and `calibrate` holds them against a reviewer's labels. Uses the toy judged study and
-the rescore of tests/test_rescore.py; `load_judge`'s ``STEP@JUDGE`` is the generic review's (experiments/review)."""
+the rescore of tests/test_rescore.py; `load_judge`'s ``STEP@JUDGE`` is the generic review's (experiments/tools/review)."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments.calibrate.reviews import calibrate_reviews
+from experiments.tools.calibrate.reviews import calibrate_reviews
 from experiments.common.grade import grades
-from experiments.review.judges import load_judge
-from experiments.review.labels import append_label, write_sample
+from experiments.tools.review.judges import load_judge
+from experiments.tools.review.labels import append_label, write_sample
 from test_rescore import PARTS, REF, records, rescore, toy  # noqa: F401 - the toy fixture
 
 

@@ -77,7 +77,7 @@ def test_rescore_a_craftmd_run(cli, embedded_server, fixtures_dir, tmp_path):
     src = tmp_path / "craftmd"
     cli("run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "1", "--trials", "1", "--max-turns", "2",
         "--clinical-model", ref, "--patient-model", ref, "--grader-model", ref, "--set", "assess_conversations=false",
-        "--config", "experiments/craftmd/configs/embedded-small.yaml", "--out", str(src), check=True)
+        "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--out", str(src), check=True)
     check_rescore(cli, src, "frq", ref, tmp_path, "craftmd")
 
 

@@ -181,7 +181,7 @@ def derm_cal(fixtures_dir, tmp_path):
     """Today's `calibrate craftmd-grader` on the fixture-sized dermatologist file (scripted judge, the published release)."""
     import asyncio
 
-    from experiments.craftmd.calibrate_grader import calibrate_grader
+    from experiments.studies.craftmd.calibrate_grader import calibrate_grader
     from tests.test_calibrate import ScriptedJudge
 
     csv = fixtures_dir / "craftmd" / "validation_graderai_small.csv"
@@ -193,8 +193,8 @@ def derm_cal(fixtures_dir, tmp_path):
 def test_relabel_dermatologist_fixture_reproduces_calibrate(derm_cal, browser):
     """The fixture-sized CRAFT-MD dermatologist check: today's calibrate and the same counts typed through the
     page give identical figures (scripts/review_relabel.py does this on the authors' whole file)."""
-    from experiments.calibrate.reviews import calibrate_reviews
-    from experiments.craftmd.calibrate_grader import read_labels
+    from experiments.tools.calibrate.reviews import calibrate_reviews
+    from experiments.studies.craftmd.calibrate_grader import read_labels
 
     csv, cal, m = derm_cal
     derm = {c["id"]: c["dermatologist"] for c in read_labels(csv)["cases"]}

@@ -12,10 +12,10 @@ import stat
 
 import pytest
 
-from experiments.calibrate.reviews import calibrate_reviews
-from experiments.review.judges import load_judge
-from experiments.review.labels import append_label, read_labels, sample_tag, stratified_sample, write_sample
-from experiments.review.page import _hosts, make_app, page_data, render_page
+from experiments.tools.calibrate.reviews import calibrate_reviews
+from experiments.tools.review.judges import load_judge
+from experiments.tools.review.labels import append_label, read_labels, sample_tag, stratified_sample, write_sample
+from experiments.tools.review.page import _hosts, make_app, page_data, render_page
 from models.errors import DataError
 
 
@@ -380,7 +380,7 @@ def test_cli_bad_input_and_environment(run, cli, fixtures_dir, tmp_path):
 
 
 def test_report_shows_the_calibration_beside_the_paper_tables(run, tmp_path):
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     verdict = {i["id"]: i["verdict"] for i in load_judge(run, "frq")["items"]}
     write_sample(run, load_judge(run, "frq"), 8, 0)

@@ -127,7 +127,7 @@ def test_refused_before_any_client_is_opened(tmp_path, monkeypatch):
 
     from experiments.core import runner
     from experiments.core.commands import build_settings
-    from experiments.craftmd.study import CraftmdStudy
+    from experiments.studies.craftmd.study import CraftmdStudy
 
     opened = []
     monkeypatch.setattr(runner, "open_client", lambda *a, **k: opened.append(a) or pytest.fail("a client was opened"))
@@ -144,7 +144,7 @@ def test_refused_before_any_client_is_opened(tmp_path, monkeypatch):
 
 @pytest.fixture
 def slow_endpoint():
-    from experiments.bench.runner_scale import InstantEndpoint
+    from experiments.tools.bench.runner_scale import InstantEndpoint
 
     with InstantEndpoint(delay_ms=500) as ep:
         yield ep.base_url
@@ -284,7 +284,7 @@ def test_cache_answers_are_committed_before_the_record(tmp_path):
 def test_second_process_refused_real_server(tmp_path, embedded_server, medstack_home):
     out = tmp_path / "out"
     args = ["run", "craftmd", "--data", str(CASES), "--model", f"embedded@{embedded_server['base_url']}", "--trials", "1",
-            "--max-turns", "2", "--config", "experiments/craftmd/configs/embedded-small.yaml", "--out", str(out)]
+            "--max-turns", "2", "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--out", str(out)]
     _second_process_refused(args, out, str(medstack_home))
 
 

@@ -211,7 +211,7 @@ def test_a_craftmd_folder_from_before_the_new_settings_resumes_as_it_ran(tmp_pat
     import yaml
 
     from experiments.core.results import RunDir
-    from experiments.craftmd.settings import CraftSettings
+    from experiments.studies.craftmd.settings import CraftSettings
 
     new = CraftSettings(out=str(tmp_path / "r"), verdict_rule="first_word", empty_turn="...", copy_span_words=12,
                         patient_prompt="cautious").model_dump(mode="json")

@@ -7,11 +7,11 @@ import sqlite3
 
 import pytest
 
-from experiments.bench import instant_endpoint as ie
-from experiments.bench.paper_estimate import estimate, workload
+from serving.bench import instant_endpoint as ie
+from serving.bench.paper_estimate import estimate, workload
 from experiments.core.concurrency import AUTO_CPU, AUTO_PER_GPU, resolve_concurrency
 from experiments.core.results import RunDir
-from experiments.report.build import build_report
+from experiments.tools.report.build import build_report
 from serving.cache import ResponseCache
 
 
@@ -182,7 +182,7 @@ def test_paper_estimate_streams_the_call_logs(tmp_path):
 
 def test_runner_scale_benchmark_small(tmp_path):
     """The benchmark end to end at 12 case-trials: every case-trial finished, one record each, a resume runs none."""
-    from experiments.bench.runner_scale import run_scale
+    from experiments.tools.bench.runner_scale import run_scale
 
     row = run_scale(12, 3, 4, tmp_path / "b", profile=False, log=lambda m: None)
     assert row["finished"] == 12 and row["failed"] == 0 and row["resume_ran_cases"] == 0
@@ -250,7 +250,7 @@ def test_read_run_keeps_no_call_log_and_stays_flat(tmp_path):
 def test_report_reads_call_logs_of_rendered_cases_only(tmp_path):
     import tracemalloc
 
-    from experiments.report.collect import load_run_dir
+    from experiments.tools.report.collect import load_run_dir
 
     _big_run(tmp_path / "runs" / "big")
     tracemalloc.start()

@@ -16,9 +16,9 @@ import yaml
 from experiments.core.config import ConfigError
 from experiments.core.runner import prepare_run, run_study
 from experiments.core.scope import allocate, stratified_sample
-from experiments.craftmd.data import load_cases
-from experiments.craftmd.settings import CraftSettings
-from experiments.craftmd.study import CraftmdStudy
+from experiments.studies.craftmd.data import load_cases
+from experiments.studies.craftmd.settings import CraftSettings
+from experiments.studies.craftmd.study import CraftmdStudy
 from tests.scripted import ScriptedLLM
 
 CASES = Path(__file__).parent / "fixtures" / "craftmd" / "strata_cases.csv"

@@ -13,8 +13,8 @@ from experiments.core import registry
 from experiments.core.commands import StudyFlags, _inherited
 from experiments.core.config import RunSettings, is_flag, load_settings
 from experiments.core.results import ResultsError, RunDir
-from experiments.dera.settings import DialogueSettings, QASettings
-from experiments.meditod.settings import MeditodSettings
+from experiments.studies.dera.settings import DialogueSettings, QASettings
+from experiments.studies.meditod.settings import MeditodSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "resume"  # config.yaml files as the flat-keyed settings wrote them
 SETTINGS = {"dera-qa": QASettings, "dera-summarize": DialogueSettings, "meditod-pol": MeditodSettings}
@@ -63,7 +63,7 @@ def test_old_spellings_are_read_into_sampling():
     assert pol.sampling.turn.max_tokens == 192 and pol.sampling.adjudicate.max_tokens == 6  # pol's own default kept
     assert MeditodSettings.model_validate({"task": "pol", "max_tokens": 10}).sampling.turn.max_tokens == 10
     # an old spelling on the command line wins over the config file's new key
-    over = load_settings(QASettings, Path("experiments/dera/configs/qa.yaml"), {"answer": {"max_tokens": 11}})
+    over = load_settings(QASettings, Path("experiments/studies/dera/configs/qa.yaml"), {"answer": {"max_tokens": 11}})
     assert over.sampling.answer.max_tokens == 11 and over.sampling.answer.n == 5
     with pytest.raises(Exception, match="sampling.answer.bogus"):
         load_settings(QASettings, None, {"sampling": {"answer": {"bogus": 1}}})
@@ -88,8 +88,8 @@ def test_a_run_folder_written_with_the_flat_keys_resumes_under_the_new_shape(tmp
     cls, old = SETTINGS[name], yaml.safe_load((FIXTURES / f"{name}.config.yaml").read_text())
     assert "sampling" not in old or "temperature" in old["sampling"]  # the fixture has the old shape
     out = tmp_path / "run"
-    config = dict(configs={"dera-qa": "experiments/dera/configs/qa.yaml", "dera-summarize": "experiments/dera/configs/summarize.yaml",
-                           "meditod-pol": "experiments/meditod/configs/pol_icl.yaml"})["configs"][name]
+    config = dict(configs={"dera-qa": "experiments/studies/dera/configs/qa.yaml", "dera-summarize": "experiments/studies/dera/configs/summarize.yaml",
+                           "meditod-pol": "experiments/studies/meditod/configs/pol_icl.yaml"})["configs"][name]
     fixed = {"task": "pol"} if name == "meditod-pol" else {}
     roles = {"model": "embedded"} if name == "meditod-pol" else {"default": "embedded"}
 
@@ -108,7 +108,7 @@ def test_a_run_folder_written_with_the_flat_keys_resumes_under_the_new_shape(tmp
 
 
 def test_resume_rules_are_the_settings_classes():
-    from experiments.craftmd.settings import CraftSettings
+    from experiments.studies.craftmd.settings import CraftSettings
 
     added, changeable = CraftSettings.resume_rules()
     assert added["answers"] == "free" and added["verdict_rule"] == "first_word"  # RunSettings' and CRAFT-MD's own
@@ -131,4 +131,4 @@ def _study_modules_loaded(*argv: str) -> list[str]:
 def test_help_lists_every_study_without_importing_one():
     assert _study_modules_loaded("--help") == []
     assert _study_modules_loaded("run", "--help") == []
-    assert _study_modules_loaded("run", "dera-qa", "--help") == ["experiments.dera.study"]  # its own folder's only
+    assert _study_modules_loaded("run", "dera-qa", "--help") == ["experiments.studies.dera.study"]  # its own folder's only

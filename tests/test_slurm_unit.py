@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.sweep import slurm as sweep_slurm
+from experiments.tools.sweep import slurm as sweep_slurm
 from models.errors import MedstackError
 from serving import launcher, slurm
 from tests.conftest import FIXTURES, run_cli
@@ -191,7 +191,7 @@ def test_dry_run_writes_the_scripts_and_runs_no_slurm_command(tmp_path):
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     sweep = tmp_path / "my sweep"
     args = ["sweep", "craftmd", "--models", "embedded,embedded", "--data", str(FIXTURES / "craftmd" / "cases.csv"), "--limit", "2",
-            "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/craftmd/configs/embedded-small.yaml",
+            "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/studies/craftmd/configs/embedded-small.yaml",
             "--executor", "slurm", "--slurm-extra", "mail-type=BEGIN,END", "--slurm-max-parallel", "1", "--out", str(sweep)]
     p = run_cli(*args, "--dry-run", env=env)
     assert p.returncode == 0, p.stderr

@@ -13,8 +13,8 @@ import pytest
 
 from experiments.core.config import load_settings
 from experiments.core.runner import run_study
-from experiments.craftmd.study import CONFIGS, CraftmdStudy
-from experiments.craftmd.settings import CraftSettings
+from experiments.studies.craftmd.study import CONFIGS, CraftmdStudy
+from experiments.studies.craftmd.settings import CraftSettings
 from tests.scripted import ScriptedLLM
 from tests.standalone import CITATIONS, IN_TESTS, citations
 

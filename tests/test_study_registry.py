@@ -167,7 +167,7 @@ def test_toy_records_carry_typed_scores(toy_run):
 
 
 def test_toy_review_builds_its_judges_items(toy, toy_run, tmp_path):
-    from experiments.review.judges import load_judge
+    from experiments.tools.review.judges import load_judge
     from models.errors import DataError
 
     app, _, _ = toy
@@ -192,8 +192,8 @@ def test_toy_review_builds_its_judges_items(toy, toy_run, tmp_path):
 
 
 def test_toy_calibrate_holds_its_judge_to_a_clinicians_labels(toy, toy_run):
-    from experiments.review.judges import load_judge
-    from experiments.review.labels import write_sample
+    from experiments.tools.review.judges import load_judge
+    from experiments.tools.review.labels import write_sample
 
     app, _, _ = toy
     write_sample(toy_run, load_judge(toy_run, "echo-judge"), 2, 0)
@@ -234,7 +234,7 @@ def test_toy_compare_runs_its_own_and_the_typed_scores(toy, toy_run, tmp_path):
 
 
 def test_toy_report_shows_its_scores(toy_run, tmp_path):
-    from experiments.report.build import build_report
+    from experiments.tools.report.build import build_report
 
     html = build_report([str(toy_run)], tmp_path / "r.html").read_text()
     assert "<td>echo-judge</td><td>1</td><td>rule every answer equals the word hi</td><td>hi</td>" in html

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from experiments.datasets import registry as D
-from experiments.sweep.run import is_finished, labels_for, parse_models
+from experiments.tools.sweep.run import is_finished, labels_for, parse_models
 from tests.conftest import MEDSTACK, REPO, run_cli
 
 CASES = "tests/fixtures/craftmd/cases.csv"
-SMALL = ["--data", CASES, "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/craftmd/configs/embedded-small.yaml"]
+SMALL = ["--data", CASES, "--trials", "1", "--formats", "vignette", "--no-frq", "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"]
 
 
 def _finished_run(d, case_ids: list[str]) -> None:
@@ -112,7 +112,7 @@ def test_sweep_two_models_resume_and_report(cli, embedded_server, tmp_path):
 def _planned_roles(monkeypatch, tmp_path, study: str, models: list[str], args: list[str], vary: str | None = None):
     """The role -> model map of each run a sweep would start (the study command's body replaced by a recorder)."""
     from experiments.core import commands
-    from experiments.sweep import cli as sweep_cli, run as sweep_run
+    from experiments.tools.sweep import cli as sweep_cli, run as sweep_run
 
     seen = {}
 
@@ -200,7 +200,7 @@ def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_
     sweep = tmp_path / "sweep"
     args = ["sweep", "craftmd", "--models", "embedded,embedded", "--data", CASES, "--limit", "2", "--trials", "1",
             "--formats", "vignette,multiturn", "--no-frq", "--max-turns", "2", "--concurrency", "1", "--role", "patient=embedded",
-            "--config", "experiments/craftmd/configs/embedded-small.yaml", "--published", "craftmd-published-gpt3_1106", "--out", str(sweep)]
+            "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--published", "craftmd-published-gpt3_1106", "--out", str(sweep)]
     proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -255,7 +255,7 @@ def test_sweep_roles_not_called_stay_on_the_swept_model(monkeypatch, tmp_path):
 
 
 def test_report_says_which_roles_were_fixed():
-    from experiments.report.build import roles_note
+    from experiments.tools.report.build import roles_note
 
     runs = [{"roles": {"clinical": "a", "patient": "p", "grader": "g"}}, {"roles": {"clinical": "b", "patient": "p", "grader": "g"}},
             {"roles": {}}]  # an imported release has no role map

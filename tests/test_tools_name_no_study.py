@@ -14,16 +14,16 @@ from experiments.core import registry
 from experiments.tables.declare import declarations
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ("report", "review", "calibrate", "compare", "rescore", "sweep", "tables", "bench")
 
 
 def tool_files() -> list[Path]:
-    return [f for t in TOOLS for ext in ("py", "j2", "js") for f in sorted((ROOT / "experiments" / t).rglob(f"*.{ext}"))]
+    folders = [ROOT / "experiments" / "tools", ROOT / "experiments" / "tables", ROOT / "serving" / "bench"]
+    return [f for d in folders for ext in ("py", "j2", "js") for f in sorted(d.rglob(f"*.{ext}"))]
 
 
 def study_folders() -> set[str]:
     """The folders of the declared studies (each package with a StudyDeclaration)."""
-    return {d.package.split(".")[1] for d in registry.declarations() if d.package.startswith("experiments.")}
+    return {d.package.rpartition(".")[2] for d in registry.declarations() if d.package.startswith("experiments.")}
 
 
 def study_names() -> set[str]:

@@ -231,7 +231,7 @@ class StudyFlags:
         common = dict(COMMON)
         if self.config:  # --config names the file it replaces
             common["config"] = (Optional[Path], typer.Option(None, "--config", metavar="FILE", help=escape(
-                f"YAML settings file [default: {_repo_path(self.config)}; see configs/ beside it for the paper's other settings].")))
+                "YAML settings file [default: the file named above; configs/ beside it holds the paper's other settings].")))
         return out + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=ann) for k, (ann, info) in common.items()]
 
     def help(self, text: str) -> str:

@@ -1,7 +1,7 @@
 """``concurrency: auto``: cases in flight chosen by this machine's device, then lowered to the servers' KV caches.
 
 GPU: 256 per GPU (one vLLM replica saturates at about 256 sequences in flight, ``max-num-seqs``); CPU: 16, what
-a 2-vCPU machine sustains without queueing (derivations: experiments/bench/README.md, docs/running-studies.md
+a 2-vCPU machine sustains without queueing (derivations: serving/bench/README.md, docs/running-studies.md
 "One GPU or two"). ``auto`` looks at THIS machine: against a server elsewhere, give a number.
 :func:`run_async` runs a command's event loop on uvloop where it is installed, else on asyncio's own.
 """
@@ -21,7 +21,7 @@ TOKENS_PER_CASE = 2048
 def run_async(coro):
     """``asyncio.run(coro)`` on a uvloop event loop when uvloop is installed. At 256 calls in flight the loop's
     own bookkeeping and socket transports were a large share of the runner's CPU per call (profile:
-    experiments/bench/README.md, "Runner at paper scale")."""
+    serving/bench/README.md, "Runner at paper scale")."""
     try:
         import uvloop
     except ImportError:

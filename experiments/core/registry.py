@@ -2,7 +2,7 @@
 ``STUDY = StudyDeclaration(commands=(Command(...), ...), tables=..., adapter=..., results=..., cli=...)`` (docs/layout.md,
 Adding a study, shows one). A reference ``"module:attr"`` names something in the folder, imported when used (or the
 object itself: a study declared in one file). Each command's Study class carries its settings, roles, strata and
-results (``Study.results``). Found by layout: every ``experiments/<folder>/__init__.py`` that declares ``STUDY``, and
+results (``Study.results``). Found by layout: every ``experiments/studies/<folder>/__init__.py`` that declares ``STUDY``, and
 each folder ``$MEDSTACK_STUDIES`` names (os.pathsep-separated; loaded under its folder's name). `medstack --help` lists
 the commands from the declarations alone.
 """
@@ -25,6 +25,7 @@ from experiments.core.study import Study, StudyResults
 from experiments.datasets.registry import STUDIES_ENV, study_folders
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent
+STUDIES = EXPERIMENTS / "studies"  # one folder per study
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def _load_folder(folder: Path):
 @lru_cache(maxsize=None)
 def _declarations(extra: str) -> tuple[StudyDeclaration, ...]:
     found = []
-    packages = [importlib.import_module(f"experiments.{p.parent.name}") for p in sorted(EXPERIMENTS.glob("*/__init__.py"))]
+    packages = [importlib.import_module(f"experiments.studies.{p.parent.name}") for p in sorted(STUDIES.glob("*/__init__.py"))]
     packages += [_load_folder(f) for f in study_folders(extra)]
     for package in packages:
         decl = getattr(package, "STUDY", None)
@@ -158,8 +159,8 @@ def register_all(app, run_app, **apps) -> None:
     for name, (c, _) in commands().items():
         lazy[c.top_level][name] = (c.help, partial(_command, name))
     app.info.cls, run_app.info.cls = lazy_group(lazy[True]), lazy_group(lazy[False])
-    study_packages = {d.package for d in declarations()}
-    tools = [f"experiments.{p.parent.name}.cli" for p in sorted(EXPERIMENTS.glob("*/cli.py")) if f"experiments.{p.parent.name}" not in study_packages]
+    found = sorted(EXPERIMENTS.glob("*/cli.py")) + sorted(EXPERIMENTS.glob("tools/*/cli.py"))  # the framework's and the tools'
+    tools = [".".join(p.relative_to(EXPERIMENTS.parent).with_suffix("").parts) for p in found]
     for module in tools + ["finetune.cli"]:
         importlib.import_module(module).register(app=app, run_app=run_app, **apps)
     groups = {"": app, "run": run_app, **{k.removesuffix("_app"): v for k, v in apps.items()}}

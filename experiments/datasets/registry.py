@@ -28,7 +28,7 @@ from models.paths import sha256_file, user_home
 REGISTRY_FILE = Path(__file__).with_name("datasets.yaml")
 REGISTRY_ENV = "MEDSTACK_DATA_REGISTRY"  # another registry YAML (tests, private sets)
 STUDIES_ENV = "MEDSTACK_STUDIES"  # study folders outside experiments/ (experiments/core/registry.py); their datasets.yaml merged in
-EXPERIMENTS = REGISTRY_FILE.parent.parent  # the study folders, each of which may ship a datasets.yaml
+EXPERIMENTS = REGISTRY_FILE.parent.parent  # experiments/: its studies/ folders may each ship a datasets.yaml
 MARKER = ".medstack-data.json"  # written last into a fetched set's folder
 SHA256 = r"^[0-9a-f]{64}$"
 CHUNK = 1 << 20
@@ -88,7 +88,7 @@ def study_folders(extra: str | None = None) -> list[Path]:
 
 def load_registry(path: Optional[Path] = None) -> dict[str, DataSet]:
     """The data sets of ``path``; by default of the registry with each study folder's ``datasets.yaml`` merged in."""
-    files = [Path(path)] if path else [registry_path()] + [f for d in [*EXPERIMENTS.iterdir(), *study_folders()]
+    files = [Path(path)] if path else [registry_path()] + [f for d in [*(EXPERIMENTS / "studies").iterdir(), *study_folders()]
                                                           if (f := d / "datasets.yaml").is_file() and f != REGISTRY_FILE]
     out: dict[str, DataSet] = {}
     for f in files:

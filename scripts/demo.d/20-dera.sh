@@ -4,7 +4,7 @@
 set -euo pipefail
 MS=${MS:-.venv/bin/medstack}
 OUT=${OUT:-runs/demo}
-CFG=experiments/dera/configs
+CFG=experiments/studies/dera/configs
 
 echo "-- DERA summarization, 2 sample encounters"
 $MS run dera-summarize --model embedded --limit 2 --config "$CFG/demo-summarize.yaml" --out "$OUT/dera-summarize" > /dev/null

@@ -21,7 +21,7 @@ mkdir -p "$OUT" && echo "$DATA" > "$OUT/.craftmd-data"
 
 $MS run craftmd --data "$DATA" --limit 3 --trials 1 --mcq --frq \
   --clinical-model embedded --patient-model embedded --grader-model embedded \
-  --config experiments/craftmd/configs/embedded-small.yaml --out "$OUT/craftmd"
+  --config experiments/studies/craftmd/configs/embedded-small.yaml --out "$OUT/craftmd"
 
 # the authors' GPT-3.5 release when it and the real cases are fetched (so `compare` pairs the same cases),
 # else the hand-made published-format fixture (paired with the fixture cases)

@@ -19,4 +19,4 @@ fi
 
 # the embedded 270M base model judges better as a text continuation (embedded-completion.yaml)
 $MS autoeval "$src" --judge-model embedded --criteria empathy,concerns,welfare,understanding \
-  --limit 2 --config experiments/autoeval/configs/embedded-completion.yaml --out "$OUT/autoeval"
+  --limit 2 --config experiments/studies/autoeval/configs/embedded-completion.yaml --out "$OUT/autoeval"

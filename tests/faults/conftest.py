@@ -66,7 +66,7 @@ def keyed_server(medstack_home):
 def craftmd_run(url: str, out: Path, *extra: str, limit: int = 4) -> list[str]:
     """A small CRAFT-MD run (vignette MCQ only: a few calls a case) against ``url``."""
     return ["run", "craftmd", "--data", str(FAULT_CASES), "--limit", str(limit), "--trials", "1", "--formats", "vignette",
-            "--no-frq", "--model", f"embedded@{url}", "--config", "experiments/craftmd/configs/embedded-small.yaml",
+            "--no-frq", "--model", f"embedded@{url}", "--config", "experiments/studies/craftmd/configs/embedded-small.yaml",
             "--concurrency", "1", "--set", "retries=1", "--out", str(out), *extra]
 
 

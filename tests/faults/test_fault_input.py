@@ -33,7 +33,7 @@ def test_config_not_utf8_names_file_and_byte_offset(tmp_path):
 
 def test_config_lora_entry_missing_folder_is_checked_like_the_option_before_anything_is_written(tmp_path):
     cfg = tmp_path / "lora.yaml"
-    cfg.write_text(Path("experiments/meditod/configs/nlu_supervised.yaml").read_text() + f"\nlora: {{nlu: {tmp_path / 'no-such-adapter'}}}\n")
+    cfg.write_text(Path("experiments/studies/meditod/configs/nlu_supervised.yaml").read_text() + f"\nlora: {{nlu: {tmp_path / 'no-such-adapter'}}}\n")
     out = tmp_path / "o"
     proc = run_cli("run", "meditod-nlu", "--data", str(FIXTURES / "meditod" / "dialogs.json"), "--model", "embedded",
                    "--mode", "supervised", "--config", str(cfg), "--out", str(out))
@@ -51,7 +51,7 @@ def test_adapter_names_are_checked_on_the_option_and_in_config(tmp_path, name, l
     no_traceback(proc)
     assert "adapter name" in proc.stderr and "not starting with '-'" in proc.stderr
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(Path("experiments/meditod/configs/nlu_supervised.yaml").read_text() + "\nlora: " + json.dumps({name: str(lora_dir)}) + "\n")
+    cfg.write_text(Path("experiments/studies/meditod/configs/nlu_supervised.yaml").read_text() + "\nlora: " + json.dumps({name: str(lora_dir)}) + "\n")
     proc = run_cli("run", "meditod-nlu", "--data", str(FIXTURES / "meditod" / "dialogs.json"), "--model", "embedded",
                    "--mode", "supervised", "--config", str(cfg), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "adapter name" in proc.stderr and f"{cfg}: lora" in proc.stderr, proc.stderr

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 
 CASES = str(FIXTURES / "craftmd" / "cases.csv")
 SMALL = ["--data", CASES, "--limit", "3", "--trials", "1", "--formats", "vignette", "--no-frq", "--concurrency", "1",
-         "--config", "experiments/craftmd/configs/embedded-small.yaml"]
+         "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"]
 SLURM = ["--executor", "slurm", "--slurm-max-parallel", "1", "--slurm-cpus", "1", "--slurm-time", "20"]
 
 

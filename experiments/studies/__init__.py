@@ -1,0 +1,1 @@
+"""The studies: one folder each (docs/layout.md)."""

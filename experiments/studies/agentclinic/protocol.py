@@ -1,0 +1,125 @@
+"""AgentClinic's loop, as the authors' ``agentclinic.py`` (``main`` and its four agents) builds its requests.
+
+Per case: up to ``inferences`` doctor requests. Each doctor reply that holds ``DIAGNOSIS READY`` goes to the moderator
+(correct diagnosis + the whole reply -> yes/no) and ends the case; else a reply holding ``REQUEST TEST`` goes to the
+measurement agent, any other to the patient, and that answer is what the doctor reads next. The last doctor request
+carries the final-request notice after that answer; a case whose doctor never gives a diagnosis is wrong, the moderator
+never called (as theirs, the patient or measurement agent still answers the last doctor reply).
+
+Each agent keeps its own history as one text block, sent in a single user message beside its system prompt:
+the doctor's holds every (reply it read, its answer) pair; the patient's holds (doctor line, its answer) pairs and the
+measurement results; the measurement agent's holds (request, result) pairs and the patient's answers. Every reply's
+whitespace runs are collapsed to one space before it is used (their GPT path). Biases: one added instruction each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from experiments.studies.agentclinic.settings import IMPLICIT, AgentClinicSettings
+from experiments.common.grade import Grade
+from experiments.core.prompts import PromptSet
+from experiments.core.study import CaseContext
+
+PROMPTS = PromptSet(Path(__file__).with_name("prompts"))
+DIAGNOSIS, TEST = "DIAGNOSIS READY", "REQUEST TEST"
+MODERATOR_TEMPLATES = ("moderator_system", "moderator_user")
+NO_DIAGNOSIS = "no diagnosis within the budget: wrong, the moderator not called"
+RULES = {"exact": "the reply lower-cased equals 'yes' (the authors')", "first_word": "the reply's first word yes/no, else unscored"}
+
+
+@lru_cache(maxsize=None)
+def biases() -> dict:
+    return yaml.safe_load((PROMPTS.folder / "biases.yaml").read_text(encoding="utf-8"))
+
+
+def bias_text(agent: str, kind: str) -> str:
+    """The bias instruction added to ``agent``'s system prompt ('' for none), on lines of its own as theirs."""
+    if kind == "none":
+        return ""
+    b = biases()
+    text = b[agent]["implicit"].replace("$group", b["groups"][kind][agent == "patient"]) if kind in IMPLICIT else b[agent][kind]
+    return f"\n{text}\n"
+
+
+def facts(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def verdict(reply: str, rule: str) -> int | None:
+    """The moderator's yes (1) / no (0); None (unscored) only under ``first_word`` for a reply that starts with neither."""
+    said = reply.lower()
+    if rule == "exact":
+        return int(said == "yes")
+    first = re.match(r"\W*(\w+)", said)
+    return {"yes": 1, "no": 0}.get(first.group(1) if first else "")
+
+
+async def ask(ctx: CaseContext, agent: str, system: str, user: str, s: AgentClinicSettings) -> str:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    r = await ctx.chat(messages, role=agent, gen=getattr(s.sampling, agent).gen(), step=agent)
+    return re.sub(r"\s+", " ", r.text or "")
+
+
+async def moderate(ctx: CaseContext, line: str, correct: str, s: AgentClinicSettings, role: str = "moderator") -> Grade:
+    """The moderator's grade of the doctor's diagnosis line (``role``: the run's moderator, or a rescore's judge)."""
+    judge = {"model": s.roles.get(role), "prompt_hash": PROMPTS.hash(*MODERATOR_TEMPLATES), "rule": s.verdict_rule}
+    system, user = PROMPTS.render("moderator_system"), PROMPTS.render("moderator_user", correct=correct, diagnosis=line)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    r = await ctx.chat(messages, role=role, gen=s.sampling.moderator.gen(), step="moderator", constraint=PROMPTS.constraint("moderator_user"))
+    reply = re.sub(r"\s+", " ", r.text or "")
+    return Grade(value=verdict(reply, s.verdict_rule), answer=line, source=RULES[s.verdict_rule], explanation=reply, judge=judge)
+
+
+@lru_cache(maxsize=None)
+def prompt_hashes() -> dict[str, str]:
+    """Every template and the bias instructions -> hash (a record keeps them: an edited prompt never mixes into a run)."""
+    return {**PROMPTS.file_hashes(), "biases.yaml": hashlib.sha256((PROMPTS.folder / "biases.yaml").read_bytes()).hexdigest()}
+
+
+def no_diagnosis() -> Grade:
+    return Grade(value=0, source=NO_DIAGNOSIS, judge={"rule": NO_DIAGNOSIS})
+
+
+async def solve(ctx: CaseContext, case: dict, s: AgentClinicSettings) -> dict:
+    osce = case["osce"]
+    findings = {**osce["Physical_Examination_Findings"], "tests": osce["Test_Results"]}  # theirs: the exam with the tests added
+    systems = {"patient": PROMPTS.render("patient_system", bias=bias_text("patient", s.patient_bias), facts=facts(osce["Patient_Actor"])),
+               "measurement": PROMPTS.render("measurement_system", findings=facts(findings))}
+    history = {"doctor": "", "patient": "", "measurement": ""}
+    transcript: list[dict] = []
+    reply, line, grade = "", None, no_diagnosis()
+    for i in range(s.inferences):
+        if i == s.inferences - 1:
+            reply += PROMPTS.render("final_notice") + "\n"
+        system = PROMPTS.render("doctor_system", budget=s.inferences, asked=i, bias=bias_text("doctor", s.doctor_bias),
+                                objective=facts(osce["Objective_for_Doctor"]))
+        said = await ask(ctx, "doctor", system, PROMPTS.render("doctor_user", history=history["doctor"], reply=reply), s)
+        history["doctor"] += f"{reply}\n\n{said}\n\n"
+        transcript.append({"agent": "doctor", "text": said})
+        if DIAGNOSIS in said:
+            line = said
+            grade = await moderate(ctx, said, case["correct_diagnosis"], s)
+            break
+        if TEST in said:
+            reply = await ask(ctx, "measurement", systems["measurement"], PROMPTS.render("measurement_user", history=history["measurement"], request=said), s)
+            history["measurement"] += f"{said}\n\n{reply}\n\n"
+            history["patient"] += f"{reply}\n\n"
+            transcript.append({"agent": "measurement", "text": reply})
+        else:
+            reply = await ask(ctx, "patient", systems["patient"], PROMPTS.render("patient_user", history=history["patient"], question=said), s)
+            history["patient"] += f"{said}\n\n{reply}\n\n"
+            history["measurement"] += f"{reply}\n\n"
+            transcript.append({"agent": "patient", "text": reply})
+    return {"case_id": case["case_id"], "sex": case["sex"], "correct_diagnosis": case["correct_diagnosis"],
+            "patient_facts": osce["Patient_Actor"], "transcript": transcript, "diagnosis": line,
+            "stop_reason": "diagnosis" if line else "budget", "doctor_inferences": sum(t["agent"] == "doctor" for t in transcript),
+            "tests_requested": sum(t["agent"] == "measurement" for t in transcript),
+            "biases": {"doctor": s.doctor_bias, "patient": s.patient_bias},
+            "prompt_hashes": prompt_hashes(), "scores": {"diagnosis": grade.to_json()}}

@@ -1,0 +1,133 @@
+"""Conversation assessors: an LLM (role ``assessor``) asks five yes/no questions of each multi-turn conversation.
+
+An addition to the CRAFT-MD protocol (setting ``assess_conversations``; the paper's automatic protocol has
+none): the paper's dermatologists asked Q1-Q3 of 180 conversations (Fig. 3i/3j) and the Methods name two
+questions about the patient-AI that were not released. Here each question is one request per conversation,
+built from our own template (``prompts/assess_<question>.txt``: the case notes the patient-AI was given and
+the whole conversation, closing doctor turn included). Q1-Q3 ask what the raters' sheets ask, in our words:
+
+- ``Q1``: from the conversation, is it possible to arrive at one most likely diagnosis?
+- ``Q2``: does the conversation cover all the key information in the case notes (physical examination and
+  laboratory results left out)?
+- ``Q3``: does the patient-AI use medical terminology (the paper's examples: macule, papule, lichenification,
+  glabella; spot, bump, blister are everyday words)? Answered ``Terms: <the terms, comma-separated>`` or
+  ``Terms: None``, never yes/no: each quoted term must appear in a patient line (case and spacing aside), so a
+  verdict of Yes always names its evidence; a reply quoting a term no patient line holds is unscored and
+  counted (``terms_not_found``). ``verdict`` True = terminology used, as the experts' Q3 yes.
+- ``grounded``: are the patient-AI's answers grounded in the vignette (nothing invented)? Denying, or being
+  unsure of, something the vignette does not mention is grounded (the paper accepted denials).
+- ``complete``: are the patient-AI's answers complete for what was asked?
+
+The other replies are read by the project's one verdict parser (:func:`experiments.common.parsing.extract_verdict`,
+``Verdict: Yes`` / ``Verdict: No``; the grounding question's No names what was invented); a reply it cannot read
+is ``verdict: None``, counted as unscored, never a No. A run records the hash of each template it used; resuming a
+results folder made with other template text is refused, naming the files (experiments/core/results.py). With ``answers: constrained``
+each request carries its declared format (prompts/constraints.yaml). Live runs
+(:func:`experiments.studies.craftmd.study.CraftmdStudy.solve`) and the calibration against the released expert
+labels (``medstack calibrate conversations``) send the same requests through :func:`assess_conversation`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from experiments.common.parsing import extract_after, extract_verdict
+from experiments.common.stats import mean_ci
+from experiments.studies.craftmd.prompts import PROMPTS, QUESTIONS, TEMPLATES, render
+from experiments.studies.craftmd.protocol import ask, single
+
+LABELS = {
+    "Q1": "Q1: one most likely diagnosis can be reached",
+    "Q2": "Q2: the conversation covers all the vignette's key information",
+    "Q3": "Q3: the patient-AI uses medical terminology",
+    "grounded": "patient-AI answers grounded in the vignette (nothing invented)",
+    "complete": "patient-AI answers complete for what was asked",
+}
+SPEAKERS = {"doctor": "Doctor-AI", "patient": "Patient-AI"}
+
+
+def conversation_text(turns: list[tuple[str, str]]) -> str:
+    """The conversation as the assessor reads it: one ``Doctor-AI: ...`` / ``Patient-AI: ...`` line per turn."""
+    return "\n".join(f"{SPEAKERS.get(role, role)}: {' '.join((text or '').split()) or '(no answer)'}" for role, text in turns)
+
+
+def transcript_turns(transcript: list[dict]) -> list[tuple[str, str]]:
+    """A run record's ``transcript`` as ``(role, text)`` turns."""
+    return [(t.get("agent") or "?", t.get("content") or "") for t in transcript or []]
+
+
+def request_prompt(question: str, turns: list[tuple[str, str]], vignette: str) -> str:
+    return render(TEMPLATES[question], vignette=" ".join((vignette or "").split()), conversation=conversation_text(turns))
+
+
+def quoted_terms(reply: str | None, turns: list[tuple[str, str]]) -> dict:
+    """A Q3 reply (``Terms: a, b`` / ``Terms: None``; the label may be left out, as after the prompt's own cue) ->
+    ``{"verdict", "terms"}``: False for None, True when every quoted term is in a patient line, else None with
+    ``terms_not_found``."""
+    text = extract_after(reply or "", "Terms")
+    if text is None:
+        text = next((ln.strip() for ln in (reply or "").splitlines() if ln.strip()), "")
+    terms = [t for t in (x.strip(" \"'.*`") for x in re.split(r"[,;]", text)) if t]
+    if not terms:
+        return {"verdict": None, "terms": []}
+    if len(terms) == 1 and terms[0].lower() == "none":
+        return {"verdict": False, "terms": []}
+    patient = " ".join(" ".join((t or "").split()).lower() for role, t in turns if role == "patient")
+    missing = [t for t in terms if " ".join(t.split()).lower() not in patient]
+    return {"verdict": None if missing else True, "terms": terms, **({"terms_not_found": missing} if missing else {})}
+
+
+def parse_reply(question: str, reply: str | None, turns: list[tuple[str, str]] = ()) -> dict:
+    """An assessor reply -> ``{"verdict": True | False | None, "reply"}`` (+ ``invented`` for the grounding question's No;
+    Q3: :func:`quoted_terms` over the conversation's ``turns``)."""
+    if question == "Q3":
+        return {**quoted_terms(reply, turns), "reply": reply}
+    verdict = extract_verdict(reply or "")
+    out: dict = {"verdict": verdict, "reply": reply}
+    if question == "grounded" and verdict is False:
+        out["invented"] = extract_after(reply or "", "Invented")
+    return out
+
+
+async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, settings, questions=QUESTIONS,
+                              role: str = "assessor") -> dict[str, dict]:
+    """One request per question through the case's context (role ``assessor``, or another judge's role, step
+    ``assess_<question>``), concurrently; ``settings`` gives ``sampling["assessor"]``, ``completion_steps`` and
+    ``lone_system_as_user``."""
+
+    async def one(q: str) -> dict:
+        reply = await ask(ctx, settings, role, "assessor", f"assess_{q}", single(request_prompt(q, turns, vignette), settings),
+                          constraint=PROMPTS.constraint(TEMPLATES[q]))
+        return parse_reply(q, reply, turns)
+
+    results = await asyncio.gather(*(one(q) for q in questions))
+    return dict(zip(questions, results))
+
+
+def question_rates(records: list[dict], key: str = "assessment", group: str = "case_id") -> dict:
+    """Per question: the share of Yes over the scored verdicts (mean over ``group`` of the per-group share,
+    95 % percentile bootstrap CI over groups, :func:`experiments.common.stats.mean_ci`), with the counts of
+    conversations, Yes, No and unscored (Q3: of them, ``terms_not_found``: replies quoting a term no patient line holds). Records without ``key`` are left out."""
+    out = {}
+    for q in QUESTIONS:
+        per: dict[str, list[float]] = {}
+        yes = no = unscored = not_found = 0
+        for r in records:
+            a = (r.get(key) or {}).get(q)
+            if not isinstance(a, dict):
+                continue
+            v = a.get("verdict")
+            if v is None:
+                unscored += 1
+                not_found += bool(a.get("terms_not_found"))
+                continue
+            yes, no = yes + bool(v), no + (not v)
+            per.setdefault(str(r.get(group, r.get("id"))), []).append(float(bool(v)))
+        if not (yes or no or unscored):
+            continue
+        ci = mean_ci([sum(v) / len(v) for v in per.values()])
+        out[q] = {"rate": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None, "ci_high": ci.high if ci.n else None,
+                  "n": ci.n, "conversations": yes + no + unscored, "yes": yes, "no": no, "unscored": unscored,
+                  **({"terms_not_found": not_found} if not_found else {})}
+    return out

@@ -1,0 +1,233 @@
+"""`medstack compare`: CRAFT-MD runs (local or imported) side by side with the same statistics.
+
+Tables of comparisons, each Holm–Bonferroni corrected on its own:
+- ``runs|<format>.<mode>``: every pair of runs, in one format and mode;
+- ``formats|<run>|<mode>``: every pair of formats, within one run and mode (the paper's vignette vs
+  conversational contrast).
+Each pair is paired on case_id (cases scored in both), per-case correctness averaged over trials;
+paired two-sided bootstrap (experiments.common.stats, 10,000 resamples, fixed seed) and, where every paired
+value is 0/1 (one trial), McNemar's test.
+The runs' patient checks (counted from their records) sit in one table beside the authors' four released patients.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from experiments.studies.craftmd.metrics import PATIENT_CHECKS_NOTE, accuracy, case_scores, formats_modes, per_specialty, released_rows
+from experiments.common.patient_checks import count_checks, patient_check_table
+from experiments.studies.craftmd.settings import FORMATS, MODES
+from experiments.core.registry import open_run
+from experiments.common.markdown import md_table, num
+from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
+from experiments.tables.build import study_tables
+from experiments.tables.plots import write_figures
+from experiments.tables.render import study_markdown
+from models.errors import MedstackError
+
+
+def grading_of(run: dict) -> dict:
+    """How a run's FRQ answers were graded: ``grades`` (``published`` = the authors' grader-AI, or
+    ``local``) and ``concurrent_rule`` (``zero`` | ``any``; a local run without the key predates the
+    setting and used ``zero``)."""
+    cfg = run.get("config") or {}
+    metrics = run.get("metrics") or {}
+    grades = cfg.get("grades") or metrics.get("grades") or ("published" if cfg.get("imported_from") else "local")
+    rule = cfg.get("concurrent_rule") or metrics.get("concurrent_rule") or ("any" if grades == "published" else "zero")
+    # docs/constrained-answers.md: free text (the papers' protocol; published runs, and local runs from before the setting) or constrained
+    answers = cfg.get("answers") or metrics.get("answers") or "free"
+    return {"grades": grades, "concurrent_rule": rule, "answers": answers}
+
+
+def grading_warnings(runs: list[dict]) -> list[str]:
+    """Warnings for runs side by side whose FRQ grades are not comparable."""
+    out = []
+    rules = {r["name"]: r["concurrent_rule"] for r in runs}
+    if len(set(rules.values())) > 1:
+        out.append("FRQ accuracies side by side use different concurrent-diagnosis rules (" + ", ".join(f"{n}: {v}" for n, v in rules.items())
+                   + "); 'zero' scores an answer naming several diagnoses 0, 'any' scores it 1 when any matches")
+    modes = {r["name"]: r.get("answers", "free") for r in runs}
+    if len(set(modes.values())) > 1:
+        out.append("runs side by side were answered in different modes (" + ", ".join(f"{n}: answers {v}" for n, v in modes.items())
+                   + "); under 'constrained' the MCQ answer and the grader's replies were forced into their formats by vLLM "
+                   "structured outputs, under 'free' they were parsed from free text: differences mix knowledge and format-following")
+    grades = {r["name"]: r["grades"] for r in runs}
+    if len(set(grades.values())) > 1:
+        out.append("FRQ accuracies side by side mix published grades (the authors' grader-AI) and local ones ("
+                   + ", ".join(f"{n}: {v}" for n, v in grades.items()) + "); the graders differ")
+    return out
+
+
+def load_runs(paths: list[str]) -> list[dict]:
+    runs = []
+    for p in paths:
+        run = open_run(p).as_dict()
+        name = (run.get("config") or {}).get("name") or Path(p).name
+        run["name"] = name
+        run.update(grading_of(run))
+        runs.append(run)
+    names = [r["name"] for r in runs]
+    for r in runs:
+        if names.count(r["name"]) > 1:
+            r["name"] = f"{r['name']} ({Path(r['path']).name})"
+    if len({r["name"] for r in runs}) != len(runs):
+        raise MedstackError("two results directories have the same run name and folder name; rename one")
+    return runs
+
+
+def paired_test(sa: dict, sb: dict) -> dict:
+    common = sorted(set(sa) & set(sb))
+    a = [sa[c] for c in common]
+    b = [sb[c] for c in common]
+    out = {"n_paired": len(common)}
+    if not common:
+        return {**out, "mean_diff": None, "p": None, "mcnemar_p": None}
+    t = paired_bootstrap(a, b)
+    out.update(mean_diff=t.mean_diff, diff_ci=[t.low, t.high], p=t.p_value)
+    binary = all(v in (0.0, 1.0) for v in a + b)
+    if binary:
+        m = mcnemar_test(a, b)
+        out.update(mcnemar_p=m["p_value"], mcnemar_table=m["table"])
+    else:
+        out["mcnemar_p"] = None  # per-case values are trial means, not paired binary outcomes
+    return out
+
+
+def _holm_table(tests: list[dict]) -> None:
+    idx = [i for i, t in enumerate(tests) if t.get("p") is not None]
+    adj = holm([tests[i]["p"] for i in idx])
+    for i, p in zip(idx, adj):
+        tests[i]["p_holm"] = p
+    for t in tests:
+        t.setdefault("p_holm", None)
+
+
+def compare(paths: list[str], runs: list[dict] | None = None) -> dict:
+    runs = runs if runs is not None else load_runs(paths)
+    fm_by_run = {r["name"]: formats_modes(r["records"]) for r in runs}
+    acc_rows, tests = [], []
+    scores = {}
+    for r in runs:
+        for f, m in fm_by_run[r["name"]]:
+            acc_rows.append({"run": r["name"], "format": f, "mode": m, **accuracy(r["records"], f, m),
+                             **({"grades": r["grades"], "concurrent_rule": r["concurrent_rule"]} if m == "frq" else {})})
+            scores[(r["name"], f, m)] = case_scores(r["records"], f, m)
+    # between runs, per format and mode
+    for f in FORMATS:
+        for m in MODES:
+            names = [r["name"] for r in runs if (f, m) in fm_by_run[r["name"]]]
+            table = [{"table": f"runs|{f}.{m}", "a": a, "b": b, "format": f, "mode": m, **paired_test(scores[(a, f, m)], scores[(b, f, m)])}
+                     for a, b in itertools.combinations(names, 2)]
+            _holm_table(table)
+            tests += table
+    # between formats, within a run and mode
+    for r in runs:
+        for m in MODES:
+            fmts = [f for f in FORMATS if (f, m) in fm_by_run[r["name"]]]
+            table = [{"table": f"formats|{r['name']}|{m}", "a": fa, "b": fb, "run": r["name"], "mode": m,
+                      **paired_test(scores[(r["name"], fa, m)], scores[(r["name"], fb, m)])} for fa, fb in itertools.combinations(fmts, 2)]
+            _holm_table(table)
+            tests += table
+    return {
+        "runs": [{"name": r["name"], "path": r["path"], "records": len(r["records"]), "cases": len({x.get("case_id") for x in r["records"]}),
+                  "grades": r["grades"], "concurrent_rule": r["concurrent_rule"], "answers": r["answers"]} for r in runs],
+        "warnings": grading_warnings(runs),
+        "accuracy": acc_rows,
+        "tests": tests,
+        "per_specialty": {r["name"]: per_specialty(r["records"]) for r in runs},
+        # each run's patient checks, from its records (an imported release's too), beside the authors' four released patients
+        "patient_checks": {r["name"]: count_checks(r["records"]) for r in runs if any("patient_checks" in x for x in r["records"])},
+    }
+
+
+def summary_markdown(result: dict) -> str:
+    L = ["# CRAFT-MD comparison", "", "Runs: " + ", ".join(f"{r['name']} ({r['cases']} cases, {r['records']} records, answers: {r.get('answers', 'free')})"
+                                                          for r in result["runs"]), ""]
+    L += ["FRQ grading per run: " + "; ".join(f"{r['name']}: {r.get('grades', 'local')} grades, concurrent-diagnosis rule `{r.get('concurrent_rule', 'zero')}`"
+                                             for r in result["runs"]), ""]
+    for w in result.get("warnings") or []:
+        L += [f"> **Warning:** {w}", ""]
+    for m in MODES:
+        rows = [a for a in result["accuracy"] if a["mode"] == m]
+        if not rows:
+            continue
+        fmts = [f for f in FORMATS if any(a["format"] == f for a in rows)]
+        rule_col = m == "frq"
+        acc = {(x["run"], x["format"]): x for x in rows if x["accuracy"] is not None}
+        L += [f"## {m.upper()} accuracy [95% bootstrap CI] (n = cases)", "", *md_table(["run", *["grades / concurrent rule"] * rule_col, *fmts], [
+            [r["name"], *[f"{r.get('grades', 'local')} / {r.get('concurrent_rule', 'zero')}"] * rule_col,
+             *(f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] n={a['n']}" if (a := acc.get((r["name"], f))) else "–" for f in fmts)]
+            for r in result["runs"]]), ""]
+    L += ["## Paired tests (paired bootstrap on case_id, Holm within each table; McNemar where paired binary)", "",
+          *md_table(["table", "a", "b", "n", "mean diff (a−b)", "p", "p (Holm)", "McNemar p"], [
+              [t["table"], t["a"], t["b"], t["n_paired"], num(t.get("mean_diff")), *(num(t.get(k), 4) for k in ("p", "p_holm", "mcnemar_p"))]
+              for t in result["tests"]])]
+    L += ["", "## Patient checks (no model): the runs' patients beside the authors' four released ones", "",
+          *md_table(*patient_check_table([*(result.get("patient_checks") or {}).items(), *released_rows()])), "", PATIENT_CHECKS_NOTE]
+    keys = [f"{f}.{m}" for f in FORMATS for m in MODES]
+    L += ["", "## Per specialty (accuracy, n cases; FRQ graded as in the table above, per run)", "", *md_table(["run", "specialty", *keys], [
+        [run, spec, *(f"{accs[k]['accuracy']:.2f} ({accs[k]['n']})" if k in accs and accs[k]["accuracy"] is not None else "–" for k in keys)]
+        for run, by in result["per_specialty"].items() for spec, accs in by.items()])]
+    return "\n".join(L) + "\n"
+
+
+def bar_chart(result: dict, path: Path) -> None:
+    """Formats side by side per run, one panel per mode (MCQ, FRQ), 95% CIs as error bars (cf. paper Fig. 2c)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    modes = [m for m in MODES if any(a["mode"] == m for a in result["accuracy"])]
+    names = [r["name"] for r in result["runs"]]
+    fmts = [f for f in FORMATS if any(a["format"] == f for a in result["accuracy"])]
+    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(max(6, 1.8 * len(names) * len(modes) + 2), 4.2), squeeze=False)
+    width = 0.8 / max(1, len(fmts))
+    colors = {"vignette": "#4c72b0", "multiturn": "#dd8452", "singleturn": "#55a868", "summarized": "#c44e52"}
+    for ax, m in zip(axes[0], modes):
+        x = np.arange(len(names))
+        for j, f in enumerate(fmts):
+            vals, lo, hi = [], [], []
+            for n in names:
+                a = next((r for r in result["accuracy"] if r["run"] == n and r["format"] == f and r["mode"] == m), None)
+                v = a["accuracy"] if a and a["accuracy"] is not None else np.nan
+                vals.append(v)
+                lo.append(v - a["ci_low"] if a and a["accuracy"] is not None else 0)
+                hi.append(a["ci_high"] - v if a and a["accuracy"] is not None else 0)
+            pos = x + (j - (len(fmts) - 1) / 2) * width
+            ax.bar(pos, vals, width, yerr=[lo, hi], capsize=3, label=f, color=colors.get(f))
+            for px, v in zip(pos, vals):
+                if np.isnan(v):  # no scored answer: say so, rather than a bar of height 0
+                    ax.text(px, 0.01, "n/a", ha="center", va="bottom", fontsize=7, rotation=90, color="#555")
+        ax.set_xticks(x, names, rotation=15 if len(names) > 3 else 0)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{'4-choice MCQ' if m == 'mcq' else 'FRQ'}")
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="format", loc="lower center", ncol=len(fmts), fontsize=8, frameon=False)
+    fig.suptitle("CRAFT-MD accuracy by format (95% bootstrap CI)")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_compare(paths: list[str], out: str | Path) -> dict:
+    if len(paths) < 1:
+        raise MedstackError("give at least one results directory")
+    runs = load_runs(paths)
+    result = compare(paths, runs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
+
+    studies = study_tables(runs)  # the paper's tables over the same runs, figures as PNG
+    paper = "\n".join(study_markdown(st) for st in studies if st.tables)
+    (out / "summary.md").write_text((paper + "\n" if paper else "") + summary_markdown(result))
+    bar_chart(result, out / "accuracy.png")
+    for st in studies:
+        write_figures(st.tables, out)
+    return result

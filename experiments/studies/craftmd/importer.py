@@ -1,0 +1,284 @@
+"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> our results format.
+
+Input: a folder of ``*.json`` files, one per case, each with ``case_id``, ``case_vignette``,
+``question``, ``correct_ans`` and ``trial_0`` .. ``trial_4``; a trial holds ``<fmt>_mcq`` /
+``<fmt>_frq`` answers (free text), ``extracted_ans_<fmt>_frq``, ``evaluation_<fmt>_frq`` (0/1),
+``multiturn_conversation`` and ``summarized_conversation``. Output: one record per (case, trial)
+with the same shape as a local run, so `compare` treats both alike.
+
+MCQ mapping (identical for every imported model, and the same rule local runs use,
+``experiments.common.choice.map_choice``): the four choices come from the file (``choices`` /
+``options`` key, or ``A. ...`` lines in ``question``) or, with ``--cases``, from the case CSV by
+``case_id``. The free-text answer is mapped by, in order: ``letter``; ``exact`` choice text;
+``stated`` (the choice a committing phrase names: "the diagnosis is X", "Answer: X"); ``contains``
+(exactly one choice text); ``first`` (the choice mentioned first, unless hedged with "or");
+``fuzzy`` (spelling slips only); else ``unparsed`` = wrong, counted per rule and listed in summary.md /
+metrics.json, never dropped; so is a ``<fmt>_mcq`` missing from a trial when another trial of the
+case has it. Without any choices the answer is matched against the correct answer alone
+(recorded as ``mcq_mapping: answer_only``).
+FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 right, 0 wrong, and
+-1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
+unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
+accepts an answer naming several concurrent diagnoses when any matches).
+Patient checks (experiments/common/patient_checks.py) on every conversation, against the file's vignette, correct
+answer and choices; metrics.json and summary.md give their rates with CIs and the longest copied runs.
+Conversations: the doctor's instructions are dropped, the fixed greeting is doctor turn 0 (not
+counted); the stop reason is inferred from the closing doctor turn, with the release's turn cap
+inferred from the conversations that end on a question (:func:`infer_cap`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+from experiments.common.choice import MCQ_RULES, map_choice
+from experiments.studies.craftmd import grading
+from experiments.studies.craftmd.data import answer_index, load_cases
+from experiments.studies.craftmd.metrics import grades, patient_check_section, per_specialty, run_metrics, summary_markdown
+from experiments.common.patient_checks import check_conversation, count_checks, patient_check_grades
+from experiments.studies.craftmd.protocol import stop_reason_for
+from experiments.studies.craftmd.scores import graded
+from experiments.studies.craftmd.settings import FORMATS
+from experiments.common.grade import score_name, to_disk
+from experiments.core.results import Run, RunDir
+from experiments.tables.render import run_paper_tables
+from models.errors import DataError, MedstackError
+
+ROLE_TO_AGENT = {"user": "patient", "patient": "patient", "human": "patient", "assistant": "doctor", "doctor": "doctor", "clinician": "doctor", "model": "doctor"}
+
+
+def choices_from_question(question: str) -> list[str]:
+    found = re.findall(r"^\s*\(?([A-Da-d])[.):]\s*(.+?)\s*$", question or "", flags=re.M)
+    return [t for _, t in found] if len(found) == 4 else []
+
+
+def is_doctor_instruction(text: str) -> bool:
+    """The doctor's prompt as a message: the open-model release sends it as the first ``user`` turn."""
+    return bool(re.match(r"\s*you are an? ", text or "", flags=re.I))
+
+
+def parse_conversation(conv, where: str) -> list[dict]:
+    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' / 'Doctor-AI : ...' lines) -> transcript.
+
+    The doctor's instructions are dropped: a ``system`` message, or a first message "You are an AI
+    doctor ..." under role ``user`` (the open-model release). Doctor messages before the patient's
+    first message (the fixed greeting "Hi! What symptoms are you facing today?") get turn 0 and are
+    not counted as doctor turns; the doctor's turns after it are numbered from 1.
+    """
+    if conv is None:
+        return []
+    turns: list[tuple[str, str]] = []
+    if isinstance(conv, str):
+        for line in conv.splitlines():
+            m = re.match(r"^\s*\**\s*(doctor|patient|assistant|user|clinician)(?:[- ]?ai)?\s*\**\s*:\s*(.*)$", line, flags=re.I)
+            if m:
+                turns.append((ROLE_TO_AGENT[m.group(1).lower()], m.group(2).strip()))
+            elif turns and line.strip():
+                turns[-1] = (turns[-1][0], (turns[-1][1] + " " + line.strip()).strip())
+    elif isinstance(conv, list):
+        for i, t in enumerate(conv):
+            if isinstance(t, dict):
+                role, content = str(t.get("role", "")).lower(), t.get("content", "")
+            elif isinstance(t, (list, tuple)) and len(t) == 2:
+                role, content = str(t[0]).lower(), t[1]
+            else:
+                raise DataError(f"{where}: conversation item {i} is neither {{role, content}} nor [role, text]")
+            if role == "system":
+                continue
+            if role not in ROLE_TO_AGENT:
+                raise DataError(f"{where}: conversation item {i} has unknown role {role!r}")
+            turns.append((ROLE_TO_AGENT[role], str(content).strip()))
+    else:
+        raise DataError(f"{where}: multiturn_conversation must be a list or a string")
+    if turns and turns[0][0] == "patient" and is_doctor_instruction(turns[0][1]):
+        turns = turns[1:]
+    out, turn, patient_spoke = [], 0, False
+    for agent, content in turns:
+        patient_spoke = patient_spoke or agent == "patient"
+        if agent == "doctor" and patient_spoke:
+            turn += 1
+        out.append({"agent": agent, "content": content, "turn": turn})
+    return out
+
+
+def doctor_turns(transcript: list[dict]) -> int:
+    """The doctor's turns after the patient first spoke (a greeting before it is turn 0, not counted)."""
+    return sum(t["agent"] == "doctor" and t["turn"] > 0 for t in transcript)
+
+
+def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
+    """The stop reason of a published conversation, by the rules on its closing doctor turn:
+    the marker -> final_diagnosis; no "?" -> no_question; a question at ``cap`` doctor turns (or a
+    conversation cut after the patient's answer) -> turn_cap; a question before the cap (or only
+    the greeting) -> unknown (the release does not say why it stopped)."""
+    if not transcript:
+        return None
+    last = transcript[-1]
+    if last["agent"] == "patient":
+        return "turn_cap"
+    if last["turn"] == 0:
+        return "unknown"
+    reason = stop_reason_for(last["content"], "Final Diagnosis")
+    if reason:
+        return reason
+    return "turn_cap" if cap is not None and doctor_turns(transcript) >= cap else "unknown"
+
+
+def infer_cap(transcripts: list[list[dict]]) -> int | None:
+    """The release's turn cap in doctor turns: the most common length of the conversations that end on
+    a doctor's question without the marker (only a cap stops those); None when there are none (the
+    GPT releases, run without a cap)."""
+    lengths = Counter(doctor_turns(t) for t in transcripts
+                      if t and t[-1]["agent"] == "doctor" and t[-1]["turn"] > 0 and stop_reason_for(t[-1]["content"], "Final Diagnosis") is None)
+    return lengths.most_common(1)[0][0] if lengths else None
+
+
+def mcq_answer(text, choices: list[str], correct: str) -> dict:
+    text = "" if text is None else str(text)
+    if choices:
+        out = grading.parse_mcq(text, choices, answer_index(correct, choices))
+        out["mcq_mapping"] = "choices"
+        return out
+    idx, how = map_choice(text, [correct])
+    return {"answer": text, "choice": None, "choice_text": correct if idx == 0 else None, "parsed_by": how, "correct": int(idx == 0), "mcq_mapping": "answer_only"}
+
+
+def frq_answer(trial: dict, fmt: str) -> dict:
+    """The published grade: 1 right, 0 wrong, -1 (the authors' "no answer") counted as wrong (0)."""
+    ev = trial.get(f"evaluation_{fmt}_frq")
+    extracted = trial.get(f"extracted_ans_{fmt}_frq")
+    try:
+        published = None if ev is None or ev == "" else int(float(ev))
+    except (TypeError, ValueError):
+        published = None
+    correct = None if published is None else int(published == 1)
+    status = grading.classify_extracted(extracted)[1] if isinstance(extracted, str) else None
+    out = {"answer": trial.get(f"{fmt}_frq"), "extracted": extracted, "extraction_status": status, "correct": correct,
+           "grade_source": "published" if correct is not None else "unscored_missing"}
+    if published is not None and published not in (0, 1):
+        out["published_evaluation"] = published
+    return out
+
+
+def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, dict) or "case_id" not in data:
+        raise DataError(f"{path}: expected an object with case_id, case_vignette, correct_ans and trial_0..")
+    cid = str(data["case_id"])
+    correct = str(data.get("correct_ans") or data.get("answer") or "").strip()
+    if not correct:
+        raise DataError(f"{path}: case {cid}: no correct_ans")
+    case = cases_by_id.get(cid, {})
+    choices = data.get("choices") or data.get("options") or choices_from_question(data.get("question", "")) or case.get("choices") or []
+    if isinstance(choices, dict):
+        choices = [choices[k] for k in sorted(choices)]
+    trials = sorted((k for k in data if re.fullmatch(r"trial_\d+", k)), key=lambda k: int(k.split("_")[1]))
+    if not trials:
+        raise DataError(f"{path}: case {cid}: no trial_<k> entries")
+    # an MCQ format another trial of this case has but this one lacks is recorded unparsed (= wrong), never dropped
+    mcq_formats = [f for f in FORMATS if any(isinstance(data[k], dict) and f"{f}_mcq" in data[k] for k in trials)]
+    records = []
+    for key in trials:
+        trial, k = data[key], int(key.split("_")[1])
+        where = f"{path} ({key})"
+        if not isinstance(trial, dict):
+            raise DataError(f"{where}: expected an object")
+        transcript = parse_conversation(trial.get("multiturn_conversation"), where)
+        turns = [(t["agent"], t["content"]) for t in transcript]
+        answers = {}
+        for fmt in FORMATS:
+            a = {}
+            if f"{fmt}_mcq" in trial:
+                a["mcq"] = mcq_answer(trial[f"{fmt}_mcq"], choices, correct)
+            elif fmt in mcq_formats:
+                a["mcq"] = {**mcq_answer(None, choices, correct), "missing": True}
+            if f"{fmt}_frq" in trial or f"evaluation_{fmt}_frq" in trial:
+                a["frq"] = frq_answer(trial, fmt)
+            if a:
+                answers[fmt] = a
+        scores = {}  # the published grades and our MCQ mapping, typed (experiments/studies/craftmd/scores.py)
+        for fmt, d in answers.items():
+            for mode in d:
+                d[mode], scores[score_name(mode, fmt)] = graded(mode, d[mode], {"model": "published"})
+        checks = check_conversation(turns, vignette=str(data.get("case_vignette") or case.get("vignette") or ""), correct=correct,
+                                    choices=choices if len(choices) == 4 else None) if turns else None
+        records.append({
+            "id": f"{cid}/t{k}", "case_id": cid, "trial": k, "specialty": data.get("category") or data.get("specialty") or case.get("specialty") or "unknown",
+            "dataset": data.get("dataset") or case.get("dataset"), "source": path.name, "model": name, "roles": {"clinical": name},
+            "correct_answer": correct, "choices": choices, "transcript": transcript,
+            "stop_reason": None,  # import_folder infers it once the release's turn cap is known
+            "n_doctor_turns": doctor_turns(transcript), "summary": trial.get("summarized_conversation"),
+            "answers": answers, "errors": [], "imported": True, **({"patient_checks": checks} if checks else {}),
+            "scores": to_disk({**scores, **(patient_check_grades(checks) if checks else {})}),
+        })
+    return records
+
+
+def import_stats(records: list[dict]) -> dict:
+    """MCQ mapping counts per rule (overall and per format), the unmapped answers themselves, and
+    the published FRQ grades of -1 (counted as wrong)."""
+    by_rule, by_fmt, unmapped = Counter(), {}, []
+    answer_only = 0
+    for r in records:
+        graded_mcq = grades(r)
+        for fmt in FORMATS:
+            a, g = (r.get("answers") or {}).get(fmt, {}).get("mcq"), graded_mcq.get((fmt, "mcq"))
+            if not g:
+                continue
+            rule = g.source
+            by_rule[rule] += 1
+            by_fmt.setdefault(fmt, Counter())[rule] += 1
+            answer_only += a.get("mcq_mapping") == "answer_only"
+            if rule == "unparsed":
+                unmapped.append({"id": r["id"], "format": fmt, "answer": "(no answer in the file)" if a.get("missing") else a.get("answer")})
+    minus_one = Counter(f for r in records for f, d in (r.get("answers") or {}).items() if d.get("frq", {}).get("published_evaluation") == -1)
+    order = {k: i for i, k in enumerate(MCQ_RULES)}
+    return {
+        "grades": "published", "concurrent_rule": "any",
+        "mcq_mapping": {"rule": " > ".join(MCQ_RULES), "counts": dict(sorted(by_rule.items(), key=lambda kv: order.get(kv[0], 99))),
+                        "per_format": {f: dict(sorted(c.items(), key=lambda kv: order.get(kv[0], 99))) for f, c in by_fmt.items()},
+                        "answer_only": answer_only, "unmapped": len(unmapped)},
+        "mcq_unmapped": unmapped,
+        "frq_published_minus_one": dict(minus_one),
+    }
+
+
+def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | None = None) -> dict:
+    src = Path(src)
+    if not src.is_dir():
+        raise MedstackError(f"{src} is not a folder of CRAFT-MD result files")
+    files = sorted(src.glob("*.json"))
+    if not files:
+        raise DataError(f"{src}: no *.json result files")
+    cases_by_id = {c["case_id"]: c for c in load_cases(cases_csv)} if cases_csv else {}
+    config = {"experiment": "craftmd", "name": name, "imported_from": str(src.resolve()), "cases": cases_csv,
+              "mcq_mapping": "experiments.studies.craftmd.grading.map_choice: " + " > ".join(MCQ_RULES),
+              "grades": "published", "concurrent_rule": "any"}
+    converted = [rec for f in files for rec in convert_file(f, name, cases_by_id)]  # all files valid before anything is written
+    cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release
+    for rec in converted:
+        rec["stop_reason"] = infer_stop(rec["transcript"], cap)
+    rundir = RunDir(Path(out), config)
+    done = rundir.done_ids()
+    for rec in converted:
+        if rec["id"] not in done:
+            rundir.append(rec)
+    identity = rundir.write_identity({"clinical": {"alias": name, "imported_from": str(src.resolve())}})
+    records = rundir.records()
+    metrics = run_metrics(records)
+    metrics["per_specialty"] = per_specialty(records)
+    metrics.update(import_stats(records))
+    metrics["turn_cap_inferred"] = cap
+    if any("patient_checks" in r for r in records):
+        metrics["patient_checks"] = count_checks(records)
+    rundir.write_metrics(metrics)
+    checks = patient_check_section([(name, metrics["patient_checks"])]) if metrics.get("patient_checks") else ""
+    rundir.write_summary(summary_markdown(name, metrics) + checks + "\n"
+                         + run_paper_tables(Run(rundir.path, records, [], config, metrics=metrics, identity=identity)))
+    return metrics

@@ -1,0 +1,99 @@
+"""`medstack meld`: the MELD contamination check (docs/protocols.md, CRAFT-MD).
+
+The model gets the first half of a vignette (by words) and is asked for the second half with its
+word count; the reply is cut to that many words and compared with the true second half:
+similarity = 1 − normalized Levenshtein distance (rapidfuzz, characters). A similarity >= 0.95
+suggests the case was memorized.
+"""
+
+from __future__ import annotations
+
+from rapidfuzz.distance import Levenshtein
+
+from experiments.core.config import ConfigError, config_dir
+from experiments.studies.craftmd.data import load_cases
+from experiments.studies.craftmd.prompts import PROMPTS, render
+from experiments.studies.craftmd.settings import MeldSettings
+from experiments.common.grade import Grade, grades, to_disk
+from experiments.common.stats import mean_ci
+from experiments.core.study import CaseContext, Study, StudyResults
+from serving.refs import model_name
+
+
+def split_halves(text: str) -> tuple[str, str]:
+    w = text.split()
+    half = len(w) // 2
+    return " ".join(w[:half]), " ".join(w[half:])
+
+
+def similarity(generated: str, truth: str) -> float:
+    """1 − normalized Levenshtein distance of the two strings (1.0 = identical)."""
+    return float(Levenshtein.normalized_similarity(generated.strip(), truth.strip()))
+
+
+def truncate_words(text: str, n: int) -> str:
+    return " ".join(text.split()[:n])
+
+
+def meld_metrics(records: list[dict], threshold: float) -> dict:
+    sims = [g.value for r in records if (g := grades(r).get("similarity")) is not None and g.value is not None]
+    ci = mean_ci(sims)
+    return {"n": len(sims), "mean_similarity": ci.mean if sims else None, "ci": [ci.low, ci.high] if sims else None,
+            "share_ge_threshold": sum(s >= threshold for s in sims) / len(sims) if sims else None, "threshold": threshold,
+            "max_similarity": max(sims) if sims else None}
+
+
+def meld_grades(sim: float | None, cut: str | None, threshold) -> dict[str, Grade]:
+    """``similarity`` (1 - normalized Levenshtein distance of the cut continuation and the true second half) and
+    ``memorized`` (similarity >= the threshold); rules of ours."""
+    rule = {"rule": "1 - normalized Levenshtein distance"}
+    return {"similarity": Grade(value=sim, answer=cut, source="levenshtein", judge=rule),
+            "memorized": Grade(value=None if sim is None else int(sim >= threshold), answer=cut, source="similarity >= threshold",
+                               judge={"rule": f"similarity >= {threshold}"})}
+
+
+def meld_scores(record: dict, settings) -> dict[str, Grade]:
+    """A case's typed scores (experiments/common/grade.py): those its run stored, or, for a record written before, its
+    ``similarity`` and ``memorized`` fields."""
+    return grades(record) if record.get("scores") else meld_grades(record.get("similarity"), record.get("generation_cut"), settings.threshold)
+
+
+class MeldStudy(Study):
+    name = "meld"
+    settings_cls = MeldSettings
+    roles = ("model",)
+    primary_role = "model"
+    strata = ("dataset", "specialty")
+    prompts = PROMPTS
+    results = StudyResults(experiment="craftmd-meld", scores=meld_scores)
+
+    def default_config(self, overrides: dict):
+        return config_dir(__file__) / "meld.yaml"
+
+    def prepare(self, s: MeldSettings) -> MeldSettings:
+        if not s.data:
+            raise ConfigError("meld needs --data CASES (a CRAFT-MD case CSV, an OSCE .jsonl, or a registered name)")
+        return s
+
+    def load_cases(self, s: MeldSettings) -> list[dict]:
+        return [{**c, "id": c["case_id"]} for c in self.select(load_cases(s.data), s)]
+
+    async def solve(self, ctx: CaseContext, case: dict, s: MeldSettings) -> dict:
+        first, second = split_halves(case["vignette"])
+        n = len(second.split())
+        prompt = render("meld", first_half=first, n_words=n)
+        step = s.sampling.continuation
+        gen = step.gen(max_tokens=min(step.max_tokens, 2 * n + 16))
+        r = await ctx.chat([{"role": "user", "content": prompt}], role="model", gen=gen, step="continue")
+        cut = truncate_words(r.text, n)
+        return {"case_id": case["case_id"], "specialty": case["specialty"], "model": model_name(s.roles["model"]),
+                "first_half": first, "true_second_half": second, "n_words": n, "generation": r.text, "generation_cut": cut,
+                "scores": to_disk(meld_grades(similarity(cut, second), cut, s.threshold)), "prompt_hash": PROMPTS.hash("meld")}
+
+    def metrics(self, records: list[dict], s: MeldSettings) -> dict:
+        return meld_metrics(records, s.threshold)
+
+    def summary(self, m: dict, s: MeldSettings, run) -> str:
+        lines = ["# MELD contamination check", "", f"model: {s.roles['model']}; cases: {m['n']}",
+                 f"mean similarity: {m['mean_similarity']}; share >= {s.threshold}: {m['share_ge_threshold']}; max: {m['max_similarity']}"]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,289 @@
+"""The CRAFT-MD protocol as plain async steps over the one client.
+
+One unit of work is a (case, trial): simulate the doctor–patient conversation, summarise the
+patient's statements, ask the clinical model for the diagnosis in every format as MCQ and FRQ,
+and grade the FRQ answers with the grader-AI. Roles: ``clinical`` (model under test),
+``patient``, ``summarizer``, ``grader``.
+
+Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py
+``craftmd_opensource`` — or ``craftmd_gpt`` under ``loop: gpt`` — and src/utils.py
+``diagnosis_evaluation``): the same roles, message order and placement of the specialty, case text,
+question and choices; the prompt texts are our own (prompts/). What a run sends differently is a named
+setting listed by :func:`experiments.studies.craftmd.settings.deviations`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from experiments.common.grade import Grade, score_name, to_disk
+from experiments.studies.craftmd import grading
+from experiments.studies.craftmd.data import DEFAULT_QUESTION
+from experiments.studies.craftmd.prompts import PROMPTS, render
+from experiments.studies.craftmd.scores import graded, grader_judge
+from experiments.studies.craftmd.settings import CraftSettings
+from experiments.core.study import CaseContext
+from serving.client import GenConfig
+from serving.refs import model_name
+
+TURN_STOPS = ("\nPatient:", "\nDoctor:", "\nPATIENT:", "\nDOCTOR:")  # only with the named deviation turn_stops
+SUMMARY_STOPS = ("\n\n", "\nPatient statements", "\nExample", "\nNow this patient")  # only with summary_stops
+ANSWER_CUE = "\nAnswer:"  # ends an answer request sent as a text completion (completion_steps), where a base model replies
+# Cases whose doctor has no specialty: the authors' "Other" (201 cases), and our loaders' cases without one.
+NO_SPECIALTY = {"Other", "unknown", "OSCE"}
+
+
+def _gen(settings: CraftSettings, key: str, stop=None) -> GenConfig:
+    """Sampling for one step; sampled steps get a per-call seed from the case context (so trials differ)."""
+    return settings.sampling[key].gen(stop=stop) if stop else settings.sampling[key].gen()
+
+
+def as_text(messages: list[dict]) -> str:
+    """A request as one text prompt (completion_steps): the first message and system messages bare, the
+    doctor's turns labelled "Doctor:", the patient's "Patient:"."""
+    lines = []
+    for i, m in enumerate(messages):
+        bare = i == 0 or m["role"] == "system"
+        lines.append(m["content"] if bare else f"{'Doctor' if m['role'] == 'assistant' else 'Patient'}: {m['content']}")
+    return "\n".join(lines)
+
+
+async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, step: str, messages: list[dict], stop=None, constraint=None) -> str:
+    """One answer / grader / summarizer request: chat, or a text completion of :func:`as_text` when the
+    step is listed in ``completion_steps`` (answers then end in :data:`ANSWER_CUE`, and the first
+    non-empty line of the reply is used). ``constraint``: the template's declared reply format
+    (prompts/constraints.yaml), applied by the context only with ``answers: constrained``."""
+    if key in settings.completion_steps:
+        prompt = as_text(messages) + (ANSWER_CUE if key == "answer" else "")
+        r = await ctx.complete(prompt, role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
+        return r.text if key == "summarizer" else next((ln.strip() for ln in r.text.splitlines() if ln.strip()), "")
+    r = await ctx.chat(messages, role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
+    return r.text
+
+
+def single(prompt: str, settings: CraftSettings) -> list[dict]:
+    """A one-message request of the grader or summarizer: a system message, as the authors' GPT-4 / GPT-3.5
+    calls in both loops (a user message with the named deviation ``lone_system_as_user``)."""
+    return [{"role": "user" if settings.lone_system_as_user else "system", "content": prompt}]
+
+
+# ------------------------------------------------------------------ conversation
+
+def identity(specialty: str) -> str:
+    """The doctor's first sentence: with the case's specialty, or none for category Other (the authors' rule)."""
+    if specialty in NO_SPECIALTY:
+        return render("identity_general")
+    return render("identity_specialist", specialty=specialty)
+
+
+def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource", empty: str = "") -> list[dict]:
+    """The doctor's chat as the authors keep it: instructions (a user message in the open-model loop, a
+    system message in the GPT loop), the doctor's own greeting, then the patient's and doctor's turns
+    (an empty turn sent as ``empty``: the setting ``empty_turn``, empty as the authors send it)."""
+    msgs = [{"role": "system" if loop == "gpt" else "user", "content": render("doctor_system", identity=identity(case["specialty"]))},
+            {"role": "assistant", "content": render("greeting")}]
+    for t in transcript:
+        msgs.append({"role": "user" if t["agent"] == "patient" else "assistant", "content": t["content"] or empty})
+    return msgs
+
+
+PATIENT_TEMPLATES = {"authors": "patient_authors", "cautious": "patient_system"}  # the setting patient_prompt
+
+
+def patient_view(transcript: list[dict], case: dict, empty: str = "", prompt: str = "authors") -> list[dict]:
+    """The patient's chat: instructions with the vignette (system; ``prompt``: the setting ``patient_prompt``), the
+    doctor's greeting, then the turns (an empty one sent as ``empty``)."""
+    msgs = [{"role": "system", "content": render(PATIENT_TEMPLATES[prompt], vignette=case["vignette"])},
+            {"role": "user", "content": render("greeting")}]
+    for t in transcript:
+        msgs.append({"role": "assistant" if t["agent"] == "patient" else "user", "content": t["content"] or empty})
+    return msgs
+
+
+def stop_reason_for(doctor_turn: str, marker: str) -> str | None:
+    """Termination rules on one doctor turn: the final-diagnosis marker, else no question mark."""
+    if marker.lower() in doctor_turn.lower():
+        return "final_diagnosis"
+    if "?" not in doctor_turn:
+        return "no_question"
+    return None
+
+
+async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tuple[list[dict], str]:
+    """The patient answers the greeting; then doctor turn, termination check, patient answer — until a rule stops it.
+
+    The turn cap is checked right after the doctor's turn, as the authors do: the doctor's
+    ``max_turns``-th turn ends the conversation (``turn_cap``) unanswered, so the transcript always
+    ends on a doctor turn, which :func:`context_turns` removes before asking. The transcript holds the
+    models' turns only; the greeting is the fixed second message of the doctor's chat.
+    """
+    stops = TURN_STOPS if settings.turn_stops else None
+    transcript: list[dict] = []
+    r = await ctx.chat(patient_view([], case, prompt=settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
+    transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": 0})
+    turn = 0
+    while True:
+        turn += 1
+        r = await ctx.chat(doctor_view(transcript, case, settings.loop, settings.empty_turn), role="clinical", gen=_gen(settings, "doctor", stops), step=f"doctor_turn_{turn}")
+        doctor = (r.text or "").strip()
+        transcript.append({"agent": "doctor", "content": doctor, "turn": turn})
+        reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
+        if reason:
+            return transcript, reason
+        r = await ctx.chat(patient_view(transcript, case, settings.empty_turn, settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
+        transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": turn})
+
+
+def context_turns(transcript: list[dict]) -> list[dict]:
+    """The conversation shown when asking in multi-turn form: the clinical LLM's closing turn is
+    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; docs/protocols.md, CRAFT-MD:
+    the authors always remove it). A transcript ending on a patient turn is shown whole."""
+    if transcript and transcript[-1]["agent"] == "doctor":
+        return transcript[:-1]
+    return transcript
+
+
+async def summarize(ctx: CaseContext, transcript: list[dict], settings: CraftSettings) -> str:
+    statements = "\n".join(f"- {t['content']}" for t in transcript if t["agent"] == "patient" and t["content"])
+    prompt = render("summarize", statements=statements or "- (nothing)")
+    text = await ask(ctx, settings, "summarizer", "summarizer", "summary", single(prompt, settings), SUMMARY_STOPS if settings.summary_stops else None)
+    return clean_summary(text)
+
+
+def clean_summary(text: str) -> str:
+    """The summary as returned (the authors keep it whole), after a repeated 'Case description:' label if any."""
+    text = (text or "").strip()
+    if "Case description:" in text:
+        text = text.rsplit("Case description:", 1)[1]
+    return text.strip()
+
+
+# ------------------------------------------------------------------ asking and grading
+
+def case_question(case: dict) -> str:
+    """The case's own question (split off the vignette by the loader as the authors split it), asked in every format."""
+    return case.get("question") or DEFAULT_QUESTION
+
+
+def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summary: str, loop: str = "opensource", empty: str = "") -> list[dict]:
+    """The clinical model's request for one format and mode, built as the authors' code builds it.
+
+    vignette / summarized: one message holding the doctor's identity (specialty), the case text (the
+    vignette or the summary) followed by the question, and for MCQ the choices (a user message; the
+    vignette one a system message in the GPT loop). multiturn / singleturn: the doctor's own chat —
+    instructions, greeting and the conversation without the doctor's closing turn (multiturn), or up
+    to the patient's first reply (singleturn) — with the question (and choices) appended to the last
+    patient message after a blank line (open-model loop) or as a system message after it (GPT loop).
+    """
+    choices = ", ".join(case["choices"])
+    if fmt in ("vignette", "summarized"):
+        values = {"identity": identity(case["specialty"]), "case": case["vignette"] if fmt == "vignette" else summary,
+                  "question": case_question(case), **({"choices": choices} if mode == "mcq" else {})}
+        role = "system" if loop == "gpt" and fmt == "vignette" else "user"
+        return [{"role": role, "content": render(f"ask_{mode}", **values)}]
+    turns = context_turns(transcript) if fmt == "multiturn" else transcript[:1]
+    chat = doctor_view(turns, case, loop, empty)
+    prompt = render(f"ask_{mode}_after", question=case_question(case), **({"choices": choices} if mode == "mcq" else {}))
+    if loop == "gpt":
+        return chat + [{"role": "system", "content": prompt}]
+    chat[-1] = {**chat[-1], "content": f"{chat[-1]['content']}\n\n{prompt}"}
+    return chat
+
+
+async def ask_mcq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
+    c = case["choices"]
+    name = "ask_mcq" if fmt in ("vignette", "summarized") else "ask_mcq_after"
+    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", answer_request(fmt, "mcq", case, transcript, summary, settings.loop, settings.empty_turn),
+                     constraint=PROMPTS.constraint(name, choices=list(c)))
+    return grading.parse_mcq(text.strip(), c, case["answer_index"])
+
+
+def settled(status: str, replies: dict, verdict_rule: str = "anywhere") -> bool:
+    """The grader's replies hold a verdict: the extraction parsed and every verdict reply says yes or no, read
+    by ``verdict_rule`` (:func:`experiments.studies.craftmd.grading.read_verdict`)."""
+    return status != "unparsed" and all(grading.read_verdict(r, verdict_rule) is not None for r in replies.values())
+
+
+async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str, role: str = "grader", given: str | None = None) -> dict:
+    """Grader-AI: extract the diagnosis (Multiple/None score 0), then judge equivalence (subtype rule).
+
+    As the authors' ``diagnosis_evaluation``, both steps are asked again while the verdict holds neither
+    yes nor no (here also while the extraction cannot be parsed), at most ``grader_reasks`` times; the
+    number of re-asks is recorded (``grader_reasks``). Under ``concurrent_rule: any`` an answer naming
+    several concurrent diagnoses is graded per diagnosis (one verdict request each) and is correct when
+    any matches; under ``zero`` it scores 0. ``role``: the role asked (another judge's, ``medstack rescore``), with the
+    grader's sampling. ``given``: a diagnosis already extracted (``calibrate craftmd-grader``: the release's extraction),
+    so only the verdict step is asked, and re-asked, as a run asks it.
+    """
+    rule = settings.concurrent_rule
+    raw1 = None
+    if given is not None:
+        extracted, status = grading.classify_extracted(given)
+    if given is None and not answer.strip():
+        extracted, status, replies, reasks = None, "none", {}, 0
+    else:
+        for reasks in range(settings.grader_reasks + 1):
+            if given is None:
+                raw1 = await ask(ctx, settings, role, "grader", f"{fmt}_extract", single(render("grader_extract", answer=answer), settings),
+                                 constraint=PROMPTS.constraint("grader_extract"))
+                extracted, status = grading.parse_extraction(raw1)
+            replies = {}
+            for i, target in enumerate(grading.match_targets(extracted, status, correct, rule)):
+                step = f"{fmt}_match" + (f"_{i}" if i else "")
+                replies[target] = await ask(ctx, settings, role, "grader", step, single(render("grader_match", correct=correct, given=target), settings),
+                                           constraint=PROMPTS.constraint("grader_match"))
+            if settled(status, replies, settings.verdict_rule):
+                break
+    grade = grading.grade_frq(extracted, status, correct, replies or None, rule, settings.verdict_rule)
+    raw2 = next(iter(replies.values())) if len(replies) == 1 else (replies or None)
+    return {"extracted": extracted, "extraction_status": status, "grader_extract_reply": raw1, "grader_match_reply": raw2,
+            "concurrent_rule": rule, "grader_reasks": reasks, **grade}
+
+
+async def ask_frq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
+    request = answer_request(fmt, "frq", case, transcript, summary, settings.loop, settings.empty_turn)
+    answer = (await ask(ctx, settings, "clinical", "answer", f"{fmt}_frq", request)).strip()
+    return {"answer": answer, **await grade_answer(ctx, answer, case["answer"], settings, fmt)}
+
+
+PROMPTS_USED = ["identity_specialist", "identity_general", "greeting", "doctor_system", "patient_authors", "patient_system", "summarize", "ask_mcq", "ask_frq",
+                "ask_mcq_after", "ask_frq_after", "grader_extract", "grader_match"]
+
+
+async def solve(ctx: CaseContext, unit: dict, settings: CraftSettings) -> dict:
+    """One (case, trial) -> one record. A call that gets no answer raises RequestFailed (the runner records the unit as failed)."""
+    case, trial = unit["case"], unit["trial"]
+    t0 = time.perf_counter()
+    needs_dialogue = any(f in settings.formats for f in ("multiturn", "singleturn", "summarized"))
+    transcript, stop = (await converse(ctx, case, settings)) if needs_dialogue else ([], None)
+    summary = await summarize(ctx, transcript, settings) if "summarized" in settings.formats else None
+    t_conv = time.perf_counter() - t0
+
+    do_mcq = settings.mcq and len(case["choices"]) == 4
+    jobs, keys = [], []
+    for fmt in settings.formats:
+        if do_mcq:
+            jobs.append(ask_mcq(ctx, case, transcript, summary or "", settings, fmt))
+            keys.append((fmt, "mcq"))
+        if settings.frq:
+            jobs.append(ask_frq(ctx, case, transcript, summary or "", settings, fmt))
+            keys.append((fmt, "frq"))
+    results = await asyncio.gather(*jobs)
+    answers: dict[str, dict] = {fmt: {} for fmt in settings.formats}
+    scores: dict[str, Grade] = {}  # the grading's result: the answers keep what was said and extracted
+    judge = grader_judge(settings.roles.get("grader"), settings.verdict_rule)
+    for (fmt, mode), res in zip(keys, results):
+        answers[fmt][mode], scores[score_name(mode, fmt)] = graded(mode, res, judge)
+    if settings.mcq and not do_mcq:
+        for fmt in settings.formats:
+            answers[fmt]["mcq"], scores[score_name("mcq", fmt)] = graded("mcq", {"skipped": "case has no 4 answer choices"})
+    return {
+        "id": unit["id"], "case_id": case["case_id"], "trial": trial, "specialty": case["specialty"], "dataset": case["dataset"],
+        "source": case.get("source"), "model": model_name(settings.roles["clinical"]), "roles": dict(settings.roles),
+        "correct_answer": case["answer"], "choices": case["choices"], "answer_index": case["answer_index"],
+        "transcript": transcript, "stop_reason": stop, "n_doctor_turns": sum(t["agent"] == "doctor" for t in transcript),
+        "summary": summary, "answers": answers, "scores": to_disk(scores),
+        "timing": {"conversation_s": round(t_conv, 3), "total_s": round(time.perf_counter() - t0, 3)},
+        "prompt_hashes": PROMPTS.hashes(PROMPTS_USED),
+    }

@@ -1,0 +1,119 @@
+"""Scores of QA answers against the gold answer: per case (LLM judges, BERTScore) and per run.
+
+- BERTScore F1 with a local encoder at a chosen layer (experiments.common.text.bertscore_f1;
+  ``bertscore_model`` / ``bertscore_layer``, the layer defaulting to bert_score's table).
+- LLM exact match: "same medical concept?" -> True/False + explanation (temperature 0).
+  An unparseable verdict is unscored (None) and counted.
+- LLM similarity: a 0-1 score (temperature 0, max_tokens 100). Over a run, scores outside
+  0-1 are set to 0, unless all scores are 100 (a judge answering on a percent scale), in
+  which case they are 1 (:func:`normalize_similarity`).
+- MCQ accuracy: the voted letter equals ``answer_idx``.
+They are the record's typed ``scores`` (:func:`arm_grades`; names in experiments/studies/dera/results.py); the run's metrics and
+the paper tables read them by name (:func:`arm_values`). A missing answer (every sample unusable or the request failed)
+scores 0 everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from experiments.common.grade import Grade, grades
+from experiments.studies.dera.calls import CaseLog
+from experiments.studies.dera.prompts import PROMPTS
+from experiments.studies.dera.settings import QASettings
+from experiments.common.parsing import extract_bool, extract_number
+from experiments.common.text import bertscore_f1
+
+ARMS = ("oneshot", "dera")
+_bert_lock = asyncio.Lock()
+
+
+STEPS = {"accuracy": "accuracy", "bertscore": "bertscore", "exact": "llm-exact", "similarity": "llm-similarity"}  # metric -> score
+NO_ANSWER = {"rule": "no answer"}  # every sample unusable: not judged, scored 0
+
+
+def arm_grades(arm: str, s: dict, mcq: bool, judge, bertscore: dict) -> dict[str, Grade]:
+    """The typed scores of one arm from its values ``s`` (``answer``; ``accuracy``, or ``exact``, ``similarity_raw``,
+    ``bertscore`` and the judges' replies); ``judge(template)``: who judged with that template."""
+    answer = s.get("answer")
+    if mcq:
+        return {f"accuracy/{arm}": Grade(value=s.get("accuracy"), answer=answer, source="letter", judge={"rule": "the voted letter is answer_idx"})}
+    asked = bool(answer)
+    return {
+        f"llm-exact/{arm}": Grade(value=s.get("exact"), answer=answer, source="first line True/False" if asked else "no answer",
+                                  explanation=s.get("exact_explanation"), judge=judge("judge_exact") if asked else NO_ANSWER),
+        f"llm-similarity/{arm}": Grade(value=s.get("similarity_raw"), answer=answer, source="first number" if asked else "no answer",
+                                       explanation=s.get("similarity_reply"), metadata={"normalized": "over the run"} if asked else {},
+                                       judge=judge("judge_similarity") if asked else NO_ANSWER),
+        f"bertscore/{arm}": Grade(value=s.get("bertscore"), answer=answer, source="bertscore F1" if asked else "no answer",
+                                  judge={"rule": "bertscore F1" if asked else "no answer"}, metadata=bertscore if asked else {})}
+
+
+def arm_values(records: list[dict], name: str, arm: str) -> list:
+    """Score ``name`` (a key of STEPS) of ``arm`` over the records, None where unscored or absent; the similarity
+    normalized over them (:func:`normalize_similarity`)."""
+    vals = [g.value if (g := grades(r).get(f"{STEPS[name]}/{arm}")) else None for r in records]
+    return normalize_similarity(vals) if name == "similarity" else vals
+
+
+def normalize_similarity(scores: list[float | None]) -> list[float | None]:
+    """Out-of-range scores -> 0, unless all (scored) scores are 100, then all -> 1. None stays None."""
+    scored = [s for s in scores if s is not None]
+    if scored and all(s == 100 for s in scored):
+        return [None if s is None else 1.0 for s in scores]
+    return [None if s is None else (s if 0.0 <= s <= 1.0 else 0.0) for s in scores]
+
+
+async def bertscore(pred: str, gold: str, model_path: str | None, num_layers: int | None = None) -> float:
+    async with _bert_lock:  # one encoder, loaded once
+        return (await asyncio.to_thread(bertscore_f1, [pred], [gold], model_path, num_layers))[0]
+
+
+async def ask_exact(log: CaseLog, question: str, gold: str, pred: str, settings: QASettings, arm: str, role: str = "judge") -> tuple[int | None, str]:
+    """The LLM exact-match judge on one answer: (verdict 1/0, None when unparseable; the reply)."""
+    ex = await log.call(f"judge:exact:{arm}", role, "judge_exact", settings.sampling.judge_exact, question=question, gold=gold, predicted=pred)
+    first_line = next((ln for ln in ex.text.splitlines() if ln.strip()), "")
+    verdict = extract_bool(first_line) if ex.ok else None  # the prompt asks for the verdict on the first line
+    log.parsed(f"judge:exact:{arm}", verdict is not None, ex.error or "no True/False verdict", ex.text)
+    return (None if verdict is None else int(verdict)), ex.text.strip()
+
+
+async def ask_similarity(log: CaseLog, question: str, gold: str, pred: str, settings: QASettings, arm: str, role: str = "judge") -> tuple[float | None, str]:
+    """The LLM similarity judge on one answer: (the raw score, None when unparseable; the reply)."""
+    sim = await log.call(f"judge:similarity:{arm}", role, "judge_similarity", settings.sampling.judge_similarity, question=question, gold=gold, predicted=pred)
+    score = extract_number(sim.text) if sim.ok else None
+    log.parsed(f"judge:similarity:{arm}", score is not None, sim.error or "no number in reply", sim.text)
+    return score, sim.text.strip()
+
+
+async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, settings: QASettings, arm: str) -> dict:
+    if not pred:
+        return {"answer": pred, "bertscore": 0.0, "exact": 0, "exact_explanation": "no answer", "similarity_raw": 0.0}
+    exact, exact_reply = await ask_exact(log, question, gold, pred, settings, arm)
+    score, sim_reply = await ask_similarity(log, question, gold, pred, settings, arm)
+    return {
+        "answer": pred,
+        "bertscore": await bertscore(pred, gold, settings.bertscore_model, settings.bertscore_layer),
+        "exact": exact,
+        "exact_explanation": exact_reply,
+        "similarity_raw": score,
+        "similarity_reply": sim_reply,
+    }
+
+
+def make_scorer(settings: QASettings):
+    """``score(log, q, answers) -> {name: Grade}``: both arms' typed scores."""
+    bert = {"encoder": settings.bertscore_model, "layer": settings.bertscore_layer}
+
+    def judge(template: str) -> dict:
+        return {"model": settings.roles.get("judge"), "prompt_hash": PROMPTS.hash(template)}
+
+    async def score(log: CaseLog, q: dict, answers: dict) -> dict[str, Grade]:
+        out: dict[str, Grade] = {}
+        for arm in ARMS:
+            s = ({"answer": answers[arm], "accuracy": int(answers[arm] == q["answer_idx"])} if settings.mcq
+                 else await judge_open(log, q["question_open"], q["answer"], answers[arm], settings, arm))
+            out.update(arm_grades(arm, s, settings.mcq, judge, bert))
+        return out
+
+    return score

@@ -1,0 +1,151 @@
+"""The DERA studies as the runner sees them: `run dera-summarize | dera-careplan | dera-corrupt | dera-qa`.
+
+Roles: ``decider`` (the model under test), ``researcher``, ``judge`` (GPT-F1, QA judges).
+Default config: the paper's YAML (``configs/<task>.yaml``; ``qa.yaml`` / ``qa-mcq.yaml`` with
+``--mcq``); default data: the shipped samples. The protocol lives in ``dialogue`` / ``qa``; the
+scores in ``gptf1`` / ``qa_metrics``; metrics and summary tables in ``report``; typed scores and judges
+(review, calibrate, rescore) in ``results``. Everything else
+(client, results directory, resume, failure policy, call log) is the runner's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from experiments.core.config import ConfigError, config_dir
+from experiments.studies.dera import dialogue, qa, qa_metrics, report
+from experiments.studies.dera.calls import CaseLog
+from experiments.studies.dera.data import load_encounters, load_medqa, resolve_qa_path
+from experiments.studies.dera.prompts import PROMPTS
+from experiments.studies.dera.results import DIALOGUE_RESULTS, QA_RESULTS
+from experiments.studies.dera.settings import CareplanSettings, CorruptSettings, DialogueSettings, QASettings
+from experiments.core.study import CaseContext, Study
+from experiments.tables.render import run_paper_tables
+from serving.refs import model_name
+
+HERE = Path(__file__).parent
+CONFIGS = config_dir(__file__)
+SAMPLE_ENCOUNTERS = HERE / "data" / "sample_encounters.jsonl"
+SAMPLE_QA = HERE / "data" / "sample_medqa_open.jsonl"
+ROLES = ("decider", "researcher", "judge")
+
+
+def _default_out(name: str, decider: str, suffix: str = "") -> str:
+    return str(Path("runs") / f"{name}-{model_name(decider)}{suffix}")
+
+
+class DeraDialogueStudy(Study):
+    """dera-summarize / dera-careplan / dera-corrupt: one encounter per case."""
+
+    settings_cls = DialogueSettings
+    roles = ROLES
+    primary_role = "decider"
+    prompts = PROMPTS
+    sweep_roles = ("decider", "researcher")  # both agents are the model under test; the GPT-F1 judge stays fixed
+    judge_roles = ("judge",)  # a judge that is the decider's own model: a caveat in summary.md
+
+    def fixed_roles(self, s: DialogueSettings) -> tuple[str, ...]:
+        return ("judge",)
+    task: ClassVar[str] = "summarize"
+
+    def default_config(self, overrides: dict) -> Path:
+        return CONFIGS / f"{self.task}.yaml"
+
+    def out_suffix(self, s: DialogueSettings) -> str:
+        return ""
+
+    def prepare(self, s: DialogueSettings) -> DialogueSettings:
+        if s.task != self.task:
+            raise ConfigError(f"{self.name} needs a config with task: {self.task}, this one has task: {s.task}")
+        update: dict = {"data": s.data or str(SAMPLE_ENCOUNTERS)}
+        if not s.out:
+            update["out"] = _default_out(self.name, s.roles["decider"], self.out_suffix(s))
+        return s.model_copy(update=update)
+
+    def load_cases(self, s: DialogueSettings) -> list[dict]:
+        return self.select(load_encounters(s.data), s)
+
+    async def solve(self, ctx: CaseContext, case: dict, s: DialogueSettings) -> dict:
+        return await dialogue.make_solver(s, model_name(s.roles["decider"]))(CaseLog(ctx), case)
+
+    def metrics(self, records: list[dict], s: DialogueSettings) -> dict:
+        return report.dialogue_metrics(records, s)
+
+    def summary(self, metrics: dict, s: DialogueSettings, run) -> str:
+        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
+
+
+class SummarizeStudy(DeraDialogueStudy):
+    """`medstack run dera-summarize` (its help: __init__.py)."""
+
+    name = "dera-summarize"
+    task = "summarize"
+    results = DIALOGUE_RESULTS["dera-summarize"]
+
+
+class CareplanStudy(DeraDialogueStudy):
+    """`medstack run dera-careplan` (its help: __init__.py)."""
+
+    name = "dera-careplan"
+    task = "careplan"
+    results = DIALOGUE_RESULTS["dera-careplan"]
+    settings_cls = CareplanSettings
+
+
+class CorruptStudy(DeraDialogueStudy):
+    """`medstack run dera-corrupt` (its help: __init__.py)."""
+
+    name = "dera-corrupt"
+    task = "corrupt"
+    results = DIALOGUE_RESULTS["dera-corrupt"]
+    settings_cls = CorruptSettings
+
+    def out_suffix(self, s: DialogueSettings) -> str:
+        return f"-level{s.corruption_level}"
+
+    def prepare(self, s: DialogueSettings) -> DialogueSettings:
+        if s.corruption_level is None:
+            raise ConfigError("dera-corrupt needs --level (corruption strength out of 10; paper: 3, 5, 7)")
+        return super().prepare(s)
+
+
+class QAStudy(Study):
+    """`medstack run dera-qa` (its help: __init__.py)."""
+
+    name = "dera-qa"
+    settings_cls = QASettings
+    results = QA_RESULTS  # typed scores, the old records' upgrade, the LLM judges (experiments/studies/dera/results.py)
+    roles = ROLES
+    primary_role = "decider"
+    prompts = PROMPTS
+    sweep_roles = ("decider", "researcher")
+    judge_roles = ("judge",)
+
+    def fixed_roles(self, s: QASettings) -> tuple[str, ...]:
+        return () if s.mcq else ("judge",)  # open-ended answers are judged against the gold; MCQ needs no judge
+
+    def default_config(self, overrides: dict) -> Path:
+        return CONFIGS / ("qa-mcq.yaml" if overrides.get("mcq") else "qa.yaml")
+
+    def prepare(self, s: QASettings) -> QASettings:
+        update: dict = {"data": str(resolve_qa_path(s.data or SAMPLE_QA, s.split))}
+        if not s.out:
+            update["out"] = _default_out(self.name, s.roles["decider"], "-mcq" if s.mcq else "")
+        return s.model_copy(update=update)
+
+    def load_cases(self, s: QASettings) -> list[dict]:
+        return self.select(load_medqa(s.data, mcq=s.mcq), s)
+
+    async def solve(self, ctx: CaseContext, case: dict, s: QASettings) -> dict:
+        solve = qa.make_solver(s, model_name(s.roles["decider"]), qa_metrics.make_scorer(s))
+        return await solve(CaseLog(ctx), case)
+
+    def metrics(self, records: list[dict], s: QASettings) -> dict:
+        return report.qa_metrics(records, s)
+
+    def summary(self, metrics: dict, s: QASettings, run) -> str:
+        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
+
+
+STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}

@@ -26,9 +26,9 @@ at any depth):
   sent (0 when every call is a cache hit), cache hits, tokens/s, the server's own metrics, cases run and resumed;
   `wall_seconds` wherever it is (a set-up step's wall time). NaN (a mean over no cases) equals NaN.
 
-A record's typed `scores` are its result: a field of a BEFORE record that the AFTER record lacks, each of whose
-values (but None) is among the values of the AFTER record's `scores` (a true/false one: or among their grades'
-scored flags), is an expected difference (a field that only restated a score), reported by run: which fields, in
+A record's typed `scores` are its result: a field of a BEFORE record that the AFTER record lacks, at any depth, each
+of whose values (but None) is among the values of the AFTER record's `scores` or names one of them (`mcq/multiturn`,
+or the older `multiturn.mcq`; a true/false one: or among their grades' scored flags), is an expected difference (a field that only restated a score), reported by run: which fields, in
 how many records; so is any field the AFTER record lacks where both records' `scores` are empty (a case not scored:
 nothing there was a score), reported apart. Any other difference (`scores` included), or an id on one side only,
 is unexpected: exit 1 (0 when none; 2 when a results file is missing).
@@ -120,18 +120,31 @@ def leaves(value) -> list:
     return [x for v in value for x in leaves(v)] if isinstance(value, list) else [value]
 
 
-def moved(a: dict, b: dict) -> list[str]:
-    """The fields of BEFORE's record ``a`` that AFTER's ``b`` lacks and that its typed ``scores`` hold (every value
-    but None found among the scores' values, a true/false one also among their grades' scored flags), or any such field where neither side
-    has a score (a case not scored): gone from ``a`` on return, named so (module docstring)."""
-    scores = b.get("scores") if isinstance(b.get("scores"), dict) else {}
+def names_score(v, scores: dict) -> bool:
+    """A string that names one of the scores, in today's spelling (``mcq/multiturn``) or the older dotted one
+    (``multiturn.mcq``), optionally followed by ``: why`` (a count of unparsed answers said so)."""
+    name = v.split(":")[0].strip() if isinstance(v, str) else ""
+    return name in scores or "/".join(reversed(name.split("."))) in scores
+
+
+def moved(a: dict, b: dict, scores: dict | None = None, unscored: bool | None = None, at: str = "") -> list[str]:
+    """The fields of BEFORE's record ``a`` that AFTER's ``b`` lacks, at any depth, and that its typed ``scores`` hold
+    (every value but None found among the scores' values or named as a score, a true/false one also among their
+    grades' scored flags), or any such field where neither side has a score (a case not scored): gone from ``a`` on
+    return, named by their path (module docstring)."""
+    if scores is None:
+        scores = b.get("scores") if isinstance(b.get("scores"), dict) else {}
+        unscored = a.get("scores") == {} == scores
     held, flags = leaves(scores), [isinstance(g, dict) and g.get("value") is not None and not g.get("skipped") for g in scores.values()]
-    unscored = a.get("scores") == {} == scores
-    out = [k for k in sorted(set(a) - set(b)) if unscored or (scores and all(
-        v is None or v in held or (isinstance(v, bool) and v in flags) for v in leaves(a[k])))]
+    out = [k for k in sorted(set(a) - set(b), key=str) if unscored or (scores and all(
+        v is None or v in held or names_score(v, scores) or (isinstance(v, bool) and v in flags) for v in leaves(a[k])))]
     for k in out:
         del a[k]
-    return [f"{k} on a record without scores" if unscored else k for k in out]
+    found = [f"{at}{k} on a record without scores" if unscored else f"{at}{k}" for k in out]
+    for k in sorted(set(a) & set(b), key=str):
+        if k != "scores" and isinstance(a[k], dict) and isinstance(b[k], dict):
+            found += moved(a[k], b[k], scores, unscored, f"{at}{k}.")
+    return found
 
 
 def compare(label: str, a: dict, b: dict, drop: set, unexpected: list, expected: dict | None = None) -> None:

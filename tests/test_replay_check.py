@@ -77,3 +77,16 @@ def test_call_log_order_and_nan_are_no_difference(tmp_path, capsys):
     swapped = tree(tmp_path / "c", {"calls": [calls[0], calls[2], calls[1]]}, {"exact": {"mean": float("nan")}})
     assert diff(a, swapped) == 1  # a step's repeats keep their issue order
     assert "calls[1].texts[0]" in capsys.readouterr().out
+
+
+def test_nested_fields_and_names_of_scores_move_too(tmp_path, capsys):
+    grade = {"value": 0, "source": "unparsed"}
+    a = tree(tmp_path / "a", {"scores": {"mcq/vignette": grade}, "main": "vignette.mcq", "errors": ["vignette.mcq: unparsed choice"],
+                              "answers": {"vignette": {"mcq": {"answer": "x", "correct": 0, "parsed_by": "unparsed"}}}}, {})
+    b = tree(tmp_path / "b", {"scores": {"mcq/vignette": grade}, "answers": {"vignette": {"mcq": {"answer": "x"}}}}, {})
+    assert diff(a, b) == 0
+    out = capsys.readouterr().out
+    assert "answers.vignette.mcq.correct (1 records), answers.vignette.mcq.parsed_by (1 records)" in out
+    assert "errors (1 records), main (1 records)" in out
+    other = tree(tmp_path / "c", {"scores": {"mcq/vignette": grade}, "answers": {"vignette": {"mcq": {"answer": "y"}}}}, {})
+    assert diff(a, other) == 1 and ".answers.vignette.mcq.answer" in capsys.readouterr().out  # what is not a score still compares

@@ -47,7 +47,7 @@ class InstantEndpoint:
     def __enter__(self) -> "InstantEndpoint":
         self.proc = subprocess.Popen([sys.executable, "-m", "serving.bench.instant_endpoint", "--port", str(self.port),
                                       "--delay-ms", str(self.delay_ms)],
-                                     cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     cwd=Path(__file__).resolve().parents[3], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -156,7 +156,7 @@ def report_rss(rundir: Path, html: Path) -> tuple[float, int]:
     """The report over the run (what `medstack report RUN` does, 500 cases rendered) in its own process:
     (seconds, its peak RSS in MB)."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", REPORT_PEAK, str(rundir), str(html)], cwd=Path(__file__).resolve().parents[2],
+    proc = subprocess.run([sys.executable, "-c", REPORT_PEAK, str(rundir), str(html)], cwd=Path(__file__).resolve().parents[3],
                           capture_output=True, text=True)
     if proc.returncode:
         raise MedstackError(f"the report over {rundir} failed (exit {proc.returncode}): {proc.stderr[-500:]}")

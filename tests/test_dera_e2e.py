@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "dera" / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "studies" / "dera" / "configs"
 
 
 def small_config(tmp_path: Path, name: str, **changes) -> Path:

@@ -147,7 +147,7 @@ def test_defaults_roles_and_options(tmp_path):
     s, cases = prepare_run(study, s)
     assert s.data == str(folder / "dev.jsonl") and cases[0]["id"] == "dev-00001"
     # a config for another task is refused
-    study, s = settings_for("dera-careplan", tmp_path, config=Path(__file__).resolve().parent.parent / "experiments" / "dera" / "configs" / "summarize.yaml")
+    study, s = settings_for("dera-careplan", tmp_path, config=Path(__file__).resolve().parent.parent / "experiments" / "studies" / "dera" / "configs" / "summarize.yaml")
     with pytest.raises(ConfigError, match="task: careplan"):
         prepare_run(study, s)
 

@@ -15,7 +15,7 @@ from experiments.core.deviations import Authors, Unpaired, _expand, deviations_l
 from experiments.core.runner import answers_line
 from experiments.studies.craftmd.settings import CraftSettings
 
-CRAFT = Path(__file__).resolve().parent.parent / "experiments" / "craftmd" / "configs"
+CRAFT = Path(__file__).resolve().parent.parent / "experiments" / "studies" / "craftmd" / "configs"
 
 
 def settings_models() -> dict[str, type]:

@@ -1,30 +1,8 @@
 """Conversation assessors: an LLM (role ``assessor``) asks five yes/no questions of each multi-turn conversation.
 
-An addition to the CRAFT-MD protocol (setting ``assess_conversations``; the paper's automatic protocol has
-none): the paper's dermatologists asked Q1-Q3 of 180 conversations (Fig. 3i/3j) and the Methods name two
-questions about the patient-AI that were not released. Here each question is one request per conversation,
-built from our own template (``prompts/assess_<question>.txt``: the case notes the patient-AI was given and
-the whole conversation, closing doctor turn included). Q1-Q3 ask what the raters' sheets ask, in our words:
-
-- ``Q1``: from the conversation, is it possible to arrive at one most likely diagnosis?
-- ``Q2``: does the conversation cover all the key information in the case notes (physical examination and
-  laboratory results left out)?
-- ``Q3``: does the patient-AI use medical terminology (the paper's examples: macule, papule, lichenification,
-  glabella; spot, bump, blister are everyday words)? Answered ``Terms: <the terms, comma-separated>`` or
-  ``Terms: None``, never yes/no: each quoted term must appear in a patient line (case and spacing aside), so a
-  verdict of Yes always names its evidence; a reply quoting a term no patient line holds is unscored and
-  counted (``terms_not_found``). ``verdict`` True = terminology used, as the experts' Q3 yes.
-- ``grounded``: are the patient-AI's answers grounded in the vignette (nothing invented)? Denying, or being
-  unsure of, something the vignette does not mention is grounded (the paper accepted denials).
-- ``complete``: are the patient-AI's answers complete for what was asked?
-
-The other replies are read by the project's one verdict parser (:func:`experiments.common.parsing.extract_verdict`,
-``Verdict: Yes`` / ``Verdict: No``; the grounding question's No names what was invented); a reply it cannot read
-is ``verdict: None``, counted as unscored, never a No. A run records the hash of each template it used; resuming a
-results folder made with other template text is refused, naming the files (experiments/core/results.py). With ``answers: constrained``
-each request carries its declared format (prompts/constraints.yaml). Live runs
-(:func:`experiments.craftmd.study.CraftmdStudy.solve`) and the calibration against the released expert
-labels (``medstack calibrate conversations``) send the same requests through :func:`assess_conversation`.
+An addition to the CRAFT-MD protocol (setting ``assess_conversations``). The questions, the Q3 ``Terms:`` reply
+and how replies are read: the study README, "Conversation assessors". Live runs and ``medstack calibrate
+conversations`` send the same requests through :func:`assess_conversation`.
 """
 
 from __future__ import annotations

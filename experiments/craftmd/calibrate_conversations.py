@@ -1,26 +1,8 @@
 """`medstack calibrate conversations`: the CRAFT-MD conversation checks against the paper's dermatologists.
 
-The released expert labels (:func:`experiments.craftmd.experts.load_expert_labels`: 180 conversations, 45 cases x 4
-models, Q1-Q3 yes/no; each rater's own label and the combined one, as the paper combined them) are checked by:
-
-- the deterministic medical-terminology check of the patient's lines (Q3, :mod:`experiments.craftmd.terminology`:
-  no model, no server; the only check without ``--assessor-model``);
-- with ``--assessor-model``, the LLM assessors with the requests a CRAFT-MD run of ``--config`` sends with
-  ``assess_conversations`` (:func:`experiments.craftmd.assess.assess_conversation`: the same templates, parser, role
-  ``assessor``, sampling and message form), through the one study runner, so the results directory resumes and every
-  answered request is cached.
-
-Per check and question, against the combined label and against each rater (d1, d2) alone, over the conversations
-where both exist: exact agreement, Cohen's kappa (two categories), sensitivity and specificity (the check's yes
-against the experts' yes), each with a 95 % percentile bootstrap CI that resamples whole cases (a case's
-conversations with the four models move together: ``experiments.common.stats.cluster_bootstrap``), and the confusion
-matrix (rows: the experts, columns: the check; No, Yes). The two raters' own agreement on the conversations both
-labelled is shown beside them: no check can be expected to agree with one rater better than the other rater does.
-Per paper model, each check's % yes beside the experts'.
-
-The two patient-AI questions (grounded, complete) were not released with labels: their assessor rates per model are
-reported alone. An unreadable assessor reply is unscored (counted, left out of every figure); a conversation whose
-request got no answer fails, is left out, and runs again on resume (exit 3).
+The checks (the terminology check of :mod:`experiments.craftmd.terminology`; with ``--assessor-model``, the
+assessors' requests as a run of ``--config`` sends them, through the one study runner), the agreement figures and
+their case-resampling CIs are described in the study README (`medstack calibrate conversations`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist (docs/protocols.md, Judge
-calibration), on the CRAFT-MD authors' dermatologist check of their grader (``validation_graderai.csv``: per case, the
-diagnosis the grader extracted in each of 5 trials, the gold answer, and how many of the 5 a dermatologist judged
-correct). A judge (any model in the grader role) grades every trial as a CRAFT-MD run of the chosen settings file
-grades (:func:`study_settings`: default paper.yaml; :func:`grade_trials`: the run's sampling, message form, re-asks,
-verdict rule and concurrent-diagnosis rule, only the verdict step since the extraction is given); its per-case count
-of correct trials is compared with the dermatologist's: exact count agreement, mean absolute difference, trial-level
-agreement bound mean((5 - |diff|) / 5), Cohen's kappa with LINEAR weights over the 0-5 counts, Spearman rho, and the
-6x6 confusion matrix (rows: dermatologist, columns: judge; PNG). With ``--published`` the same figures for the
-authors' own grader decisions (their ``evaluation_<fmt>_frq``), for the cases of the release matched by gold answer
-and the five extracted answers.
-
-A trial whose grading request got no answer is counted as failed and its case left out (never scored); the command
-then exits 3. Cases with a blank dermatologist count are counted and skipped.
+"""``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist, on the authors' check of their
+grader (``validation_graderai.csv``). A judge grades every trial as a run of the chosen settings file grades (only the
+verdict step: the extraction is given) and its per-case count of correct trials is compared with the dermatologist's;
+the figures, ``--published`` and the exit codes are described in the study README and docs/protocols.md (Judge
+calibration).
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from experiments.core.results import ConfigView, RunDir
 from experiments.core.study import CaseContext, RequestFailed
 from experiments.craftmd import grading
 from experiments.craftmd.protocol import grade_answer
-from experiments.craftmd.settings import CraftSettings
+from experiments.craftmd.settings import FORMATS, CraftSettings
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.scores import calibration_scores
 from experiments.tables.plots import confusion_png
@@ -42,7 +33,6 @@ from serving.refs import ModelRef
 from serving.session import open_client
 
 N_TRIALS = 5
-FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 
 
 class CalibrationFailed(MedstackError):

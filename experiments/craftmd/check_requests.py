@@ -3,14 +3,8 @@
     python -m experiments.craftmd.check_requests CRAFTMD_REPO CASES.csv [LIMIT]
 
 CRAFTMD_REPO is a clone of github.com/rajpurkarlab/craft-md (its ``src/`` is imported; its model calls
-are replaced by a scripted stand-in, so nothing is sent anywhere). For every case (the first LIMIT) and
-both loops (``craftmd_opensource`` against ``loop: opensource``, ``craftmd_gpt`` against ``loop: gpt``),
-one trial is run on each side with the same scripted replies (the patient answers, the doctor asks once
-and then gives a final diagnosis; in the open-model loop also a doctor that never stops asking, so the
-turn cap ends the conversation); every request but the grader's is reduced to its shape: agent role,
-message roles, and which messages hold the question, all four choices, the specialty and the patient's
-replies; plus max_tokens per role (open-model loop) and stop sequences (none). The shapes are compared
-as multisets per case. Prints each differing case, then the counts; exit 0 when none differ.
+are replaced by a scripted stand-in, so nothing is sent anywhere). What is compared: the study README
+("Configs and named deviations"). Prints each differing case, then the counts; exit 0 when none differ.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """`medstack compare`: CRAFT-MD runs (local or imported) side by side with the same statistics.
 
-Tables of comparisons, each Holm–Bonferroni corrected on its own:
-- ``runs|<format>.<mode>``: every pair of runs, in one format and mode;
-- ``formats|<run>|<mode>``: every pair of formats, within one run and mode (the paper's vignette vs
-  conversational contrast).
-Each pair is paired on case_id (cases scored in both), per-case correctness averaged over trials;
-paired two-sided bootstrap (experiments.common.stats, 10,000 resamples, fixed seed) and, where every paired
-value is 0/1 (one trial), McNemar's test.
-The runs' patient checks (counted from their records) sit in one table beside the authors' four released patients.
+Tables of comparisons, each Holm–Bonferroni corrected on its own: every pair of runs in one format and mode
+(``runs|<format>.<mode>``) and every pair of formats within one run and mode (``formats|<run>|<mode>``); the
+tests: the study README (`medstack compare`).
 """
 
 from __future__ import annotations

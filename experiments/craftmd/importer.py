@@ -1,30 +1,8 @@
 """`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> our results format.
 
-Input: a folder of ``*.json`` files, one per case, each with ``case_id``, ``case_vignette``,
-``question``, ``correct_ans`` and ``trial_0`` .. ``trial_4``; a trial holds ``<fmt>_mcq`` /
-``<fmt>_frq`` answers (free text), ``extracted_ans_<fmt>_frq``, ``evaluation_<fmt>_frq`` (0/1),
-``multiturn_conversation`` and ``summarized_conversation``. Output: one record per (case, trial)
-with the same shape as a local run, so `compare` treats both alike.
-
-MCQ mapping (identical for every imported model, and the same rule local runs use,
-``experiments.common.choice.map_choice``): the four choices come from the file (``choices`` /
-``options`` key, or ``A. ...`` lines in ``question``) or, with ``--cases``, from the case CSV by
-``case_id``. The free-text answer is mapped by, in order: ``letter``; ``exact`` choice text;
-``stated`` (the choice a committing phrase names: "the diagnosis is X", "Answer: X"); ``contains``
-(exactly one choice text); ``first`` (the choice mentioned first, unless hedged with "or");
-``fuzzy`` (spelling slips only); else ``unparsed`` = wrong, counted per rule and listed in summary.md /
-metrics.json, never dropped; so is a ``<fmt>_mcq`` missing from a trial when another trial of the
-case has it. Without any choices the answer is matched against the correct answer alone
-(recorded as ``mcq_mapping: answer_only``).
-FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 right, 0 wrong, and
--1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
-unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
-accepts an answer naming several concurrent diagnoses when any matches).
-Patient checks (experiments/common/patient_checks.py) on every conversation, against the file's vignette, correct
-answer and choices; metrics.json and summary.md give their rates with CIs and the longest copied runs.
-Conversations: the doctor's instructions are dropped, the fixed greeting is doctor turn 0 (not
-counted); the stop reason is inferred from the closing doctor turn, with the release's turn cap
-inferred from the conversations that end on a question (:func:`infer_cap`).
+One record per (case, trial), shaped as a local run's so `compare` treats both alike. The input files, the
+MCQ mapping, the published FRQ grades, the patient checks and the inferred stop reasons are described in
+the study README (`medstack import craftmd`).
 """
 
 from __future__ import annotations

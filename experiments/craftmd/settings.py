@@ -12,8 +12,6 @@ from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
-STOP_REASONS = ("final_diagnosis", "no_question", "turn_cap")
-LOOPS = ("opensource", "gpt")
 
 # The authors' request settings (github.com/rajpurkarlab/craft-md, src/models.py, src/utils.py): max_tokens per
 # step (open models: generate(max_new_tokens=250); GPT calls: 150; the summary: 500) and, for GPT calls, the API's

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from experiments.common.grade import to_disk
-from experiments.common.markdown import md_table
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import count_agreement
 from experiments.core.dryrun import RecordingClient, request_line, write_requests
 from experiments.core.results import ConfigView, RunDir
@@ -189,15 +189,9 @@ def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
 
 # ------------------------------------------------------------------ figures
 
-def _fmt(x, nd=3):
-    if x is None or (isinstance(x, float) and x != x):
-        return "–"
-    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
-
-
 def figures_table(rows: list[tuple[str, dict]]) -> list[str]:
     return md_table(["rater vs dermatologist", "n cases", "exact count agreement", "mean abs diff", "trial agreement bound", "weighted kappa (linear)",
-                     "Spearman rho"], [[name, m["n"], *map(_fmt, (m["exact_agreement"], m["mean_abs_diff"], m["trial_agreement_bound"],
+                     "Spearman rho"], [[name, m["n"], *map(num, (m["exact_agreement"], m["mean_abs_diff"], m["trial_agreement_bound"],
                                                                   m["weighted_kappa_linear"], m["spearman"]["rho"]))] for name, m in rows])
 
 

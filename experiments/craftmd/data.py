@@ -39,16 +39,10 @@ def _ws(text: str) -> str:
 
 
 def split_question(text: str, default: str = DEFAULT_QUESTION) -> tuple[str, str, str]:
-    """(vignette without its question, question, source) for one case text, as the authors split it.
-
-    The authors' rule (``get_case_without_question``): look at the text's last line when it has
-    several lines, else at the whole text; the question is the FIRST sentence there containing "?";
-    every occurrence of that sentence is removed from the text, and "of the following" is removed
-    from the question. Without such a sentence the whole text is the vignette and ``default`` (their
-    "What is the final diagnosis?") the question (source ``default``). Our only change is whitespace:
-    both parts are collapsed to single spaces (their removal leaves doubled spaces), which is how
-    the check against their 2,004 released case files compares them (scripts/check_craftmd_split.py).
-    """
+    """(vignette without its question, question, source) for one case text, as the authors split it
+    (``get_case_without_question``; docs/protocols.md, CRAFT-MD). Our only change is whitespace: both parts are
+    collapsed to single spaces (their removal leaves doubled spaces), as :mod:`experiments.craftmd.check_split`
+    compares them with their released case files."""
     body = text or ""  # as published: a trailing line break makes the last line empty, as in theirs
     scope = body.split("\n")[-1] if "\n" in body else body
     question = next((s for s in _SENTENCE.findall(scope) if "?" in s), None)

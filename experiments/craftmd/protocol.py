@@ -1,15 +1,9 @@
-"""The CRAFT-MD protocol as plain async steps over the one client.
+"""The CRAFT-MD protocol (docs/protocols.md, CRAFT-MD) as plain async steps over the one client: one (case, trial)
+is a conversation, a summary, the diagnosis asked in every format as MCQ and FRQ, and the FRQ answers graded.
 
-One unit of work is a (case, trial): simulate the doctor–patient conversation, summarise the
-patient's statements, ask the clinical model for the diagnosis in every format as MCQ and FRQ,
-and grade the FRQ answers with the grader-AI. Roles: ``clinical`` (model under test),
-``patient``, ``summarizer``, ``grader``.
-
-Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py
-``craftmd_opensource`` — or ``craftmd_gpt`` under ``loop: gpt`` — and src/utils.py
-``diagnosis_evaluation``): the same roles, message order and placement of the specialty, case text,
-question and choices; the prompt texts are our own (prompts/). What a run sends differently is a named
-setting listed by :func:`experiments.craftmd.settings.deviations`.
+Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py and
+src/utils.py); the prompt texts are our own (prompts/). What a run sends differently is a named setting listed by
+:func:`experiments.craftmd.settings.deviations`.
 """
 
 from __future__ import annotations
@@ -111,13 +105,9 @@ def stop_reason_for(doctor_turn: str, marker: str) -> str | None:
 
 
 async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tuple[list[dict], str]:
-    """The patient answers the greeting; then doctor turn, termination check, patient answer — until a rule stops it.
-
-    The turn cap is checked right after the doctor's turn, as the authors do: the doctor's
-    ``max_turns``-th turn ends the conversation (``turn_cap``) unanswered, so the transcript always
-    ends on a doctor turn, which :func:`context_turns` removes before asking. The transcript holds the
-    models' turns only; the greeting is the fixed second message of the doctor's chat.
-    """
+    """The patient answers the greeting; then doctor turn, termination check, patient answer — until a rule stops it
+    (the turn cap checked right after the doctor's turn, as the authors do: docs/protocols.md, CRAFT-MD). The
+    transcript holds the models' turns only; the greeting is the fixed second message of the doctor's chat."""
     stops = TURN_STOPS if settings.turn_stops else None
     transcript: list[dict] = []
     r = await ctx.chat(patient_view([], case, prompt=settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
@@ -167,15 +157,8 @@ def case_question(case: dict) -> str:
 
 
 def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summary: str, loop: str = "opensource", empty: str = "") -> list[dict]:
-    """The clinical model's request for one format and mode, built as the authors' code builds it.
-
-    vignette / summarized: one message holding the doctor's identity (specialty), the case text (the
-    vignette or the summary) followed by the question, and for MCQ the choices (a user message; the
-    vignette one a system message in the GPT loop). multiturn / singleturn: the doctor's own chat —
-    instructions, greeting and the conversation without the doctor's closing turn (multiturn), or up
-    to the patient's first reply (singleturn) — with the question (and choices) appended to the last
-    patient message after a blank line (open-model loop) or as a system message after it (GPT loop).
-    """
+    """The clinical model's request for one format and mode, built as the authors' code builds it
+    (docs/protocols.md, CRAFT-MD: the formats)."""
     choices = ", ".join(case["choices"])
     if fmt in ("vignette", "summarized"):
         values = {"identity": identity(case["specialty"]), "case": case["vignette"] if fmt == "vignette" else summary,
@@ -206,15 +189,10 @@ def settled(status: str, replies: dict, verdict_rule: str = "anywhere") -> bool:
 
 
 async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str, role: str = "grader", given: str | None = None) -> dict:
-    """Grader-AI: extract the diagnosis (Multiple/None score 0), then judge equivalence (subtype rule).
-
-    As the authors' ``diagnosis_evaluation``, both steps are asked again while the verdict holds neither
-    yes nor no (here also while the extraction cannot be parsed), at most ``grader_reasks`` times; the
-    number of re-asks is recorded (``grader_reasks``). Under ``concurrent_rule: any`` an answer naming
-    several concurrent diagnoses is graded per diagnosis (one verdict request each) and is correct when
-    any matches; under ``zero`` it scores 0. ``role``: the role asked (another judge's, ``medstack rescore``), with the
-    grader's sampling. ``given``: a diagnosis already extracted (``calibrate craftmd-grader``: the release's extraction),
-    so only the verdict step is asked, and re-asked, as a run asks it.
+    """Grader-AI: extract the diagnosis, then judge equivalence, both re-asked while no verdict is read (the rules:
+    docs/protocols.md, CRAFT-MD grading). ``role``: the role asked (another judge's, ``medstack rescore``), with the
+    grader's sampling. ``given``: a diagnosis already extracted (``calibrate craftmd-grader``: the release's
+    extraction), so only the verdict step is asked, and re-asked, as a run asks it.
     """
     rule = settings.concurrent_rule
     raw1 = None

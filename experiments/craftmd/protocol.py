@@ -3,7 +3,7 @@ is a conversation, a summary, the diagnosis asked in every format as MCQ and FRQ
 
 Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py and
 src/utils.py); the prompt texts are our own (prompts/). What a run sends differently is a named setting listed by
-:func:`experiments.craftmd.settings.deviations`.
+:attr:`experiments.craftmd.settings.CraftSettings.authors_table`.
 """
 
 from __future__ import annotations

@@ -55,10 +55,6 @@ def import_experts_cmd(
     log(f"imported {metrics['conversations']} expert-labelled conversations into {out}")
 
 
-def _log(msg: str) -> None:
-    typer.echo(msg, err=True)
-
-
 STUDY_CONFIG_HELP = "The CRAFT-MD run settings whose instrument is calibrated (default: the one `run craftmd` reads, experiments/craftmd/configs/paper.yaml)."
 
 
@@ -89,15 +85,15 @@ def calibrate_grader_cmd(
         raise typer.BadParameter("--concurrent-rule must be zero or any")
     try:
         asyncio.run(calibrate_grader(judge_model, labels, out, config=config, rule=rule, published=published, completion=completion,
-                                     concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, dry_run=dry_run, log=_log))
+                                     concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, dry_run=dry_run, log=log))
     except CalibrationFailed as e:
-        typer.echo((out / "summary.md").read_text().rstrip("\n"))
-        _log(f"error: {e}")
+        _print((out / "summary.md").read_text())
+        log(f"error: {e}")
         raise typer.Exit(3)
     if dry_run:
         return
-    typer.echo((out / "summary.md").read_text().rstrip("\n"))
-    _log(f"results in {out}")
+    _print((out / "summary.md").read_text())
+    log(f"results in {out}")
 
 
 def calibrate_conversations_cmd(
@@ -132,7 +128,7 @@ def calibrate_conversations_cmd(
     if model is None:
         calibrate_without_model(resolve_data(labels), out, n_boot=n_boot)
         _print((out / "summary.md").read_text())
-        _log(f"results in {out}")
+        log(f"results in {out}")
         return
     run = study_settings(config, {"assessor": model}, completion=completion, step="assessor")
     study = ConversationCalibration()

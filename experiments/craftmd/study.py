@@ -137,6 +137,5 @@ class CraftmdStudy(Study):
 
     def summary(self, metrics: dict, s: CraftSettings, run) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
-        published = getattr(paper_values, "EXPERT_PUBLISHED", None)
-        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper)
+        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, paper_values.EXPERT_PUBLISHED, paper)
                 + "\n" + run_paper_tables(run))

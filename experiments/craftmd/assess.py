@@ -84,9 +84,8 @@ async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, 
 
 
 def question_rates(records: list[dict], key: str = "assessment", group: str = "case_id") -> dict:
-    """Per question: the share of Yes over the scored verdicts (mean over ``group`` of the per-group share,
-    95 % percentile bootstrap CI over groups, :func:`experiments.common.stats.mean_ci`), with the counts of
-    conversations, Yes, No and unscored (Q3: of them, ``terms_not_found``: replies quoting a term no patient line holds). Records without ``key`` are left out."""
+    """Per question: the share of Yes over the scored verdicts (mean over ``group`` of the per-group share, with its
+    bootstrap CI), with the counts of conversations, Yes, No, unscored and Q3's ``terms_not_found``."""
     out = {}
     for q in QUESTIONS:
         per: dict[str, list[float]] = {}

@@ -96,13 +96,9 @@ def read_labels(path: str | Path) -> dict:
 # ------------------------------------------------------------------ grading the trials, as a run grades
 
 async def grade_trials(client, cases: list[dict], settings, *, log=print) -> dict[str, list[dict]]:
-    """Case id -> per trial ``{"extracted", "status", "targets", "replies", "correct", "grade_source", "grader_reasks", "calls"}``.
-
-    The extracted diagnosis is given (the grader's first step happened in the release), so each trial goes through the
-    run's own grading (:func:`experiments.craftmd.protocol.grade_answer` with ``given``): the verdict request per target
-    (:func:`grading.match_targets`: exact normalized equality alone skips the judge) with the run's sampling, message
-    roles, completion steps, re-asks and verdict rule, through a case context (steps ``vignette_match``, as a run names
-    the vignette format's). A request that gets no answer makes the trial ``failed`` (correct None, error set)."""
+    """Case id -> per trial ``{"extracted", "status", "targets", "replies", "correct", "grade_source", "grader_reasks", "calls"}``:
+    the run's own grading (:func:`experiments.craftmd.protocol.grade_answer` with the release's extraction ``given``).
+    A request that gets no answer makes the trial ``failed`` (correct None, error set)."""
     done = {"n": 0}
 
     async def one(case: dict, t: int, extracted: str) -> dict:
@@ -142,12 +138,9 @@ def trivial_kind(trials: list[str], gold: str) -> str | None:
 
 
 def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
-    """Match each labelled case to the release by gold answer and the five extracted answers
-    (vignette FRQ first, then the other formats; same order first, then as a multiset) and return
-    {case id: {"count": correct trials by the authors' grader, "case_id", "format", "order",
-    "trivial"}} (``trivial``: :func:`trivial_kind` of the five extractions, so readers can see how
-    many matched cases any grader gets right by string equality or scores 0 unasked).
-    -1 (no answer graded) counts as wrong."""
+    """Each labelled case matched to the release by gold answer and the five extracted answers (vignette FRQ first; same
+    order first, then as a multiset) -> {case id: {"count": correct trials by the authors' grader (-1 counts as wrong),
+    "case_id", "format", "order", "candidates", "trivial": :func:`trivial_kind`}}."""
     src = Path(release_dir)
     files = sorted(src.rglob("*.json")) if src.is_dir() else []
     if not files:

@@ -1,20 +1,10 @@
 """Pure scoring logic for CRAFT-MD answers (no model calls): MCQ choice, grader replies, subtype rule.
 
-FRQ grading has two grader-AI steps; this module turns their replies into scores:
-1. extraction reply -> (diagnosis, status); status ``multiple`` (alternatives: "a or b") or
-   ``none`` scores 0 without step 2. Status ``concurrent`` ("a, b": several diagnoses named as
-   present together) depends on the concurrent-diagnosis rule (docs/protocols.md, CRAFT-MD):
-   ``zero`` (the paper's grader; the default) scores it 0 like "Multiple"; ``any`` (the authors'
-   released grades) grades each named diagnosis and scores 1 when any matches.
-2. equivalence reply -> verdict (one per given diagnosis). Only an answer equal to the correct
-   one after normalization (case, punctuation, apostrophes, whitespace) is scored without asking:
-   no word-set shortcut may decide a match ("Cushing disease" vs "Cushing syndrome" is asked).
-   If a verdict cannot be parsed, a lexical form of the subtype rule decides when it can (word
-   sets: the correct answer's words include all the given diagnosis' words = correct is a subtype
-   of the given one -> match; the given one has extra words = more specific subtype -> no match);
-   otherwise the answer is *unscored* (correct=None) and counted, never silently 0.
-
-MCQ mapping: :func:`experiments.common.choice.map_choice`, one rule for every model, local or imported.
+FRQ grading has two grader-AI steps (docs/protocols.md, CRAFT-MD): an extraction reply -> (diagnosis, status), then an
+equivalence verdict per given diagnosis. Only an answer equal to the correct one after :func:`normalize` is scored
+without asking: no word-set shortcut may decide a match ("Cushing disease" vs "Cushing syndrome" is asked). A verdict
+that cannot be read is decided by a lexical form of the subtype rule where it can be (:func:`lexical_relation`),
+otherwise the answer is *unscored* (correct=None) and counted, never silently 0.
 """
 
 from __future__ import annotations

@@ -39,13 +39,8 @@ def is_doctor_instruction(text: str) -> bool:
 
 
 def parse_conversation(conv, where: str) -> list[dict]:
-    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' / 'Doctor-AI : ...' lines) -> transcript.
-
-    The doctor's instructions are dropped: a ``system`` message, or a first message "You are an AI
-    doctor ..." under role ``user`` (the open-model release). Doctor messages before the patient's
-    first message (the fixed greeting "Hi! What symptoms are you facing today?") get turn 0 and are
-    not counted as doctor turns; the doctor's turns after it are numbered from 1.
-    """
+    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' / 'Doctor-AI : ...' lines)
+    -> transcript, the doctor's instructions dropped and its greeting turn 0 (the study README, `import craftmd`)."""
     if conv is None:
         return []
     turns: list[tuple[str, str]] = []
@@ -88,10 +83,8 @@ def doctor_turns(transcript: list[dict]) -> int:
 
 
 def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
-    """The stop reason of a published conversation, by the rules on its closing doctor turn:
-    the marker -> final_diagnosis; no "?" -> no_question; a question at ``cap`` doctor turns (or a
-    conversation cut after the patient's answer) -> turn_cap; a question before the cap (or only
-    the greeting) -> unknown (the release does not say why it stopped)."""
+    """The stop reason of a published conversation, by the run's rules on its closing doctor turn; a question at
+    ``cap`` doctor turns (or a cut after the patient's answer) -> turn_cap, before it -> unknown."""
     if not transcript:
         return None
     last = transcript[-1]
@@ -106,9 +99,8 @@ def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
 
 
 def infer_cap(transcripts: list[list[dict]]) -> int | None:
-    """The release's turn cap in doctor turns: the most common length of the conversations that end on
-    a doctor's question without the marker (only a cap stops those); None when there are none (the
-    GPT releases, run without a cap)."""
+    """The release's turn cap in doctor turns: the most common length of the conversations that end on a doctor's
+    question without the marker (only a cap stops those); None when there are none (the GPT releases)."""
     lengths = Counter(doctor_turns(t) for t in transcripts
                       if t and t[-1]["agent"] == "doctor" and t[-1]["turn"] > 0 and stop_reason_for(t[-1]["content"], "Final Diagnosis") is None)
     return lengths.most_common(1)[0][0] if lengths else None

@@ -62,12 +62,9 @@ class ConversationCalibration(Study):
         return [{"id": c.id, "conversation": c} for c in self.select(convs, s)]
 
     async def solve(self, ctx: CaseContext, unit: dict, s: ConversationCalibrationSettings) -> dict:
-        c = unit["conversation"]
-        transcript = c.transcript
-        assessment = await assess_conversation(ctx, transcript_turns(transcript), c.vignette, s)
-        return {"id": c.id, "case_id": c.case_id, "model": c.model, "vignette": c.vignette, "correct_answer": c.correct_diagnosis, "final_diagnosis": c.final_diagnosis,
-                "transcript": transcript, "experts": dict(c.combined), "expert_raters": {r: dict(v) for r, v in c.raters.items()},
-                "assessment": assessment, "prompt_hashes": PROMPTS.hashes(TEMPLATES.values())}
+        record = expert_records([unit["conversation"]])[0]
+        record["assessment"] = await assess_conversation(ctx, transcript_turns(record["transcript"]), record["vignette"], s)
+        return {**record, "prompt_hashes": PROMPTS.hashes(TEMPLATES.values())}
 
     def metrics(self, records: list[dict], s: ConversationCalibrationSettings) -> dict:
         return calibration_metrics(records, n_boot=s.n_boot)
@@ -188,7 +185,7 @@ AGREEMENT_COLUMNS = ["check", "question", "against", "n", "agreement [95% CI]", 
 
 
 def calibration_summary(m: dict, assessor: str, settings_line: str = "") -> str:
-    published = getattr(paper_values, "EXPERT_PUBLISHED", None) or {}
+    published = paper_values.EXPERT_PUBLISHED
     against = {"combined": "experts combined", "d1": "rater d1", "d2": "rater d2"}
     L = ["# CRAFT-MD conversation checks against the paper's dermatologists", "",
          f"{m['conversations']} released conversation(s). Experts' combined label: the two raters' shared label, the tie-breaker's where "

@@ -25,11 +25,8 @@ def import_craftmd(
 ) -> None:
     """Import published CRAFT-MD per-case results as a results directory (same record shape as a local run).
 
-    MCQ free-text answers are mapped to choices by one rule for every model: exact choice text,
-    letter, stated ("the diagnosis is X"), unique contained choice text, first-mentioned choice
-    (unless hedged with "or"), the one choice equal up to spelling slips, else unparsed (= wrong, listed).
-    FRQ uses the published grades (-1 = wrong); the run records grades: published, concurrent rule: any.
-    """
+    MCQ free-text answers are mapped to choices by the one rule every model's answers go through (unmapped = wrong,
+    listed); FRQ uses the published grades (-1 = wrong), recorded as grades: published, concurrent rule: any."""
     from experiments.core.commands import resolve_data
     from experiments.craftmd.importer import import_folder
 

@@ -52,12 +52,9 @@ def split_question(text: str, default: str = DEFAULT_QUESTION) -> tuple[str, str
 
 
 def answer_index(answer: str, choices: list[str]) -> int | None:
-    """Which choice is the correct answer: the one mapper (experiments.common.choice) by text alone, exact >
-    contains > fuzzy (token_set_ratio >= 90); a letter answer ("B") names no choice.
-
-    Catches trailing-space variants in the published file ('Melanoma ' vs 'Melanoma'); returns None
-    when the answer matches no choice (one published case: 'Henoch-Scholein vasculitis' vs 'IgA vasculitis').
-    """
+    """Which choice is the correct answer: the one mapper (experiments.common.choice) by text alone, exact > contains >
+    fuzzy (token_set_ratio >= 90), so 'Melanoma ' finds 'Melanoma'; a letter answer ("B") names no choice; None when
+    the answer matches no choice (one published case: 'Henoch-Scholein vasculitis' vs 'IgA vasculitis')."""
     if not choices:
         return None
     stripped = [c.strip().lower() for c in choices]
@@ -141,11 +138,8 @@ def osce_vignette(actor: dict) -> str:
 
 
 def load_osce(path: Path) -> list[dict]:
-    """AgentClinic OSCE JSONL: Patient_Actor -> vignette, Correct_Diagnosis -> answer.
-
-    The OSCE cases carry no answer choices, so ``choices`` is [] and only FRQ is asked
-    (MCQ is skipped and recorded as such). Case ids are ``osce_<line-1>``; specialty is 'OSCE'.
-    """
+    """AgentClinic OSCE JSONL: Patient_Actor -> vignette, Correct_Diagnosis -> answer; no choices, so only FRQ is asked
+    (MCQ skipped and recorded as such). Case ids are ``osce_<line-1>``; specialty is 'OSCE'."""
     cases = []
     for lineno, row in iter_jsonl(path):
         osce = row.get("OSCE_Examination")

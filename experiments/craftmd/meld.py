@@ -1,10 +1,4 @@
-"""`medstack meld`: the MELD contamination check (docs/protocols.md, CRAFT-MD).
-
-The model gets the first half of a vignette (by words) and is asked for the second half with its
-word count; the reply is cut to that many words and compared with the true second half:
-similarity = 1 − normalized Levenshtein distance (rapidfuzz, characters). A similarity >= 0.95
-suggests the case was memorized.
-"""
+"""`medstack meld`: the MELD contamination check, as docs/protocols.md (CRAFT-MD, MELD) describes it."""
 
 from __future__ import annotations
 

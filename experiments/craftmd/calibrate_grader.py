@@ -42,12 +42,9 @@ class CalibrationFailed(MedstackError):
 # ------------------------------------------------------------------ the dermatologist set
 
 def read_labels(path: str | Path) -> dict:
-    """validation_graderai.csv -> {"cases": [...], "skipped_blank": [...]}.
-
-    Layout (the authors' release): an instructions row, a header row ('', case_0 .. case_N), rows
-    named trial_0 .. trial_4 (extracted diagnosis per trial), correct_ans, dermatologist_accuracy
-    (0-5, blank for a few). Rows are found by their first cell; anything else is ignored.
-    """
+    """validation_graderai.csv -> {"cases": [...], "skipped_blank": [...]}: a header row ('', case_0 .. case_N) and rows
+    trial_0 .. trial_4 (extracted diagnosis per trial), correct_ans, dermatologist_accuracy (0-5, blank for a few),
+    found by their first cell; anything else (the instructions row) is ignored."""
     p = Path(path)
     if p.is_dir():  # the registered set craftmd-expert-labels is the authors' whole expert_annotations folder
         p = p / "validation_graderai.csv"

@@ -1,13 +1,11 @@
 """Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL, both into one case shape (and synthetic cases of
 that shape: `bench --runner-scale`).
 
-A case is a dict: ``case_id``, ``vignette`` (the case text WITHOUT its closing question: what the
-patient-AI gets and the vignette format shows), ``vignette_full`` (the text as published),
-``question`` (the case's own question, docs/protocols.md, CRAFT-MD: the last question sentence, "of the following"
-dropped, e.g. "Which is the most likely diagnosis?"; a default when the text asks none),
-``question_source`` (``vignette`` | ``default``), ``choices`` (list of 4, or [] when the source has
-none), ``answer`` (correct diagnosis text), ``answer_index`` (0-based index into choices, or None),
-``specialty``, ``dataset``. Bad input raises :class:`DataError` naming the file and line.
+A case is a dict: ``case_id``, ``vignette`` (the case text WITHOUT its closing question), ``vignette_full`` (the text
+as published), ``question`` (the case's own question, :func:`split_question`), ``question_source`` (``vignette`` |
+``default``), ``choices`` (list of 4, or [] when the source has none), ``answer`` (correct diagnosis text),
+``answer_index`` (0-based index into choices, or None), ``specialty``, ``dataset``. Bad input raises
+:class:`DataError` naming the file and line.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from pathlib import Path
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import mcnemar_test, mean_ci
 from experiments.craftmd.importer import doctor_turns, parse_conversation
+from experiments.craftmd.metrics import PAPER_LABELS
 from models.errors import DataError
 
 EXPERT_QUESTIONS = ("Q1", "Q2", "Q3")
@@ -28,7 +29,6 @@ QUESTION_TEXT = {
 }
 # normalised model names, in the paper's order; sheet names as released -> ours
 PAPER_MODELS = ("gpt-4", "gpt-3.5", "mistral-v2-7b", "llama-2-7b")
-PAPER_LABELS = {"gpt-4": "GPT-4", "gpt-3.5": "GPT-3.5", "mistral-v2-7b": "Mistral-v2-7b", "llama-2-7b": "LLaMA-2-7b"}
 SHEETS = {"gpt-4": "gpt-4", "gpt4": "gpt-4", "gpt-3.5": "gpt-3.5", "gpt3.5": "gpt-3.5", "llama2": "llama-2-7b",
           "llama-2": "llama-2-7b", "llama-2-7b": "llama-2-7b", "mistral-v2": "mistral-v2-7b", "mistral-v2-7b": "mistral-v2-7b"}
 RATER_FILES = {

@@ -44,10 +44,8 @@ def as_text(messages: list[dict]) -> str:
 
 
 async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, step: str, messages: list[dict], stop=None, constraint=None) -> str:
-    """One answer / grader / summarizer request: chat, or a text completion of :func:`as_text` when the
-    step is listed in ``completion_steps`` (answers then end in :data:`ANSWER_CUE`, and the first
-    non-empty line of the reply is used). ``constraint``: the template's declared reply format
-    (prompts/constraints.yaml), applied by the context only with ``answers: constrained``."""
+    """One answer / grader / summarizer request: chat, or a text completion of :func:`as_text` for a step in
+    ``completion_steps``. ``constraint``: the template's declared reply format (``answers: constrained`` only)."""
     if key in settings.completion_steps:
         prompt = as_text(messages) + (ANSWER_CUE if key == "answer" else "")
         r = await ctx.complete(prompt, role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
@@ -126,9 +124,8 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
 
 
 def context_turns(transcript: list[dict]) -> list[dict]:
-    """The conversation shown when asking in multi-turn form: the clinical LLM's closing turn is
-    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; docs/protocols.md, CRAFT-MD:
-    the authors always remove it). A transcript ending on a patient turn is shown whole."""
+    """The conversation shown when asking in multi-turn form: the doctor's closing turn removed whatever ended it, as
+    the authors do; a transcript ending on a patient turn is shown whole."""
     if transcript and transcript[-1]["agent"] == "doctor":
         return transcript[:-1]
     return transcript

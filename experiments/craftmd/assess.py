@@ -40,9 +40,8 @@ def request_prompt(question: str, turns: list[tuple[str, str]], vignette: str) -
 
 
 def quoted_terms(reply: str | None, turns: list[tuple[str, str]]) -> dict:
-    """A Q3 reply (``Terms: a, b`` / ``Terms: None``; the label may be left out, as after the prompt's own cue) ->
-    ``{"verdict", "terms"}``: False for None, True when every quoted term is in a patient line, else None with
-    ``terms_not_found``."""
+    """A Q3 reply (``Terms: a, b`` / ``Terms: None``, the label optional) -> ``{"verdict", "terms"}``: False for None,
+    True when every quoted term is in a patient line, else None with ``terms_not_found``."""
     text = extract_after(reply or "", "Terms")
     if text is None:
         text = next((ln.strip() for ln in (reply or "").splitlines() if ln.strip()), "")
@@ -70,9 +69,7 @@ def parse_reply(question: str, reply: str | None, turns: list[tuple[str, str]] =
 
 async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, settings, questions=QUESTIONS,
                               role: str = "assessor") -> dict[str, dict]:
-    """One request per question through the case's context (role ``assessor``, or another judge's role, step
-    ``assess_<question>``), concurrently; ``settings`` gives ``sampling["assessor"]``, ``completion_steps`` and
-    ``lone_system_as_user``."""
+    """One request per question (step ``assess_<question>``), concurrently, as ``role`` (another judge's: rescore)."""
 
     async def one(q: str) -> dict:
         reply = await ask(ctx, settings, role, "assessor", f"assess_{q}", single(request_prompt(q, turns, vignette), settings),

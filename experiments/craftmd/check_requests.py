@@ -70,9 +70,8 @@ class Recorder:
 
 
 def load_theirs(repo: Path):
-    """The authors' src/craftmd.py with src/models.py replaced (theirs pulls torch and the OpenAI client): GPT-4
-    plays the patient (with the GPT-3.5 doctor of craftmd_gpt), GPT-3.5 the summarizer (max_tokens 500) or the
-    doctor, the open model the doctor."""
+    """The authors' src/craftmd.py with src/models.py replaced by :class:`Recorder` (theirs pulls torch and OpenAI):
+    GPT-4 plays the patient, GPT-3.5 the summarizer (max_tokens 500) or the doctor, the open model the doctor."""
     models = types.ModuleType("src.models")
     models.call_gpt4_api = lambda convo, max_tokens=150, depth_limit=0: Recorder.call("patient", convo, max_tokens)
     models.call_gpt3_api = lambda convo, max_tokens=150, depth_limit=0: Recorder.call("summarizer" if max_tokens == 500 else "clinical", convo, max_tokens)

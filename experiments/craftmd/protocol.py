@@ -34,8 +34,7 @@ def _gen(settings: CraftSettings, key: str, stop=None) -> GenConfig:
 
 
 def as_text(messages: list[dict]) -> str:
-    """A request as one text prompt (completion_steps): the first message and system messages bare, the
-    doctor's turns labelled "Doctor:", the patient's "Patient:"."""
+    """A request as one text prompt (completion_steps): the first and system messages bare, the turns labelled."""
     lines = []
     for i, m in enumerate(messages):
         bare = i == 0 or m["role"] == "system"
@@ -55,8 +54,7 @@ async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, st
 
 
 def single(prompt: str, settings: CraftSettings) -> list[dict]:
-    """A one-message request of the grader or summarizer: a system message, as the authors' GPT-4 / GPT-3.5
-    calls in both loops (a user message with the named deviation ``lone_system_as_user``)."""
+    """A one-message request of the grader or summarizer: a system message as the authors' (``lone_system_as_user``: user)."""
     return [{"role": "user" if settings.lone_system_as_user else "system", "content": prompt}]
 
 
@@ -70,9 +68,8 @@ def identity(specialty: str) -> str:
 
 
 def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource", empty: str = "") -> list[dict]:
-    """The doctor's chat as the authors keep it: instructions (a user message in the open-model loop, a
-    system message in the GPT loop), the doctor's own greeting, then the patient's and doctor's turns
-    (an empty turn sent as ``empty``: the setting ``empty_turn``, empty as the authors send it)."""
+    """The doctor's chat as the authors keep it: instructions (by ``loop``), the doctor's own greeting, then the
+    turns (an empty one sent as ``empty``: the setting ``empty_turn``)."""
     msgs = [{"role": "system" if loop == "gpt" else "user", "content": render("doctor_system", identity=identity(case["specialty"]))},
             {"role": "assistant", "content": render("greeting")}]
     for t in transcript:
@@ -180,8 +177,7 @@ async def ask_mcq(ctx: CaseContext, case, transcript, summary, settings, fmt: st
 
 
 def settled(status: str, replies: dict, verdict_rule: str = "anywhere") -> bool:
-    """The grader's replies hold a verdict: the extraction parsed and every verdict reply says yes or no, read
-    by ``verdict_rule`` (:func:`experiments.craftmd.grading.read_verdict`)."""
+    """The grader's replies hold a verdict: the extraction parsed and every verdict reply read as yes or no."""
     return status != "unparsed" and all(grading.read_verdict(r, verdict_rule) is not None for r in replies.values())
 
 

@@ -13,13 +13,13 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from experiments.common.markdown import md_table, num
-from experiments.common.stats import cluster_bootstrap, mean_ci, rater_agreement
+from experiments.common.stats import cluster_bootstrap, rater_agreement
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.results import RunDir
 from experiments.core.study import CaseContext, Study
 from experiments.craftmd import paper_values
 from experiments.craftmd.assess import QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
-from experiments.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels
+from experiments.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels, rate
 from experiments.craftmd.judges import CALIBRATE_CONVERSATIONS
 from experiments.craftmd.prompts import PROMPTS
 from experiments.craftmd.terminology import TERMS_FILE, terminology_check
@@ -83,12 +83,6 @@ def interleaved(convs: list) -> list:
     for i in range(max((len(v) for v in by_model.values()), default=0)):
         out += [v[i] for v in by_model.values() if i < len(v)]
     return out
-
-
-def _rate(values: list[bool]) -> dict:
-    ci = mean_ci([float(v) for v in values])
-    return {"n": ci.n, "yes": int(sum(values)), "pct": 100 * ci.mean if ci.n else None,
-            "ci_low": 100 * ci.low if ci.n else None, "ci_high": 100 * ci.high if ci.n else None}
 
 
 RATERS = ("combined", "d1", "d2")
@@ -165,9 +159,9 @@ def calibration_metrics(records: list[dict], *, n_boot: int = N_BOOT) -> dict:
         for q in QUESTIONS if assessed else ("Q3",):
             mine = [v for r in recs if (v := ((r.get("assessment") or {}).get(q) or {}).get("verdict")) is not None]
             theirs = [e for r in recs if (e := (r.get("experts") or {}).get(q)) is not None] if q in EXPERT_LABELLED else None
-            out["per_model"][m][q] = {"conversations": len(recs), "assessor": _rate(mine) if assessed else None,
-                                      "detector": _rate([checks[r["id"]]["verdict"] for r in recs]) if q == "Q3" else None,
-                                      "experts": _rate(theirs) if theirs is not None else None}
+            out["per_model"][m][q] = {"conversations": len(recs), "assessor": rate(mine) if assessed else None,
+                                      "detector": rate([checks[r["id"]]["verdict"] for r in recs]) if q == "Q3" else None,
+                                      "experts": rate(theirs) if theirs is not None else None}
     return out
 
 

@@ -39,11 +39,9 @@ def import_experts_cmd(
     src: str = typer.Argument("craftmd-expert-labels", help="Folder of the authors' three expert workbooks (validation_clinicalllm_patientai_d1.xlsx, _d2.xlsx, validation_clinicallm_patientai_tiebreak_d3.xlsx), or the registered name craftmd-expert-labels."),
     out: Path = typer.Option(..., "--out", help="Results directory to write (records: one per conversation; metrics.json; summary.md)."),
 ) -> None:
-    """Import the CRAFT-MD authors' expert assessment of 180 conversations: Q1 and Q2 per model, Q3,
-    exact McNemar tests between models and the raters' agreement, each beside the published value.
-
-    Labels are combined as the authors did: the two raters' shared label, the tie-breaker's where they
-    disagree. The conversations become records the report's case browser shows (docs/protocols.md)."""
+    """Import the CRAFT-MD authors' expert assessment of 180 conversations: Q1 and Q2 per model, Q3, exact McNemar
+    tests between models and the raters' agreement, each beside the published value; labels combined as the authors
+    did. The conversations become records the report's case browser shows (docs/protocols.md)."""
     from experiments.core.commands import resolve_data
     from experiments.craftmd.experts import import_experts
 
@@ -108,12 +106,10 @@ def calibrate_conversations_cmd(
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY)."),
 ) -> None:
-    """Check the paper's expert-labelled conversations and compare with the dermatologists, combined and per rater, the
-    raters' own agreement beside: the medical-terminology check of the patient's lines (Q3, no model) and, with
-    --assessor-model, the CRAFT-MD conversation assessor's questions as a run of --config asks them (`run craftmd --assess-conversations`):
-    agreement, Cohen's kappa, sensitivity, specificity with case-clustered bootstrap CIs, the confusion matrix, the %
-    yes per model beside the experts'. With a model it runs on the study runner (resume, cache). Exit 0 done, 2 bad
-    input, 3 some conversations got no answer (run the same command again)."""
+    """Check the paper's expert-labelled conversations against the dermatologists (combined and per rater): the
+    medical-terminology check of the patient's lines (Q3, no model) and, with --assessor-model, the conversation
+    assessor as a run of --config asks it, on the study runner (resume, cache). Agreement, Cohen's kappa, sensitivity,
+    specificity with case-clustered CIs. Exit 0 done, 2 bad input, 3 some conversations got no answer (run it again)."""
     from experiments.craftmd.calibrate_conversations import ConversationCalibration, ConversationCalibrationSettings, calibrate_without_model
     from experiments.craftmd.calibrate_grader import settings_line, study_settings
     from experiments.core.commands import execute, resolve_data

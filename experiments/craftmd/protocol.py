@@ -67,27 +67,25 @@ def identity(specialty: str) -> str:
     return render("identity_specialist", specialty=specialty)
 
 
+def _chat(instructions: dict, transcript: list[dict], speaker: str, empty: str) -> list[dict]:
+    """One side's chat: its instructions, the doctor's fixed greeting, then the turns (``speaker``'s as the assistant;
+    an empty turn sent as ``empty``: the setting ``empty_turn``, empty as the authors send it)."""
+    turns = [{"agent": "doctor", "content": render("greeting")}, *transcript]
+    return [instructions, *({"role": "assistant" if t["agent"] == speaker else "user", "content": t["content"] or empty} for t in turns)]
+
+
 def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource", empty: str = "") -> list[dict]:
-    """The doctor's chat as the authors keep it: instructions (by ``loop``), the doctor's own greeting, then the
-    turns (an empty one sent as ``empty``: the setting ``empty_turn``)."""
-    msgs = [{"role": "system" if loop == "gpt" else "user", "content": render("doctor_system", identity=identity(case["specialty"]))},
-            {"role": "assistant", "content": render("greeting")}]
-    for t in transcript:
-        msgs.append({"role": "user" if t["agent"] == "patient" else "assistant", "content": t["content"] or empty})
-    return msgs
+    """The doctor's chat as the authors keep it: instructions a user message (a system one in the GPT loop)."""
+    doctor = render("doctor_system", identity=identity(case["specialty"]))
+    return _chat({"role": "system" if loop == "gpt" else "user", "content": doctor}, transcript, "doctor", empty)
 
 
 PATIENT_TEMPLATES = {"authors": "patient_authors", "cautious": "patient_system"}  # the setting patient_prompt
 
 
 def patient_view(transcript: list[dict], case: dict, empty: str = "", prompt: str = "authors") -> list[dict]:
-    """The patient's chat: instructions with the vignette (system; ``prompt``: the setting ``patient_prompt``), the
-    doctor's greeting, then the turns (an empty one sent as ``empty``)."""
-    msgs = [{"role": "system", "content": render(PATIENT_TEMPLATES[prompt], vignette=case["vignette"])},
-            {"role": "user", "content": render("greeting")}]
-    for t in transcript:
-        msgs.append({"role": "assistant" if t["agent"] == "patient" else "user", "content": t["content"] or empty})
-    return msgs
+    """The patient's chat: instructions with the vignette (system; ``prompt``: the setting ``patient_prompt``)."""
+    return _chat({"role": "system", "content": render(PATIENT_TEMPLATES[prompt], vignette=case["vignette"])}, transcript, "patient", empty)
 
 
 def stop_reason_for(doctor_turn: str, marker: str) -> str | None:

@@ -1,8 +1,6 @@
-"""Conversation assessors: an LLM (role ``assessor``) asks five yes/no questions of each multi-turn conversation.
-
-An addition to the CRAFT-MD protocol (setting ``assess_conversations``). The questions, the Q3 ``Terms:`` reply
-and how replies are read: the study README, "Conversation assessors". Live runs and ``medstack calibrate
-conversations`` send the same requests through :func:`assess_conversation`.
+"""Conversation assessors (setting ``assess_conversations``, an addition to the CRAFT-MD protocol): an LLM (role
+``assessor``) asks five yes/no questions of each multi-turn conversation, live and in ``calibrate conversations``
+alike (:func:`assess_conversation`). The questions and how replies are read: the study README.
 """
 
 from __future__ import annotations

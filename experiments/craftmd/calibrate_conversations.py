@@ -1,8 +1,5 @@
-"""`medstack calibrate conversations`: the CRAFT-MD conversation checks against the paper's dermatologists.
-
-The checks (the terminology check of :mod:`experiments.craftmd.terminology`; with ``--assessor-model``, the
-assessors' requests as a run of ``--config`` sends them, through the one study runner), the agreement figures and
-their case-resampling CIs are described in the study README (`medstack calibrate conversations`).
+"""`medstack calibrate conversations`: the CRAFT-MD conversation checks (:mod:`experiments.craftmd.terminology`; with
+``--assessor-model``, the assessor through the one study runner) against the paper's dermatologists (the study README).
 """
 
 from __future__ import annotations

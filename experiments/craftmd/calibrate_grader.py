@@ -1,8 +1,6 @@
-"""``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist, on the authors' check of their
-grader (``validation_graderai.csv``). A judge grades every trial as a run of the chosen settings file grades (only the
-verdict step: the extraction is given) and its per-case count of correct trials is compared with the dermatologist's;
-the figures, ``--published`` and the exit codes are described in the study README and docs/protocols.md (Judge
-calibration).
+"""``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist (``validation_graderai.csv``). A
+judge grades every trial as a run of the chosen settings file grades (only the verdict step: the extraction is given);
+its per-case count of correct trials is compared with the dermatologist's (the study README; docs/protocols.md).
 """
 
 from __future__ import annotations

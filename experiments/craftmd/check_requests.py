@@ -2,9 +2,8 @@
 
     python -m experiments.craftmd.check_requests CRAFTMD_REPO CASES.csv [LIMIT]
 
-CRAFTMD_REPO is a clone of github.com/rajpurkarlab/craft-md (its ``src/`` is imported; its model calls
-are replaced by a scripted stand-in, so nothing is sent anywhere). What is compared: the study README
-("Configs and named deviations"). Prints each differing case, then the counts; exit 0 when none differ.
+CRAFTMD_REPO: a clone of github.com/rajpurkarlab/craft-md, its model calls replaced by a script (nothing is sent);
+what is compared: the study README. Prints each differing case, then the counts; exit 0 when none differ.
 """
 
 from __future__ import annotations

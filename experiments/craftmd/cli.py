@@ -67,10 +67,9 @@ def calibrate_grader_cmd(
     no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the response cache."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
 ) -> None:
-    """Grade every extracted diagnosis of the dermatologist set with the judge as a CRAFT-MD run of --config grades
-    (the grader match prompt, its sampling, re-asks and verdict rule) and compare per-case counts of correct trials with
-    the dermatologist's: exact agreement, mean |diff|, trial agreement bound, linear-weighted kappa, Spearman, confusion
-    matrix. Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
+    """Grade every extracted diagnosis of the dermatologist set with the judge as a CRAFT-MD run of --config grades and
+    compare per-case counts of correct trials with the dermatologist's (agreement, mean |diff|, linear-weighted kappa,
+    Spearman, confusion matrix). Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
     from experiments.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader
     from experiments.core.commands import resolve_data
 

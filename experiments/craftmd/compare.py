@@ -1,8 +1,5 @@
-"""`medstack compare`: CRAFT-MD runs (local or imported) side by side with the same statistics.
-
-Tables of comparisons, each Holm–Bonferroni corrected on its own: every pair of runs in one format and mode
-(``runs|<format>.<mode>``) and every pair of formats within one run and mode (``formats|<run>|<mode>``); the
-tests: the study README (`medstack compare`).
+"""`medstack compare`: CRAFT-MD runs (local or imported) side by side with the same statistics: every pair of runs
+in one format and mode, and every pair of formats within a run and mode, each table Holm-corrected (the study README).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL, both into one case shape (and synthetic cases of
-that shape: `bench --runner-scale`).
-
-A case is a dict: ``case_id``, ``vignette`` (the case text WITHOUT its closing question), ``vignette_full`` (the text
-as published), ``question`` (the case's own question, :func:`split_question`), ``question_source`` (``vignette`` |
-``default``), ``choices`` (list of 4, or [] when the source has none), ``answer`` (correct diagnosis text),
-``answer_index`` (0-based index into choices, or None), ``specialty``, ``dataset``. Bad input raises
+"""Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL into one case shape (and synthetic cases of that
+shape: `bench --runner-scale`): ``case_id``, ``vignette`` (the text WITHOUT its closing question), ``vignette_full``
+(as published), ``question`` and ``question_source`` (:func:`split_question`), ``choices`` (4, or [] when the source
+has none), ``answer``, ``answer_index`` (into choices, or None), ``specialty``, ``dataset``. Bad input raises
 :class:`DataError` naming the file and line.
 """
 

@@ -1,10 +1,7 @@
 """The CRAFT-MD authors' expert assessment of multi-turn conversations: read, combined, summarised.
 
-The release is three workbooks with one sheet per model: ``..._d1.xlsx`` and ``..._d2.xlsx`` (two raters) and
-``..._tiebreak_d3.xlsx`` (a third rater's answers where the two disagreed; blank where they agreed). Each sheet has a
-few instruction lines, then the header row ``case_id, case_vignette, question, multi-turn conversation, final
-diagnosis, correct diagnosis, Q1, Q2, Q3``. The questions and how labels are combined: the study README
-(`medstack import craftmd-experts`).
+The release: three workbooks (raters d1, d2 and the tie-breaker d3), one sheet per model, a few instruction lines
+then the header row :data:`HEADER` + Q1, Q2, Q3. The questions and how labels are combined: the study README.
 """
 
 from __future__ import annotations

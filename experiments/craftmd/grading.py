@@ -1,10 +1,8 @@
-"""Pure scoring logic for CRAFT-MD answers (no model calls): MCQ choice, grader replies, subtype rule.
-
-FRQ grading has two grader-AI steps (docs/protocols.md, CRAFT-MD): an extraction reply -> (diagnosis, status), then an
-equivalence verdict per given diagnosis. Only an answer equal to the correct one after :func:`normalize` is scored
-without asking: no word-set shortcut may decide a match ("Cushing disease" vs "Cushing syndrome" is asked). A verdict
-that cannot be read is decided by a lexical form of the subtype rule where it can be (:func:`lexical_relation`),
-otherwise the answer is *unscored* (correct=None) and counted, never silently 0.
+"""Pure scoring logic for CRAFT-MD answers (no model calls): MCQ choice, grader replies, subtype rule (the two grader
+steps: docs/protocols.md, CRAFT-MD). Only an answer equal to the correct one after :func:`normalize` is scored without
+asking: no word-set shortcut may decide a match ("Cushing disease" vs "Cushing syndrome" is asked). A verdict that
+cannot be read is decided by a lexical form of the subtype rule where it can be (:func:`lexical_relation`), otherwise
+the answer is *unscored* (correct=None) and counted, never silently 0.
 """
 
 from __future__ import annotations

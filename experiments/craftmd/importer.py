@@ -1,8 +1,5 @@
-"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> our results format.
-
-One record per (case, trial), shaped as a local run's so `compare` treats both alike. The input files, the
-MCQ mapping, the published FRQ grades, the patient checks and the inferred stop reasons are described in
-the study README (`medstack import craftmd`).
+"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> one record per (case, trial), shaped
+as a local run's so `compare` treats both alike (the input, MCQ mapping and published grades: the study README).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""CRAFT-MD's results contract (experiments/core/study.py ``StudyResults``) for each kind of its results folders: a run
-(an imported release included), the expert import and the two calibrations: the judges a clinician reviews and
-``medstack rescore`` asks again, the comparison of several runs, the authors' released runs, the report's lines.
+"""CRAFT-MD's results contract (``StudyResults``) for each kind of its results folders (a run or imported release, the
+expert import, the two calibrations): judges to review and rescore, comparison, released runs, the report's lines.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The CRAFT-MD protocol (docs/protocols.md, CRAFT-MD) as plain async steps over the one client: one (case, trial)
-is a conversation, a summary, the diagnosis asked in every format as MCQ and FRQ, and the FRQ answers graded.
-
-Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py and
-src/utils.py); the prompt texts are our own (prompts/). What a run sends differently is a named setting listed by
-:attr:`experiments.craftmd.settings.CraftSettings.authors_table`.
+is a conversation, a summary, the diagnosis asked in every format as MCQ and FRQ, and the FRQ answers graded. Every
+request is built as the authors' code builds it (rajpurkarlab/craft-md, src/craftmd.py and src/utils.py), in our own
+prompt texts; what a run sends differently is a row of :attr:`experiments.craftmd.settings.CraftSettings.authors_table`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""CRAFT-MD's typed scores (experiments/common/grade.py), one per decision a record holds: ``frq/<format>``,
-``mcq/<format>``, ``assess-<Q>``, ``assess-<Q>@experts``, ``patient-check/<check>`` and, for ``calibrate
-craftmd-grader``, ``grader`` / ``published`` (what each holds: the study README, "Records").
-
-A run's grading and an import put them in the record's ``scores`` themselves. A record written before
-(``records_schema`` 1) still holds its grades in its own fields: :func:`scores` reads them into the same Grades,
-through the same functions, when the reader upgrades it.
+"""CRAFT-MD's typed scores (experiments/common/grade.py), one per decision a record holds (the names and what each
+holds: the study README, "Records"). A run's grading and an import put them in the record's ``scores``; a record
+written before (``records_schema`` 1) holds its grades in its own fields, which :func:`scores` reads into the same
+Grades, through the same functions, when the reader upgrades it.
 """
 
 from __future__ import annotations

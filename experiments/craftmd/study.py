@@ -1,5 +1,4 @@
-"""CRAFT-MD's studies: `medstack run craftmd` (cases × trials through the study runner: records, metrics,
-summary; resumable); declared in __init__.py with `medstack meld` (experiments/craftmd/meld.py) and its paper tables."""
+"""`medstack run craftmd`: cases × trials through the study runner (declared in __init__.py, with `medstack meld`)."""
 
 from __future__ import annotations
 

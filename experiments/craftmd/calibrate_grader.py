@@ -187,9 +187,8 @@ def figures_table(rows: list[tuple[str, dict]]) -> list[str]:
 
 def study_settings(config: str | Path | None, roles: dict[str, str], *, concurrent_rule: str | None = None, completion: bool | None = None,
                    step: str = "grader") -> CraftSettings:
-    """The settings a CRAFT-MD run of ``config`` (default: the one `run craftmd` reads, paper.yaml) would use, with the
-    calibrated ``roles``: the sampling, re-asks, verdict rule, message roles and completion steps the calibration then
-    sends as that run. ``concurrent_rule`` / ``completion`` (``--completion/--chat`` for ``step``): None keeps the config's."""
+    """The settings a CRAFT-MD run of ``config`` (default paper.yaml) would use, with the calibrated ``roles``, so the
+    calibration asks as that run asks. ``concurrent_rule`` / ``completion`` (for ``step``): None keeps the config's."""
     from experiments.core.config import load_settings
     from experiments.craftmd.study import CONFIGS
 

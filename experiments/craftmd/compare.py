@@ -21,9 +21,8 @@ from models.errors import MedstackError
 
 
 def grading_of(run: dict) -> dict:
-    """How a run's FRQ answers were graded: ``grades`` (``published`` = the authors' grader-AI, or
-    ``local``) and ``concurrent_rule`` (``zero`` | ``any``; a local run without the key predates the
-    setting and used ``zero``)."""
+    """How a run's FRQ answers were graded: ``grades`` (``published``: the authors' grader-AI, or ``local``),
+    ``concurrent_rule`` (a local run without the key predates the setting and used ``zero``) and ``answers``."""
     cfg = run.get("config") or {}
     metrics = run.get("metrics") or {}
     grades = cfg.get("grades") or metrics.get("grades") or ("published" if cfg.get("imported_from") else "local")

@@ -21,7 +21,8 @@ from experiments.craftmd.metrics import grades, run_metrics, summary_markdown
 from experiments.craftmd.prompts import render
 from experiments.craftmd.protocol import SUMMARY_STOPS, TURN_STOPS, solve
 from experiments.craftmd.study import CONFIGS, CraftmdStudy
-from experiments.craftmd.settings import CraftSettings, deviations, requests_line
+from experiments.core.deviations import settings_deviations as deviations
+from experiments.craftmd.settings import CraftSettings, requests_line
 from serving.client import ChatResult
 
 FX = Path(__file__).parent / "fixtures" / "craftmd"

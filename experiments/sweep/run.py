@@ -1,4 +1,5 @@
-"""`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder.
+"""`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder
+(docs/running-studies.md, A study over several models: layout, roles, resume, exit codes).
 
     SWEEP/<label>/          each model's run: an ordinary results directory, made by the study's own
                             command body (experiments.core.commands.run_command -> the one runner)
@@ -6,22 +7,10 @@
     SWEEP/compare/          the study's comparison over every run of the sweep (`medstack compare`)
     SWEEP/report.html       `medstack report` over the sweep
 
-Only the role under test varies (``Study.sweep_roles``; ``--vary`` names others); every other role is one
-model for every run, named once with ``--role ROLE=REF`` (or the study's own --patient-model,
---grader-model, ...), as in the papers. A sweep whose study calls a fixed role nobody named
-(``Study.fixed_roles``) is refused before anything starts. The role -> model map is in every run's config,
-records and summary, in SWEEP/summary.md and in the report.
-
-Models run in turn: the runner reuses a running server for the alias, else starts one for the run
-and stops it after. A run whose fixed roles are another model holds two servers at once: on one GPU each
-gets its share of the memory (serving/gpu_memory.py), or the run is refused with the numbers. Every input check happens for every
-model before anything starts (bad input: exit 2). Resumable as a whole: the same command again
-skips finished runs without starting their server, resumes a partial one. A model whose run stops
-on an error (its server will not start: weights missing, ...) is reported and the sweep goes on to
-the next; the sweep then exits 3, as does one that leaves failed or unstarted cases.
-
-``--executor slurm`` (experiments/sweep/slurm.py) takes the same checked plan and runs each entry as a
-Slurm job, through the same :func:`run_entry`, and the same :func:`join` in a job that follows them.
+Only the role under test varies (``Study.sweep_roles``; ``--vary`` names others); a fixed role nobody named
+(``Study.fixed_roles``) is refused before anything starts. ``--executor slurm`` (experiments/sweep/slurm.py)
+runs each entry of the same checked plan as a Slurm job, through the same :func:`run_entry`, and the same
+:func:`join` in a job that follows them.
 """
 
 from __future__ import annotations

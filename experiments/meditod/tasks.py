@@ -47,7 +47,7 @@ def _sample(task: str, did: str, u: dict, *, history: list[str], last_turn: list
 
 
 def icl_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size: int = HISTORY_SIZE) -> list[dict]:
-    """In-context samples (module docstring), in dialogue order."""
+    """In-context samples (README, Inputs), in dialogue order."""
     _check_task(task)
     out = []
     for did in map(str, dialog_ids):
@@ -77,7 +77,7 @@ def icl_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size
 
 
 def sft_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size: int = HISTORY_SIZE) -> list[dict]:
-    """Supervised samples (module docstring), in dialogue order."""
+    """Supervised samples (README, Inputs), in dialogue order."""
     _check_task(task)
     out = []
     for did in map(str, dialog_ids):

@@ -1,11 +1,5 @@
 """`medstack compare RUN... --out DIR`: runs side by side, for any study (docs/protocols.md, Runs;
-experiments/compare/README.md).
-
-Each run is read by the one reader (``registry.open_run``). A study's own comparison (``StudyResults.compare``), when
-every run is of that one kind, is written first; then the typed-score comparison every study gets.
-
-    DIR/summary.md      the study's comparison (if any), then "Typed scores"
-    DIR/scores.json     the typed-score rows
+experiments/compare/README.md: what DIR holds). Each run is read by the one reader (``registry.open_run``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """MediTOD scorers, pure functions equal to the dataset authors' scorer: the tuple rules, skips, edge shapes,
-Precision@K and NLG normalisation are in experiments/meditod/README.md, Metrics.
+Precision@K, NLG normalisation and the optional LLM adjudication are in experiments/meditod/README.md, Metrics and
+Running a baseline.
 
 Stable interface: ``score(task, golds, preds, **options) -> dict`` with ``task`` in
 {"nlu", "pol", "nlg"}. ``golds``/``preds`` are aligned lists: for NLU/POL each element is a
 turn's list (``nlu`` / ``actions``); a prediction of ``None`` means "unparseable" (format error,
-scored as empty). For NLG they are strings.
-
-Optional adjudication of non-canonical matches: pass ``judgments`` = {(gold_value, pred_value):
-bool}; within each tuple group (all elements but the value) each gold value is matched to an unused
-equivalent prediction. ``adjudication_pairs`` lists the pairs a judge must decide.
+scored as empty). For NLG they are strings. Adjudication: ``judgments`` = {(gold_value, pred_value): bool};
+``adjudication_pairs`` lists the pairs a judge must decide.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """MediTOD task samples, windowed as the dataset authors' released code windows them: the windows, per task
-and baseline, are in experiments/meditod/README.md, Inputs. ``history_size`` (the authors' parameter, 4 in every
-config) gives each task its own window.
+and baseline, and each sample's fields are in experiments/meditod/README.md, Inputs and Python interface.
 
-``icl_samples(dialogs, ids, task, history_size=4)``: the in-context baselines' samples (and their exemplars);
-POL/NLG samples at u = 0 are built (and sent) but not scored (``scored: False``), as the authors'
-post-processing skips them. ``sft_samples(dialogs, ids, task, history_size=4)``: the supervised LoRA samples,
-one per patient utterance the doctor answers; the id names the labelled utterance (p for NLU, d for POL/NLG).
-
-Every sample: ``id`` ("<dialog_id>/<uttr_id>"), ``dialog_id``, ``uttr_id``, ``task``, ``history``,
-``last_turn`` (lists of lines), ``state`` (POL) / ``actions`` (NLG), ``target`` (gold as in the
-data), ``answer`` (what the model is asked to write), ``retrieval_text`` (the last-turn lines
-joined by newlines: the retrieval key) and ``scored``.
-
-``gold_turns(dialogs, ids, task)``: every labelled turn (all patient turns for NLU, all doctor
-turns but the opening one for POL/NLG) -- what ``medstack score`` aligns predictions with.
+``icl_samples`` builds the in-context baselines' samples (and their exemplars); POL/NLG samples at u = 0 are built
+(and sent) but not scored (``scored: False``), as the authors' post-processing skips them. ``sft_samples`` builds the
+supervised LoRA samples, one per patient utterance the doctor answers; the id names the labelled utterance (p for
+NLU, d for POL/NLG). ``gold_turns``: every labelled turn, what ``medstack score`` aligns predictions with.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder
-(docs/running-studies.md, A study over several models: layout, roles, resume, exit codes).
+(docs/running-studies.md, A study over several models: the folder's layout, roles, resume, exit codes).
 
-    SWEEP/<label>/          each model's run: an ordinary results directory, made by the study's own
-                            command body (experiments.core.commands.run_command -> the one runner)
-    SWEEP/published-<name>/ --published NAME: a released run of the study's authors, imported
-    SWEEP/compare/          the study's comparison over every run of the sweep (`medstack compare`)
-    SWEEP/report.html       `medstack report` over the sweep
-
-Only the role under test varies (``Study.sweep_roles``; ``--vary`` names others); a fixed role nobody named
-(``Study.fixed_roles``) is refused before anything starts. ``--executor slurm`` (experiments/sweep/slurm.py)
-runs each entry of the same checked plan as a Slurm job, through the same :func:`run_entry`, and the same
-:func:`join` in a job that follows them.
+Each model's run is an ordinary results directory made by the study's own command body
+(experiments.core.commands.run_command -> the one runner). Only the role under test varies (``Study.sweep_roles``;
+``--vary`` names others); a fixed role nobody named (``Study.fixed_roles``) is refused before anything starts.
+``--executor slurm`` (experiments/sweep/slurm.py) runs each entry of the same checked plan as a Slurm job, through
+the same :func:`run_entry`, and the same :func:`join` in a job that follows them.
 """
 
 from __future__ import annotations
@@ -197,7 +192,10 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     if executor is not None:  # another executor (experiments/sweep/slurm.py) takes the checked plan from here
         return executor(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
-        return _run_planned(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
+        plan = Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome)
+        for r, common, given, _settings, case_ids in planned:
+            run_entry(plan, r, common, given, case_ids)
+        return join(plan)
 
 
 def check_gpu_fit(settings) -> None:
@@ -238,12 +236,6 @@ def run_entry(plan: Plan, r: ModelRun, common: dict, given: dict, case_ids: list
     except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
         r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
     return r
-
-
-def _run_planned(plan: Plan) -> SweepOutcome:
-    for r, common, given, _settings, case_ids in plan.planned:
-        run_entry(plan, r, common, given, case_ids)
-    return join(plan)
 
 
 def join(plan: Plan) -> SweepOutcome:

@@ -1,7 +1,6 @@
 """`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder
 (docs/running-studies.md, A study over several models: the folder's layout, roles, resume, exit codes).
 
-
 Each entry runs through :func:`run_entry` (the study's own command body), then :func:`join`; ``--executor slurm``
 (experiments/sweep/slurm.py) runs the same checked plan through the same two functions as Slurm jobs.
 """

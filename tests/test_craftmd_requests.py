@@ -21,7 +21,8 @@ from experiments.studies.craftmd.metrics import grades, run_metrics, summary_mar
 from experiments.studies.craftmd.prompts import render
 from experiments.studies.craftmd.protocol import SUMMARY_STOPS, TURN_STOPS, solve
 from experiments.studies.craftmd.study import CONFIGS, CraftmdStudy
-from experiments.studies.craftmd.settings import CraftSettings, deviations, requests_line
+from experiments.core.deviations import settings_deviations as deviations
+from experiments.studies.craftmd.settings import CraftSettings, requests_line
 from serving.client import ChatResult
 
 FX = Path(__file__).parent / "fixtures" / "craftmd"

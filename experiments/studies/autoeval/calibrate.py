@@ -1,8 +1,6 @@
-"""Rubric-judge rank agreement (docs/protocols.md, Auto-evaluation): ``medstack calibrate autoeval``.
-
-Judge ratings (a CSV, or an autoeval results directory) against reference ratings (CSV) on the same items: rank
-agreement (Spearman rho, Kendall tau-b), exact agreement, mean absolute difference, linear-weighted kappa over 1-5,
-confusion matrix.
+"""Rubric-judge rank agreement (docs/protocols.md, Auto-evaluation): ``medstack calibrate autoeval``: judge ratings
+(a CSV, or an autoeval results directory) against reference ratings (CSV) on the same items (the measures:
+experiments/studies/autoeval/README.md).
 """
 
 from __future__ import annotations

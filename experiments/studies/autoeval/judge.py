@@ -1,15 +1,7 @@
-"""The self-CoT rubric judge (docs/protocols.md, Auto-evaluation): criteria, example dialogues, prompts, and the two judge steps.
-
-(a) ``explain_example``: for an example dialogue with a known rating, the judge writes why
-    that rating fits, as ``Good: … Bad: … Summary: …``.
-(b) ``rate_dialogue``: a few-shot prompt holding one explained example per rating point
-    (1..5, in that order) asks the judge to review a new dialogue in the same form, ending
-    with ``Rating: N``. A reply without a parseable whole rating 1..5 is *unscored*.
-
-Prompts are the files in ``prompts/`` (one :class:`~experiments.core.prompts.PromptSet`, ``$name``
-placeholders); every record stores the hash of the exact prompt sent. Judge calls go through the
-runner's :class:`~experiments.core.study.CaseContext`: a call that gets no answer raises
-:class:`~experiments.core.study.RequestFailed` and never becomes a rating.
+"""The self-CoT rubric judge (docs/protocols.md, Auto-evaluation): criteria, example dialogues, prompts, and the two judge
+steps, (a) ``explain_example`` and (b) ``rate_dialogue`` (experiments/studies/autoeval/README.md). A reply without a parseable
+whole rating 1..5 is *unscored*; a call that gets no answer raises :class:`~experiments.core.study.RequestFailed` and
+never becomes a rating. Every record stores the hash of the exact prompt sent.
 """
 
 from __future__ import annotations

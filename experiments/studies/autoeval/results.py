@@ -1,11 +1,8 @@
 """The rubric auto-evaluation's results for the tools over results (experiments/core/study.py, ``StudyResults``).
 
-A record is one (dialogue, criterion) pair (id ``<dialogue>::<criterion>``); its typed score, its result, is
-``rubric/<criterion>``: the judge's rating 1-5 (None when its reply had no rating), its reply, notes and parse error,
-the judge its model and the hash of the three templates of the two steps (explain, example, rate). The judge
-``rubric`` shows a reviewer what the judge rated (the criterion, what a 5 and a 1 mean, the dialogue from the run's
-data) and asks again over the stored dialogue for ``medstack rescore``: step (a), the five explained examples, then
-step (b), the rating, with the run's prompts, sampling and parser.
+A record is one (dialogue, criterion) pair (id ``<dialogue>::<criterion>``); its typed score is ``rubric/<criterion>``
+(the judge's rating 1-5, None when its reply had none). The judge ``rubric`` shows a reviewer what the judge rated and
+asks again over the stored dialogue for ``medstack rescore`` (step (a), then step (b), with the run's prompts).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """`medstack autoeval` through the study runner (declared in __init__.py, with its paper tables): rate every stored dialogue with the self-CoT judge.
 
-Cases are (dialogue, criterion) pairs, id ``<record id>::<criterion>``, from the records of the
-results directory given as RESULTS / ``--data`` that carry a ``transcript``. ``setup()`` runs
-step (a) once per run: the judge explains the example dialogues' known ratings (cached in
-``explained_examples.jsonl`` in the output directory; an entry is reused while the judge, the
-prompt and the settings match). A step-(a) request that gets no answer raises RequestFailed:
-no rating is made and the run exits 3 (the answered explanations stay cached). ``solve()`` is
-step (b): one rating per case through ``ctx``. Metrics: mean rating per criterion with 95% CI,
-unscored counts, agreement with ``--reference`` ratings.
+Cases are (dialogue, criterion) pairs, id ``<record id>::<criterion>``. ``setup()`` runs step (a) once per run
+(cached in ``explained_examples.jsonl`` while the judge, the prompt and the settings match); a step-(a) request
+that gets no answer raises RequestFailed, so no rating is made and the run exits 3. ``solve()`` is step (b).
 """
 
 from __future__ import annotations

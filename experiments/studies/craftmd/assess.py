@@ -1,30 +1,6 @@
-"""Conversation assessors: an LLM (role ``assessor``) asks five yes/no questions of each multi-turn conversation.
-
-An addition to the CRAFT-MD protocol (setting ``assess_conversations``; the paper's automatic protocol has
-none): the paper's dermatologists asked Q1-Q3 of 180 conversations (Fig. 3i/3j) and the Methods name two
-questions about the patient-AI that were not released. Here each question is one request per conversation,
-built from our own template (``prompts/assess_<question>.txt``: the case notes the patient-AI was given and
-the whole conversation, closing doctor turn included). Q1-Q3 ask what the raters' sheets ask, in our words:
-
-- ``Q1``: from the conversation, is it possible to arrive at one most likely diagnosis?
-- ``Q2``: does the conversation cover all the key information in the case notes (physical examination and
-  laboratory results left out)?
-- ``Q3``: does the patient-AI use medical terminology (the paper's examples: macule, papule, lichenification,
-  glabella; spot, bump, blister are everyday words)? Answered ``Terms: <the terms, comma-separated>`` or
-  ``Terms: None``, never yes/no: each quoted term must appear in a patient line (case and spacing aside), so a
-  verdict of Yes always names its evidence; a reply quoting a term no patient line holds is unscored and
-  counted (``terms_not_found``). ``verdict`` True = terminology used, as the experts' Q3 yes.
-- ``grounded``: are the patient-AI's answers grounded in the vignette (nothing invented)? Denying, or being
-  unsure of, something the vignette does not mention is grounded (the paper accepted denials).
-- ``complete``: are the patient-AI's answers complete for what was asked?
-
-The other replies are read by the project's one verdict parser (:func:`experiments.common.parsing.extract_verdict`,
-``Verdict: Yes`` / ``Verdict: No``; the grounding question's No names what was invented); a reply it cannot read
-is ``verdict: None``, counted as unscored, never a No. A run records the hash of each template it used; resuming a
-results folder made with other template text is refused, naming the files (experiments/core/results.py). With ``answers: constrained``
-each request carries its declared format (prompts/constraints.yaml). Live runs
-(:func:`experiments.studies.craftmd.study.CraftmdStudy.solve`) and the calibration against the released expert
-labels (``medstack calibrate conversations``) send the same requests through :func:`assess_conversation`.
+"""Conversation assessors (setting ``assess_conversations``, an addition to the CRAFT-MD protocol): an LLM (role
+``assessor``) asks five yes/no questions of each multi-turn conversation, live and in ``calibrate conversations``
+alike (:func:`assess_conversation`). The questions and how replies are read: the study README.
 """
 
 from __future__ import annotations
@@ -62,9 +38,8 @@ def request_prompt(question: str, turns: list[tuple[str, str]], vignette: str) -
 
 
 def quoted_terms(reply: str | None, turns: list[tuple[str, str]]) -> dict:
-    """A Q3 reply (``Terms: a, b`` / ``Terms: None``; the label may be left out, as after the prompt's own cue) ->
-    ``{"verdict", "terms"}``: False for None, True when every quoted term is in a patient line, else None with
-    ``terms_not_found``."""
+    """A Q3 reply (``Terms: a, b`` / ``Terms: None``, the label optional) -> ``{"verdict", "terms"}``: False for None,
+    True when every quoted term is in a patient line, else None with ``terms_not_found``."""
     text = extract_after(reply or "", "Terms")
     if text is None:
         text = next((ln.strip() for ln in (reply or "").splitlines() if ln.strip()), "")
@@ -92,9 +67,7 @@ def parse_reply(question: str, reply: str | None, turns: list[tuple[str, str]] =
 
 async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, settings, questions=QUESTIONS,
                               role: str = "assessor") -> dict[str, dict]:
-    """One request per question through the case's context (role ``assessor``, or another judge's role, step
-    ``assess_<question>``), concurrently; ``settings`` gives ``sampling["assessor"]``, ``completion_steps`` and
-    ``lone_system_as_user``."""
+    """One request per question (step ``assess_<question>``), concurrently, as ``role`` (another judge's: rescore)."""
 
     async def one(q: str) -> dict:
         reply = await ask(ctx, settings, role, "assessor", f"assess_{q}", single(request_prompt(q, turns, vignette), settings),
@@ -106,9 +79,8 @@ async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, 
 
 
 def question_rates(records: list[dict], key: str = "assessment", group: str = "case_id") -> dict:
-    """Per question: the share of Yes over the scored verdicts (mean over ``group`` of the per-group share,
-    95 % percentile bootstrap CI over groups, :func:`experiments.common.stats.mean_ci`), with the counts of
-    conversations, Yes, No and unscored (Q3: of them, ``terms_not_found``: replies quoting a term no patient line holds). Records without ``key`` are left out."""
+    """Per question: the share of Yes over the scored verdicts (mean over ``group`` of the per-group share, with its
+    bootstrap CI), with the counts of conversations, Yes, No, unscored and Q3's ``terms_not_found``."""
     out = {}
     for q in QUESTIONS:
         per: dict[str, list[float]] = {}

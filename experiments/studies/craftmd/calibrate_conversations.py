@@ -1,26 +1,5 @@
-"""`medstack calibrate conversations`: the CRAFT-MD conversation checks against the paper's dermatologists.
-
-The released expert labels (:func:`experiments.studies.craftmd.experts.load_expert_labels`: 180 conversations, 45 cases x 4
-models, Q1-Q3 yes/no; each rater's own label and the combined one, as the paper combined them) are checked by:
-
-- the deterministic medical-terminology check of the patient's lines (Q3, :mod:`experiments.studies.craftmd.terminology`:
-  no model, no server; the only check without ``--assessor-model``);
-- with ``--assessor-model``, the LLM assessors with the requests a CRAFT-MD run of ``--config`` sends with
-  ``assess_conversations`` (:func:`experiments.studies.craftmd.assess.assess_conversation`: the same templates, parser, role
-  ``assessor``, sampling and message form), through the one study runner, so the results directory resumes and every
-  answered request is cached.
-
-Per check and question, against the combined label and against each rater (d1, d2) alone, over the conversations
-where both exist: exact agreement, Cohen's kappa (two categories), sensitivity and specificity (the check's yes
-against the experts' yes), each with a 95 % percentile bootstrap CI that resamples whole cases (a case's
-conversations with the four models move together: ``experiments.common.stats.cluster_bootstrap``), and the confusion
-matrix (rows: the experts, columns: the check; No, Yes). The two raters' own agreement on the conversations both
-labelled is shown beside them: no check can be expected to agree with one rater better than the other rater does.
-Per paper model, each check's % yes beside the experts'.
-
-The two patient-AI questions (grounded, complete) were not released with labels: their assessor rates per model are
-reported alone. An unreadable assessor reply is unscored (counted, left out of every figure); a conversation whose
-request got no answer fails, is left out, and runs again on resume (exit 3).
+"""`medstack calibrate conversations`: the CRAFT-MD conversation checks (:mod:`experiments.studies.craftmd.terminology`; with
+``--assessor-model``, the assessor through the one study runner) against the paper's dermatologists (the study README).
 """
 
 from __future__ import annotations
@@ -31,13 +10,13 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from experiments.common.markdown import md_table, num
-from experiments.common.stats import cluster_bootstrap, mean_ci, rater_agreement
+from experiments.common.stats import cluster_bootstrap, rater_agreement
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.results import RunDir
 from experiments.core.study import CaseContext, Study
 from experiments.studies.craftmd import paper_values
 from experiments.studies.craftmd.assess import QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
-from experiments.studies.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels
+from experiments.studies.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels, rate
 from experiments.studies.craftmd.judges import CALIBRATE_CONVERSATIONS
 from experiments.studies.craftmd.prompts import PROMPTS
 from experiments.studies.craftmd.terminology import TERMS_FILE, terminology_check
@@ -80,12 +59,9 @@ class ConversationCalibration(Study):
         return [{"id": c.id, "conversation": c} for c in self.select(convs, s)]
 
     async def solve(self, ctx: CaseContext, unit: dict, s: ConversationCalibrationSettings) -> dict:
-        c = unit["conversation"]
-        transcript = c.transcript
-        assessment = await assess_conversation(ctx, transcript_turns(transcript), c.vignette, s)
-        return {"id": c.id, "case_id": c.case_id, "model": c.model, "vignette": c.vignette, "correct_answer": c.correct_diagnosis, "final_diagnosis": c.final_diagnosis,
-                "transcript": transcript, "experts": dict(c.combined), "expert_raters": {r: dict(v) for r, v in c.raters.items()},
-                "assessment": assessment, "prompt_hashes": PROMPTS.hashes(TEMPLATES.values())}
+        record = expert_records([unit["conversation"]])[0]
+        record["assessment"] = await assess_conversation(ctx, transcript_turns(record["transcript"]), record["vignette"], s)
+        return {**record, "prompt_hashes": PROMPTS.hashes(TEMPLATES.values())}
 
     def metrics(self, records: list[dict], s: ConversationCalibrationSettings) -> dict:
         return calibration_metrics(records, n_boot=s.n_boot)
@@ -104,12 +80,6 @@ def interleaved(convs: list) -> list:
     for i in range(max((len(v) for v in by_model.values()), default=0)):
         out += [v[i] for v in by_model.values() if i < len(v)]
     return out
-
-
-def _rate(values: list[bool]) -> dict:
-    ci = mean_ci([float(v) for v in values])
-    return {"n": ci.n, "yes": int(sum(values)), "pct": 100 * ci.mean if ci.n else None,
-            "ci_low": 100 * ci.low if ci.n else None, "ci_high": 100 * ci.high if ci.n else None}
 
 
 RATERS = ("combined", "d1", "d2")
@@ -186,9 +156,9 @@ def calibration_metrics(records: list[dict], *, n_boot: int = N_BOOT) -> dict:
         for q in QUESTIONS if assessed else ("Q3",):
             mine = [v for r in recs if (v := ((r.get("assessment") or {}).get(q) or {}).get("verdict")) is not None]
             theirs = [e for r in recs if (e := (r.get("experts") or {}).get(q)) is not None] if q in EXPERT_LABELLED else None
-            out["per_model"][m][q] = {"conversations": len(recs), "assessor": _rate(mine) if assessed else None,
-                                      "detector": _rate([checks[r["id"]]["verdict"] for r in recs]) if q == "Q3" else None,
-                                      "experts": _rate(theirs) if theirs is not None else None}
+            out["per_model"][m][q] = {"conversations": len(recs), "assessor": rate(mine) if assessed else None,
+                                      "detector": rate([checks[r["id"]]["verdict"] for r in recs]) if q == "Q3" else None,
+                                      "experts": rate(theirs) if theirs is not None else None}
     return out
 
 
@@ -206,7 +176,7 @@ AGREEMENT_COLUMNS = ["check", "question", "against", "n", "agreement [95% CI]", 
 
 
 def calibration_summary(m: dict, assessor: str, settings_line: str = "") -> str:
-    published = getattr(paper_values, "EXPERT_PUBLISHED", None) or {}
+    published = paper_values.EXPERT_PUBLISHED
     against = {"combined": "experts combined", "d1": "rater d1", "d2": "rater d2"}
     L = ["# CRAFT-MD conversation checks against the paper's dermatologists", "",
          f"{m['conversations']} released conversation(s). Experts' combined label: the two raters' shared label, the tie-breaker's where "

@@ -1,17 +1,6 @@
-"""``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist (docs/protocols.md, Judge
-calibration), on the CRAFT-MD authors' dermatologist check of their grader (``validation_graderai.csv``: per case, the
-diagnosis the grader extracted in each of 5 trials, the gold answer, and how many of the 5 a dermatologist judged
-correct). A judge (any model in the grader role) grades every trial as a CRAFT-MD run of the chosen settings file
-grades (:func:`study_settings`: default paper.yaml; :func:`grade_trials`: the run's sampling, message form, re-asks,
-verdict rule and concurrent-diagnosis rule, only the verdict step since the extraction is given); its per-case count
-of correct trials is compared with the dermatologist's: exact count agreement, mean absolute difference, trial-level
-agreement bound mean((5 - |diff|) / 5), Cohen's kappa with LINEAR weights over the 0-5 counts, Spearman rho, and the
-6x6 confusion matrix (rows: dermatologist, columns: judge; PNG). With ``--published`` the same figures for the
-authors' own grader decisions (their ``evaluation_<fmt>_frq``), for the cases of the release matched by gold answer
-and the five extracted answers.
-
-A trial whose grading request got no answer is counted as failed and its case left out (never scored); the command
-then exits 3. Cases with a blank dermatologist count are counted and skipped.
+"""``medstack calibrate craftmd-grader``: CRAFT-MD's grader against a dermatologist (``validation_graderai.csv``). A
+judge grades every trial as a run of the chosen settings file grades (only the verdict step: the extraction is given);
+its per-case count of correct trials is compared with the dermatologist's (the study README; docs/protocols.md).
 """
 
 from __future__ import annotations
@@ -26,14 +15,14 @@ from collections import Counter
 from pathlib import Path
 
 from experiments.common.grade import to_disk
-from experiments.common.markdown import md_table
+from experiments.common.markdown import md_table, num
 from experiments.common.stats import count_agreement
 from experiments.core.dryrun import RecordingClient, request_line, write_requests
 from experiments.core.results import ConfigView, RunDir
 from experiments.core.study import CaseContext, RequestFailed
 from experiments.studies.craftmd import grading
 from experiments.studies.craftmd.protocol import grade_answer
-from experiments.studies.craftmd.settings import CraftSettings
+from experiments.studies.craftmd.settings import FORMATS, CraftSettings
 from experiments.studies.craftmd.prompts import PROMPTS
 from experiments.studies.craftmd.scores import calibration_scores
 from experiments.tables.plots import confusion_png
@@ -42,7 +31,6 @@ from serving.refs import ModelRef
 from serving.session import open_client
 
 N_TRIALS = 5
-FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 
 
 class CalibrationFailed(MedstackError):
@@ -52,12 +40,9 @@ class CalibrationFailed(MedstackError):
 # ------------------------------------------------------------------ the dermatologist set
 
 def read_labels(path: str | Path) -> dict:
-    """validation_graderai.csv -> {"cases": [...], "skipped_blank": [...]}.
-
-    Layout (the authors' release): an instructions row, a header row ('', case_0 .. case_N), rows
-    named trial_0 .. trial_4 (extracted diagnosis per trial), correct_ans, dermatologist_accuracy
-    (0-5, blank for a few). Rows are found by their first cell; anything else is ignored.
-    """
+    """validation_graderai.csv -> {"cases": [...], "skipped_blank": [...]}: a header row ('', case_0 .. case_N) and rows
+    trial_0 .. trial_4 (extracted diagnosis per trial), correct_ans, dermatologist_accuracy (0-5, blank for a few),
+    found by their first cell; anything else (the instructions row) is ignored."""
     p = Path(path)
     if p.is_dir():  # the registered set craftmd-expert-labels is the authors' whole expert_annotations folder
         p = p / "validation_graderai.csv"
@@ -106,13 +91,9 @@ def read_labels(path: str | Path) -> dict:
 # ------------------------------------------------------------------ grading the trials, as a run grades
 
 async def grade_trials(client, cases: list[dict], settings, *, log=print) -> dict[str, list[dict]]:
-    """Case id -> per trial ``{"extracted", "status", "targets", "replies", "correct", "grade_source", "grader_reasks", "calls"}``.
-
-    The extracted diagnosis is given (the grader's first step happened in the release), so each trial goes through the
-    run's own grading (:func:`experiments.studies.craftmd.protocol.grade_answer` with ``given``): the verdict request per target
-    (:func:`grading.match_targets`: exact normalized equality alone skips the judge) with the run's sampling, message
-    roles, completion steps, re-asks and verdict rule, through a case context (steps ``vignette_match``, as a run names
-    the vignette format's). A request that gets no answer makes the trial ``failed`` (correct None, error set)."""
+    """Case id -> per trial ``{"extracted", "status", "targets", "replies", "correct", "grade_source", "grader_reasks", "calls"}``:
+    the run's own grading (:func:`experiments.studies.craftmd.protocol.grade_answer` with the release's extraction ``given``).
+    A request that gets no answer makes the trial ``failed`` (correct None, error set)."""
     done = {"n": 0}
 
     async def one(case: dict, t: int, extracted: str) -> dict:
@@ -152,12 +133,9 @@ def trivial_kind(trials: list[str], gold: str) -> str | None:
 
 
 def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
-    """Match each labelled case to the release by gold answer and the five extracted answers
-    (vignette FRQ first, then the other formats; same order first, then as a multiset) and return
-    {case id: {"count": correct trials by the authors' grader, "case_id", "format", "order",
-    "trivial"}} (``trivial``: :func:`trivial_kind` of the five extractions, so readers can see how
-    many matched cases any grader gets right by string equality or scores 0 unasked).
-    -1 (no answer graded) counts as wrong."""
+    """Each labelled case matched to the release by gold answer and the five extracted answers (vignette FRQ first; same
+    order first, then as a multiset) -> {case id: {"count": correct trials by the authors' grader (-1 counts as wrong),
+    "case_id", "format", "order", "candidates", "trivial": :func:`trivial_kind`}}."""
     src = Path(release_dir)
     files = sorted(src.rglob("*.json")) if src.is_dir() else []
     if not files:
@@ -199,15 +177,9 @@ def published_counts(release_dir: str | Path, cases: list[dict]) -> dict:
 
 # ------------------------------------------------------------------ figures
 
-def _fmt(x, nd=3):
-    if x is None or (isinstance(x, float) and x != x):
-        return "–"
-    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
-
-
 def figures_table(rows: list[tuple[str, dict]]) -> list[str]:
     return md_table(["rater vs dermatologist", "n cases", "exact count agreement", "mean abs diff", "trial agreement bound", "weighted kappa (linear)",
-                     "Spearman rho"], [[name, m["n"], *map(_fmt, (m["exact_agreement"], m["mean_abs_diff"], m["trial_agreement_bound"],
+                     "Spearman rho"], [[name, m["n"], *map(num, (m["exact_agreement"], m["mean_abs_diff"], m["trial_agreement_bound"],
                                                                   m["weighted_kappa_linear"], m["spearman"]["rho"]))] for name, m in rows])
 
 
@@ -215,9 +187,8 @@ def figures_table(rows: list[tuple[str, dict]]) -> list[str]:
 
 def study_settings(config: str | Path | None, roles: dict[str, str], *, concurrent_rule: str | None = None, completion: bool | None = None,
                    step: str = "grader") -> CraftSettings:
-    """The settings a CRAFT-MD run of ``config`` (default: the one `run craftmd` reads, paper.yaml) would use, with the
-    calibrated ``roles``: the sampling, re-asks, verdict rule, message roles and completion steps the calibration then
-    sends as that run. ``concurrent_rule`` / ``completion`` (``--completion/--chat`` for ``step``): None keeps the config's."""
+    """The settings a CRAFT-MD run of ``config`` (default paper.yaml) would use, with the calibrated ``roles``, so the
+    calibration asks as that run asks. ``concurrent_rule`` / ``completion`` (for ``step``): None keeps the config's."""
     from experiments.core.config import load_settings
     from experiments.studies.craftmd.study import CONFIGS
 

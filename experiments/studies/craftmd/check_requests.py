@@ -2,15 +2,8 @@
 
     python -m experiments.studies.craftmd.check_requests CRAFTMD_REPO CASES.csv [LIMIT]
 
-CRAFTMD_REPO is a clone of github.com/rajpurkarlab/craft-md (its ``src/`` is imported; its model calls
-are replaced by a scripted stand-in, so nothing is sent anywhere). For every case (the first LIMIT) and
-both loops (``craftmd_opensource`` against ``loop: opensource``, ``craftmd_gpt`` against ``loop: gpt``),
-one trial is run on each side with the same scripted replies (the patient answers, the doctor asks once
-and then gives a final diagnosis; in the open-model loop also a doctor that never stops asking, so the
-turn cap ends the conversation); every request but the grader's is reduced to its shape: agent role,
-message roles, and which messages hold the question, all four choices, the specialty and the patient's
-replies; plus max_tokens per role (open-model loop) and stop sequences (none). The shapes are compared
-as multisets per case. Prints each differing case, then the counts; exit 0 when none differ.
+CRAFTMD_REPO: a clone of github.com/rajpurkarlab/craft-md, its model calls replaced by a script (nothing is sent);
+what is compared: the study README. Prints each differing case, then the counts; exit 0 when none differ.
 """
 
 from __future__ import annotations
@@ -76,9 +69,8 @@ class Recorder:
 
 
 def load_theirs(repo: Path):
-    """The authors' src/craftmd.py with src/models.py replaced (theirs pulls torch and the OpenAI client): GPT-4
-    plays the patient (with the GPT-3.5 doctor of craftmd_gpt), GPT-3.5 the summarizer (max_tokens 500) or the
-    doctor, the open model the doctor."""
+    """The authors' src/craftmd.py with src/models.py replaced by :class:`Recorder` (theirs pulls torch and OpenAI):
+    GPT-4 plays the patient, GPT-3.5 the summarizer (max_tokens 500) or the doctor, the open model the doctor."""
     models = types.ModuleType("src.models")
     models.call_gpt4_api = lambda convo, max_tokens=150, depth_limit=0: Recorder.call("patient", convo, max_tokens)
     models.call_gpt3_api = lambda convo, max_tokens=150, depth_limit=0: Recorder.call("summarizer" if max_tokens == 500 else "clinical", convo, max_tokens)

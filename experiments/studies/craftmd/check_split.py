@@ -2,11 +2,8 @@
 
     python -m experiments.studies.craftmd.check_split CASES.csv RELEASE_DIR
 
-RELEASE_DIR is an unpacked release folder (e.g. ``gpt3_1106``: ``case_<n>.json`` with the
-``case_vignette`` and ``question`` their ``get_case_without_question`` produced). For every case of
-the CSV with a release file, our vignette and question (:func:`experiments.studies.craftmd.data.load_csv`)
-are compared with theirs after whitespace normalisation; each difference is printed with the case
-id, and the counts close the output. Exit 0 when all are equal, 1 otherwise, 2 on bad input.
+RELEASE_DIR is an unpacked release folder (e.g. ``gpt3_1106``). Each case's vignette and question are compared with
+theirs up to whitespace (docs/protocols.md, CRAFT-MD). Exit 0 when all are equal, 1 otherwise, 2 on bad input.
 """
 
 from __future__ import annotations

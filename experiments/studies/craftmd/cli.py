@@ -25,11 +25,8 @@ def import_craftmd(
 ) -> None:
     """Import published CRAFT-MD per-case results as a results directory (same record shape as a local run).
 
-    MCQ free-text answers are mapped to choices by one rule for every model: exact choice text,
-    letter, stated ("the diagnosis is X"), unique contained choice text, first-mentioned choice
-    (unless hedged with "or"), the one choice equal up to spelling slips, else unparsed (= wrong, listed).
-    FRQ uses the published grades (-1 = wrong); the run records grades: published, concurrent rule: any.
-    """
+    MCQ free-text answers are mapped to choices by the one rule every model's answers go through (unmapped = wrong,
+    listed); FRQ uses the published grades (-1 = wrong), recorded as grades: published, concurrent rule: any."""
     from experiments.core.commands import resolve_data
     from experiments.studies.craftmd.importer import import_folder
 
@@ -42,21 +39,15 @@ def import_experts_cmd(
     src: str = typer.Argument("craftmd-expert-labels", help="Folder of the authors' three expert workbooks (validation_clinicalllm_patientai_d1.xlsx, _d2.xlsx, validation_clinicallm_patientai_tiebreak_d3.xlsx), or the registered name craftmd-expert-labels."),
     out: Path = typer.Option(..., "--out", help="Results directory to write (records: one per conversation; metrics.json; summary.md)."),
 ) -> None:
-    """Import the CRAFT-MD authors' expert assessment of 180 conversations: Q1 and Q2 per model, Q3,
-    exact McNemar tests between models and the raters' agreement, each beside the published value.
-
-    Labels are combined as the authors did: the two raters' shared label, the tie-breaker's where they
-    disagree. The conversations become records the report's case browser shows (docs/protocols.md)."""
+    """Import the CRAFT-MD authors' expert assessment of 180 conversations: Q1 and Q2 per model, Q3, exact McNemar
+    tests between models and the raters' agreement, each beside the published value; labels combined as the authors
+    did. The conversations become records the report's case browser shows (docs/protocols.md)."""
     from experiments.core.commands import resolve_data
     from experiments.studies.craftmd.experts import import_experts
 
     metrics = import_experts(Path(resolve_data(src)), out)
     _print((Path(out) / "summary.md").read_text())
     log(f"imported {metrics['conversations']} expert-labelled conversations into {out}")
-
-
-def _log(msg: str) -> None:
-    typer.echo(msg, err=True)
 
 
 STUDY_CONFIG_HELP = "The CRAFT-MD run settings whose instrument is calibrated (default: the one `run craftmd` reads, experiments/studies/craftmd/configs/paper.yaml)."
@@ -76,10 +67,9 @@ def calibrate_grader_cmd(
     no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the response cache."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
 ) -> None:
-    """Grade every extracted diagnosis of the dermatologist set with the judge as a CRAFT-MD run of --config grades
-    (the grader match prompt, its sampling, re-asks and verdict rule) and compare per-case counts of correct trials with
-    the dermatologist's: exact agreement, mean |diff|, trial agreement bound, linear-weighted kappa, Spearman, confusion
-    matrix. Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
+    """Grade every extracted diagnosis of the dermatologist set with the judge as a CRAFT-MD run of --config grades and
+    compare per-case counts of correct trials with the dermatologist's (agreement, mean |diff|, linear-weighted kappa,
+    Spearman, confusion matrix). Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
     from experiments.studies.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader
     from experiments.core.commands import resolve_data
 
@@ -89,15 +79,15 @@ def calibrate_grader_cmd(
         raise typer.BadParameter("--concurrent-rule must be zero or any")
     try:
         asyncio.run(calibrate_grader(judge_model, labels, out, config=config, rule=rule, published=published, completion=completion,
-                                     concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, dry_run=dry_run, log=_log))
+                                     concurrency=concurrency, use_cache=not no_cache, allow_remote=allow_remote, dry_run=dry_run, log=log))
     except CalibrationFailed as e:
-        typer.echo((out / "summary.md").read_text().rstrip("\n"))
-        _log(f"error: {e}")
+        _print((out / "summary.md").read_text())
+        log(f"error: {e}")
         raise typer.Exit(3)
     if dry_run:
         return
-    typer.echo((out / "summary.md").read_text().rstrip("\n"))
-    _log(f"results in {out}")
+    _print((out / "summary.md").read_text())
+    log(f"results in {out}")
 
 
 def calibrate_conversations_cmd(
@@ -115,12 +105,10 @@ def calibrate_conversations_cmd(
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow non-local endpoints."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="API key for keyed endpoints (default: $MEDSTACK_API_KEY)."),
 ) -> None:
-    """Check the paper's expert-labelled conversations and compare with the dermatologists, combined and per rater, the
-    raters' own agreement beside: the medical-terminology check of the patient's lines (Q3, no model) and, with
-    --assessor-model, the CRAFT-MD conversation assessor's questions as a run of --config asks them (`run craftmd --assess-conversations`):
-    agreement, Cohen's kappa, sensitivity, specificity with case-clustered bootstrap CIs, the confusion matrix, the %
-    yes per model beside the experts'. With a model it runs on the study runner (resume, cache). Exit 0 done, 2 bad
-    input, 3 some conversations got no answer (run the same command again)."""
+    """Check the paper's expert-labelled conversations against the dermatologists (combined and per rater): the
+    medical-terminology check of the patient's lines (Q3, no model) and, with --assessor-model, the conversation
+    assessor as a run of --config asks it, on the study runner (resume, cache). Agreement, Cohen's kappa, sensitivity,
+    specificity with case-clustered CIs. Exit 0 done, 2 bad input, 3 some conversations got no answer (run it again)."""
     from experiments.studies.craftmd.calibrate_conversations import ConversationCalibration, ConversationCalibrationSettings, calibrate_without_model
     from experiments.studies.craftmd.calibrate_grader import settings_line, study_settings
     from experiments.core.commands import execute, resolve_data
@@ -132,7 +120,7 @@ def calibrate_conversations_cmd(
     if model is None:
         calibrate_without_model(resolve_data(labels), out, n_boot=n_boot)
         _print((out / "summary.md").read_text())
-        _log(f"results in {out}")
+        log(f"results in {out}")
         return
     run = study_settings(config, {"assessor": model}, completion=completion, step="assessor")
     study = ConversationCalibration()

@@ -1,13 +1,5 @@
-"""`medstack compare`: CRAFT-MD runs (local or imported) side by side with the same statistics.
-
-Tables of comparisons, each Holm–Bonferroni corrected on its own:
-- ``runs|<format>.<mode>``: every pair of runs, in one format and mode;
-- ``formats|<run>|<mode>``: every pair of formats, within one run and mode (the paper's vignette vs
-  conversational contrast).
-Each pair is paired on case_id (cases scored in both), per-case correctness averaged over trials;
-paired two-sided bootstrap (experiments.common.stats, 10,000 resamples, fixed seed) and, where every paired
-value is 0/1 (one trial), McNemar's test.
-The runs' patient checks (counted from their records) sit in one table beside the authors' four released patients.
+"""`medstack compare`: CRAFT-MD runs (local or imported) side by side with the same statistics: every pair of runs
+in one format and mode, and every pair of formats within a run and mode, each table Holm-corrected (the study README).
 """
 
 from __future__ import annotations
@@ -29,9 +21,8 @@ from models.errors import MedstackError
 
 
 def grading_of(run: dict) -> dict:
-    """How a run's FRQ answers were graded: ``grades`` (``published`` = the authors' grader-AI, or
-    ``local``) and ``concurrent_rule`` (``zero`` | ``any``; a local run without the key predates the
-    setting and used ``zero``)."""
+    """How a run's FRQ answers were graded: ``grades`` (``published``: the authors' grader-AI, or ``local``),
+    ``concurrent_rule`` (a local run without the key predates the setting and used ``zero``) and ``answers``."""
     cfg = run.get("config") or {}
     metrics = run.get("metrics") or {}
     grades = cfg.get("grades") or metrics.get("grades") or ("published" if cfg.get("imported_from") else "local")
@@ -86,12 +77,10 @@ def paired_test(sa: dict, sb: dict) -> dict:
         return {**out, "mean_diff": None, "p": None, "mcnemar_p": None}
     t = paired_bootstrap(a, b)
     out.update(mean_diff=t.mean_diff, diff_ci=[t.low, t.high], p=t.p_value)
-    binary = all(v in (0.0, 1.0) for v in a + b)
-    if binary:
+    out["mcnemar_p"] = None  # unless every per-case value is 0/1: trial means are not paired binary outcomes
+    if all(v in (0.0, 1.0) for v in a + b):
         m = mcnemar_test(a, b)
         out.update(mcnemar_p=m["p_value"], mcnemar_table=m["table"])
-    else:
-        out["mcnemar_p"] = None  # per-case values are trial means, not paired binary outcomes
     return out
 
 
@@ -187,18 +176,15 @@ def bar_chart(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(max(6, 1.8 * len(names) * len(modes) + 2), 4.2), squeeze=False)
     width = 0.8 / max(1, len(fmts))
     colors = {"vignette": "#4c72b0", "multiturn": "#dd8452", "singleturn": "#55a868", "summarized": "#c44e52"}
+    scored = {(a["run"], a["format"], a["mode"]): a for a in result["accuracy"] if a["accuracy"] is not None}
     for ax, m in zip(axes[0], modes):
         x = np.arange(len(names))
         for j, f in enumerate(fmts):
-            vals, lo, hi = [], [], []
-            for n in names:
-                a = next((r for r in result["accuracy"] if r["run"] == n and r["format"] == f and r["mode"] == m), None)
-                v = a["accuracy"] if a and a["accuracy"] is not None else np.nan
-                vals.append(v)
-                lo.append(v - a["ci_low"] if a and a["accuracy"] is not None else 0)
-                hi.append(a["ci_high"] - v if a and a["accuracy"] is not None else 0)
+            got = [scored.get((n, f, m)) for n in names]
+            vals = [a["accuracy"] if a else np.nan for a in got]
+            err = [[a["accuracy"] - a["ci_low"] if a else 0 for a in got], [a["ci_high"] - a["accuracy"] if a else 0 for a in got]]
             pos = x + (j - (len(fmts) - 1) / 2) * width
-            ax.bar(pos, vals, width, yerr=[lo, hi], capsize=3, label=f, color=colors.get(f))
+            ax.bar(pos, vals, width, yerr=err, capsize=3, label=f, color=colors.get(f))
             for px, v in zip(pos, vals):
                 if np.isnan(v):  # no scored answer: say so, rather than a bar of height 0
                     ax.text(px, 0.01, "n/a", ha="center", va="bottom", fontsize=7, rotation=90, color="#555")

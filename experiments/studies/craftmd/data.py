@@ -1,13 +1,8 @@
-"""Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL, both into one case shape (and synthetic cases of
-that shape: `bench --runner-scale`).
-
-A case is a dict: ``case_id``, ``vignette`` (the case text WITHOUT its closing question: what the
-patient-AI gets and the vignette format shows), ``vignette_full`` (the text as published),
-``question`` (the case's own question, docs/protocols.md, CRAFT-MD: the last question sentence, "of the following"
-dropped, e.g. "Which is the most likely diagnosis?"; a default when the text asks none),
-``question_source`` (``vignette`` | ``default``), ``choices`` (list of 4, or [] when the source has
-none), ``answer`` (correct diagnosis text), ``answer_index`` (0-based index into choices, or None),
-``specialty``, ``dataset``. Bad input raises :class:`DataError` naming the file and line.
+"""Case loaders: the CRAFT-MD case CSV and AgentClinic OSCE JSONL into one case shape (and synthetic cases of that
+shape: `bench --runner-scale`): ``case_id``, ``vignette`` (the text WITHOUT its closing question), ``vignette_full``
+(as published), ``question`` and ``question_source`` (:func:`split_question`), ``choices`` (4, or [] when the source
+has none), ``answer``, ``answer_index`` (into choices, or None), ``specialty``, ``dataset``. Bad input raises
+:class:`DataError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -39,16 +34,10 @@ def _ws(text: str) -> str:
 
 
 def split_question(text: str, default: str = DEFAULT_QUESTION) -> tuple[str, str, str]:
-    """(vignette without its question, question, source) for one case text, as the authors split it.
-
-    The authors' rule (``get_case_without_question``): look at the text's last line when it has
-    several lines, else at the whole text; the question is the FIRST sentence there containing "?";
-    every occurrence of that sentence is removed from the text, and "of the following" is removed
-    from the question. Without such a sentence the whole text is the vignette and ``default`` (their
-    "What is the final diagnosis?") the question (source ``default``). Our only change is whitespace:
-    both parts are collapsed to single spaces (their removal leaves doubled spaces), which is how
-    the check against their 2,004 released case files compares them (scripts/check_craftmd_split.py).
-    """
+    """(vignette without its question, question, source) for one case text, as the authors split it
+    (``get_case_without_question``; docs/protocols.md, CRAFT-MD). Our only change is whitespace: both parts are
+    collapsed to single spaces (their removal leaves doubled spaces), as :mod:`experiments.studies.craftmd.check_split`
+    compares them with their released case files."""
     body = text or ""  # as published: a trailing line break makes the last line empty, as in theirs
     scope = body.split("\n")[-1] if "\n" in body else body
     question = next((s for s in _SENTENCE.findall(scope) if "?" in s), None)
@@ -58,12 +47,9 @@ def split_question(text: str, default: str = DEFAULT_QUESTION) -> tuple[str, str
 
 
 def answer_index(answer: str, choices: list[str]) -> int | None:
-    """Which choice is the correct answer: the one mapper (experiments.common.choice) by text alone, exact >
-    contains > fuzzy (token_set_ratio >= 90); a letter answer ("B") names no choice.
-
-    Catches trailing-space variants in the published file ('Melanoma ' vs 'Melanoma'); returns None
-    when the answer matches no choice (one published case: 'Henoch-Scholein vasculitis' vs 'IgA vasculitis').
-    """
+    """Which choice is the correct answer: the one mapper (experiments.common.choice) by text alone, exact > contains >
+    fuzzy (token_set_ratio >= 90), so 'Melanoma ' finds 'Melanoma'; a letter answer ("B") names no choice; None when
+    the answer matches no choice (one published case: 'Henoch-Scholein vasculitis' vs 'IgA vasculitis')."""
     if not choices:
         return None
     stripped = [c.strip().lower() for c in choices]
@@ -147,11 +133,8 @@ def osce_vignette(actor: dict) -> str:
 
 
 def load_osce(path: Path) -> list[dict]:
-    """AgentClinic OSCE JSONL: Patient_Actor -> vignette, Correct_Diagnosis -> answer.
-
-    The OSCE cases carry no answer choices, so ``choices`` is [] and only FRQ is asked
-    (MCQ is skipped and recorded as such). Case ids are ``osce_<line-1>``; specialty is 'OSCE'.
-    """
+    """AgentClinic OSCE JSONL: Patient_Actor -> vignette, Correct_Diagnosis -> answer; no choices, so only FRQ is asked
+    (MCQ skipped and recorded as such). Case ids are ``osce_<line-1>``; specialty is 'OSCE'."""
     cases = []
     for lineno, row in iter_jsonl(path):
         osce = row.get("OSCE_Examination")

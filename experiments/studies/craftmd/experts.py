@@ -1,22 +1,7 @@
 """The CRAFT-MD authors' expert assessment of multi-turn conversations: read, combined, summarised.
 
-Dermatologists answered three yes/no questions about 180 released conversations (45 per model, the
-same 45 dermatology cases for every model):
-
-- Q1 (clinical LLM): could one most likely diagnosis be reached from the conversation?
-- Q2 (clinical LLM): does the conversation cover the vignette's key information?
-- Q3 (patient-AI): does the patient-AI use medical terminology?
-
-The release is three workbooks with one sheet per model: ``..._d1.xlsx`` and ``..._d2.xlsx`` (two
-raters, 30 conversations each per model, 15 of them labelled by both) and ``..._tiebreak_d3.xlsx``
-(a third rater's answers where the two disagreed; blank where they agreed). Each sheet has a few
-instruction lines, then the header row ``case_id, case_vignette, question, multi-turn conversation,
-final diagnosis, correct diagnosis, Q1, Q2, Q3``.
-
-The label of a conversation is combined as the authors did: the two raters' shared label where both
-labelled it and agree, the tie-breaker's where they disagree, and the one rater's label otherwise.
-`medstack import craftmd-experts` writes the conversations as records and the published figures
-beside ours (docs/protocols.md, CRAFT-MD: expert assessment).
+The release: three workbooks (raters d1, d2 and the tie-breaker d3), one sheet per model, a few instruction lines
+then the header row :data:`HEADER` + Q1, Q2, Q3. The questions and how labels are combined: the study README.
 """
 
 from __future__ import annotations
@@ -30,6 +15,7 @@ from pathlib import Path
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import mcnemar_test, mean_ci
 from experiments.studies.craftmd.importer import doctor_turns, parse_conversation
+from experiments.studies.craftmd.metrics import PAPER_LABELS
 from models.errors import DataError
 
 EXPERT_QUESTIONS = ("Q1", "Q2", "Q3")
@@ -40,7 +26,6 @@ QUESTION_TEXT = {
 }
 # normalised model names, in the paper's order; sheet names as released -> ours
 PAPER_MODELS = ("gpt-4", "gpt-3.5", "mistral-v2-7b", "llama-2-7b")
-PAPER_LABELS = {"gpt-4": "GPT-4", "gpt-3.5": "GPT-3.5", "mistral-v2-7b": "Mistral-v2-7b", "llama-2-7b": "LLaMA-2-7b"}
 SHEETS = {"gpt-4": "gpt-4", "gpt4": "gpt-4", "gpt-3.5": "gpt-3.5", "gpt3.5": "gpt-3.5", "llama2": "llama-2-7b",
           "llama-2": "llama-2-7b", "llama-2-7b": "llama-2-7b", "mistral-v2": "mistral-v2-7b", "mistral-v2-7b": "mistral-v2-7b"}
 RATER_FILES = {

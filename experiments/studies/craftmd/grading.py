@@ -1,20 +1,8 @@
-"""Pure scoring logic for CRAFT-MD answers (no model calls): MCQ choice, grader replies, subtype rule.
-
-FRQ grading has two grader-AI steps; this module turns their replies into scores:
-1. extraction reply -> (diagnosis, status); status ``multiple`` (alternatives: "a or b") or
-   ``none`` scores 0 without step 2. Status ``concurrent`` ("a, b": several diagnoses named as
-   present together) depends on the concurrent-diagnosis rule (docs/protocols.md, CRAFT-MD):
-   ``zero`` (the paper's grader; the default) scores it 0 like "Multiple"; ``any`` (the authors'
-   released grades) grades each named diagnosis and scores 1 when any matches.
-2. equivalence reply -> verdict (one per given diagnosis). Only an answer equal to the correct
-   one after normalization (case, punctuation, apostrophes, whitespace) is scored without asking:
-   no word-set shortcut may decide a match ("Cushing disease" vs "Cushing syndrome" is asked).
-   If a verdict cannot be parsed, a lexical form of the subtype rule decides when it can (word
-   sets: the correct answer's words include all the given diagnosis' words = correct is a subtype
-   of the given one -> match; the given one has extra words = more specific subtype -> no match);
-   otherwise the answer is *unscored* (correct=None) and counted, never silently 0.
-
-MCQ mapping: :func:`experiments.common.choice.map_choice`, one rule for every model, local or imported.
+"""Pure scoring logic for CRAFT-MD answers (no model calls): MCQ choice, grader replies, subtype rule (the two grader
+steps: docs/protocols.md, CRAFT-MD). Only an answer equal to the correct one after :func:`normalize` is scored without
+asking: no word-set shortcut may decide a match ("Cushing disease" vs "Cushing syndrome" is asked). A verdict that
+cannot be read is decided by a lexical form of the subtype rule where it can be (:func:`lexical_relation`), otherwise
+the answer is *unscored* (correct=None) and counted, never silently 0.
 """
 
 from __future__ import annotations
@@ -127,12 +115,8 @@ def lexical_relation(given: str, correct: str) -> str | None:
 
 
 def match_targets(extracted: str | None, status: str, correct: str, rule: str = "zero") -> list[str]:
-    """The given diagnoses that need a grader verdict (one grader_match request each), in order.
-
-    Empty when the score is decided without asking: Multiple/None; a concurrent list under rule
-    ``zero``; an answer (or, under ``any``, one listed diagnosis) equal to the correct one after
-    :func:`normalize`.
-    """
+    """The given diagnoses that need a grader verdict (one grader_match request each), in order; empty when the score
+    is decided without asking (Multiple/None, a concurrent list under ``zero``, an answer equal to the correct one)."""
     check_rule(rule)
     if extracted is None or status not in ("ok", "concurrent"):
         return []
@@ -150,12 +134,8 @@ VERDICT_RULES = ("anywhere", "first_word")
 
 
 def read_verdict(reply: str | None, verdict_rule: str = "first_word") -> bool | None:
-    """A grader verdict reply -> True / False / None (no verdict: the grader is asked again).
-
-    ``anywhere`` is the authors' reading: yes when "yes" occurs anywhere in the reply (case-insensitive, also
-    inside a word), else no when "no" does ("not sure", "diagnosis" included), else none. ``first_word``: the
-    reply's first word, or the one after a ``Verdict:`` label, must be a yes or no word
-    (:func:`experiments.common.parsing.extract_verdict`)."""
+    """A grader verdict reply -> True / False / None (no verdict: the grader is asked again), read by ``verdict_rule``
+    (the setting; ``anywhere`` is the authors' reading, also inside a word: "not sure" and "diagnosis" say no)."""
     if reply is None:
         return None
     if verdict_rule == "anywhere":
@@ -176,12 +156,8 @@ def _one_verdict(given: str, correct: str, reply: str | None, verdict_rule: str 
 
 
 def grade_frq(extracted: str | None, status: str, correct: str, verdict_reply=None, rule: str = "zero", verdict_rule: str = "first_word") -> dict:
-    """Final FRQ score from the grader's replies.
-
-    ``verdict_reply``: None when step 2 was not asked; a reply string (one target); or, for several
-    targets (rule ``any``), a list aligned with :func:`match_targets` or a dict target -> reply.
-    ``verdict_rule``: how a verdict reply is read (:func:`read_verdict`).
-    """
+    """Final FRQ score from the grader's replies. ``verdict_reply``: None when step 2 was not asked; a reply string (one
+    target); or, for several targets (rule ``any``), a list aligned with :func:`match_targets` or a dict target -> reply."""
     check_rule(rule)
     if status in ("multiple", "none"):
         return {"correct": 0, "grade_source": f"extraction_{status}"}

@@ -1,30 +1,5 @@
-"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> our results format.
-
-Input: a folder of ``*.json`` files, one per case, each with ``case_id``, ``case_vignette``,
-``question``, ``correct_ans`` and ``trial_0`` .. ``trial_4``; a trial holds ``<fmt>_mcq`` /
-``<fmt>_frq`` answers (free text), ``extracted_ans_<fmt>_frq``, ``evaluation_<fmt>_frq`` (0/1),
-``multiturn_conversation`` and ``summarized_conversation``. Output: one record per (case, trial)
-with the same shape as a local run, so `compare` treats both alike.
-
-MCQ mapping (identical for every imported model, and the same rule local runs use,
-``experiments.common.choice.map_choice``): the four choices come from the file (``choices`` /
-``options`` key, or ``A. ...`` lines in ``question``) or, with ``--cases``, from the case CSV by
-``case_id``. The free-text answer is mapped by, in order: ``letter``; ``exact`` choice text;
-``stated`` (the choice a committing phrase names: "the diagnosis is X", "Answer: X"); ``contains``
-(exactly one choice text); ``first`` (the choice mentioned first, unless hedged with "or");
-``fuzzy`` (spelling slips only); else ``unparsed`` = wrong, counted per rule and listed in summary.md /
-metrics.json, never dropped; so is a ``<fmt>_mcq`` missing from a trial when another trial of the
-case has it. Without any choices the answer is matched against the correct answer alone
-(recorded as ``mcq_mapping: answer_only``).
-FRQ: the published ``evaluation_<fmt>_frq`` is the grade (their grader-AI): 1 right, 0 wrong, and
--1 (no answer was graded) counts as wrong (0, ``published_evaluation: -1``); a missing one is
-unscored. The run records ``grades: published`` and ``concurrent_rule: any`` (the authors' grader
-accepts an answer naming several concurrent diagnoses when any matches).
-Patient checks (experiments/common/patient_checks.py) on every conversation, against the file's vignette, correct
-answer and choices; metrics.json and summary.md give their rates with CIs and the longest copied runs.
-Conversations: the doctor's instructions are dropped, the fixed greeting is doctor turn 0 (not
-counted); the stop reason is inferred from the closing doctor turn, with the release's turn cap
-inferred from the conversations that end on a question (:func:`infer_cap`).
+"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> one record per (case, trial), shaped
+as a local run's so `compare` treats both alike (the input, MCQ mapping and published grades: the study README).
 """
 
 from __future__ import annotations
@@ -61,13 +36,8 @@ def is_doctor_instruction(text: str) -> bool:
 
 
 def parse_conversation(conv, where: str) -> list[dict]:
-    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' / 'Doctor-AI : ...' lines) -> transcript.
-
-    The doctor's instructions are dropped: a ``system`` message, or a first message "You are an AI
-    doctor ..." under role ``user`` (the open-model release). Doctor messages before the patient's
-    first message (the fixed greeting "Hi! What symptoms are you facing today?") get turn 0 and are
-    not counted as doctor turns; the doctor's turns after it are numbered from 1.
-    """
+    """A published conversation (list of {role, content} / [role, text] pairs, or 'Doctor: ...' / 'Doctor-AI : ...' lines)
+    -> transcript, the doctor's instructions dropped and its greeting turn 0 (the study README, `import craftmd`)."""
     if conv is None:
         return []
     turns: list[tuple[str, str]] = []
@@ -110,10 +80,8 @@ def doctor_turns(transcript: list[dict]) -> int:
 
 
 def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
-    """The stop reason of a published conversation, by the rules on its closing doctor turn:
-    the marker -> final_diagnosis; no "?" -> no_question; a question at ``cap`` doctor turns (or a
-    conversation cut after the patient's answer) -> turn_cap; a question before the cap (or only
-    the greeting) -> unknown (the release does not say why it stopped)."""
+    """The stop reason of a published conversation, by the run's rules on its closing doctor turn; a question at
+    ``cap`` doctor turns (or a cut after the patient's answer) -> turn_cap, before it -> unknown."""
     if not transcript:
         return None
     last = transcript[-1]
@@ -128,9 +96,8 @@ def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
 
 
 def infer_cap(transcripts: list[list[dict]]) -> int | None:
-    """The release's turn cap in doctor turns: the most common length of the conversations that end on
-    a doctor's question without the marker (only a cap stops those); None when there are none (the
-    GPT releases, run without a cap)."""
+    """The release's turn cap in doctor turns: the most common length of the conversations that end on a doctor's
+    question without the marker (only a cap stops those); None when there are none (the GPT releases)."""
     lengths = Counter(doctor_turns(t) for t in transcripts
                       if t and t[-1]["agent"] == "doctor" and t[-1]["turn"] > 0 and stop_reason_for(t[-1]["content"], "Final Diagnosis") is None)
     return lengths.most_common(1)[0][0] if lengths else None

@@ -1,8 +1,5 @@
-"""CRAFT-MD's results contract (experiments/core/study.py ``StudyResults``) for each kind of its results folders: a run
-(``craftmd``, an imported release included), the expert import (``craftmd-experts``) and the two calibrations
-(``calibrate-craftmd-grader``, ``calibrate-craftmd-conversations``). Their typed scores: experiments/studies/craftmd/scores.py.
-Here: the judges a clinician reviews and ``medstack rescore`` asks again (what each was shown, and its requests over a
-stored answer), the comparison of several runs, the authors' released runs, and the study's lines in the report.
+"""CRAFT-MD's results contract (``StudyResults``) for each kind of its results folders (a run or imported release, the
+expert import, the two calibrations): judges to review and rescore, comparison, released runs, the report's lines.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""`medstack meld`: the MELD contamination check (docs/protocols.md, CRAFT-MD).
-
-The model gets the first half of a vignette (by words) and is asked for the second half with its
-word count; the reply is cut to that many words and compared with the true second half:
-similarity = 1 − normalized Levenshtein distance (rapidfuzz, characters). A similarity >= 0.95
-suggests the case was memorized.
-"""
+"""`medstack meld`: the MELD contamination check, as docs/protocols.md (CRAFT-MD, MELD) describes it."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ def meld_metrics(records: list[dict], threshold: float) -> dict:
 
 
 def meld_grades(sim: float | None, cut: str | None, threshold) -> dict[str, Grade]:
-    """``similarity`` (1 - normalized Levenshtein distance of the cut continuation and the true second half) and
-    ``memorized`` (similarity >= the threshold); rules of ours."""
+    """``similarity`` of the cut continuation and the true second half, and ``memorized`` (>= the threshold)."""
     rule = {"rule": "1 - normalized Levenshtein distance"}
     return {"similarity": Grade(value=sim, answer=cut, source="levenshtein", judge=rule),
             "memorized": Grade(value=None if sim is None else int(sim >= threshold), answer=cut, source="similarity >= threshold",
@@ -53,8 +46,7 @@ def meld_grades(sim: float | None, cut: str | None, threshold) -> dict[str, Grad
 
 
 def meld_scores(record: dict, settings) -> dict[str, Grade]:
-    """A case's typed scores (experiments/common/grade.py): those its run stored, or, for a record written before, its
-    ``similarity`` and ``memorized`` fields."""
+    """A case's typed scores: those its run stored, or, for a record written before, from its own fields."""
     return grades(record) if record.get("scores") else meld_grades(record.get("similarity"), record.get("generation_cut"), settings.threshold)
 
 

@@ -1,9 +1,5 @@
-"""Pure aggregation of CRAFT-MD records (local or imported; same shape).
-
-Per-case correctness is the mean over that case's scored trials; accuracy is the mean of those
-per-case values over cases (equal to the mean over records when every case has the same number of
-trials), with a 95% percentile bootstrap CI over cases. Unscored answers (grader verdict unparseable,
-case answer not among its choices) are left out and counted.
+"""Pure aggregation of CRAFT-MD records (local or imported; same shape): accuracy per format and mode over cases,
+as the study README ("Records", metrics.json) describes; unscored answers are left out and counted.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from experiments.core.deviations import settings_deviations
 from experiments.core.scope import counts_text
 from experiments.studies.craftmd.compare import grading_of
 from experiments.studies.craftmd.metrics import case_scores, formats_modes
-from experiments.studies.craftmd.settings import CraftSettings, deviations
+from experiments.studies.craftmd.settings import CraftSettings
 from experiments.tables.adapter import PaperAdapter
 
 
@@ -41,7 +42,7 @@ class CraftmdPaper(PaperAdapter):
             s = CraftSettings.model_validate({k: v for k, v in cfg.items() if k in CraftSettings.model_fields})
         except ValueError:
             return {}
-        devs = deviations(s)
+        devs = settings_deviations(s)
         return {"loop": s.loop, **({"deviations": "; ".join(devs)} if devs else {})}
 
     def case_values(self, run: dict, records: list[dict]) -> dict[str, dict[str, float]]:

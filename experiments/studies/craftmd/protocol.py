@@ -1,15 +1,7 @@
-"""The CRAFT-MD protocol as plain async steps over the one client.
-
-One unit of work is a (case, trial): simulate the doctor–patient conversation, summarise the
-patient's statements, ask the clinical model for the diagnosis in every format as MCQ and FRQ,
-and grade the FRQ answers with the grader-AI. Roles: ``clinical`` (model under test),
-``patient``, ``summarizer``, ``grader``.
-
-Every request is built as the authors' released code builds it (rajpurkarlab/craft-md, src/craftmd.py
-``craftmd_opensource`` — or ``craftmd_gpt`` under ``loop: gpt`` — and src/utils.py
-``diagnosis_evaluation``): the same roles, message order and placement of the specialty, case text,
-question and choices; the prompt texts are our own (prompts/). What a run sends differently is a named
-setting listed by :func:`experiments.studies.craftmd.settings.deviations`.
+"""The CRAFT-MD protocol (docs/protocols.md, CRAFT-MD) as plain async steps over the one client: one (case, trial)
+is a conversation, a summary, the diagnosis asked in every format as MCQ and FRQ, and the FRQ answers graded. Every
+request is built as the authors' code builds it (rajpurkarlab/craft-md, src/craftmd.py and src/utils.py), in our own
+prompt texts; what a run sends differently is a row of :attr:`experiments.studies.craftmd.settings.CraftSettings.authors_table`.
 """
 
 from __future__ import annotations
@@ -40,8 +32,7 @@ def _gen(settings: CraftSettings, key: str, stop=None) -> GenConfig:
 
 
 def as_text(messages: list[dict]) -> str:
-    """A request as one text prompt (completion_steps): the first message and system messages bare, the
-    doctor's turns labelled "Doctor:", the patient's "Patient:"."""
+    """A request as one text prompt (completion_steps): the first and system messages bare, the turns labelled."""
     lines = []
     for i, m in enumerate(messages):
         bare = i == 0 or m["role"] == "system"
@@ -50,10 +41,8 @@ def as_text(messages: list[dict]) -> str:
 
 
 async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, step: str, messages: list[dict], stop=None, constraint=None) -> str:
-    """One answer / grader / summarizer request: chat, or a text completion of :func:`as_text` when the
-    step is listed in ``completion_steps`` (answers then end in :data:`ANSWER_CUE`, and the first
-    non-empty line of the reply is used). ``constraint``: the template's declared reply format
-    (prompts/constraints.yaml), applied by the context only with ``answers: constrained``."""
+    """One answer / grader / summarizer request: chat, or a text completion of :func:`as_text` for a step in
+    ``completion_steps``. ``constraint``: the template's declared reply format (``answers: constrained`` only)."""
     if key in settings.completion_steps:
         prompt = as_text(messages) + (ANSWER_CUE if key == "answer" else "")
         r = await ctx.complete(prompt, role=role, gen=_gen(settings, key, stop), step=step, constraint=constraint)
@@ -63,8 +52,7 @@ async def ask(ctx: CaseContext, settings: CraftSettings, role: str, key: str, st
 
 
 def single(prompt: str, settings: CraftSettings) -> list[dict]:
-    """A one-message request of the grader or summarizer: a system message, as the authors' GPT-4 / GPT-3.5
-    calls in both loops (a user message with the named deviation ``lone_system_as_user``)."""
+    """A one-message request of the grader or summarizer: a system message as the authors' (``lone_system_as_user``: user)."""
     return [{"role": "user" if settings.lone_system_as_user else "system", "content": prompt}]
 
 
@@ -77,28 +65,25 @@ def identity(specialty: str) -> str:
     return render("identity_specialist", specialty=specialty)
 
 
+def _chat(instructions: dict, transcript: list[dict], speaker: str, empty: str) -> list[dict]:
+    """One side's chat: its instructions, the doctor's fixed greeting, then the turns (``speaker``'s as the assistant;
+    an empty turn sent as ``empty``: the setting ``empty_turn``, empty as the authors send it)."""
+    turns = [{"agent": "doctor", "content": render("greeting")}, *transcript]
+    return [instructions, *({"role": "assistant" if t["agent"] == speaker else "user", "content": t["content"] or empty} for t in turns)]
+
+
 def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource", empty: str = "") -> list[dict]:
-    """The doctor's chat as the authors keep it: instructions (a user message in the open-model loop, a
-    system message in the GPT loop), the doctor's own greeting, then the patient's and doctor's turns
-    (an empty turn sent as ``empty``: the setting ``empty_turn``, empty as the authors send it)."""
-    msgs = [{"role": "system" if loop == "gpt" else "user", "content": render("doctor_system", identity=identity(case["specialty"]))},
-            {"role": "assistant", "content": render("greeting")}]
-    for t in transcript:
-        msgs.append({"role": "user" if t["agent"] == "patient" else "assistant", "content": t["content"] or empty})
-    return msgs
+    """The doctor's chat as the authors keep it: instructions a user message (a system one in the GPT loop)."""
+    doctor = render("doctor_system", identity=identity(case["specialty"]))
+    return _chat({"role": "system" if loop == "gpt" else "user", "content": doctor}, transcript, "doctor", empty)
 
 
 PATIENT_TEMPLATES = {"authors": "patient_authors", "cautious": "patient_system"}  # the setting patient_prompt
 
 
 def patient_view(transcript: list[dict], case: dict, empty: str = "", prompt: str = "authors") -> list[dict]:
-    """The patient's chat: instructions with the vignette (system; ``prompt``: the setting ``patient_prompt``), the
-    doctor's greeting, then the turns (an empty one sent as ``empty``)."""
-    msgs = [{"role": "system", "content": render(PATIENT_TEMPLATES[prompt], vignette=case["vignette"])},
-            {"role": "user", "content": render("greeting")}]
-    for t in transcript:
-        msgs.append({"role": "assistant" if t["agent"] == "patient" else "user", "content": t["content"] or empty})
-    return msgs
+    """The patient's chat: instructions with the vignette (system; ``prompt``: the setting ``patient_prompt``)."""
+    return _chat({"role": "system", "content": render(PATIENT_TEMPLATES[prompt], vignette=case["vignette"])}, transcript, "patient", empty)
 
 
 def stop_reason_for(doctor_turn: str, marker: str) -> str | None:
@@ -111,13 +96,9 @@ def stop_reason_for(doctor_turn: str, marker: str) -> str | None:
 
 
 async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tuple[list[dict], str]:
-    """The patient answers the greeting; then doctor turn, termination check, patient answer — until a rule stops it.
-
-    The turn cap is checked right after the doctor's turn, as the authors do: the doctor's
-    ``max_turns``-th turn ends the conversation (``turn_cap``) unanswered, so the transcript always
-    ends on a doctor turn, which :func:`context_turns` removes before asking. The transcript holds the
-    models' turns only; the greeting is the fixed second message of the doctor's chat.
-    """
+    """The patient answers the greeting; then doctor turn, termination check, patient answer — until a rule stops it
+    (the turn cap checked right after the doctor's turn, as the authors do: docs/protocols.md, CRAFT-MD). The
+    transcript holds the models' turns only; the greeting is the fixed second message of the doctor's chat."""
     stops = TURN_STOPS if settings.turn_stops else None
     transcript: list[dict] = []
     r = await ctx.chat(patient_view([], case, prompt=settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
@@ -136,9 +117,8 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
 
 
 def context_turns(transcript: list[dict]) -> list[dict]:
-    """The conversation shown when asking in multi-turn form: the clinical LLM's closing turn is
-    removed, whatever ended the conversation (final diagnosis, no question or the turn cap; docs/protocols.md, CRAFT-MD:
-    the authors always remove it). A transcript ending on a patient turn is shown whole."""
+    """The conversation shown when asking in multi-turn form: the doctor's closing turn removed whatever ended it, as
+    the authors do; a transcript ending on a patient turn is shown whole."""
     if transcript and transcript[-1]["agent"] == "doctor":
         return transcript[:-1]
     return transcript
@@ -167,15 +147,8 @@ def case_question(case: dict) -> str:
 
 
 def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summary: str, loop: str = "opensource", empty: str = "") -> list[dict]:
-    """The clinical model's request for one format and mode, built as the authors' code builds it.
-
-    vignette / summarized: one message holding the doctor's identity (specialty), the case text (the
-    vignette or the summary) followed by the question, and for MCQ the choices (a user message; the
-    vignette one a system message in the GPT loop). multiturn / singleturn: the doctor's own chat —
-    instructions, greeting and the conversation without the doctor's closing turn (multiturn), or up
-    to the patient's first reply (singleturn) — with the question (and choices) appended to the last
-    patient message after a blank line (open-model loop) or as a system message after it (GPT loop).
-    """
+    """The clinical model's request for one format and mode, built as the authors' code builds it
+    (docs/protocols.md, CRAFT-MD: the formats)."""
     choices = ", ".join(case["choices"])
     if fmt in ("vignette", "summarized"):
         values = {"identity": identity(case["specialty"]), "case": case["vignette"] if fmt == "vignette" else summary,
@@ -200,21 +173,15 @@ async def ask_mcq(ctx: CaseContext, case, transcript, summary, settings, fmt: st
 
 
 def settled(status: str, replies: dict, verdict_rule: str = "anywhere") -> bool:
-    """The grader's replies hold a verdict: the extraction parsed and every verdict reply says yes or no, read
-    by ``verdict_rule`` (:func:`experiments.studies.craftmd.grading.read_verdict`)."""
+    """The grader's replies hold a verdict: the extraction parsed and every verdict reply read as yes or no."""
     return status != "unparsed" and all(grading.read_verdict(r, verdict_rule) is not None for r in replies.values())
 
 
 async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str, role: str = "grader", given: str | None = None) -> dict:
-    """Grader-AI: extract the diagnosis (Multiple/None score 0), then judge equivalence (subtype rule).
-
-    As the authors' ``diagnosis_evaluation``, both steps are asked again while the verdict holds neither
-    yes nor no (here also while the extraction cannot be parsed), at most ``grader_reasks`` times; the
-    number of re-asks is recorded (``grader_reasks``). Under ``concurrent_rule: any`` an answer naming
-    several concurrent diagnoses is graded per diagnosis (one verdict request each) and is correct when
-    any matches; under ``zero`` it scores 0. ``role``: the role asked (another judge's, ``medstack rescore``), with the
-    grader's sampling. ``given``: a diagnosis already extracted (``calibrate craftmd-grader``: the release's extraction),
-    so only the verdict step is asked, and re-asked, as a run asks it.
+    """Grader-AI: extract the diagnosis, then judge equivalence, both re-asked while no verdict is read (the rules:
+    docs/protocols.md, CRAFT-MD grading). ``role``: the role asked (another judge's, ``medstack rescore``), with the
+    grader's sampling. ``given``: a diagnosis already extracted (``calibrate craftmd-grader``: the release's
+    extraction), so only the verdict step is asked, and re-asked, as a run asks it.
     """
     rule = settings.concurrent_rule
     raw1 = None

@@ -1,6 +1,5 @@
 """CRAFT-MD's own tables in `medstack report` (its ``StudyResults.report_run`` hook): a run's conversation quality
-(the assessors' % yes with CIs) and patient-check counts, and a `calibrate conversations` run's agreement with the
-paper's dermatologists. The report itself knows no study (experiments/tools/report/build.py)."""
+and patient checks, and the calibrations' agreement with the dermatologists. The report itself knows no study."""
 
 from __future__ import annotations
 

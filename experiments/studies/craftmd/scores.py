@@ -1,20 +1,7 @@
-"""CRAFT-MD's typed scores (experiments/common/grade.py), one per decision a record holds:
-
-- ``frq/<format>``: the grader-AI's verdict on the doctor-AI's FRQ answer (judge: the grader model, the hash of the
-  two grader templates, the verdict rule; an imported release's: ``published``, the authors' own grades);
-- ``mcq/<format>``: the MCQ answer mapped to a choice (a rule: experiments/common/choice.py);
-- ``assess-<Q>``: a conversation assessor's yes (1) / no (0) / unreadable (None) (experiments/studies/craftmd/assess.py);
-- ``assess-<Q>@experts``: the paper's dermatologists' label of a released conversation (``import craftmd-experts``,
-  ``calibrate conversations``), beside the assessor's where both exist;
-- ``patient-check/<check>``: a deterministic patient check flagged the conversation (1) or not (0), or could not check it (None)
-  (experiments/common/patient_checks.py, made by the runner);
-- ``grader`` / ``published`` (``calibrate craftmd-grader``): per case, the count of correct trials by the judge / the
-  authors' grader.
-
-A run's grading (experiments/studies/craftmd/protocol.py) and an import put them in the record's ``scores`` themselves: the
-answers keep what was said and extracted, the grade is only here. A record written before (``records_schema`` 1) still
-holds its grades in its own fields (``correct``, ``grade_source``, ``parsed_by``, ...): :func:`scores` reads them
-into the same Grades, through the same functions, when the reader upgrades it.
+"""CRAFT-MD's typed scores (experiments/common/grade.py), one per decision a record holds (the names and what each
+holds: the study README, "Records"). A run's grading and an import put them in the record's ``scores``; a record
+written before (``records_schema`` 1) holds its grades in its own fields, which :func:`scores` reads into the same
+Grades, through the same functions, when the reader upgrades it.
 """
 
 from __future__ import annotations

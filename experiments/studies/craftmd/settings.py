@@ -12,8 +12,6 @@ from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
-STOP_REASONS = ("final_diagnosis", "no_question", "turn_cap")
-LOOPS = ("opensource", "gpt")
 
 # The authors' request settings (github.com/rajpurkarlab/craft-md, src/models.py, src/utils.py): max_tokens per
 # step (open models: generate(max_new_tokens=250); GPT calls: 150; the summary: 500) and, for GPT calls, the API's
@@ -92,14 +90,8 @@ class CraftSettings(RunSettings):
     max_turns: int = Field(14, ge=1, description="Turn cap: doctor turns per conversation.")
     final_marker: str = Field("Final Diagnosis", description="The words that mark the doctor's final diagnosis (ends the conversation).",
                               json_schema_extra=NO_FLAG)
-    # concurrent-diagnosis rule of the FRQ grade (docs/protocols.md, CRAFT-MD): "zero" = an answer naming several
-    # diagnoses scores 0 like "Multiple"; "any" = correct when any named diagnosis matches (the authors' release)
     concurrent_rule: Literal["zero", "any"] = Field("zero", description="FRQ grade of an answer naming several diagnoses: zero (scored 0, "
                                                     "the paper) or any (correct when one matches, the authors' released grader).")
-    # How the clinical model's requests are built: "opensource" = the authors' open-model loop (craftmd_opensource:
-    # doctor instructions as the first user message, every answer prompt a user message, the multi-/single-turn
-    # question appended to the last patient message); "gpt" = their GPT loop (craftmd_gpt: instructions and the
-    # vignette prompts as system messages, the multi-/single-turn question as a system message after the chat).
     loop: Literal["opensource", "gpt"] = Field("opensource", description="How the doctor-AI's requests are built: the authors' open-model "
                                                "loop (opensource) or their GPT loop (gpt).")
     # Switches a base model needs, each a deviation from the authors' requests when on (all off in paper.yaml; the
@@ -110,20 +102,13 @@ class CraftSettings(RunSettings):
                                 json_schema_extra=NO_FLAG)
     grader_reasks: int = Field(AUTHORS_GRADER_REASKS, ge=0, description="Re-asks of the grader while its verdict is neither yes nor no.",
                                json_schema_extra=NO_FLAG)
-    # how a grader verdict reply is read: "anywhere" = the authors' (yes if "yes" occurs anywhere in the reply, else no
-    # if "no" does, else none: re-asked); "first_word" = the reply's first word (or the one after "Verdict:") must be
-    # a yes or no word. It also decides when the grader is re-asked (a reply without a verdict).
     verdict_rule: Literal["anywhere", "first_word"] = Field("anywhere", description="How a grader verdict is read: anywhere in the reply "
                                                             "(the authors') or its first word.", json_schema_extra=NO_FLAG)
-    # what is sent in place of an empty conversation turn (the authors send it as it is: empty)
     empty_turn: str = Field("", description="What is sent in place of an empty conversation turn (the authors': empty).", json_schema_extra=NO_FLAG)
-    # the patient-AI's instructions: the authors' (prompts/patient_authors.txt, in our words) or the earlier cautious ones
-    # (prompts/patient_system.txt: "not sure" for what the vignette lacks, never name a diagnosis), a named deviation
     patient_prompt: Literal["authors", "cautious"] = Field("authors", description="The patient-AI's instructions: the authors' (authors) "
                                                            "or ours with 'not sure' and 'never name a diagnosis' (cautious).",
                                                            json_schema_extra=NO_FLAG)
-    # the grader's and summarizer's one-message prompts as a user message instead of the authors' system message
-    # (chat templates such as Gemma 3's drop a conversation that is only a system message)
+    # chat templates such as Gemma 3's drop a conversation that is only a system message
     lone_system_as_user: bool = Field(False, description="The grader's and summarizer's one-message prompts sent as a user message "
                                       "(the authors': system).", json_schema_extra=NO_FLAG)
     # Additions to the protocol (not deviations: the paper's requests are unchanged; named in summary.md, additions()):
@@ -141,8 +126,6 @@ class CraftSettings(RunSettings):
         "grader": Sampling(temperature=1.0, max_tokens=150),
     }, description="Sampling of each step: doctor, patient, answer, summarizer, grader (and assessor) (sampling.STEP.FIELD, "
        "e.g. --set sampling.doctor.max_tokens=200).", json_schema_extra=NO_FLAG)
-    # steps sent as plain text completions instead of chat (for base models, e.g. the embedded one):
-    # any of answer (the MCQ/FRQ questions), grader, summarizer; the reply's first non-empty line is used
     completion_steps: list[Literal["answer", "grader", "summarizer", "assessor"]] = Field(
         [], description="Steps sent as plain text completions instead of chat (for base models).", json_schema_extra=NO_FLAG)
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"  # "auto": 256 per GPU, 16 on CPU, bounded by the KV caches
@@ -177,13 +160,6 @@ class CraftSettings(RunSettings):
         return self
 
 
-
-def deviations(s: CraftSettings) -> list[str]:
-    """Every way this run's settings differ from the authors' (empty for paper.yaml), one phrase each: the rows of
-    :attr:`CraftSettings.authors_table`."""
-    return settings_deviations(s)
-
-
 def loop_line(s: CraftSettings) -> str:
     loop = "open-model loop (craftmd_opensource)" if s.loop == "opensource" else "GPT loop (craftmd_gpt)"
     return f"requests: built as the authors' {loop}"
@@ -201,9 +177,8 @@ def additions(s: CraftSettings) -> list[str]:
 
 def requests_line(s: CraftSettings) -> str:
     """How the requests were built, for summary.md and --dry-run."""
-    devs = deviations(s)
-    return (f"{loop_line(s)}; deviations from the authors' requests: "
-            + ("; ".join(devs) if devs else "none"))
+    devs = settings_deviations(s)  # one phrase per row of CraftSettings.authors_table that differs
+    return f"{loop_line(s)}; deviations from the authors' requests: " + ("; ".join(devs) if devs else "none")
 
 
 class MeldSampling(BaseModel):

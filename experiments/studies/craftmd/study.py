@@ -1,5 +1,4 @@
-"""CRAFT-MD's studies: `medstack run craftmd` (cases × trials through the study runner: records, metrics,
-summary; resumable); declared in __init__.py with `medstack meld` (experiments/studies/craftmd/meld.py) and its paper tables."""
+"""`medstack run craftmd`: cases × trials through the study runner (declared in __init__.py, with `medstack meld`)."""
 
 from __future__ import annotations
 
@@ -137,6 +136,5 @@ class CraftmdStudy(Study):
 
     def summary(self, metrics: dict, s: CraftSettings, run) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
-        published = getattr(paper_values, "EXPERT_PUBLISHED", None)
-        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, published, paper)
+        return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, paper_values.EXPERT_PUBLISHED, paper)
                 + "\n" + run_paper_tables(run))

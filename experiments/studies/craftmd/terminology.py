@@ -1,8 +1,6 @@
 """Q3 without a model: does the patient-AI use medical terminology? A fixed term list (terminology.tsv beside this
-file: medical words a patient would say in everyday words, with its sources in its header) matched in the patient's
-lines only: case-insensitive, whole words, a term also with -s or -es added. The list was written and committed
-before it was scored against the dermatologists' Q3 labels, and is never tuned on them (docs/protocols.md gives the
-measured agreement)."""
+file) matched in the patient's lines only, as the study README (`medstack calibrate conversations`) describes.
+"""
 
 from __future__ import annotations
 

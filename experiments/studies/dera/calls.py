@@ -1,26 +1,13 @@
 """DERA's protocol steps over the runner's call log: one prompt template -> one model call.
 
-``CaseLog`` wraps the runner's :class:`~experiments.core.study.CaseContext` of one case.
-``CaseLog.call`` renders a template of the DERA prompt set (``$name`` placeholders), sends it
-as one user message under a role (``decider`` / ``researcher`` / ``judge``) through
-``ctx.chat(..., step=step)``, and notes on the runner's entry for that call the template
-name and hash (plus ``dropped_history`` / ``greedy_copies`` when they apply). The call log,
-usage, per-call seeds and the failure policy are the runner's: a call that got no answer
-raises :class:`~experiments.core.study.RequestFailed` and the case is recorded as failed, never
-scored. What stays here is DERA's own: parse errors (counted, scored per the protocol) and
-the hashes of the templates a record used.
-
-Context window: when the server rejects a prompt as longer than the model's context (small
-local models have 2k tokens), the call is retried with the oldest dialogue messages left out
-of the prompt, one at a time; ``dropped_history`` on the call says how many, and the call's
-``protocol: {history: {sent, asked}}`` counts it as a protocol deviation (experiments/core/deviations.py). Models with a
-long enough context never take this path, so the paper protocol is unchanged for them. Any
-other failure (or no history left to drop) is re-raised.
-
-Greedy with n > 1 (the paper's "5 samples at temperature 0"): vLLM rejects n > 1 without
-sampling, and greedy completions are identical, so one completion is requested and copied
-n times (``greedy_copies`` on the call). Sampled steps send n in one request; the runner
-gives them their per-call seed.
+``CaseLog`` wraps the runner's :class:`~experiments.core.study.CaseContext` of one case;
+``CaseLog.call`` renders a template of the DERA prompt set, sends it as one user message under a role
+through ``ctx.chat(..., step=step)`` and notes the template name and hash on the call. The call log,
+usage, seeds and the failure policy are the runner's; what stays here is DERA's own: parse errors
+(counted, scored per the protocol), the templates' hashes, and the two engineering notes of
+experiments/studies/dera/README.md: a prompt longer than the model's context is retried with the oldest dialogue
+messages left out (``dropped_history``, a protocol deviation: experiments/core/deviations.py), and greedy
+n > 1 is one completion copied n times (``greedy_copies``; vLLM rejects n > 1 without sampling).
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""Input data: encounters (our JSONL or MediTOD ``dialogs.json``) and MedQA open-ended JSONL.
-
-Encounter JSONL, one object per line::
-
-    {"id": "enc-1", "age": 54, "sex": "female", "chief_complaint": "cough",
-     "chat": [{"speaker": "doctor", "text": "..."}, {"speaker": "patient", "text": "..."}]}
-
-MediTOD ``dialogs.json`` maps dialogue id -> {"utterances": [{"speaker", "text", ...}]}; age,
-sex and chief complaint are not annotated there and are given as "not stated".
-
-MedQA open-ended JSONL (as published by the DERA authors): ``question_open``, ``answer``,
-``options`` (letter -> text), ``answer_idx``. Case ids are ``<file stem>-<line number>``
-unless a line carries its own ``id``.
+"""Input data: encounters (our JSONL or MediTOD ``dialogs.json``) and MedQA open-ended JSONL (the formats and case ids:
+experiments/studies/dera/README.md, Inputs).
 """
 
 from __future__ import annotations

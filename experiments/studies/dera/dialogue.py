@@ -1,16 +1,7 @@
-"""DERA for summaries and care plans (docs/protocols.md, DERA) and the corruption study.
-
-    1. Decider writes the initial output from the chat (or, for the corruption study, the
-       reference is written and then corrupted at a level, and DERA starts from that).
-    2. Researcher and Decider alternate; every message counts as one turn. The Researcher
-       reviews one section per message ([RESPONSE: "..."]) or ends with [STOP]; the Decider
-       answers ([RESPONSE: "..."]) and lists accepted corrections ([SCRATCHPAD: "..."]), which
-       accumulate on the scratchpad. The output is not rewritten during the dialogue. Both agents
-       see the chat, the current draft and the scratchpad as it stands in every prompt.
-    3. The dialogue ends on the Researcher's stop tag or at ``max_turns`` messages in total.
-    4. The Decider rewrites the output applying the scratchpad -> final output.
-
-Replies that break the tag format are kept as text and counted as parse errors.
+"""DERA for summaries and care plans (docs/protocols.md, DERA) and the corruption study: the Decider's initial output
+(or, for the corruption study, the corrupted reference), the Researcher / Decider dialogue over a scratchpad, the
+rewrite (experiments/studies/dera/README.md, Protocol as implemented). Replies that break the tag format are kept as text and
+counted as parse errors.
 """
 
 from __future__ import annotations

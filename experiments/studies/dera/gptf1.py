@@ -1,24 +1,10 @@
-"""GPT-F1: LLM-judged concept coverage of a predicted summary section against a ground truth.
+"""GPT-F1: LLM-judged concept coverage of a predicted summary section against a ground truth
+(experiments/studies/dera/README.md, Metrics: extraction, verification, the formulas and the empty-list rules).
 
-Per section: the judge lists the medical concepts of each text (extraction), then checks
-which concepts of one list are found in the other text or its list (verification), allowing
-clinically equivalent wording.
-
-    recall    = tp_gt / (tp_gt + fn)      ground-truth concepts found in the prediction
-    precision = tp_pred / (tp_pred + fp)  predicted concepts found in the ground truth
-    F1        = harmonic mean
-
-Conventions (ours; the paper does not say): both concept lists empty -> P = R = F1 = 1; a ratio
-with an empty denominator otherwise -> 0. An empty reference section (e.g. the model's summary
-could not be parsed into sections) and a judge reply that cannot be parsed leave the section
-unscored (P/R/F1 = None, counted), never silently 0 or 1; an empty predicted section against a
-non-empty reference scores 0. Concept lists are kept in the record.
-
-The extraction prompt names the section heading it reads (a Pertinent Negatives text lists the
-denied findings as concepts). Concept lists longer than ``settings.max_concepts`` are cut to
-that length (null: no cap); a cut is recorded per section (``concepts_cut``: concepts dropped
-from the reference / prediction list) and counted in the run's metrics, never silent; each verification
-request names it as ``protocol: {concepts: (sent, asked)}``, the runner's protocol deviations.
+The empty-list conventions are ours (the paper does not say); an unscored section is None and counted,
+never silently 0 or 1. Concept lists longer than ``settings.max_concepts`` are cut, recorded per section
+(``concepts_cut``) and named in each verification request as ``protocol: {concepts: (sent, asked)}``,
+the runner's protocol deviations.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """DERA's prompt templates: one file per role and step under ``prompts/``, read by the one loader
-(:class:`experiments.core.prompts.PromptSet`, ``$name`` placeholders).
-
-Every record stores the hash of each template it used (``prompt_hashes``), and the results
-directory pins the hash of every file in the folder, so an edited prompt never mixes into an
-earlier run.
+(:class:`experiments.core.prompts.PromptSet`); a record stores each template's hash (``prompt_hashes``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""DERA for open-ended (and multiple-choice) MedQA, docs/protocols.md, DERA, with the 1-shot baseline in the same run.
-
-    1. One-shot prompt sampled ``sampling.answer.n`` (5) times in one request; majority vote over the
-       exact answer strings = the 1-shot baseline (tie: the first completion among the top answers).
-    2. The vote distribution ("'X' 60%, 'Y' 40%") -> an explanation message that does not commit:
-       the Decider's first message.
-    3. Researcher (teacher: no answer, quotes the question, <= 4 sentences, STOP when done) and
-       Decider (``Answer: ...`` + response) alternate for at most ``max_turns`` turns
-       (a turn = a Researcher message and the Decider's reply).
-    4. Final answer: the one-shot prompt with the whole chat as context, ``sampling.final.n`` (5) samples
-       in one request, majority vote = the DERA answer.
+"""DERA for open-ended (and multiple-choice) MedQA, docs/protocols.md, DERA, with the 1-shot baseline in the same run
+(the steps, the vote and its tie rule: experiments/studies/dera/README.md, Protocol as implemented).
 """
 
 from __future__ import annotations

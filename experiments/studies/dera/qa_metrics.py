@@ -1,16 +1,7 @@
-"""Scores of QA answers against the gold answer: per case (LLM judges, BERTScore) and per run.
-
-- BERTScore F1 with a local encoder at a chosen layer (experiments.common.text.bertscore_f1;
-  ``bertscore_model`` / ``bertscore_layer``, the layer defaulting to bert_score's table).
-- LLM exact match: "same medical concept?" -> True/False + explanation (temperature 0).
-  An unparseable verdict is unscored (None) and counted.
-- LLM similarity: a 0-1 score (temperature 0, max_tokens 100). Over a run, scores outside
-  0-1 are set to 0, unless all scores are 100 (a judge answering on a percent scale), in
-  which case they are 1 (:func:`normalize_similarity`).
-- MCQ accuracy: the voted letter equals ``answer_idx``.
-They are the record's typed ``scores`` (:func:`arm_grades`; names in experiments/studies/dera/results.py); the run's metrics and
-the paper tables read them by name (:func:`arm_values`). A missing answer (every sample unusable or the request failed)
-scores 0 everywhere.
+"""Scores of QA answers against the gold answer: per case (LLM judges, BERTScore) and per run (experiments/studies/dera/README.md,
+Metrics). An unparseable verdict is unscored (None) and counted. They are the record's typed ``scores``
+(:func:`arm_grades`; names in experiments/studies/dera/results.py); the run's metrics and the paper tables read them by name
+(:func:`arm_values`). A missing answer (every sample unusable or the request failed) scores 0 everywhere.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """DERA's results for the tools over results (experiments/core/study.py, ``StudyResults``): the typed scores of a record
 written before them, and the two LLM judges of open-ended DERA-QA (review, calibrate, rescore).
 
-Typed scores (experiments/common/grade.py), the records' result (the metrics and paper tables read them by name):
-
-- dera-qa, open-ended: ``llm-exact/<arm>`` (``exact``), ``llm-similarity/<arm>`` (``similarity_raw``, the judge's number
-  as given: the metrics and the review set out-of-range values over the run, :func:`~experiments.studies.dera.qa_metrics.normalize_similarity`),
-  ``bertscore/<arm>`` (a rule); judge = the judge role's model and the hash of its template. An arm without an answer
-  was never judged: 0 by the rule ``no answer`` (as the metrics count it). An older record kept them per arm under
-  ``scores`` with a ``correct`` flag (the DERA arm's): read as the typed scores (:func:`qa_scores`), the flag dropped.
-- dera-qa, multiple choice: ``accuracy/<arm>`` (the rule: the voted letter is ``answer_idx``).
-- dera-summarize / dera-careplan / dera-corrupt: ``gptf1/<arm>`` (the average over the scored sections) and
-  ``gptf1/<arm>/<section>``, each ``{precision, recall, f1}`` (None when unscored); judge = the judge role's model and the
-  hash of the two GPT-F1 templates.
+The typed scores (``llm-exact/<arm>``, ``llm-similarity/<arm>``, ``bertscore/<arm>``, ``accuracy/<arm>``,
+``gptf1/<arm>[/<section>]``) are listed in experiments/studies/dera/README.md, Records and results. An arm without an answer
+was never judged: 0 by the rule ``no answer``. An older QA record kept them per arm under ``scores`` with a ``correct``
+flag (the DERA arm's): read as the typed scores (:func:`qa_scores`), the flag dropped.
 """
 
 from __future__ import annotations

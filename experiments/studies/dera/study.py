@@ -1,11 +1,8 @@
 """The DERA studies as the runner sees them: `run dera-summarize | dera-careplan | dera-corrupt | dera-qa`.
 
-Roles: ``decider`` (the model under test), ``researcher``, ``judge`` (GPT-F1, QA judges).
-Default config: the paper's YAML (``configs/<task>.yaml``; ``qa.yaml`` / ``qa-mcq.yaml`` with
-``--mcq``); default data: the shipped samples. The protocol lives in ``dialogue`` / ``qa``; the
-scores in ``gptf1`` / ``qa_metrics``; metrics and summary tables in ``report``; typed scores and judges
-(review, calibrate, rescore) in ``results``. Everything else
-(client, results directory, resume, failure policy, call log) is the runner's.
+Roles: ``decider`` (the model under test), ``researcher``, ``judge`` (GPT-F1, QA judges). The protocol lives in
+``dialogue`` / ``qa``; the scores in ``gptf1`` / ``qa_metrics``; metrics and summary tables in ``report``; typed
+scores and judges in ``results``. Everything else is the runner's.
 """
 
 from __future__ import annotations

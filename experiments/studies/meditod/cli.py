@@ -1,7 +1,5 @@
-"""`medstack score|data` commands for MediTOD, declared in __init__.py (user docs: experiments/studies/meditod/README.md).
-
-- ``medstack score meditod-nlu|meditod-pol|meditod-nlg --data dialogs.json --pred PRED.jsonl [--json]``
-- ``medstack data meditod --data dialogs.json [--splits-dir DIR] [--png FILE]``
+"""`medstack score meditod-<task>` and `medstack data meditod` for MediTOD, declared in __init__.py (user docs:
+experiments/studies/meditod/README.md).
 """
 
 from __future__ import annotations

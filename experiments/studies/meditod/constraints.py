@@ -2,15 +2,7 @@
 
 Pure functions; the run applies them as constrained answers (``answers: constrained``) by passing
 ``Constraint.make("json", nlu_schema(ontology), "meditod/nlu")`` with the prediction call (see
-experiments/core/study.py). ``ontology`` is the mapping of ``experiments/studies/meditod/ontology.yaml``::
-
-    intents: {NAME: meaning, ...}          # patient NLU intents
-    actions: {NAME: meaning, ...}          # doctor POL actions
-    slots:
-      SLOT:                                # unprefixed: symptom, medication, occupation, ...
-        meaning: one line
-        statuses: [positive, negative, unknown]   # allowed `status` values; [] = no status
-        attributes: {ATTR: meaning, ...}          # value, onset, location, ...
+experiments/core/study.py). ``ontology`` is the mapping :func:`experiments.studies.meditod.ontology.load_ontology` returns.
 
 Shapes (docs/protocols.md, MediTOD, in-context):
 

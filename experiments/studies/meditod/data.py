@@ -1,17 +1,9 @@
-"""MediTOD data: load and validate ``dialogs.json`` and the split id files.
+"""MediTOD data: load and validate ``dialogs.json`` and the split id files (experiments/studies/meditod/README.md, Data and
+Python interface: a stable interface the LoRA fine-tuning code builds on).
 
-Stable interface (the LoRA fine-tuning code builds on it):
-
-- ``load_dialogs(path) -> dict``: ``{dialog_id: {"utterances": [...]}}`` exactly as in the file,
-  after validation. Any problem raises :class:`models.errors.DataError` naming the file and
-  the dialogue / utterance id (or the JSON line and column for a malformed file).
-- ``load_split_ids(splits_dir, split, *, dialogs=None) -> list[str]``: the ids in
-  ``<splits_dir>/<split>_ids.json`` (``train``, ``valid``, ``test``, or any other name such as an
-  out-of-domain ``ood``); with ``dialogs`` given, an id absent from the data is an error.
-
-File format (docs/protocols.md, MediTOD): every utterance has ``speaker`` (doctor | patient), ``uttr_id`` and
-``text``; patient turns carry ``nlu`` (list of ``{intent, slots}``) and ``dialog_state`` (dict);
-doctor turns carry ``actions`` (list of ``{action, <slot>: [...]}``).
+Any problem raises :class:`models.errors.DataError` naming the file and the dialogue / utterance id (or the JSON line
+and column). Every utterance has ``speaker`` (doctor | patient), ``uttr_id`` and ``text``; patient turns carry ``nlu``
+(list of ``{intent, slots}``) and ``dialog_state`` (dict); doctor turns carry ``actions``.
 """
 
 from __future__ import annotations

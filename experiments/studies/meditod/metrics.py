@@ -1,49 +1,11 @@
-"""MediTOD scorers (docs/protocols.md, MediTOD), pure functions equal to the dataset authors' scorer.
+"""MediTOD scorers, pure functions equal to the dataset authors' scorer: the tuple rules, skips, edge shapes,
+Precision@K, NLG normalisation and the optional LLM adjudication are in experiments/studies/meditod/README.md, Metrics and
+Running a baseline.
 
 Stable interface: ``score(task, golds, preds, **options) -> dict`` with ``task`` in
 {"nlu", "pol", "nlg"}. ``golds``/``preds`` are aligned lists: for NLU/POL each element is a
 turn's list (``nlu`` / ``actions``); a prediction of ``None`` means "unparseable" (format error,
-scored as empty). For NLG they are strings.
-
-NLU tuples (per intent entry): no slots -> ``(intent,)``; medical slots (name contains
-``_symptom``, ``_medical_history``, ``_family_history``, ``_habit``, ``_medical_test``,
-``_exposure``, ``_medication``) -> ``(intent, slot, value)`` for the head (canonical) and
-``(intent, slot, value, attr, v)`` per other attribute value (lists expanded; no head -> value
-"dummy"), canonical only for the slot family's canonical attributes; occupation / residence /
-travel -> ``(intent, slot, attr, v)``, canonical only for ``status``; basic_information ->
-``(intent, slot, attr, v)``, all canonical; other slots contribute nothing.
-Edge shapes (docs/protocols.md, MediTOD, as the authors' scorer treats them): an entry whose ``slots`` is empty
-(``[]``, ``{}``, ``""``) or missing is its bare ``(intent,)``; ``"slots": null`` or a non-empty
-non-object, and a known slot whose value is not a list of attribute objects (null, a non-empty
-string, a number, a non-empty object), make the whole turn a format error (scored as empty).
-Empty values are the exception the authors' loop gives them: a slot value ``""``, ``[]`` or
-``{}`` and empty elements (``""``, ``[]``) in its list contribute nothing (``[""]``, ``[[]]``:
-no tuples, no format error).
-
-POL tuples (per action): no slots -> ``(action,)``; medical slots (``symptom`` exactly, names
-containing medical_history / family_history / habit / medical_test / exposure / medication /
-disease) -> head ``(action, slot, value)`` and per check ``(action, slot, value, type)``
-(canonical) and ``(action, slot, value, type, v)`` (canonical iff the type is canonical for
-the slot); occupation / residence / travel -> ``(action, slot, value)`` non-canonical, check
-types ``(action, slot, type)`` canonical, check values ``(action, slot, type, v)`` canonical iff
-type is ``status``; basic_information -> ``(action, slot, value)`` non-canonical. A malformed
-action contributes nothing (as in the authors' scorer).
-
-Micro P/R/F1 over canonical ("medical"), non-canonical ("non-medical") and all tuples, over the
-turns that are not skipped (NLU: empty gold or a lone slot-less ``inform``; POL: empty gold or a
-lone slot-less ``inquire``). Joint accuracy (tuple sets equal) and the format-error rate are,
-as in the authors' scorer, divided by ALL turns including skipped ones.
-POL Precision@K (K = 1, 4, 8, inf): within each dialogue, prediction i scores 1 if its tuple set
-equals the gold tuple set of any of turns i .. i+K-1 (all turns, none skipped).
-NLG: lower-case + punctuation split (the authors' normalization), corpus BLEU-2/4 x100 (nltk),
-ROUGE-1/L F (rouge-score, mean over pairs), BERTScore F1 (mean; local encoder and layer are
-settings, the layer defaulting to bert_score's own table: roberta-large -> 17, the authors'
-setting; the result names both in ``bertscore_encoder`` / ``bertscore_layer``).
-``gold_length_report`` counts the gold utterances longer than the generation cap.
-
-Optional adjudication of non-canonical matches: pass ``judgments`` = {(gold_value, pred_value):
-bool} (e.g. from an LLM asked whether two phrases mean the same); within each tuple group
-(all elements but the value) each gold value is matched to an unused equivalent prediction.
+scored as empty). For NLG they are strings. Adjudication: ``judgments`` = {(gold_value, pred_value): bool};
 ``adjudication_pairs`` lists the pairs a judge must decide.
 """
 

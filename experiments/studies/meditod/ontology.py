@@ -5,16 +5,10 @@
     {"intents": {NAME: meaning}, "actions": {NAME: meaning},
      "slots": {SLOT: {"meaning": str, "statuses": [str], "attributes": {ATTR: meaning}}}}
 
-A slot with ``statuses`` is one whose status the data writes into the slot name
-(``positive_symptom``, ``avail_medical_test``); ``prefixed_slots`` lists them.
-
-``render_ontology(task, ontology)`` is the text put into the in-context system message: for NLU the
-patient intents and every slot the patient can fill (with its ``status`` values), for POL the doctor
-actions and every slot (no statuses: actions carry none).
-
-``to_status_shape`` / ``from_status_shape`` convert NLU labels between the data's prefixed slots and
-the shape the in-context model is asked for (unprefixed slot, ``status`` attribute on each item),
-as the authors' in-context baseline does; an item without a valid status goes back as ``unknown_``.
+A slot with ``statuses`` is one whose status the data writes into the slot name (``positive_symptom``);
+``prefixed_slots`` lists them. ``render_ontology`` is the text of the in-context system message;
+``to_status_shape`` / ``from_status_shape`` convert NLU labels between the data's prefixed slots and the shape the
+in-context model is asked for, as the authors' in-context baseline does (experiments/studies/meditod/README.md, Inputs).
 """
 
 from __future__ import annotations

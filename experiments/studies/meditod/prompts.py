@@ -1,30 +1,23 @@
-"""MediTOD requests, built as the dataset authors' released code builds them (docs/protocols.md, MediTOD); wording ours.
-
-The instructions are template files in ``prompts/`` (``icl_<task>_system.txt`` with the rendered
-ontology, ``sft_<task>_system.txt``); the block layout below is the protocol.
+"""MediTOD requests, built as the dataset authors' released code builds them (docs/protocols.md, MediTOD;
+experiments/studies/meditod/README.md, Inputs); wording ours, in the template files of ``prompts/``.
 
 In-context (chat messages, ``icl_messages``): a system message (task + ontology), then per exemplar
-(most similar first) a user message with its input and an assistant message with its gold answer
-as JSON, then the test input as the last user message. Inputs:
+(most similar first) its input as a user message and its gold answer as JSON as an assistant message, then
+the test input. ``fit_icl_messages`` drops the least similar exemplars while the request does not fit the
+model's context (the test input always stays). Inputs:
 
-    NLU  [dialog history]\\n<lines>\\n\\n[last turn]\\n<lines>\\n\\n[output]
-    POL  [dialog state]\\n```\\n<state, indented JSON>\\n```\\n\\n[last turn]\\n<lines>\\n\\n[output]
-    NLG  [actions]\\n```\\n<actions, indented JSON>\\n```\\n\\n[last turn]\\n<lines>\\n\\n[output]
-
-``fit_icl_messages`` drops the least similar exemplars while the request does not fit the model's
-context (the test input always stays).
+    NLU  [dialog history]\n<lines>\n\n[last turn]\n<lines>\n\n[output]
+    POL  [dialog state]\n```\n<state, indented JSON>\n```\n\n[last turn]\n<lines>\n\n[output]
+    NLG  [actions]\n```\n<actions, indented JSON>\n```\n\n[last turn]\n<lines>\n\n[output]
 
 Supervised (``sft_messages``): system (one line), user, and for training an assistant message
-``[answer] <target> [done]``:
+``[answer] <target> [done]``, rendered by ``render_sft`` (models/prompt_format.py, shared with fine-tuning):
 
-    NLU  [dialog history]\\n<lines>\\n\\n (only when there is history) [last turn]\\n<lines>\\n\\n[output]
-    POL  [dialog state]\\n<state, one-line JSON>\\n\\n + the NLU blocks
-    NLG  [action]\\n<actions, one-line JSON>\\n\\n[last turn]\\n<lines>\\n\\n[output]
+    NLU  [dialog history]\n<lines>\n\n (only when there is history) [last turn]\n<lines>\n\n[output]
+    POL  [dialog state]\n<state, one-line JSON>\n\n + the NLU blocks
+    NLG  [action]\n<actions, one-line JSON>\n\n[last turn]\n<lines>\n\n[output]
 
-``render_sft`` (models/prompt_format.py, shared with fine-tuning) turns them into text: ``chat`` = the base model's chat template, ``completion`` =
-the contents joined by newlines (the authors' rendering for a base without a chat template).
-Inference sends the rendering without the answer, followed by ``[answer]``; ``parse_sft`` lower-cases
-the reply, cuts it at ``[done]`` and parses JSON (a failure is a format error).
+``parse_sft`` lower-cases the reply, cuts it at ``[done]`` and parses JSON (a failure is a format error).
 """
 
 from __future__ import annotations

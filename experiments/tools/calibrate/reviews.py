@@ -1,29 +1,11 @@
 """`medstack calibrate RUN_DIR --labels RUN_DIR/reviews`: a judge against clinicians' review labels (docs/protocols.md, Judge calibration).
 
-The labels come from ``medstack review`` (a reviews folder, or one ``<reviewer>.jsonl`` downloaded from
-the offline page); the judge's decisions are read again from the run (:mod:`experiments.tools.review.judges`),
-the sample design from ``reviews/sample-<judge>.json``. Per reviewer, and against their consensus, the
-measures of the dermatologist check (:mod:`experiments.common.stats`): exact agreement, Cohen's kappa
-(linear weights over ordered scales; unweighted for match / no match), mean absolute difference, the
-trial-level bound for counts of trials, Spearman; for the 0-1 similarity scale the mean absolute
-difference and Spearman. Percentile bootstrap CIs resample within the strata.
-
-Stratification weights undone: an item of stratum h weighs N_h / m_h (N_h items of the run in the
-stratum, m_h of them labelled by this reviewer), so shares, means, kappa and the confusion matrix
-estimate the judge's agreement over the whole run, not over the oversampled rare verdicts. When every
-stratum has the same weight the unweighted formulas are used (identical figures to the dermatologist
-check on the same labels).
-
-Reported in this order: the judge against each reviewer, the reviewers' inter-rater agreement (kappa as
-above) on the items both labelled, then the judge against their consensus. Consensus: per item the label
-more than half of the reviewers gave; on the 0-1 scale, the mean. An item without such a majority (with two
-reviewers: any disagreement) is set aside -- which leaves the hard items out and flatters the judge -- and
-the count set aside is stated with the figure. ``tiebreak``: a third reviewer whose label decides those
-items (as in an expert assessment of conversations where a third clinician broke the
-two's ties); they take no part in the majority or the inter-rater figures, and an item they did not label
-stays set aside. Consensus items keep their sampling weight N_h / n_h: the items set aside are the disputed
-ones, not like the rest of their stratum, so their weight is not spread over it (nor are the tiebreaker's
-items in the tiebreaker's own row: they are the disputed ones too).
+The labels come from ``medstack review``; the judge's decisions are read again from the run
+(:mod:`experiments.tools.review.judges`), the sample design from ``reviews/sample-<judge>.json``. The measures, the
+undone stratification weights, the consensus and the tiebreak are described in experiments/tools/review/README.md
+(`medstack calibrate`). Why consensus items keep their sampling weight N_h / n_h: the items set aside are the
+disputed ones, not like the rest of their stratum, so their weight is not spread over it (nor are the
+tiebreaker's items in the tiebreaker's own row: they are the disputed ones too).
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""`medstack compare RUN... --out DIR`: runs side by side, for any study (docs/protocols.md, Runs).
-
-Each run is read by the one reader (``registry.open_run``). When every run is of one kind whose study declares a
-comparison (``StudyResults.compare``: e.g. accuracy per format with paired tests), that comparison is
-written first. Then, in any case, the comparison every study gets from its typed scores
-(experiments/common/grade.py): per run and score (``STEP``, ``STEP/PART``, ``STEP/PART@JUDGE``), the mean of the
-scored values with its 95% percentile-bootstrap CI (experiments/common/stats.py) and n; named values (P/R/F1) one row
-each. Unscored and skipped grades are counted, never averaged.
-
-    DIR/summary.md      the study's comparison (if any), then "Typed scores"
-    DIR/scores.json     the typed-score rows
+"""`medstack compare RUN... --out DIR`: runs side by side, for any study (docs/protocols.md, Runs;
+experiments/tools/compare/README.md: what DIR holds). Each run is read by the one reader (``registry.open_run``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Build the report: results directories -> a view model -> one self-contained HTML file.
+"""Build the report: results directories -> a view model -> one self-contained HTML file (experiments/tools/report/README.md).
 
-All content goes through Jinja2 autoescaping (model output can hold anything, including
-markup); CSS and JS are inlined from ``templates/``; charts are embedded as base64 PNG.
-Records of any study render: the shared conventions get dedicated views (``transcript``,
-``scratchpad``, the typed ``scores``, ``prediction`` next to ``gold``, ``error``), every
-other field goes into a collapsible JSON block.
+All content goes through Jinja2 autoescaping: model output can hold anything, including markup.
 """
 
 from __future__ import annotations

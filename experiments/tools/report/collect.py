@@ -1,8 +1,5 @@
-"""Finding and reading results directories for the report, whatever study wrote them.
-
-A results directory is a folder holding ``records.jsonl``, ``metrics.json``,
-``bench.json`` or ``train_metrics.json`` (a fine-tuning run). Unreadable files become warnings shown in the report (naming file and
-line), so one broken run does not hide the others.
+"""Finding and reading results directories for the report, whatever study wrote them (experiments/tools/report/README.md).
+Unreadable files become warnings shown in the report (naming file and line), so one broken run does not hide the others.
 """
 
 from __future__ import annotations

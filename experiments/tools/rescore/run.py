@@ -1,19 +1,11 @@
 """`medstack rescore RUN --judge STEP --judge-model M --out RUN2` (or ``--panel M1,M2,M3``): ask one judge step of a finished
-run again, with other judge models, over the stored answers.
+run again, with other judge models, over the stored answers (experiments/tools/rescore/README.md: RUN2's records, panel rules,
+config, metrics and summary).
 
 The rescore is a study of its own built for the source run (:class:`RescoreStudy`), so it goes through the one runner
 (experiments/core/runner.py): resume, the failure policy, the call log, the response cache, servers started and
-stopped, ``--dry-run``. Its cases are the source run's finished records; its solver asks the source study's judge
-(``Judge.ask``, experiments/core/judging.py) once per judged part and judge model, through the case's context, so the
-only requests sent are the judge's. Nothing of the source folder is written.
-
-Each record of RUN2 is the source record's own fields with its scores plus the new grades, ``STEP/PART@LABEL`` per
-judge model and ``STEP/PART@panel`` for a panel (binary: the value more than half of all members gave, else unscored;
-ordinal: the mean, put on the scale for review and agreement by one rule, ``judging.on_scale``).
-RUN2's config.yaml is the source's (its ``experiment`` included: review, calibrate and the report read RUN2 as a run of
-that study) with the judge roles and a ``rescore`` block; metrics.json holds, per judge, each part's mean, scored and
-unscored counts, each new judge's agreement with the run's own and the panel's internal agreement (Fleiss' kappa), over
-the items a judge decided (``by_rule`` counts those left out); summary.md repeats the source's deviations.
+stopped, ``--dry-run``. Its solver asks the source study's judge (``Judge.ask``, experiments/core/judging.py) once per
+judged part and judge model, so the only requests sent are the judge's. Nothing of the source folder is written.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""The judge decisions a clinician can review, for any kind of results directory (docs/protocols.md, Judge calibration).
+"""The judge decisions a clinician can review, for any kind of results directory (docs/protocols.md, Judge calibration;
+experiments/tools/review/README.md).
 
-A judge *step* names one LLM-judge decision of a run, as the run's study declares it through the registry
-(``StudyResults.judges``: experiments/core/judging.py). Its items are built from the records' typed scores:
-``{"id", "verdict", "stratum", "show"}`` where ``verdict`` is the judge's decision on its own scale (never sent
-to the page), ``stratum`` what the sample is stratified by (the verdict and the part / model where the run has
-several) and ``show`` exactly what the judge was given (the page shows nothing else).
-
-``STEP@JUDGE`` reviews the grades another judge gave after the run (``medstack rescore``: the scores
-``STEP[/PART]@JUDGE``, e.g. ``frq@panel``), so calibration can hold a rescored judge or a panel to the same labels.
-Which steps each kind of run has: :func:`reviewable` (every registered kind with judges).
+A judge *step* names one LLM-judge decision of a run, as its study declares it (``StudyResults.judges``:
+experiments/core/judging.py); ``STEP@JUDGE`` reviews the grades another judge gave after the run (``medstack rescore``).
+Its items are built from the records' typed scores: ``{"id", "verdict", "stratum", "show"}`` where ``verdict`` is
+never sent to the page and ``show`` is exactly what the judge was given (the page shows nothing else).
 """
 
 from __future__ import annotations

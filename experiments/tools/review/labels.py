@@ -1,23 +1,15 @@
-"""The review sample and the reviewers' labels, as files in ``RUN_DIR/reviews/`` (docs/protocols.md, Judge calibration).
+"""The review sample and the reviewers' labels, as files in ``RUN_DIR/reviews/`` (docs/protocols.md, Judge calibration;
+the files and the sampling are described in experiments/tools/review/README.md).
 
-``sample-<step>.json``  the stratified, reproducible sample of one judge's items, written before the
-                        first item is shown: seed, requested size, per stratum the population N_h,
-                        the sampled n_h and the weight N_h / n_h, and the items in the order shown.
-                        It holds ids and strata only: the page never learns a verdict from it.
-``<reviewer>.jsonl``    one line per label as it is entered (appended, fsync'ed, 0600):
-                        ``{"judge", "item", "label", "skipped", "comment", "reviewer", "at"}``.
-                        The last line per (judge, item) wins: "back" and a new label overwrite.
+``sample-<step>.json``  the stratified, reproducible sample of one judge's items (ids and strata only).
+``<reviewer>.jsonl``    one line per label as it is entered (appended, fsync'ed, 0600); the last line per
+                        (judge, item) wins.
 
-Blind: the page knows the items only by their number in the sample (1..N, the order shown), never by
-their record id (ids name the model, the arm, the format). The server writes the id; a file downloaded
-from the offline page holds ``"n"`` and the sample's tag (:func:`sample_tag`) instead of ``"item"``, and
-:func:`read_labels` turns them back into ids with the run's sample file.
-
-Stratified sampling: every stratum (the judge's verdict, and format / arm / criterion / model)
-gets an equal share of the sample (capped at its size, the rest going to the strata that still
-have items), so rare verdicts -- where disagreements hide -- are seen with few labels; the
-weights undo this in the agreement figures. A sample as large as the population takes every item
-with weight 1.
+Blind: the page knows the items only by their number in the sample, never by their record id (ids name the
+model, the arm, the format); a file downloaded from the offline page holds ``"n"`` and the sample's tag
+(:func:`sample_tag`), and :func:`read_labels` turns them back into ids with the run's sample file.
+Every stratum gets an equal share of the sample so rare verdicts -- where disagreements hide -- are seen with
+few labels; the weights undo this in the agreement figures.
 """
 
 from __future__ import annotations

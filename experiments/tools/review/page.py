@@ -1,23 +1,9 @@
 """The review page: one HTML file (its CSS and JS inline, nothing from the network), served by a small
 aiohttp server on this machine or written whole for a reviewer who works offline.
 
-Served (``serve``): labels go to ``POST /api/label`` and are appended to ``RUN_DIR/reviews/<reviewer>.jsonl``
-before the page moves on; a reload (or a new server) embeds the labels so far and opens the first
-item without one. Every request passes one guard (:func:`refusal`): the ``Host`` must be the address the
-server is bound to (on loopback also ``localhost`` / ``127.0.0.1`` / ``[::1]``), with its port -- a page of
-another site that rebinds its name to this machine gets nothing; an ``Origin`` must be the page's own;
-a write must carry the server's random token (in every page it serves, sent back in a header) and be
-``application/json`` -- a form another site posts cannot. A non-loopback ``--host`` also needs a key
-(:func:`serving.secrets.check_exposure`): the page is opened as ``/?key=KEY`` and sends it back in a
-header; the access log is off, so the key is never written anywhere.
-
-Exported (``export``): the same page keeps its labels in the browser (localStorage) and offers them
-as ``<reviewer>.jsonl`` to download, the file ``medstack calibrate --labels`` reads.
-
-Blind: the page gets each item's number in the sample (1..N) and what the protocol gives the judge --
-never the record id (it names the model, the arm, the format), the verdict, the stratum, the run, or the label
-of a rescore's judge (``STEP@LABEL``: the page names the judge step only; a downloaded line finds its sample by
-the sample's tag). The data is embedded with :func:`models.jsontext.for_script`, so any text a model wrote shows as written.
+The request guard, the key, the labels' path and what the page is never shown (blind review) are described in
+experiments/tools/review/README.md; :func:`refusal` is the one guard every request passes. The data is embedded with
+:func:`models.jsontext.for_script`, so any text a model wrote shows as written.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder.
+"""`medstack sweep STUDY --models A,B,C [study options]`: one study, once per model, under one sweep folder
+(docs/running-studies.md, A study over several models: the folder's layout, roles, resume, exit codes).
 
-The folder, which roles vary, resume and exit codes: docs/running-studies.md ("A study over several models").
 Each entry runs through :func:`run_entry` (the study's own command body), then :func:`join`; ``--executor slurm``
 (experiments/tools/sweep/slurm.py) runs the same checked plan through the same two functions as Slurm jobs.
 """
@@ -189,7 +189,10 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     if executor is not None:  # another executor (experiments/tools/sweep/slurm.py) takes the checked plan from here
         return executor(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
-        return _run_planned(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
+        plan = Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome)
+        for r, common, given, _settings, case_ids in planned:
+            run_entry(plan, r, common, given, case_ids)
+        return join(plan)
 
 
 def check_gpu_fit(settings) -> None:
@@ -230,12 +233,6 @@ def run_entry(plan: Plan, r: ModelRun, common: dict, given: dict, case_ids: list
     except typer.Exit as e:  # exit 3: the run finished with failed or unstarted cases (kept; the next sweep retries them)
         r.status, r.message = "incomplete", f"exit {e.exit_code}: failed or unstarted cases; run the sweep again to retry them"
     return r
-
-
-def _run_planned(plan: Plan) -> SweepOutcome:
-    for r, common, given, _settings, case_ids in plan.planned:
-        run_entry(plan, r, common, given, case_ids)
-    return join(plan)
 
 
 def join(plan: Plan) -> SweepOutcome:

@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from experiments.common.patient_checks import flagged
+from experiments.tools.review.judges import load_judge
+from experiments.tools.review.labels import write_sample
 from experiments.core.judging import review_items
 from experiments.core.registry import open_run, results_of
 from experiments.datasets.registry import MARKER
@@ -73,6 +75,13 @@ def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_pat
     scale, items = review_items(judge, opened.records, opened.config, opened.path)
     assert scale["kind"] == "binary" and sorted((i["id"], i["verdict"]) for i in items) == [("case_0", 1), ("case_1", 0), ("case_2", 0)]
     assert items[0]["show"].keys() == {"correct diagnosis", "doctor's line"}
+    # a clinician's labels of a sample of them, and the moderator held to them (`calibrate reviews`)
+    write_sample(run, load_judge(run, "diagnosis"), 3, 0)
+    (run / "reviews" / "derm.jsonl").write_text("".join(json.dumps({"judge": "diagnosis", "item": i, "reviewer": "derm", "label": v}) + "\n"
+                                                        for i, v in (("case_0", 1), ("case_1", 1), ("case_2", 0))))
+    cli("calibrate", "reviews", str(run), "--labels", str(run / "reviews"), "--n-boot", "200", check=True)
+    vs = json.loads((run / "reviews" / "calibration-diagnosis.json").read_text())["reviewers"]["derm"]["vs_judge"]
+    assert vs["n"] == 3 and vs["exact_agreement"] == 2 / 3  # the clinician takes case_1's line as the diagnosis; the moderator did not
     # another moderator over the stored diagnosis lines, and its agreement with the run's
     cli("rescore", str(run), "--judge", "diagnosis", "--judge-model", clinic, "--out", str(tmp_path / "rescore"), check=True)
     assert "| embedded | 3 | 100.0% |" in (tmp_path / "rescore" / "summary.md").read_text()

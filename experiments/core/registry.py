@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from experiments.core.commands import lazy_group, study_command
 from experiments.core.config import ConfigError

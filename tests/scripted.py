@@ -6,9 +6,16 @@ the client's ``TransportError`` (see :func:`down`) to play a server that stopped
 client's own retry loop (with no back-off delay) then gives up as it would in a real run.
 Used to unit-test protocol logic and the runner's failure policy; the real server is exercised
 by the e2e tests.
+
+``ChatStub`` is the same idea over HTTP: an OpenAI-shaped chat endpoint whose reply is its subclass's
+``answer(body)``, for a scripted agent served beside the real server (``serve_stub`` starts one on 127.0.0.1).
 """
 
 from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from serving.client import ChatResult, Endpoint, LLMClient, TransportError
 
@@ -32,3 +39,35 @@ class ScriptedLLM(LLMClient):
         text = self.respond(ep.model, content, gen)
         return ChatResult(texts=[text] * gen.n, prompt_tokens=10, completion_tokens=len(str(text).split()) or 1,
                           finish_reasons=["stop"] * gen.n)
+
+
+class ChatStub(BaseHTTPRequestHandler):
+    """An OpenAI-shaped chat completions endpoint answering ``answer(body)`` (the request's JSON body)."""
+
+    def answer(self, body: dict) -> str:
+        raise NotImplementedError
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(404)
+        self.end_headers()
+
+    def do_POST(self):
+        said = self.answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
+                           "choices": [{"index": 0, "message": {"role": "assistant", "content": said}, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def serve_stub(handler: type[ChatStub]) -> ThreadingHTTPServer:
+    """``handler`` served on a free port of 127.0.0.1 in a daemon thread (call ``shutdown()`` when done)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -8,10 +8,9 @@ model, as the doctor, wrote no ``REQUEST TEST`` in any of the 3 cases when tried
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
+
+from tests.scripted import ChatStub, serve_stub
 
 pytestmark = pytest.mark.e2e
 
@@ -19,35 +18,17 @@ pytestmark = pytest.mark.e2e
 QUESTION = "What brings you in today?"
 
 
-class _Doctor(BaseHTTPRequestHandler):
+class _Doctor(ChatStub):
     """The doctor: a question first, a test request once it has an answer, a diagnosis once it has a result."""
 
-    def log_message(self, *a):
-        pass
-
-    def do_GET(self):
-        self.send_response(404)
-        self.end_headers()
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, body: dict) -> str:
         user = body["messages"][-1]["content"]
-        said = ("DIAGNOSIS READY: pneumonia" if "REQUEST TEST" in user else "REQUEST TEST: Chest_X-Ray" if QUESTION in user else QUESTION)
-        out = {"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
-               "choices": [{"index": 0, "message": {"role": "assistant", "content": said}, "finish_reason": "stop"}],
-               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        return "DIAGNOSIS READY: pneumonia" if "REQUEST TEST" in user else "REQUEST TEST: Chest_X-Ray" if QUESTION in user else QUESTION
 
 
 def test_three_cases_through_the_real_server(cli, embedded_server, fixtures_dir, tmp_path):
     role = f"embedded@{embedded_server['base_url']}"
-    doctor = ThreadingHTTPServer(("127.0.0.1", 0), _Doctor)
-    threading.Thread(target=doctor.serve_forever, daemon=True).start()
+    doctor = serve_stub(_Doctor)
     out = tmp_path / "run"
     try:
         cli("run", "agentclinic", "--config", "experiments/studies/agentclinic/configs/embedded-demo.yaml", "--data",

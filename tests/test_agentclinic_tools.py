@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -16,21 +14,14 @@ from experiments.tools.review.labels import write_sample
 from experiments.core.judging import review_items
 from experiments.core.registry import open_run, results_of
 from experiments.datasets.registry import MARKER
+from tests.scripted import ChatStub, serve_stub
 
 
-class _Clinic(BaseHTTPRequestHandler):
+class _Clinic(ChatStub):
     """Each agent told apart by its system prompt: the doctor asks, requests an MRI, then says migraine; the moderator
     says 'Yes' for Migraine and 'No.' otherwise."""
 
-    def log_message(self, *a):
-        pass
-
-    def do_GET(self):
-        self.send_response(404)
-        self.end_headers()
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, body: dict) -> str:
         system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
         if "Dr. Agent" in system:
             said = "DIAGNOSIS READY: migraine" if "REQUEST TEST" in user else "REQUEST TEST: MRI" if "brings you" in user else "What brings you in?"
@@ -40,20 +31,12 @@ class _Clinic(BaseHTTPRequestHandler):
             said = "Yes" if "Migraine" in user else "No."
         else:
             said = "I have a headache."
-        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": said}, "finish_reason": "stop"}],
-                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        return said
 
 
 @pytest.fixture(scope="module")
 def clinic():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Clinic)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = serve_stub(_Clinic)
     yield f"embedded@http://127.0.0.1:{srv.server_address[1]}/v1"
     srv.shutdown()
 

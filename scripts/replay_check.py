@@ -31,7 +31,9 @@ of whose values (but None) is among the values of the AFTER record's `scores` or
 or the older `multiturn.mcq`; a true/false one: or among their grades' scored flags), is an expected difference (a field that only restated a score), reported by run: which fields, in
 how many records; so is any field the AFTER record lacks where both records' `scores` are empty (a case not scored:
 nothing there was a score), reported apart. Any other difference (`scores` included), or an id on one side only,
-is unexpected: exit 1 (0 when none; 2 when a results file is missing).
+is unexpected: exit 1 (0 when none; 2 when a results file is missing). Paths in BEFORE under a folder of experiments/
+that this checkout no longer has (`experiments/NAME/`) are first read at its place today (`experiments/studies/NAME/`,
+`experiments/tools/NAME/`, `serving/NAME/`), so a moved folder is no difference (a constraint's `declared_by`).
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+OLD_PATH = re.compile(r"\bexperiments/(\w+)/")  # a folder that moved since: read at its place today (moved_path)
 RUNS = {  # name -> the medstack command line (data: the studies' shipped samples and the test fixtures)
     "craftmd": ["run", "craftmd", "--data", "tests/fixtures/craftmd/cases.csv", "--limit", "2", "--trials", "1",
                 "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"],
@@ -141,15 +145,31 @@ def moved(a: dict, b: dict, scores: dict | None = None, unscored: bool | None = 
     for k in out:
         del a[k]
     found = [f"{at}{k} on a record without scores" if unscored else f"{at}{k}" for k in out]
-    for k in sorted(set(a) & set(b), key=str):
+    for k in sorted(set(a) & set(b), key=str):  # deeper, only what the scores hold moves (not all of an unscored case)
         if k != "scores" and isinstance(a[k], dict) and isinstance(b[k], dict):
-            found += moved(a[k], b[k], scores, unscored, f"{at}{k}.")
+            found += moved(a[k], b[k], scores, False, f"{at}{k}.")
     return found
+
+
+def moved_path(m: re.Match) -> str:
+    """A path of an older layout (``experiments/NAME/``, ``experiments/bench/``) at its place in this checkout."""
+    name = m.group(1)
+    places = [f"experiments/{group}/{name}/" for group in ("studies", "tools")] + [f"serving/{name}/"]
+    return next((p for p in places if not (REPO / f"experiments/{name}").is_dir() and (REPO / p).is_dir()), m.group(0))
+
+
+def today(value):
+    """BEFORE's keys and strings with the paths of an older layout read at their place in this checkout."""
+    if isinstance(value, dict):
+        return {today(k): today(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [today(v) for v in value]
+    return OLD_PATH.sub(moved_path, value) if isinstance(value, str) else value
 
 
 def compare(label: str, a: dict, b: dict, drop: set, unexpected: list, expected: dict | None = None) -> None:
     """``expected`` (records): field -> how many records' moved into ``scores``; metrics.json: None, nothing moves."""
-    a, b = strip(calls_in_step_order(a), drop), strip(calls_in_step_order(b), drop)
+    a, b = strip(calls_in_step_order(today(a)), drop), strip(calls_in_step_order(b), drop)
     for k in moved(a, b) if expected is not None else ():
         expected[k] = expected.get(k, 0) + 1
     unexpected += [f"{label}: {p}" for p in differing(a, b)]

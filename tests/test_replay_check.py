@@ -90,3 +90,11 @@ def test_nested_fields_and_names_of_scores_move_too(tmp_path, capsys):
     assert "errors (1 records), main (1 records)" in out
     other = tree(tmp_path / "c", {"scores": {"mcq/vignette": grade}, "answers": {"vignette": {"mcq": {"answer": "y"}}}}, {})
     assert diff(a, other) == 1 and ".answers.vignette.mcq.answer" in capsys.readouterr().out  # what is not a score still compares
+
+
+def test_paths_of_a_moved_folder_are_read_at_their_place_today(tmp_path, capsys):
+    a = tree(tmp_path / "a", {"formats": {"experiments/meditod/ontology.yaml": 1}, "src": "experiments/bench/data/x.jsonl"}, {})
+    b = tree(tmp_path / "b", {"formats": {"experiments/studies/meditod/ontology.yaml": 1}, "src": "serving/bench/data/x.jsonl"}, {})
+    assert diff(a, b) == 0
+    c = tree(tmp_path / "c", {"formats": {"experiments/core/ontology.yaml": 1}, "src": "serving/bench/data/x.jsonl"}, {})
+    assert diff(a, c) == 1 and "experiments/studies/meditod/ontology.yaml (one side only)" in capsys.readouterr().out

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-OLD_PATH = re.compile(r"\bexperiments/(\w+)/")  # a folder that moved since: read at its place today (moved_path)
+OLD_PATH = re.compile(r"\bexperiments/(\w+)/([\w.-]+)")  # a folder that moved since: read at its place today (moved_path)
 RUNS = {  # name -> the medstack command line (data: the studies' shipped samples and the test fixtures)
     "craftmd": ["run", "craftmd", "--data", "tests/fixtures/craftmd/cases.csv", "--limit", "2", "--trials", "1",
                 "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"],
@@ -152,10 +152,13 @@ def moved(a: dict, b: dict, scores: dict | None = None, unscored: bool | None = 
 
 
 def moved_path(m: re.Match) -> str:
-    """A path of an older layout (``experiments/NAME/``, ``experiments/bench/``) at its place in this checkout."""
-    name = m.group(1)
-    places = [f"experiments/{group}/{name}/" for group in ("studies", "tools")] + [f"serving/{name}/"]
-    return next((p for p in places if not (REPO / f"experiments/{name}").is_dir() and (REPO / p).is_dir()), m.group(0))
+    """A path of an older layout (``experiments/NAME/PART``) at its place in this checkout: the folder of that name
+    under experiments/studies/, experiments/tools/ or serving/ that holds PART (else the first that exists)."""
+    name, part = m.group(1), m.group(2)
+    if (REPO / "experiments" / name).is_dir():
+        return m.group(0)
+    places = [p for p in (f"experiments/studies/{name}/", f"experiments/tools/{name}/", f"serving/{name}/") if (REPO / p).is_dir()]
+    return next((p for p in places if (REPO / p / part).exists()), places[0] if places else m.group(0)[: -len(part)]) + part
 
 
 def today(value):

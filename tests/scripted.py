@@ -42,10 +42,16 @@ class ScriptedLLM(LLMClient):
 
 
 class ChatStub(BaseHTTPRequestHandler):
-    """An OpenAI-shaped chat completions endpoint answering ``answer(body)`` (the request's JSON body)."""
+    """An OpenAI-shaped chat completions endpoint answering ``answer(body)`` (the request's JSON body); a subclass
+    that must answer otherwise (an error status) overrides ``reply(body) -> (JSON, status)``."""
 
     def answer(self, body: dict) -> str:
         raise NotImplementedError
+
+    def reply(self, body: dict) -> tuple[dict, int]:
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer(body)}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}, 200
 
     def log_message(self, *a):
         pass
@@ -55,11 +61,9 @@ class ChatStub(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_POST(self):
-        said = self.answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": said}, "finish_reason": "stop"}],
-                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        self.send_response(200)
+        out, code = self.reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        data = json.dumps(out).encode()
+        self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

@@ -9,8 +9,6 @@ import asyncio
 import json
 import os
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from experiments.studies.dera.prompts import PROMPTS as DERA
 from experiments.studies.dera.prompts import render as render_dera
 from experiments.core.study import CaseContext
 from serving.client import Endpoint, GenConfig, LLMClient
+from tests.scripted import ChatStub, serve_stub
 
 pytestmark = pytest.mark.e2e
 FIX = Path(__file__).parent / "fixtures"
@@ -127,38 +126,23 @@ def test_json_schema_constraint_gptf1_verification_numbers(server):
         assert r.text == "" and entry["format_ok"] == [False]
 
 
-class _Rejecting(BaseHTTPRequestHandler):
+class _Rejecting(ChatStub):
     """An OpenAI-shaped endpoint that refuses `structured_outputs` (as a non-vLLM server would) and records requests."""
 
     seen: list = []
 
-    def log_message(self, *a):
-        pass
+    def answer(self, body: dict) -> str:
+        return "hello"
 
-    def do_GET(self):
-        self.send_response(404)
-        self.end_headers()
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def reply(self, body: dict) -> tuple[dict, int]:
         _Rejecting.seen.append(body)
         if "structured_outputs" in body:
-            out, code = {"error": {"message": "Unrecognized request argument supplied: structured_outputs", "type": "invalid_request_error"}}, 400
-        else:
-            out, code = {"id": "x", "object": "chat.completion", "created": 0, "model": "embedded",
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}, 200
-        data = json.dumps(out).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            return {"error": {"message": "Unrecognized request argument supplied: structured_outputs", "type": "invalid_request_error"}}, 400
+        return super().reply(body)
 
 
 def test_endpoint_rejecting_structured_outputs_exits_2_before_any_case(cli, tmp_path):
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Rejecting)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = serve_stub(_Rejecting)
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
         proc = cli("run", "dera-qa", "--mcq", "--model", f"embedded@{url}", "--data", str(FIX / "dera" / "medqa_open.jsonl"), "--limit", "1",

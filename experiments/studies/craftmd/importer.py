@@ -13,7 +13,7 @@ from experiments.common.choice import MCQ_RULES, map_choice
 from experiments.studies.craftmd import grading
 from experiments.studies.craftmd.data import answer_index, load_cases
 from experiments.studies.craftmd.metrics import grades, patient_check_section, per_specialty, run_metrics, summary_markdown
-from experiments.common.patient_checks import check_conversation, count_checks, patient_check_grades
+from experiments.common.patient_checks import DEFAULT_SPAN_WORDS, check_conversation, patient_check_grades, patient_metrics
 from experiments.studies.craftmd.protocol import stop_reason_for
 from experiments.studies.craftmd.scores import graded
 from experiments.studies.craftmd.settings import FORMATS
@@ -242,8 +242,8 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     metrics["per_specialty"] = per_specialty(records)
     metrics.update(import_stats(records))
     metrics["turn_cap_inferred"] = cap
-    if any("patient_checks" in r for r in records):
-        metrics["patient_checks"] = count_checks(records)
+    if checked := patient_metrics(records, DEFAULT_SPAN_WORDS):  # as the runner counts a live run's
+        metrics["patient_checks"] = checked
     rundir.write_metrics(metrics)
     checks = patient_check_section([(name, metrics["patient_checks"])]) if metrics.get("patient_checks") else ""
     rundir.write_summary(summary_markdown(name, metrics) + checks + "\n"

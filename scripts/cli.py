@@ -387,9 +387,9 @@ def chat(
 def _register_studies() -> None:
     """Each study adds its own commands; importing here keeps start-up light."""
     from experiments.tools.calibrate.cli import calibrate_app  # the `calibrate` group: studies add their own calibrations to it
-    from experiments.core import registry
+    from experiments.core import commands
 
-    registry.register_all(app=app, run_app=run_app, score_app=score_app, import_app=import_app, data_app=data_app, finetune_app=finetune_app,
+    commands.register_all(app=app, run_app=run_app, score_app=score_app, import_app=import_app, data_app=data_app, finetune_app=finetune_app,
                           calibrate_app=calibrate_app)
 
 

@@ -8,11 +8,10 @@ import shutil
 
 import pytest
 
-from experiments.common.patient_checks import flagged
 from experiments.tools.review.judges import load_judge
 from experiments.tools.review.labels import write_sample
-from experiments.core.judging import review_items
-from experiments.core.registry import open_run, results_of
+from experiments.core.scorers import review_items
+from experiments.core.registry import open_run, study_of
 from experiments.datasets.registry import MARKER
 from tests.scripted import ChatStub, serve_stub
 
@@ -46,17 +45,24 @@ def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_pat
     cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--model", clinic, "--out", str(run), check=True)
     recs = [json.loads(l) for l in (run / "records.jsonl").read_text().splitlines()]
     assert {r["id"]: r["scores"]["diagnosis"]["value"] for r in recs} == {"case_0": 1, "case_1": 0, "case_2": 0}
-    assert all([t["agent"] for t in r["transcript"]] == ["doctor", "patient", "doctor", "measurement", "doctor"] for r in recs)
+    assert all([t["role"] for t in r["transcript"]] == ["doctor", "patient", "doctor", "measurement", "doctor"] for r in recs)
+    assert all(r["answer"].startswith("DIAGNOSIS READY") and r["target"] and r["inputs"]["facts"] for r in recs)  # the typed record
     summary = (run / "summary.md").read_text()
-    assert "| diagnostic accuracy (moderator) | 0.333" in summary and "| **GPT-4 (paper)** | AgentClinic-MedQA | – | – | 0.522 |" in summary
-    # the runner's simulated-patient checks, from the patient the study declares: nothing flagged in "I have a headache."
-    assert all(r["patient_checks"]["patient_turns"] == 1 and not flagged(r["patient_checks"]) and "patient-check/leaks_diagnosis" in r["scores"] for r in recs)
-    assert "## Patient checks (no model)" in summary and json.loads((run / "metrics.json").read_text())["patient_checks"]
+    assert "| diagnostic accuracy (moderator) | 0.333 [0.000, 1.000]" in summary and "| **GPT-4 (paper)** | AgentClinic-MedQA | – | – | 0.522 |" in summary
+    assert "| diagnosis | 0.333 [0.000, 1.000] (n=3) |" in summary  # the Scores section: the same figure, the same interval
+    # the simulated-patient checks, a scorer the study declares: nothing flagged in "I have a headache.", per conversation and
+    # per patient turn; a check that needs answer choices is not checkable (AgentClinic's doctor chooses from none), never 0
+    pc = {k: v for r in recs for k, v in r["scores"].items() if k.startswith("patient-check/")}
+    assert pc["patient-check/leaks_diagnosis"]["value"] == 0 and pc["patient-check/leaks_diagnosis"]["metadata"] == {"turns": 0, "patient_turns": 1}
+    assert pc["patient-check/names_other_choice"] == {"value": None, "source": "not checkable", "skipped": True, "judge": {"rule": "patient_checks.names_other_choice"}}
+    assert "| patient-check/names_other_choice: the patient names another answer choice before the doctor's final turn | not checkable (3 records) | not checkable (3 records) |" in summary
+    figs = {(f["score"], f["metric"]): f for f in json.loads((run / "metrics.json").read_text())["scores"]}
+    assert figs[("patient-check/empty_turn", "per patient turn")]["value"] == 0 and figs[("patient-check/names_other_choice", "per conversation")]["not_checkable"] == 3
     # the moderator's decisions as review items: what it was shown, nothing else
     opened = open_run(run)
-    judge = results_of(opened).judge("diagnosis")
-    scale, items = review_items(judge, opened.records, opened.config, opened.path)
-    assert scale["kind"] == "binary" and sorted((i["id"], i["verdict"]) for i in items) == [("case_0", 1), ("case_1", 0), ("case_2", 0)]
+    judge = next(s for s in study_of(opened).scorers if s.name == "diagnosis")
+    scale, items = review_items(judge, opened.records, opened.config)
+    assert scale.kind == "binary" and sorted((i["id"], i["verdict"]) for i in items) == [("case_0", 1), ("case_1", 0), ("case_2", 0)]
     assert items[0]["show"].keys() == {"correct diagnosis", "doctor's line"}
     # a clinician's labels of a sample of them, and the moderator held to them (`calibrate reviews`)
     write_sample(run, load_judge(run, "diagnosis"), 3, 0)
@@ -69,12 +75,49 @@ def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_pat
     cli("rescore", str(run), "--judge", "diagnosis", "--judge-model", clinic, "--out", str(tmp_path / "rescore"), check=True)
     assert "| embedded | 3 | 100.0% |" in (tmp_path / "rescore" / "summary.md").read_text()
     cli("compare", str(run), "--out", str(tmp_path / "cmp"), check=True)
-    assert "| agentclinic | diagnosis | 0.333" in (tmp_path / "cmp" / "summary.md").read_text()
+    assert "| diagnosis | 0.333 [0.000, 1.000] (n=3) |" in (tmp_path / "cmp" / "summary.md").read_text()
     # --sample keeps the set's mix of the patients' sex
     proc = cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--sample", "2", "--dry-run",
                "--out", str(tmp_path / "dry"), check=True)
     said = proc.stdout + proc.stderr
     assert "stratified by sex" in said and "1 female, 1 male" in said and "dry run: 80 request(s) of 2 case(s)" in said
+
+
+class _Polite(_Clinic):
+    """The moderator says 'Yes.' for Migraine: a no by the authors' rule (the whole reply must be 'yes'), a yes by its first word."""
+
+    def answer(self, body: dict) -> str:
+        said = super().answer(body)
+        return "Yes." if said == "Yes" else said
+
+
+def test_a_second_moderator_scorer_is_run_rescored_reviewed_and_calibrated(cli, fixtures_dir, tmp_path):
+    """``diagnosis-first-word``, one declaration in the study's folder: `run --scorers` asks it beside the paper's
+    ``diagnosis``; `rescore`, `review` and `calibrate reviews` take it like any scorer."""
+    srv = serve_stub(_Polite)
+    model = f"embedded@http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        run = tmp_path / "run"
+        cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--model", model, "--out", str(run),
+            "--scorers", "diagnosis-first-word", check=True)
+        recs = {r["id"]: r for r in map(json.loads, (run / "records.jsonl").read_text().splitlines())}
+        assert {i: (r["scores"]["diagnosis"]["value"], r["scores"]["diagnosis-first-word"]["value"]) for i, r in recs.items()} == \
+            {"case_0": (0, 1), "case_1": (0, 0), "case_2": (0, 0)}
+        assert sum(c["step"] == "moderator" for r in recs.values() for c in r["calls"]) == 6  # each scorer asks the moderator once per case
+        summary = (run / "summary.md").read_text()
+        assert "| diagnosis-first-word | 0.333 [0.000, 1.000] (n=3) |" in summary and "| diagnosis | 0.000 [0.000, 0.000] (n=3) |" in summary
+        bad = cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--scorers", "nope", "--dry-run", "--out", str(tmp_path / "x"))
+        assert bad.returncode == 2 and "its optional scorers: diagnosis-first-word" in bad.stderr
+        cli("rescore", str(run), "--judge", "diagnosis-first-word", "--judge-model", model, "--out", str(tmp_path / "re"), check=True)
+        assert "| embedded | 3 | 100.0% |" in (tmp_path / "re" / "summary.md").read_text()
+        write_sample(run, load_judge(run, "diagnosis-first-word"), 3, 0)
+        (run / "reviews" / "derm.jsonl").write_text("".join(json.dumps({"judge": "diagnosis-first-word", "item": i, "reviewer": "derm", "label": v}) + "\n"
+                                                            for i, v in (("case_0", 1), ("case_1", 0), ("case_2", 0))))
+        cli("calibrate", "reviews", str(run), "--labels", str(run / "reviews"), "--judge", "diagnosis-first-word", "--n-boot", "200", check=True)
+        vs = json.loads((run / "reviews" / "calibration-diagnosis-first-word.json").read_text())["reviewers"]["derm"]["vs_judge"]
+        assert vs["n"] == 3 and vs["exact_agreement"] == 1.0
+    finally:
+        srv.shutdown()
 
 
 def test_the_extended_set_is_listed_and_read_by_name(cli, fixtures_dir, tmp_path):

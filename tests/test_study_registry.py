@@ -1,5 +1,5 @@
 """The study registry and the flags generated from settings models: a toy study declared in one file of its own folder
-(tests/studies/toy/__init__.py: settings, Study, StudyResults, paper-table adapter, the declaration), found through the
+(tests/studies/toy/__init__.py: settings, Study with its scorers, paper-table adapter, the declaration), found through the
 registry's search path ($MEDSTACK_STUDIES), runs end to end against the scripted client through its generated
 `medstack run toy` command line (its data set named from the folder's datasets.yaml), dry-runs, takes a stratified
 `--sample`, is swept, and renders its paper table; and the tools that know no study serve it: `review` builds its
@@ -8,7 +8,8 @@ judge's items and page, `calibrate reviews` holds its judge to a clinician's lab
 agrees with its settings model's code defaults on every key it sets.
 
 Fixtures others reuse: ``toy`` (the study on the search path, a `medstack` app from the registry, the scripted client's
-requests) and ``toy_run`` (a finished toy run of cases c1 (right) and c2 (wrong), with typed scores ``echo-judge``)."""
+requests) and ``toy_run`` (a finished toy run of cases c1 (right) and c2 (wrong), with its scores ``echo-judge`` (a rule)
+and ``echo-asked`` (its optional model scorer))."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from experiments.core import registry, runner
+from experiments.core import commands, registry, runner
 from experiments.core.results import read_run
-from experiments.tables.declare import declarations
+from experiments.tables.build import declarations
 from scripted import ScriptedLLM
 
 TOY = Path(__file__).parent / "studies" / "toy"
@@ -54,17 +55,18 @@ def toy(tmp_path, monkeypatch):
     app = typer.Typer()
     for name, sub in apps.items():
         app.add_typer(sub, name=name.removesuffix("_app"))
-    registry.register_all(app=app, **apps)
+    commands.register_all(app=app, **apps)
     data = tmp_path / "cases.jsonl"
     data.write_text('{"id": "c1", "group": "a"}\n{"id": "c2", "group": "b"}\n{"id": "c3", "group": "a"}\n', encoding="utf-8")
     return app, data, sent
 
 
 def test_the_toy_is_found_through_the_search_path_only(toy, monkeypatch):
-    assert "toy" in registry.commands() and registry.results_for("toy").judge("echo-judge") is not None
-    assert any(d.path == str(TOY / "paper_tables.yaml") for d in declarations())
+    assert "toy" in registry.commands() and [s.name for s in registry.study_for("toy").scorers] == ["echo-judge", "echo-asked"]
+    assert registry.study_for("toy").name == "toy"  # the name the declaration gives its command, and nowhere else
+    assert any(d.path == str(TOY / "paper_tables.yaml") and d.experiments == ["toy"] for d in declarations(registry.table_sources()))
     monkeypatch.delenv("MEDSTACK_STUDIES")
-    assert "toy" not in registry.commands() and registry.results_for("toy") is None
+    assert "toy" not in registry.commands() and registry.study_for("toy") is None
 
 
 def test_toy_study_runs_through_its_generated_command_line(toy, tmp_path):
@@ -85,9 +87,9 @@ def test_toy_study_runs_through_its_generated_command_line(toy, tmp_path):
     assert (config["word"], config["repeats"], config["shout"], config["limit"]) == ("hi", 2, False, 2)
     assert config["roles"] == {"echo": ECHO}
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    assert {x["id"]: x["correct"] for x in records} == {"c1": 1, "c2": 0}
-    assert len(sent) == 4 and all(c[-1]["content"].endswith("say hi") for _, c in sent)
-    assert json.loads((out / "metrics.json").read_text())["accuracy"] == 0.5
+    assert {x["id"]: x["scores"]["echo-judge"]["value"] for x in records} == {"c1": 1, "c2": 0}
+    assert len(sent) == 4 and all(c[-1]["content"].endswith("say hi") for _, c in sent)  # the optional scorer was not asked
+    assert [(f["score"], f["value"], f["n"]) for f in json.loads((out / "metrics.json").read_text())["scores"]] == [("echo-judge", 0.5, 2)]
     summary = (out / "summary.md").read_text()
     assert "Toy accuracy" in summary and "repeated the word" in summary and "0.500" in summary  # its paper table, with the paper's value
 
@@ -136,16 +138,18 @@ def test_toy_sweeps(toy, tmp_path):
     out = tmp_path / "sweep"
     r = CliRunner().invoke(app, ["sweep", "toy", "--models", f"{ECHO},{ECHO}", "--data", str(data), "--word", "hi", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert [json.loads((out / lbl / "metrics.json").read_text())["accuracy"] for lbl in ("embedded", "embedded-2")] == [1 / 3, 1 / 3]
+    assert [json.loads((out / lbl / "metrics.json").read_text())["scores"][0]["value"] for lbl in ("embedded", "embedded-2")] == [1 / 3, 1 / 3]
     assert "# Toy comparison" in (out / "compare" / "summary.md").read_text() and (out / "report.html").exists()
 
 
 @pytest.fixture
 def toy_run(toy, tmp_path):
-    """A finished toy run (c1 answered right, c2 wrong; word "hi"), its records carrying the typed score echo-judge."""
+    """A finished toy run (c1 answered right, c2 wrong; word "hi"), its records carrying the scores echo-judge (the rule)
+    and echo-asked (the model, which says yes to both)."""
     app, data, sent = toy
     out = tmp_path / "toy-run"
-    r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi", "--echo-model", ECHO, "--out", str(out)])
+    r = CliRunner().invoke(app, ["run", "toy", "--data", str(data), "--limit", "2", "--word", "hi", "--echo-model", ECHO, "--out", str(out),
+                                 "--scorers", "echo-asked"])
     assert r.exit_code == 0, r.output
     return out
 
@@ -153,16 +157,20 @@ def toy_run(toy, tmp_path):
 def test_toy_rescore_asks_its_judge_again(toy, toy_run, tmp_path):
     app, _, sent = toy
     out = tmp_path / "rescored"
+    asked = sum(c[-1]["content"].endswith("yes or no") for _, c in sent)
     r = CliRunner().invoke(app, ["rescore", str(toy_run), "--judge", "echo-judge", "--judge-model", ECHO, "--out", str(out)])
+    assert r.exit_code != 0 and "echo-judge cannot be asked again over a stored answer; its judge steps: echo-asked" in str(r.exception)
+    r = CliRunner().invoke(app, ["rescore", str(toy_run), "--judge", "echo-asked", "--judge-model", ECHO, "--out", str(out)])
     assert r.exit_code == 0, r.output
     scores = {x["id"]: x["scores"] for x in read_run(out).records}
-    assert {i: (s["echo-judge"]["value"], s[f"echo-judge@{ECHO.split('@')[0]}"]["value"]) for i, s in scores.items()} == {"c1": (1, 1), "c2": (0, 1)}
-    assert sum(c[-1]["content"].endswith("yes or no") for _, c in sent) == 2
+    assert {i: (s["echo-judge"]["value"], s[f"echo-asked@{ECHO.split('@')[0]}"]["value"]) for i, s in scores.items()} == {"c1": (1, 1), "c2": (0, 1)}
+    assert sum(c[-1]["content"].endswith("yes or no") for _, c in sent) - asked == 2
 
 
 def test_toy_records_carry_typed_scores(toy_run):
     records = {r["id"]: r for r in read_run(toy_run).records}
-    assert records["c1"]["scores"] == {"echo-judge": {"value": 1, "answer": "hi", "source": "exact", "judge": {"rule": "every answer equals the word hi"}}}
+    assert records["c1"]["scores"]["echo-judge"] == {"value": 1, "answer": "hi", "source": "exact", "judge": {"rule": "every answer equals the word hi"}}
+    assert (records["c1"]["target"], records["c1"]["answer"], records["c1"]["metadata"]) == ("hi", ["hi"], {"group": "a"})  # the typed record
     assert records["c2"]["scores"]["echo-judge"]["value"] == 0
 
 
@@ -172,10 +180,10 @@ def test_toy_review_builds_its_judges_items(toy, toy_run, tmp_path):
 
     app, _, _ = toy
     j = load_judge(toy_run, "echo-judge")
-    assert (j["experiment"], j["scale"]["kind"], j["scale"]["question"]) == ("toy", "binary", registry.results_for("toy").judges[0].question)
+    assert (j["experiment"], j["scale"]["kind"], j["scale"]["question"]) == ("toy", "binary", registry.study_for("toy").scorers[0].question)
     assert [(i["id"], i["verdict"], i["stratum"]) for i in j["items"]] == [("c1", 1, "1||"), ("c2", 0, "0||")]
     assert j["items"][0]["show"] == {"the word asked for": "hi", "the answers": ["hi"]}
-    with pytest.raises(DataError, match="a toy run's judge steps are echo-judge"):
+    with pytest.raises(DataError, match="a toy run's judge steps are echo-judge, echo-asked"):
         load_judge(toy_run, "frq")
     with pytest.raises(DataError, match="no record carries a echo-judge@m2 decision.*rescore"):
         load_judge(toy_run, "echo-judge@m2")
@@ -228,18 +236,20 @@ def test_toy_compare_runs_its_own_and_the_typed_scores(toy, toy_run, tmp_path):
     summary = (tmp_path / "cmp" / "summary.md").read_text()
     assert "# Toy comparison" in summary and "- toy-run: accuracy 0.500" in summary and "- toy-hello: accuracy 0.333" in summary
     scores = {x["run"]: x["scores"] for x in json.loads((tmp_path / "cmp" / "scores.json").read_text())}
-    [(run, [row])] = [(k, v) for k, v in scores.items() if k.endswith("toy-run")]
-    assert (row["score"], row["mean"], row["n"], row["unscored"]) == ("echo-judge", 0.5, 2, 0) and row["ci_low"] <= 0.5 <= row["ci_high"]
-    assert "| echo-judge | 0.500 [" in summary and "| echo-judge | 0.333 [" in summary
+    [(run, rows)] = [(k, v) for k, v in scores.items() if k.endswith("toy-run")]
+    row = next(x for x in rows if x["score"] == "echo-judge")
+    assert (row["metric"], row["value"], row["n"], row["unscored"]) == ("mean", 0.5, 2, 0) and row["low"] <= 0.5 <= row["high"]
+    assert re.search(r"\| echo-judge \| 0\.500 \[[0-9., ]+\] \(n=2\) \| 0\.333 \[[0-9., ]+\] \(n=3\) \|", summary), summary
 
 
 def test_toy_report_shows_its_scores(toy_run, tmp_path):
     from experiments.tools.report.build import build_report
 
     html = build_report([str(toy_run)], tmp_path / "r.html").read_text()
-    assert "<td>echo-judge</td><td>1</td><td>rule every answer equals the word hi</td><td>hi</td>" in html
-    assert "<td>echo-judge</td><td>0</td>" in html
-    assert "<tr><td>echo-judge</td><td>0.5 [" in html and "</td><td>2</td><td>0</td></tr>" in html  # the run's mean of the score, n, unscored
+    assert ("<td>echo-judge (Did the model repeat the word it was asked for, in every answer?)</td><td>1</td>"
+            "<td>rule every answer equals the word hi</td><td>hi</td>") in html
+    assert "<td>echo-judge (Did the model repeat the word it was asked for, in every answer?)</td><td>0</td>" in html
+    assert "<tr><td>echo-judge</td><td>mean</td><td>0.500 [" in html and "(n=2)</td></tr>" in html  # the score's figure, as summary.md gives it
 
 
 def _defaults(model) -> dict:

@@ -55,6 +55,30 @@ def mean_ci(values, *, n_boot: int = DEFAULT_B, seed: int = DEFAULT_SEED, level:
     return MeanCI(float(x.mean()), float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a)), int(x.size))
 
 
+def ratio_ci(numerators, denominators, *, n_boot: int = DEFAULT_B, seed: int = DEFAULT_SEED, level: float = 0.95) -> MeanCI:
+    """sum(numerators) / sum(denominators) over units (a case's flagged patient turns / its patient turns), with a
+    percentile bootstrap CI that redraws whole units (fixed seed); ``n`` is the number of units. NaN where the
+    denominators sum to 0."""
+    num = np.asarray(list(numerators), dtype=float)
+    den = np.asarray(list(denominators), dtype=float)
+    if num.shape != den.shape:
+        raise ValueError(f"numerators and denominators differ in length: {num.size} vs {den.size}")
+    if num.size == 0 or den.sum() == 0:
+        return MeanCI(float("nan"), float("nan"), float("nan"), int(num.size))
+    rng = np.random.default_rng(seed)
+    rows = max(2, BLOCK_CELLS // num.size // 2 * 2)
+    boots = np.empty(n_boot)
+    for start in range(0, n_boot, rows):
+        k = min(rows, n_boot - start)
+        idx = rng.integers(0, num.size, size=(k, num.size))
+        d = den[idx].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boots[start:start + k] = np.where(d > 0, num[idx].sum(axis=1) / np.where(d > 0, d, 1), np.nan)
+    boots = boots[~np.isnan(boots)]
+    a = (1 - level) / 2
+    return MeanCI(float(num.sum() / den.sum()), float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a)), int(num.size))
+
+
 @dataclass
 class PairedTest:
     mean_diff: float  # mean(a - b)

@@ -23,6 +23,7 @@ import typer
 from experiments.core.concurrency import run_async
 from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
+from experiments.core import registry
 from experiments.core.scope import check_scope
 from experiments.core.study import Study
 from models.errors import DataError, MedstackError
@@ -483,3 +484,34 @@ def flag_overrides(params: list[Param], values: dict) -> dict:
             for target in p.flag.targets:
                 out = deep_merge(out, reduce(lambda value, key: {key: value}, reversed(target.split(".")), v))
     return out
+
+
+def _command(name: str):
+    """The click command of one study: its folder's study module imported now (:func:`lazy_group`)."""
+    one = typer.Typer()
+    one.command(name)(study_command(registry.get(name)))
+    return typer.main.get_command(one)
+
+
+def register_all(app, run_app, **apps) -> None:
+    """Plug every study command and every other command into `medstack`: the study commands are listed from their
+    declarations without importing a study module; each declaration's ``cli`` adds its other commands to their group
+    (``import``, ``calibrate``, ...); every tool folder's ``cli.py`` and ``finetune/cli.py`` add theirs."""
+    import importlib
+    from functools import partial
+
+    lazy: dict[bool, dict] = {True: {}, False: {}}
+    for name, (c, _) in registry.commands().items():
+        lazy[c.top_level][name] = (c.help, partial(_command, name))
+    app.info.cls, run_app.info.cls = lazy_group(lazy[True]), lazy_group(lazy[False])
+    root = registry.EXPERIMENTS
+    found = sorted(root.glob("*/cli.py")) + sorted(root.glob("tools/*/cli.py"))  # the framework's and the tools'
+    tools = [".".join(p.relative_to(root.parent).with_suffix("").parts) for p in found]
+    for module in tools + ["finetune.cli"]:
+        importlib.import_module(module).register(app=app, run_app=run_app, **apps)
+    groups = {"": app, "run": run_app, **{k.removesuffix("_app"): v for k, v in apps.items()}}
+    for d in registry.declarations():
+        for where, ref in d.cli.items():
+            group, _, name = where.rpartition(" ")
+            if group in groups:  # an app built without that group (tests) leaves its commands out
+                groups[group].command(name)(d.resolve(ref))

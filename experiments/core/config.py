@@ -122,11 +122,12 @@ class RunSettings(BaseModel):
         "lora": Unpaired("adapters of the model under test: part of which model is measured"),
         "dtype": Unpaired("the servers' number format; identity.json and every cache key record it"),
         "answers": Authors("free", says="answers {ours}: steps with a declared format decoded under structured outputs (authors: free text, parsed after)"),
+        "scorers": Unpaired("optional scorers run beside the study's own: more grades of the same answers, no request of the protocol changes"),
     }
 
     # Resume rules (experiments/core/results.py RunDir): each merged along the class's bases, a study's settings class adding its own.
     # added_settings: settings added after runs were made; an older config.yaml without one is read with this value (its default then)
-    added_settings: ClassVar[dict] = {"answers": "free"}
+    added_settings: ClassVar[dict] = {"answers": "free", "scorers": []}
     # resume_changeable: settings that may change between a run and its resumption without changing results
     resume_changeable: ClassVar[frozenset[str]] = frozenset({"limit", "sample", "concurrency", "timeout", "retries", "out", "allow_remote",
                                                             "use_cache", "send_seed", "max_consecutive_failures", "startup_timeout"})
@@ -181,6 +182,7 @@ class RunSettings(BaseModel):
     # the registry's on GPU). A running server is reused only when it serves this dtype. Part of every cache key.
     dtype: Literal[DTYPES] | None = Field(None, description="Number format of a server started for the run (none: bfloat16 on a CPU with native "
                                           "bf16, float32 on other CPUs, the registry's on GPU).", json_schema_extra=NO_FLAG)
+    scorers: list[str] = Field([], description="Optional scorers to run too, by name (the study's optional scorers: docs/layout.md, Scorers).")
 
 
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:

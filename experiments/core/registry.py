@@ -1,10 +1,11 @@
 """The study registry. Each study folder declares once, in its package's ``__init__.py``, everything it adds:
 ``STUDY = StudyDeclaration(commands=(Command(...), ...), tables=..., adapter=..., results=..., cli=...)`` (docs/layout.md,
 Adding a study, shows one). A reference ``"module:attr"`` names something in the folder, imported when used (or the
-object itself: a study declared in one file). Each command's Study class carries its settings, roles, strata and
-results (``Study.results``). Found by layout: every ``experiments/studies/<folder>/__init__.py`` that declares ``STUDY``, and
-each folder ``$MEDSTACK_STUDIES`` names (os.pathsep-separated; loaded under its folder's name). `medstack --help` lists
-the commands from the declarations alone.
+object itself: a study declared in one file). A command's name is the one name of its study: the registry gives it to
+the Study class (``Study.name``), and results folders of that kind carry it (config.yaml's ``experiment``). Found by
+layout: every ``experiments/studies/<folder>/__init__.py`` that declares ``STUDY``, and each folder ``$MEDSTACK_STUDIES``
+names (os.pathsep-separated; loaded under its folder's name). This module declares; the command line
+(experiments/core/commands.py) reads it.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field, replace
-from functools import lru_cache, partial
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from experiments.core.commands import lazy_group, study_command
 from experiments.core.config import ConfigError
-from experiments.core.results import Run, read_run, settings_of, upgrade_record
-from experiments.core.study import Study, StudyResults
+from experiments.core.record import is_typed
+from experiments.core.results import Run, read_run, settings_of
+from experiments.core.study import Study
 from experiments.datasets.registry import STUDIES_ENV, study_folders
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent
@@ -31,14 +32,26 @@ STUDIES = EXPERIMENTS / "studies"  # one folder per study
 @dataclass(frozen=True)
 class Command:
     """One study command: `medstack run NAME` (`medstack NAME` when ``top_level``). As :func:`get` returns it, ``make``
-    is the object and ``help`` the whole help."""
+    is the Study class named ``name`` and ``help`` the whole help."""
 
     name: str
     help: str  # the help's first paragraph, as `medstack --help` lists it (the only copy)
-    make: Any  # the Study class or a factory: "module:attr" in the folder, or the object
+    make: Any  # the Study class: "module:attr" in the folder, or the object
     more: str = ""  # the paragraphs after the first, in the command's own --help
     top_level: bool = False
     fixed: dict = field(default_factory=dict)  # settings the command fixes (MediTOD's task)
+    tables: bool = True  # its runs appear in the folder's paper tables
+    formerly: tuple[str, ...] = ()  # older names of its results folders' kind (config.yaml's ``experiment``), read as its own
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of results folder a study folder writes besides its commands' runs (a calibration, an import): its name,
+    the Study class that reads it, and its older names."""
+
+    name: str
+    make: Any
+    formerly: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,7 @@ class StudyDeclaration:
     commands: tuple[Command, ...]
     tables: str | None = None  # its paper_tables.yaml, beside __init__.py (experiments/tables/declare.py)
     adapter: Any = None  # the tables' PaperAdapter (experiments/tables/adapter.py)
-    results: tuple = ()  # StudyResults of more kinds of results folders than its commands write (its calibrations, imports)
+    results: tuple[Kind, ...] = ()  # more kinds of results folders it writes (calibrations, imports)
     cli: dict[str, Any] = field(default_factory=dict)  # its other commands: "GROUP NAME" -> the typer function
     package: str = ""  # set when found: the package's import name
     folder: Path | None = None  # set when found
@@ -60,13 +73,30 @@ class StudyDeclaration:
         module, _, attr = ref.partition(":")
         return getattr(importlib.import_module(f"{self.package}.{module}"), attr)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The names of the results kinds its paper tables cover: its commands'."""
+        return tuple(c.name for c in self.commands if c.tables)
 
-@dataclass
-class Loaded:
-    """The study commands with their modules imported, and the kinds of results folders they declare."""
 
-    studies: dict[str, Command]
-    results: dict[str, StudyResults]
+@dataclass(frozen=True)
+class TableSource:
+    """Where a study folder's paper tables are declared (experiments/tables reads it): its paper_tables.yaml, its
+    adapter, the folder's name and the kinds of results folders they cover."""
+
+    path: Path
+    adapter: Any
+    study: str
+    kinds: tuple[str, ...]
+
+
+def table_sources() -> tuple[TableSource, ...]:
+    """Every study folder's paper-table source."""
+    return tuple(t for d in declarations() if (t := _tables_of(d)) is not None)
+
+
+def _tables_of(d: StudyDeclaration) -> TableSource | None:
+    return TableSource(d.folder / d.tables, d.resolve(d.adapter), d.folder.name, d.kinds) if d.tables else None
 
 
 def _load_folder(folder: Path):
@@ -108,31 +138,18 @@ def commands() -> dict[str, tuple[Command, StudyDeclaration]]:
     return {c.name: (c, d) for d in declarations() for c in d.commands}
 
 
-def loaded() -> Loaded:
-    """Every study imported: its commands, the kinds of results folders they declare."""
-    return _loaded(os.environ.get(STUDIES_ENV, ""))
-
-
 @lru_cache(maxsize=None)
-def _loaded(extra: str) -> Loaded:
-    out = Loaded({}, {})
-    for name in commands():
-        out.studies[name] = entry = _entry(name)
-        if isinstance(results := entry.make().results, StudyResults):
-            out.results[results.experiment] = results
-    for d in declarations():
-        out.results.update({more.experiment: more for more in map(d.resolve, d.results)})
-    return out
+def _named(cls: type, name: str, tables: TableSource | None = None) -> type:
+    """The Study class named ``name``, with its paper tables (a class shared by several commands, MediTOD's, gets one
+    subclass each)."""
+    return type(cls.__name__, (cls,), {"name": name, "tables": (tables,) if tables else (), "__module__": cls.__module__,
+                                       "__doc__": cls.__doc__})
 
 
 def _entry(name: str) -> Command:
     c, d = commands()[name]
-    return replace(c, make=d.resolve(c.make), help=c.help + ("\n\n" + c.more.strip("\n") if c.more.strip() else ""), more="")
-
-
-def studies() -> dict[str, Command]:
-    """Every study command (each study's modules imported)."""
-    return loaded().studies
+    made = _named(d.resolve(c.make), name, _tables_of(d) if c.tables else None)
+    return replace(c, make=made, help=c.help + ("\n\n" + c.more.strip("\n") if c.more.strip() else ""), more="")
 
 
 def get(name: str) -> Command:
@@ -142,63 +159,52 @@ def get(name: str) -> Command:
     return _entry(name)
 
 
-def _command(name: str):
-    """The click command of one study: its folder's study module imported now (experiments/core/commands.py lazy_group)."""
-    import typer
-
-    one = typer.Typer()
-    one.command(name)(study_command(get(name)))
-    return typer.main.get_command(one)
+def studies() -> dict[str, Command]:
+    """Every study command (each study's modules imported)."""
+    return _studies(os.environ.get(STUDIES_ENV, ""))
 
 
-def register_all(app, run_app, **apps) -> None:
-    """Plug every study command and every other command into `medstack`: the study commands are listed from their
-    declarations without importing a study module; each declaration's ``cli`` adds its other commands to their group
-    (``import``, ``calibrate``, ...); every tool folder's ``cli.py`` and ``finetune/cli.py`` add theirs."""
-    lazy: dict[bool, dict] = {True: {}, False: {}}
-    for name, (c, _) in commands().items():
-        lazy[c.top_level][name] = (c.help, partial(_command, name))
-    app.info.cls, run_app.info.cls = lazy_group(lazy[True]), lazy_group(lazy[False])
-    found = sorted(EXPERIMENTS.glob("*/cli.py")) + sorted(EXPERIMENTS.glob("tools/*/cli.py"))  # the framework's and the tools'
-    tools = [".".join(p.relative_to(EXPERIMENTS.parent).with_suffix("").parts) for p in found]
-    for module in tools + ["finetune.cli"]:
-        importlib.import_module(module).register(app=app, run_app=run_app, **apps)
-    groups = {"": app, "run": run_app, **{k.removesuffix("_app"): v for k, v in apps.items()}}
+@lru_cache(maxsize=None)
+def _studies(extra: str) -> dict[str, Command]:
+    return {name: _entry(name) for name in commands()}
+
+
+def kinds() -> dict[str, type[Study]]:
+    """Every kind of results folder a study writes, by name, older names included: its commands' and those its
+    declaration adds (``results``: calibrations, imports). Imports every study."""
+    return {name: _kind(name) for d in declarations() for k in (*d.commands, *d.results) for name in (k.name, *k.formerly)}
+
+
+def _kind(experiment: str) -> type[Study] | None:
+    """The Study class of results folders of kind ``experiment`` (a name or an older one), importing its folder only."""
     for d in declarations():
-        for where, ref in d.cli.items():
-            group, _, name = where.rpartition(" ")
-            if group in groups:  # an app built without that group (tests) leaves its commands out
-                groups[group].command(name)(d.resolve(ref))
+        for c in d.commands:
+            if experiment == c.name or experiment in c.formerly:
+                return _entry(c.name).make
+        for k in d.results:
+            if experiment == k.name or experiment in k.formerly:
+                return _named(d.resolve(k.make), k.name)
+    return None
 
 
-def results_for(experiment: str) -> StudyResults | None:
-    """What the study of results folders of ``experiment`` (config.yaml) declares; None for a kind no study declares."""
-    return loaded().results.get(experiment)
+def study_for(experiment: str) -> Study | None:
+    """A fresh instance of the study whose results folders are of kind ``experiment`` (config.yaml / identity.json);
+    None for a kind no study declares."""
+    cls = _kind(experiment) if experiment else None
+    return cls() if cls is not None else None
 
 
-def results_of(run: Run) -> StudyResults | None:
-    """What is declared about this run's kind: by :attr:`Run.experiment` (identity.json's, the study command's name),
-    else by config.yaml's ``experiment`` (they differ where a command's name is not its settings' experiment:
-    ``meld`` / ``craftmd-meld``, ``calibrate-conversations`` / ``calibrate-craftmd-conversations``)."""
-    return results_for(run.experiment) or results_for(str(run.config.get("experiment") or ""))
+def study_of(run: Run) -> Study | None:
+    """The study of a results folder: by identity.json's kind, else config.yaml's."""
+    return study_for(run.experiment) or study_for(str(run.config.get("experiment") or ""))
 
 
 def open_run(path, *, lenient: bool = False) -> Run:
-    """A results folder read by the one reader, its older records upgraded by their study (typed scores included,
-    given config.yaml read into the study's settings class: results.settings_of)."""
+    """A results folder read by the one reader, its older records put in today's typed shape by their study
+    (``Study.upgrade``, given config.yaml read into the study's settings class: results.settings_of)."""
     run = read_run(path, lenient=lenient)
-    declared = results_of(run)
-    if declared is not None and (declared.upgrade or declared.scores):
-        study = study_of(run.experiment) or study_of(str(run.config.get("experiment") or ""))
-        settings = settings_of(run.config, study.settings_cls if study else None)
-        run.records = [upgrade_record(r, settings, declared.upgrade, declared.scores) for r in run.records]
+    study = study_of(run)
+    if study is not None and any(not is_typed(r) and r.get("status") != "failed" for r in run.records):
+        settings = settings_of(run.config, study.settings_cls)
+        run.records = [r if is_typed(r) or r.get("status") == "failed" else study.upgrade(r, settings) for r in run.records]
     return run
-
-
-def study_of(experiment: str) -> Study | None:
-    """A fresh instance of the study whose runs are results folders of ``experiment`` (identity.json / config.yaml):
-    its ``settings_cls`` validates such a folder's config.yaml, its ``prompts`` are the ones the run used. None when
-    no registered study writes them."""
-    made = [entry.make() for entry in studies().values()]
-    return (next((s for s in made if s.results is not None and s.results.experiment == experiment), None)
-            or next((s for s in made if s.name == experiment), None))

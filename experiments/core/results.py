@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.common.grade import SCHEMA
+from experiments.core.record import SCHEMA
 from models.errors import DataError, MedstackError, StorageError
 from models.paths import private_dir, private_file
 from models.jsontext import iter_jsonl, lines_at  # noqa: F401 (iter_jsonl: read here and by every loader that imports it from here)

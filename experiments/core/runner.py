@@ -20,13 +20,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from experiments.core.concurrency import kv_bound, resolve_concurrency
 from experiments.common.grade import to_disk
-from experiments.common.patient_checks import NOTE, check_conversation, patient_check_grades, patient_check_markdown, patient_metrics
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
-from experiments.core.results import CALL_LOG, Run, RunDir, upgrade_record
+from experiments.core.record import is_typed
+from experiments.core.results import CALL_LOG, Run, RunDir
 from experiments.core.runlock import RunLock
-from experiments.core.scope import scope_line
+from experiments.core.scope import scope_line, take
+from experiments.core.scorers import figures, scores_markdown
 from experiments.core.study import CaseContext, RequestFailed, Study, call_formats, format_stats
 from models.errors import DataError, MedstackError, StorageError
 from serving import server_metrics
@@ -81,23 +82,37 @@ def default_out(study: Study, roles: dict[str, str]) -> str:
 
 
 def load_checked_cases(study: Study, settings: RunSettings) -> list[dict]:
-    """The study's cases, with unique ids and at least one case."""
-    cases = study.load_cases(settings)
-    if not cases:
+    """The units of work of the cases this run takes: the study's cases, ``--limit`` / ``--sample`` of them (the scope
+    goes to ``study.scope``: metrics.json and summary.md say it), expanded by the study (CRAFT-MD: its trials); at
+    least one, each id once."""
+    cases, study.scope = take(study.load_cases(settings), settings, study.strata)
+    study.scope["noun"] = study.case_noun
+    units = study.expand(cases, settings)
+    if not units:
         raise DataError(f"{settings.data or study.name}: no cases to run (empty input, or --limit/filters left none)")
     seen: set[str] = set()
-    for c in cases:
+    for c in units:
         cid = str(c["id"])
         if cid in seen:
             raise DataError(f"{settings.data}: case id {cid!r} appears twice; ids must be unique")
         seen.add(cid)
-    return cases
+    return units
+
+
+def check_scorers(study: Study, settings: RunSettings) -> None:
+    """Every optional scorer a run names is one of the study's."""
+    optional = [s.name for s in study.scorers if s.optional]
+    unknown = [n for n in settings.scorers if n not in optional]
+    if unknown:
+        raise ConfigError(f"--scorers {','.join(unknown)}: not an optional scorer of {study.name}; "
+                          + (f"its optional scorers: {', '.join(optional)}" if optional else "it has none"))
 
 
 def prepare_run(study: Study, settings: RunSettings) -> tuple[RunSettings, list[dict]]:
     """Everything that can be checked without a model: settings, roles, cases. Raises MedstackError."""
+    check_scorers(study, settings)
     roles = resolve_roles(study, settings)
-    settings = study.prepare(settings.model_copy(update={"roles": roles}))
+    settings = study.prepare(settings.model_copy(update={"roles": roles, "experiment": study.name}))
     settings = settings.model_copy(update={"out": settings.out or default_out(study, roles)})
     return settings, load_checked_cases(study, settings)
 
@@ -179,7 +194,8 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         unwritten = e
     # the run as computed, handed to the summary (and its paper tables): never read back from the folder just written
     run = Run(rundir.path, finished + failed, [], settings.model_dump(mode="json"), metrics=metrics, identity=identity)
-    summary = with_answers_line(study.summary(metrics, settings, run) + patient_section(study, metrics, settings), metrics).rstrip("\n") + "\n\n" + _footer(metrics, failed, not_started, resume_command, settings.roles)
+    summary = (with_answers_line(study.summary(metrics, settings, run), metrics).rstrip("\n") + "\n\n"
+               + scores_markdown(metrics["scores"], study.scorers) + "\n" + _footer(metrics, failed, not_started, resume_command, settings.roles))
     if storage:
         log(f"[red]the run stopped: {escape(storage)}[/red]\nno new case was started; {n_finished} finished record(s) are kept in {rundir.records_path}")
         summary += f"\n**The run stopped: {storage}.** No new case was started after that; finished records are kept.\n"
@@ -205,13 +221,11 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     latest.update(rundir.latest(drop=CALL_LOG, start=offset))  # metrics never read the call log
     records = [latest.pop(i) for i in case_ids if i in latest]
     latest.clear()
-    if study.results is not None:  # records a resumed folder holds from before typed scores: in today's shape, as every reader reads them
-        records = [upgrade_record(r, settings, study.results.upgrade, study.results.scores) for r in records]
+    records = [r if is_typed(r) or r.get("status") == "failed" else study.upgrade(r, settings) for r in records]  # a resumed folder's older records
     finished = [r for r in records if r.get("status") != "failed"]
     failed = [r for r in records if r.get("status") == "failed"]
     metrics = study.metrics(finished, settings)
-    if study.patient is not None and (checked := patient_metrics(finished, study.patient.span_words(settings))):
-        metrics["patient_checks"] = checked
+    metrics["scores"] = [f.json() for f in figures(finished, study.scorers)]  # every score's figures, through its scorer, resampled by case
     metrics["case_status"] = {"total": len(case_ids), "finished": len(finished), "failed": len(failed),
                               "not_started": len(case_ids) - len(records)}
     metrics["answers"] = settings.answers
@@ -223,23 +237,6 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     if judged := self_judged(study, settings):
         metrics["self_judged"] = judged  # judging roles played by the model under test: a caveat in summary.md
     return metrics, finished, failed
-
-
-def check_patient(study: Study, case: dict, record: dict, settings: RunSettings) -> None:
-    """The patient checks of a record's conversation, with their scores, where the study declares its patient."""
-    p = study.patient
-    if p is None or (n := p.span_words(settings)) is None or not (turns := p.turns(record)):
-        return
-    record["patient_checks"] = check_conversation(turns, vignette=p.facts(case), correct=p.correct(case), choices=p.choices(case, settings), n_words=n)
-    record["scores"] = {**record.get("scores", {}), **to_disk(patient_check_grades(record["patient_checks"]))}
-
-
-def patient_section(study: Study, metrics: dict, settings: RunSettings) -> str:
-    """summary.md's patient-check table: this run's patient, then the study's rows beside it ('' without checks)."""
-    if study.patient is None or not metrics.get("patient_checks"):
-        return ""
-    rows = [(settings.name or "this run", metrics["patient_checks"]), *study.patient.beside()]
-    return patient_check_markdown(rows, study.patient.heading, study.patient.note or NOTE)
 
 
 def self_judged(study: Study, settings: RunSettings) -> dict[str, str]:
@@ -254,7 +251,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
     writer = RecordWriter(rundir, getattr(client, "cache", None))  # the record after its answers are committed; grouped fsyncs
     state = LoopState()
     served_dtypes = {role: i.get("dtype") for role, i in identities.items()}
-    declared = study.results if study.results is not None and study.results.scores is not None else None
+    scorers = study.scorers_for(settings)
 
     async def one(case: dict, progress: Progress, task) -> None:
         async with sem:
@@ -265,9 +262,8 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             t0 = time.perf_counter()
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
-                if declared and "scores" not in record:  # typed scores (experiments/common/grade.py) the study's solve did not give
-                    record["scores"] = to_disk(declared.scores(record, settings))
-                check_patient(study, case, record, settings)
+                for scorer in scorers:  # the judges and checks, over the finished record (experiments/core/scorers.py)
+                    record["scores"] = {**record.get("scores", {}), **to_disk(await scorer.run(ctx, record, settings))}
                 state.consecutive = 0
                 state.finished += 1
             except RequestFailed as e:

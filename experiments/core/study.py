@@ -14,13 +14,11 @@ from typing import Any, Callable, ClassVar
 
 from dataclasses import dataclass, replace
 
-from experiments.common.grade import Grade
 from experiments.core.config import RunSettings
-from experiments.core.judging import Judge
+from experiments.core.scorers import Scorer
 from experiments.core.constraints import Constraint
 from experiments.core.deviations import check_protocol
 from experiments.core.prompts import PromptSet
-from experiments.core.scope import take
 from models.errors import MedstackError
 from serving.client import ChatResult, ErrorKind, GenConfig, LLMClient
 
@@ -162,63 +160,14 @@ def call_formats(calls: list[dict]) -> dict:
     return out
 
 
-@dataclass(frozen=True)
-class StudyResults:
-    """What a study declares about its results folders (config.yaml's ``experiment``), so that the tools over results
-    (review, calibrate, rescore, compare, sweep, report) serve it without knowing it. A study's own is ``Study.results``;
-    a study folder declares more kinds in its declaration's ``results`` (experiments/core/registry.py: the results
-    of its calibration commands).
-
-    ``scores(record, settings)``: the record's typed scores, given the run's validated settings object (the runner
-    stores them in ``scores``; the reader derives them for records written before, after ``upgrade(record)`` put an
-    older record's own fields in today's shape, from config.yaml read by ``results.settings_of``);
-    ``judges``: its judged decisions (experiments/core/judging.py); ``compare(run_dirs, out)``: its comparison of
-    several runs; ``import_published(name, dest, cases)``: import one of its ``published`` data sets (the authors'
-    released runs) as a results folder; ``report_case(record)``: extra lines the report shows under a case (drawn from
-    the record fields ``report_fields``, which the report's other tables of a case leave out);
-    ``report_run(run)``: tables of its own the report shows for a run (``[{"heading", "title", "columns", "rows"}]``;
-    ``run``: the report's mapping of the folder: config, metrics, records)."""
-
-    experiment: str
-    scores: Callable[[dict, Any], dict[str, Grade]] | None = None
-    upgrade: Callable[[dict], dict] | None = None
-    judges: tuple[Judge, ...] = ()
-    compare: Callable[[list[str], str], Any] | None = None
-    published: tuple[str, ...] = ()
-    import_published: Callable[[str, Path, str | None], Any] | None = None
-    report_case: Callable[[dict], list[tuple[str, str]]] | None = None
-    report_fields: tuple[str, ...] = ()
-    report_run: Callable[[dict], list[dict]] | None = None
-
-    def judge(self, step: str) -> Judge | None:
-        return next((j for j in self.judges if j.step == step), None)
-
-
-@dataclass(frozen=True)
-class PatientRole:
-    """A study's simulated patient: the runner checks each conversation (experiments/common/patient_checks.py, no model)
-    into the record (``patient_checks``, ``patient-check/<check>`` scores), metrics.json and summary.md.
-
-    Given the unit of work (``case``), its record and the settings: ``turns(record)``, the conversation as
-    ``(doctor | patient, text)``; ``facts(case)``, what the patient was given; ``correct(case)``, the correct
-    diagnosis; ``choices(case, settings)``, the other answers the doctor is asked to choose from (None: none);
-    ``span_words(settings)``, the copied run that flags a turn (None: no checks in this run). ``beside()``: other
-    patients' rows shown beside the run's (name, metrics' ``patient_checks``); ``heading`` and ``note``: the section's."""
-
-    turns: Callable[[dict], list[tuple[str, str]]]
-    facts: Callable[[dict], str]
-    correct: Callable[[dict], str]
-    choices: Callable[[dict, Any], list[str] | None]
-    span_words: Callable[[Any], int | None]
-    beside: Callable[[], list[tuple[str, dict]]] = list
-    heading: str = "Patient checks (no model)"
-    note: str = ""
-
-
 class Study:
-    """Base class of every study the runner can run (docs/layout.md, "Adding a study")."""
+    """One kind of results folder and, where it runs, the study that writes it (docs/layout.md, "Adding a study"): its
+    settings, roles and prompts, how it loads and solves a case, its scorers, and what the tools over results need
+    (its comparison, its authors' released runs, its report tables). Its ``name`` is the name its declaration gives
+    its command (experiments/core/registry.py): the kind its results folders carry."""
 
     name: ClassVar[str] = ""
+    formerly: ClassVar[tuple[str, ...]] = ()  # older names of its folders' kind (config.yaml's ``experiment``), read as its own
     settings_cls: ClassVar[type[RunSettings]] = RunSettings
     roles: ClassVar[tuple[str, ...]] = ("default",)
     primary_role: ClassVar[str] = "default"
@@ -230,21 +179,44 @@ class Study:
     role_follows: ClassVar[dict[str, str]] = {}
     # `--sample N`: the case fields whose values define the strata a sample keeps in proportion (experiments/core/scope.py)
     strata: ClassVar[tuple[str, ...]] = ()
-    case_noun: ClassVar[str] = "cases"  # what select() counts, in summary.md's scope line
-    # roles that grade the answers of the model under test: a run where one of them is that model says so (summary.md)
-    judge_roles: ClassVar[tuple[str, ...]] = ()
-    results: ClassVar[StudyResults | None] = None  # what the tools over results know of this study (StudyResults)
-    patient: ClassVar[PatientRole | None] = None  # its simulated patient, checked by the runner (PatientRole)
+    case_noun: ClassVar[str] = "cases"  # what the runner selects, in summary.md's scope line
+    scorers: ClassVar[tuple[Scorer, ...]] = ()  # its judges and checks (experiments/core/scorers.py), run after solve
+    tables: ClassVar[tuple] = ()  # where its paper tables are declared (set by the registry: experiments/tables)
+    published: ClassVar[tuple[str, ...]] = ()  # data set names of the authors' released runs (import_published reads one)
     runner_scale: ClassVar[Callable | None] = None  # (case_trials, trials, role ref) -> (study, settings): `bench --runner-scale`
-    scope: dict | None = None  # set by select(): which cases this run takes (all, the first N, a sample) and their composition
+    scope: dict | None = None  # set by the runner: which cases this run takes (all, the first N, a sample) and their composition
 
-    def select(self, items: list, settings: RunSettings) -> list:
-        """The cases a run takes (``--limit``: the first N; ``--sample``: stratified by ``strata``; else all), applied
-        where the study reads its cases, before it expands them (CRAFT-MD's trials); the scope goes to metrics.json
-        and summary.md."""
-        chosen, scope = take(items, settings, self.strata)
-        self.scope = {**scope, "noun": self.case_noun}
-        return chosen
+    @property
+    def judge_roles(self) -> tuple[str, ...]:
+        """The roles that grade the answers of the model under test: a run where one of them is that model says so."""
+        return tuple(dict.fromkeys(s.role for s in self.scorers if s.role))
+
+    def scorers_for(self, settings: RunSettings) -> list[Scorer]:
+        """The scorers a run with these settings runs: those that apply, and the optional ones it names (``scorers``)."""
+        chosen = set(getattr(settings, "scorers", None) or ())
+        return [s for s in self.scorers if s.decide is not None and s.applies(settings) and (not s.optional or s.name in chosen)]
+
+    def upgrade(self, record: dict, settings) -> dict:
+        """A record written in an older shape (records_schema 1 or 2), or imported, in today's typed shape with its
+        typed scores (experiments/core/record.py); ``settings``: the folder's config.yaml as this study's settings
+        (results.settings_of). The default: the record as it is."""
+        return record
+
+    def expand(self, cases: list, settings: RunSettings) -> list[dict]:
+        """The units of work of the cases a run takes (CRAFT-MD: one per case and trial); each has a unique ``id``."""
+        return cases
+
+    def compare(self, run_dirs: list[str], out: Path) -> dict | None:
+        """Its own comparison of several of its runs, written into ``out`` (summary.md first); None: none of its own."""
+        return None
+
+    def import_published(self, name: str, dest: Path, cases: str | None) -> Any:
+        """One of its ``published`` data sets (the authors' released runs) imported as a results folder at ``dest``."""
+        raise NotImplementedError(f"{self.name} has no released runs to import")
+
+    def report_run(self, run: dict) -> list[dict]:
+        """Tables of its own the report shows for a run: ``[{"heading", "title", "columns", "rows"}]``."""
+        return []
 
     def fixed_roles(self, settings: RunSettings) -> tuple[str, ...]:
         """The roles besides the swept ones that a run with these settings calls: a sweep refuses to start
@@ -260,16 +232,19 @@ class Study:
         return settings
 
     def load_cases(self, settings: RunSettings) -> list[dict]:
+        """Every case of the data set; the runner takes --limit / --sample of them and expands them into units."""
         raise NotImplementedError
 
     async def setup(self, client: LLMClient, settings: RunSettings, cases: list[dict], out: Path) -> None:
         """Optional work once per run after the client is open (e.g. a judge's worked examples)."""
 
     async def solve(self, ctx: CaseContext, case: dict, settings: RunSettings) -> dict:
+        """One unit of work -> its typed record without scores (experiments/core/record.py)."""
         raise NotImplementedError
 
     def metrics(self, records: list[dict], settings: RunSettings) -> dict:
-        raise NotImplementedError
+        """The study's own figures beyond its scorers' (which the runner adds under ``scores``)."""
+        return {}
 
     def describe(self, settings: RunSettings) -> list[str]:
         """Lines saying how the study builds its requests under these settings (printed by --dry-run)."""

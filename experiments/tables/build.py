@@ -1,7 +1,10 @@
 """Paper tables over runs: declaration + runs -> a computed table (experiments/tables/README.md).
 
 A *run* here is :meth:`experiments.core.results.Run.as_dict` (``path``, ``config``, ``metrics``, ``identity``,
-``records``); failed records are dropped (never scored). Every statistic comes from :mod:`experiments.common.stats`.
+``records``, and ``scorers``: its study's, where the caller knows them); failed records are dropped (never scored).
+A ``score`` row is that score's figure as metrics.json holds it (the runner's one aggregation), else aggregated here
+the same way (experiments/common/grade.py). The declarations come from the caller (``sources``: the registry's
+``TableSource`` triples), so this package knows no registry.
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.common.grade import MEAN, Metric, aggregate, unit_values
 from experiments.common.stats import holm, mean_ci, paired_bootstrap
 from experiments.core.deviations import protocol_lines
 from experiments.core.results import experiment_name
-from experiments.tables.declare import Declaration, Published, Table, declaration_for, declarations
+from experiments.tables.declare import Declaration, Published, Table, load_declaration, ordered
 
 
 def dig(d, path: str):
@@ -119,6 +123,29 @@ class PreparedRun:
         self._values: dict | None = None
         self.warnings: list[str] = []
 
+    def scorer(self, score: str):
+        from experiments.common.grade import split_name
+
+        step = split_name(score)[0]
+        return next((s for s in self.run.get("scorers") or () if s.name == step), None)
+
+    def figure(self, row) -> dict | None:
+        """A score row's figure: metrics.json's (the run's own aggregation), else the same aggregation over the records."""
+        got = next((f for f in (self.run.get("metrics") or {}).get("scores") or []
+                    if f.get("score") == row.score and f.get("metric") == row.figure), None)
+        if got is not None:
+            return got
+        sc = self.scorer(row.score)
+        metric = next((m for m in (sc.metrics if sc else (MEAN,)) if m.label == row.figure), Metric(row.figure))
+        return aggregate(self.records, row.score, metric, sc.scale if sc else None, sc.unit if sc else "case_id").json()
+
+    def case_values(self, row) -> dict[str, float]:
+        """Per-case values of a row (a score: its cases' means; a key: the adapter's), for paired tests."""
+        if row.score:
+            sc = self.scorer(row.score)
+            return unit_values(self.records, row.score, sc.scale if sc else None, sc.unit if sc else "case_id")
+        return self.values.get(row.key) or {}
+
     @property
     def values(self) -> dict[str, dict[str, float]]:
         if self._values is None:
@@ -140,11 +167,20 @@ def run_label(run: dict) -> str:
     return str(name).split("@", 1)[0] if name else Path(run.get("path", "?")).name
 
 
-def prepare_runs(runs: list[dict]) -> dict[str, list[PreparedRun]]:
+def declarations(sources) -> tuple[Declaration, ...]:
+    """The declarations of ``sources`` (the registry's ``TableSource``: path, adapter, study, kinds), in the report's order."""
+    return ordered(load_declaration(t.path, t.adapter, t.study, t.kinds) for t in sources)
+
+
+def declaration_for(experiment: str, sources) -> Declaration | None:
+    return next((d for d in declarations(sources) if d.covers(experiment)), None)
+
+
+def prepare_runs(runs: list[dict], sources) -> dict[str, list[PreparedRun]]:
     """study -> its runs (in the given order)."""
     by: dict[str, list[tuple[dict, Declaration, str]]] = {}
     for run in runs:
-        decl = declaration_for(experiment_of(run))
+        decl = declaration_for(experiment_of(run), sources)
         if decl is None:
             continue
         by.setdefault(decl.study, []).append((run, decl, decl.adapter.label(run, run_label(run))))
@@ -165,6 +201,11 @@ def _published_for(decl: Declaration, pr: PreparedRun) -> Published | None:
 
 
 def _cell(row, pr: PreparedRun) -> Cell:
+    if row.score:
+        f = pr.figure(row)
+        if not f or f.get("value") is None:
+            return Cell(n=(f or {}).get("n") or 0)
+        return Cell(float(f["value"]), f.get("low"), f.get("high"), int(f.get("n") or 0))
     if row.key:
         if row.ci:
             got = dig(pr.run.get("metrics") or {}, row.ci)
@@ -213,7 +254,8 @@ def compute_table(decl: Declaration, table: Table, runs: list[PreparedRun]) -> C
                 c.diff = c.value - c.published if c.value is not None else None
             g.cells[row.id] = c
         for a, b in table.tests:
-            va, vb = pr.values.get(a) or {}, pr.values.get(b) or {}
+            rows = {r.id: r for r in table.rows}
+            va, vb = pr.case_values(rows[a]), pr.case_values(rows[b])
             common = sorted(set(va) & set(vb))
             if not common:
                 continue
@@ -262,11 +304,11 @@ class StudyTables:
     runs: list[PreparedRun]
 
 
-def study_tables(runs: list[dict]) -> list[StudyTables]:
-    """Every declared study with at least one of ``runs``, in the report's order, with its computed tables."""
-    prepared = prepare_runs(runs)
+def study_tables(runs: list[dict], sources) -> list[StudyTables]:
+    """Every declared study (``sources``) with at least one of ``runs``, in the report's order, with its computed tables."""
+    prepared = prepare_runs(runs, sources)
     out = []
-    for decl in declarations():
+    for decl in declarations(sources):
         prs = prepared.get(decl.study)
         if not prs:
             continue

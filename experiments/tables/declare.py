@@ -12,12 +12,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from experiments.core import registry
 from experiments.core.config import ConfigError
 
 
 class Row(BaseModel):
     label: str
+    score: str | None = None  # a score's figure (metrics.json's ``scores``: the one aggregation, resampled by case)
+    figure: str = "mean"  # which of the score's metrics (its scorer's: "mean", "per patient turn", ...)
     key: str | None = None  # per-case values from the adapter
     metric: str | None = None  # dotted path into metrics.json (corpus-level figure, no CI)
     n: str | None = None  # dotted path into metrics.json for the n of a metric row
@@ -27,13 +28,13 @@ class Row(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> "Row":
-        if (self.key is None) == (self.metric is None):
-            raise ValueError(f"row {self.label!r}: give exactly one of key (per-case values) or metric (metrics.json path)")
+        if sum(x is not None for x in (self.score, self.key, self.metric)) != 1:
+            raise ValueError(f"row {self.label!r}: give exactly one of score (a score's figure), key (per-case values) or metric (metrics.json path)")
         return self
 
     @property
     def id(self) -> str:
-        return self.key or self.metric
+        return self.score or self.key or self.metric
 
 
 class Plot(BaseModel):
@@ -78,12 +79,12 @@ class Footnote(BaseModel):
 
 
 class Declaration(BaseModel):
-    study: str
+    study: str = ""  # the study folder's name (given when loaded)
     title: str
     paper: str
     source: str
     order: int = 99  # where its section comes in the report (lower first; then by study name)
-    experiments: list[str]  # study names (identity.json `experiment`, else config.yaml's) this declaration covers
+    experiments: list[str] = Field(default_factory=list)  # the kinds of results folders it covers: its folder's commands (given when loaded)
     adapter: Any = None  # the registered PaperAdapter
     published: list[Published] = Field(default_factory=list)
     footnotes: list[Footnote] = Field(default_factory=list)
@@ -94,11 +95,18 @@ class Declaration(BaseModel):
         return experiment in self.experiments
 
 
-def load_declaration(path: str | Path, adapter: Any = None) -> Declaration:
+def load_declaration(path: str | Path, adapter: Any = None, study: str = "", kinds: tuple[str, ...] = ()) -> Declaration:
+    """A study folder's paper_tables.yaml (``study``: the folder's name; ``kinds``: the results kinds it covers, its
+    commands), cached by path."""
+    return _load(str(path), adapter, study, tuple(kinds))
+
+
+@lru_cache(maxsize=None)
+def _load(path: str, adapter: Any, study: str, kinds: tuple[str, ...]) -> Declaration:
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        return Declaration.model_validate({**raw, "path": str(p), "adapter": adapter})
+        return Declaration.model_validate({**raw, "path": str(p), "adapter": adapter, "study": study, "experiments": list(kinds)})
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML ({e})") from None
     except ValidationError as e:
@@ -107,16 +115,6 @@ def load_declaration(path: str | Path, adapter: Any = None) -> Declaration:
         raise ConfigError(f"{p}: {where}: {first['msg']}") from None
 
 
-def declarations() -> tuple[Declaration, ...]:
-    """Every registered study's declaration, in the report's order."""
-    return _declarations(tuple((d.folder / d.tables, d.resolve(d.adapter)) for d in registry.declarations() if d.tables))
-
-
-@lru_cache(maxsize=None)
-def _declarations(tables: tuple) -> tuple[Declaration, ...]:
-    found = [load_declaration(path, adapter) for path, adapter in tables]
-    return tuple(sorted(found, key=lambda d: (d.order, d.study)))
-
-
-def declaration_for(experiment: str) -> Declaration | None:
-    return next((d for d in declarations() if d.covers(experiment)), None)
+def ordered(decls) -> tuple[Declaration, ...]:
+    """Declarations in the report's order."""
+    return tuple(sorted(decls, key=lambda d: (d.order, d.study)))

@@ -97,12 +97,12 @@ def study_markdown(st: StudyTables) -> str:
     return "\n".join(parts)
 
 
-def paper_tables_markdown(runs: list[dict]) -> str:
-    """Every declared paper table over ``runs`` as markdown ('' when none applies)."""
-    return "\n".join(study_markdown(st) for st in study_tables(runs) if st.tables)
+def paper_tables_markdown(runs: list[dict], sources) -> str:
+    """Every paper table declared in ``sources`` over ``runs`` as markdown ('' when none applies)."""
+    return "\n".join(study_markdown(st) for st in study_tables(runs, sources) if st.tables)
 
 
-def run_paper_tables(run: Run) -> str:
-    """The paper tables of one run (for its summary.md), over the run as computed in memory (the runner's, an
-    importer's: records, config, metrics; nothing is read from its folder); '' when none applies."""
-    return paper_tables_markdown([run.as_dict()])
+def run_paper_tables(run: Run, study) -> str:
+    """The paper tables of one run of ``study`` (for its summary.md), over the run as computed in memory (the runner's,
+    an importer's: records, config, metrics; nothing is read from its folder); '' when none applies."""
+    return paper_tables_markdown([{**run.as_dict(), "scorers": study.scorers}], study.tables)

@@ -1,10 +1,11 @@
 """AgentClinic's loop, as the authors' ``agentclinic.py`` (``main`` and its four agents) builds its requests.
 
-Per case: up to ``inferences`` doctor requests. Each doctor reply that holds ``DIAGNOSIS READY`` goes to the moderator
-(correct diagnosis + the whole reply -> yes/no) and ends the case; else a reply holding ``REQUEST TEST`` goes to the
-measurement agent, any other to the patient, and that answer is what the doctor reads next. The last doctor request
-carries the final-request notice after that answer; a case whose doctor never gives a diagnosis is wrong, the moderator
-never called (as theirs, the patient or measurement agent still answers the last doctor reply).
+Per case: up to ``inferences`` doctor requests. A doctor reply that holds ``DIAGNOSIS READY`` is the case's answer and
+ends the loop; else a reply holding ``REQUEST TEST`` goes to the measurement agent, any other to the patient, and that
+answer is what the doctor reads next. The last doctor request carries the final-request notice after that answer (as
+theirs, the patient or measurement agent still answers the last doctor reply). The moderator (correct diagnosis + the
+whole diagnosis line -> yes/no) is a scorer the runner asks after the loop (:func:`moderate`, experiments/studies/agentclinic/study.py);
+a case whose doctor never gives a diagnosis is wrong, the moderator never called.
 
 Each agent keeps its own history as one text block, sent in a single user message beside its system prompt:
 the doctor's holds every (reply it read, its answer) pair; the patient's holds (doctor line, its answer) pairs and the
@@ -25,6 +26,7 @@ import yaml
 from experiments.studies.agentclinic.settings import IMPLICIT, AgentClinicSettings
 from experiments.common.grade import Grade
 from experiments.core.prompts import PromptSet
+from experiments.core.record import record
 from experiments.core.study import CaseContext
 
 PROMPTS = PromptSet(Path(__file__).with_name("prompts"))
@@ -67,14 +69,16 @@ async def ask(ctx: CaseContext, agent: str, system: str, user: str, s: AgentClin
     return re.sub(r"\s+", " ", r.text or "")
 
 
-async def moderate(ctx: CaseContext, line: str, correct: str, s: AgentClinicSettings, role: str = "moderator") -> Grade:
-    """The moderator's grade of the doctor's diagnosis line (``role``: the run's moderator, or a rescore's judge)."""
-    judge = {"model": s.roles.get(role), "prompt_hash": PROMPTS.hash(*MODERATOR_TEMPLATES), "rule": s.verdict_rule}
+async def moderate(ctx: CaseContext, line: str, correct: str, s: AgentClinicSettings, role: str = "moderator", rule: str | None = None) -> Grade:
+    """The moderator's grade of the doctor's diagnosis line (``role``: the run's moderator, or a rescore's judge), its
+    reply read by ``rule`` (default: the run's ``verdict_rule``)."""
+    rule = rule or s.verdict_rule
+    judge = {"model": s.roles.get(role), "prompt_hash": PROMPTS.hash(*MODERATOR_TEMPLATES), "rule": rule}
     system, user = PROMPTS.render("moderator_system"), PROMPTS.render("moderator_user", correct=correct, diagnosis=line)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     r = await ctx.chat(messages, role=role, gen=s.sampling.moderator.gen(), step="moderator", constraint=PROMPTS.constraint("moderator_user"))
     reply = re.sub(r"\s+", " ", r.text or "")
-    return Grade(value=verdict(reply, s.verdict_rule), answer=line, source=RULES[s.verdict_rule], explanation=reply, judge=judge)
+    return Grade(value=verdict(reply, rule), answer=line, source=RULES[rule], explanation=reply, judge=judge)
 
 
 @lru_cache(maxsize=None)
@@ -94,7 +98,7 @@ async def solve(ctx: CaseContext, case: dict, s: AgentClinicSettings) -> dict:
                "measurement": PROMPTS.render("measurement_system", findings=facts(findings))}
     history = {"doctor": "", "patient": "", "measurement": ""}
     transcript: list[dict] = []
-    reply, line, grade = "", None, no_diagnosis()
+    reply, line = "", None
     for i in range(s.inferences):
         if i == s.inferences - 1:
             reply += PROMPTS.render("final_notice") + "\n"
@@ -102,24 +106,23 @@ async def solve(ctx: CaseContext, case: dict, s: AgentClinicSettings) -> dict:
                                 objective=facts(osce["Objective_for_Doctor"]))
         said = await ask(ctx, "doctor", system, PROMPTS.render("doctor_user", history=history["doctor"], reply=reply), s)
         history["doctor"] += f"{reply}\n\n{said}\n\n"
-        transcript.append({"agent": "doctor", "text": said})
+        transcript.append({"role": "doctor", "text": said})
         if DIAGNOSIS in said:
             line = said
-            grade = await moderate(ctx, said, case["correct_diagnosis"], s)
             break
         if TEST in said:
             reply = await ask(ctx, "measurement", systems["measurement"], PROMPTS.render("measurement_user", history=history["measurement"], request=said), s)
             history["measurement"] += f"{said}\n\n{reply}\n\n"
             history["patient"] += f"{reply}\n\n"
-            transcript.append({"agent": "measurement", "text": reply})
+            transcript.append({"role": "measurement", "text": reply})
         else:
             reply = await ask(ctx, "patient", systems["patient"], PROMPTS.render("patient_user", history=history["patient"], question=said), s)
             history["patient"] += f"{said}\n\n{reply}\n\n"
             history["measurement"] += f"{reply}\n\n"
-            transcript.append({"agent": "patient", "text": reply})
-    return {"case_id": case["case_id"], "sex": case["sex"], "correct_diagnosis": case["correct_diagnosis"],
-            "patient_facts": osce["Patient_Actor"], "transcript": transcript, "diagnosis": line,
-            "stop_reason": "diagnosis" if line else "budget", "doctor_inferences": sum(t["agent"] == "doctor" for t in transcript),
-            "tests_requested": sum(t["agent"] == "measurement" for t in transcript),
-            "biases": {"doctor": s.doctor_bias, "patient": s.patient_bias},
-            "prompt_hashes": prompt_hashes(), "scores": {"diagnosis": grade.to_json()}}
+            transcript.append({"role": "patient", "text": reply})
+    return record(case["id"], inputs={"objective": osce["Objective_for_Doctor"], "facts": facts(osce["Patient_Actor"]), "findings": findings},
+                  target=case["correct_diagnosis"], transcript=transcript, answer=line,
+                  metadata={"sex": case["sex"], "stop_reason": "diagnosis" if line else "budget",
+                            "doctor_inferences": sum(t["role"] == "doctor" for t in transcript),
+                            "tests_requested": sum(t["role"] == "measurement" for t in transcript),
+                            "biases": {"doctor": s.doctor_bias, "patient": s.patient_bias}, "prompt_hashes": prompt_hashes()})

@@ -37,7 +37,6 @@ class AgentClinicSettings(RunSettings):
            for agent in AgentSampling.model_fields for f in Sampling.model_fields},
     }
 
-    experiment: str = "agentclinic"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the doctor model alias).")
     data: str | None = Field("agentclinic-medqa", description="AgentClinic OSCE .jsonl (one OSCE_Examination per line) or a registered data set name "
                              "(agentclinic-medqa, agentclinic-medqa-ext).")

@@ -1,8 +1,9 @@
-"""AgentClinic as the runner sees it: `medstack run agentclinic`, its typed scores and judge, its paper table.
+"""AgentClinic as the runner sees it: `medstack run agentclinic`, its scorers, its paper table.
 
 Roles: ``doctor`` (the model under test), ``patient``, ``measurement``, ``moderator``. One record per OSCE case,
-id ``case_<line-1>``; the loop is experiments/studies/agentclinic/protocol.py. The record's one score is ``diagnosis`` (the
-moderator's yes/no, or 0 by rule without a diagnosis), written by the loop itself.
+id ``case_<line-1>``; the loop is experiments/studies/agentclinic/protocol.py. Its scorers: ``diagnosis`` (the
+moderator's yes/no, or 0 by rule without a diagnosis), the patient checks, and, optional, ``diagnosis-first-word``
+(the moderator asked again, its reply read by its first word).
 """
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from experiments.studies.agentclinic.protocol import PROMPTS, facts, moderate, no_diagnosis, solve, verdict
+from experiments.studies.agentclinic.protocol import PROMPTS, RULES, facts, moderate, no_diagnosis, solve, verdict
 from experiments.studies.agentclinic.settings import AgentClinicSettings
-from experiments.common.grade import Grade, grades
+from experiments.common.grade import YES_NO, grades
 from experiments.common.markdown import md_table, num
-from experiments.common.stats import mean_ci
+from experiments.core.patient import patient_checks
 from experiments.core.config import ConfigError, config_dir
-from experiments.core.judging import YES_NO, Judge
+from experiments.core.record import RUNNER_FIELDS, record
 from experiments.core.results import iter_jsonl
-from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
-from experiments.core.study import CaseContext, PatientRole, Study, StudyResults
+from experiments.core.scorers import Scorer
+from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
 from models.errors import DataError
 from serving.refs import model_name
@@ -56,45 +57,50 @@ def load_cases(path: str | Path) -> list[dict]:
     return cases
 
 
-# ------------------------------------------------------------------ results: the typed score and its judge
+# ------------------------------------------------------------------ scorers
 
-def show_diagnosis(record: dict, part: str | None, config: dict) -> dict:
+QUESTION = "Do the doctor's diagnosis and the correct diagnosis name the same disease?"
+
+
+def show_diagnosis(record: dict, part: str | None) -> dict:
     """What the moderator was given: the correct diagnosis and the doctor's whole diagnosis line."""
-    return {"correct diagnosis": record.get("correct_diagnosis"), "doctor's line": record.get("diagnosis") or ""}
+    return {"correct diagnosis": record.get("target"), "doctor's line": record.get("answer") or ""}
 
 
-async def ask_diagnosis(ctx: CaseContext, record: dict, part: str | None, settings: AgentClinicSettings, role: str) -> Grade:
-    """The moderator's request again over the stored diagnosis line (none: 0 by rule, nothing asked)."""
-    if not record.get("diagnosis"):
-        return no_diagnosis()
-    return await moderate(ctx, record["diagnosis"], record["correct_diagnosis"], settings, role)
+def moderator(name: str, rule: str | None = None, optional: bool = False) -> Scorer:
+    """The moderator as a scorer: its yes/no on the doctor's diagnosis line, read by ``rule`` (None: the run's
+    ``verdict_rule``); without a diagnosis, 0 by rule and nothing asked."""
 
+    async def decide(ctx: CaseContext, record: dict, s: AgentClinicSettings, role: str) -> dict:
+        if not record.get("answer"):
+            return {None: no_diagnosis()}
+        return {None: await moderate(ctx, record["answer"], record["target"], s, role, rule)}
 
-RESULTS = StudyResults(experiment="agentclinic", judges=(Judge(
-    "diagnosis", YES_NO, "Do the doctor's diagnosis and the correct diagnosis name the same disease?", role="moderator",
-    show=show_diagnosis, ask=ask_diagnosis),))
+    return Scorer(name, YES_NO, QUESTION + ("" if rule is None else f" (reply read by: {RULES[rule]})"), decide=decide,
+                  role="moderator", show=show_diagnosis, optional=optional)
 
 
 # ------------------------------------------------------------------ metrics and summary
 
 def run_metrics(records: list[dict], s: AgentClinicSettings) -> dict:
-    values = [g.value for r in records if (g := grades(r).get("diagnosis")) and g.scored]
-    ci = mean_ci(values)
-    moderated = [r for r in records if r.get("diagnosis")]
-    return {"records": len(records), "accuracy": {"accuracy": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None,
-                                                  "ci_high": ci.high if ci.n else None, "n": ci.n},
-            "diagnosed": len(moderated), "no_diagnosis": len(records) - len(moderated),
-            "moderator_unscored": len(moderated) - sum(1 for r in moderated if grades(r).get("diagnosis", Grade(None)).scored),
+    """What the loop did, beside the scorers' figures (the runner adds those): diagnoses, unreadable verdicts,
+    replies the two rules read differently, tests and inferences."""
+    moderated = [r for r in records if r.get("answer")]
+    said = [g.explanation or "" for r in moderated if (g := grades(r).get("diagnosis")) is not None]
+    meta = [r.get("metadata") or {} for r in records]
+    return {"records": len(records), "diagnosed": len(moderated), "no_diagnosis": len(records) - len(moderated),
+            "moderator_unscored": sum(1 for r in moderated if not grades(r).get("diagnosis") or not grades(r)["diagnosis"].scored),
             # replies the two rules read differently ('Yes.' is a no by the authors' rule, a yes by its first word)
-            "rules_disagree": sum(1 for r in moderated if verdict(e := grades(r)["diagnosis"].explanation or "", "exact") != verdict(e, "first_word")),
+            "rules_disagree": sum(1 for e in said if verdict(e, "exact") != verdict(e, "first_word")),
             "verdict_rule": s.verdict_rule, "biases": {"doctor": s.doctor_bias, "patient": s.patient_bias}, "inferences": s.inferences,
-            "mean_doctor_inferences": sum(r.get("doctor_inferences", 0) for r in records) / len(records) if records else None,
-            "tests_requested": sum(r.get("tests_requested", 0) for r in records)}
+            "mean_doctor_inferences": sum(m.get("doctor_inferences", 0) for m in meta) / len(meta) if meta else None,
+            "tests_requested": sum(m.get("tests_requested", 0) for m in meta)}
 
 
 def summary_markdown(m: dict, s: AgentClinicSettings) -> str:
-    a = m["accuracy"]
-    rows = [["diagnostic accuracy (moderator)", f"{num(a['accuracy'])} [{num(a['ci_low'])}, {num(a['ci_high'])}]", a["n"]],
+    acc = next((f for f in m.get("scores") or [] if f["score"] == "diagnosis"), None)
+    rows = [["diagnostic accuracy (moderator)", f"{num(acc['value'])} [{num(acc['low'])}, {num(acc['high'])}]" if acc and acc["value"] is not None else "–",
+             acc["n"] if acc else 0],
             ["cases with a diagnosis", m["diagnosed"], m["records"]],
             ["no diagnosis within the budget (wrong)", m["no_diagnosis"], m["records"]],
             ["moderator replies unscored (unreadable)", m["moderator_unscored"], m["diagnosed"]],
@@ -106,20 +112,21 @@ def summary_markdown(m: dict, s: AgentClinicSettings) -> str:
 
 
 class AgentClinicStudy(Study):
-    name = "agentclinic"
     settings_cls = AgentClinicSettings
     roles = ("doctor", "patient", "measurement", "moderator")
     primary_role = "doctor"
     prompts = PROMPTS
     sweep_roles = ("doctor",)  # the paper varies the doctor; patient, measurement and moderator stay one model
     strata = ("sex",)  # --sample keeps the set's mix of female and male patients (the cases have no specialty)
-    judge_roles = ("moderator",)
-    results = RESULTS
-    # the simulated patient, checked by the runner (experiments/common/patient_checks.py): what it was told is its
-    # Patient_Actor facts; the doctor chooses from no list
-    patient = PatientRole(turns=lambda record: [(t["agent"], t["text"]) for t in record.get("transcript") or []],
-                          facts=lambda case: facts(case["osce"]["Patient_Actor"]), correct=lambda case: case["correct_diagnosis"],
-                          choices=lambda case, s: None, span_words=lambda s: DEFAULT_SPAN_WORDS)
+    scorers = (moderator("diagnosis"), patient_checks(), moderator("diagnosis-first-word", "first_word", optional=True))
+
+    def upgrade(self, r: dict, s) -> dict:
+        """A record written before the typed record (its loop's own fields) in today's shape; its scores as written."""
+        keep = ("stop_reason", "doctor_inferences", "tests_requested", "biases", "prompt_hashes", "sex")
+        out = record(r["id"], r.get("case_id"), inputs={"facts": facts(r.get("patient_facts") or "")},
+                     target=r.get("correct_diagnosis"), transcript=[{"role": t.get("agent"), "text": t.get("text") or ""} for t in r.get("transcript") or []],
+                     answer=r.get("diagnosis"), scores=r.get("scores"), metadata={k: r[k] for k in keep if k in r})
+        return {**{k: v for k, v in r.items() if k in RUNNER_FIELDS}, **out}
 
     def fixed_roles(self, s: AgentClinicSettings) -> tuple[str, ...]:
         return ("patient", "measurement", "moderator")
@@ -133,7 +140,7 @@ class AgentClinicStudy(Study):
         return s.model_copy(update={"name": s.name or model_name(s.roles["doctor"])})
 
     def load_cases(self, s: AgentClinicSettings) -> list[dict]:
-        return self.select(load_cases(s.data), s)
+        return load_cases(s.data)
 
     async def solve(self, ctx: CaseContext, case: dict, s: AgentClinicSettings) -> dict:
         return await solve(ctx, case, s)
@@ -146,5 +153,5 @@ class AgentClinicStudy(Study):
                 f"biases doctor {s.doctor_bias}, patient {s.patient_bias}; moderator rule {s.verdict_rule}"]
 
     def summary(self, metrics: dict, s: AgentClinicSettings, run) -> str:
-        return summary_markdown(metrics, s) + "\n" + run_paper_tables(run)
+        return summary_markdown(metrics, s) + "\n" + run_paper_tables(run, self)
 

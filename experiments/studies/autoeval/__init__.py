@@ -1,6 +1,6 @@
 """Rubric auto-evaluation of dialogues (AMIE-style self-CoT judge, docs/protocols.md, Auto-evaluation)."""
 
-from experiments.core.registry import Command, StudyDeclaration
+from experiments.core.registry import Command, Kind, StudyDeclaration
 
 # everything this folder adds to medstack (experiments/core/registry.py): read by `medstack --help` without importing study.py
 STUDY = StudyDeclaration(
@@ -15,6 +15,6 @@ STUDY = StudyDeclaration(
     --reference) and summary.md. Exit 0 done, 2 bad input, 3 some ratings failed (run the same command again).
     """),),
     tables="paper_tables.yaml", adapter="paper_values:ADAPTER",
-    results=("calibrate:CALIBRATION",),  # `calibrate autoeval` writes results folders of this kind: its table in the report
+    results=(Kind("calibrate-autoeval", "calibrate:Calibration"),),  # `calibrate autoeval` writes results folders of this kind: its table in the report
     cli={"calibrate autoeval": "cli:autoeval_cmd"},
 )

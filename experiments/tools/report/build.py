@@ -16,20 +16,17 @@ from serving.bench.measure import FIGURES
 from serving.bench.summary import RATIO_HEADS
 from experiments.tools.calibrate.reviews import COLUMNS, consensus_note, table_rows
 from experiments.common.grade import grades as typed_grades, split_name
-from experiments.tools.compare.run import score_rows as score_means
-from experiments.core.registry import results_of
+from experiments.core.registry import study_of, table_sources
+from experiments.core.scorers import figure_cell, find
+from experiments.tools.compare.run import run_figures
 from experiments.tools.report.collect import find_runs, full_record, load_run_dir
 from experiments.tools.rescore.run import agreement_table, grade_table, panel_line
-from experiments.tables.build import experiment_of, study_tables
-from experiments.tables.declare import declaration_for, declarations
+from experiments.tables.build import declaration_for, declarations, experiment_of, study_tables
 from experiments.tables.plots import figure_png
 from experiments.tables.render import table_view
 from finetune.report import loss_figure_png
 
 TEMPLATES = Path(__file__).with_name("templates")
-SPECIAL = {"id", "model", "transcript", "scratchpad", "prediction", "gold", "error", "request_error", "traceback",
-           "scores"}  # the typed scores: their own table (score_rows); a study's report_fields: its report_case lines
-GOLD_KEYS = ("gold", "target", "reference")  # the names studies give a gold label
 OUTCOMES = ("correct", "incorrect", "mixed", "rated", "unscored", "failed")  # a case's, by its typed scores (outcome)
 
 
@@ -109,41 +106,23 @@ def _text(v, sep: str = "\n\n") -> str:
     return json.dumps(v, indent=2, ensure_ascii=False, default=str)
 
 
-def _turns(transcript) -> list[dict]:
-    if not isinstance(transcript, list):
-        return [{"agent": "?", "turn": "", "content": _text(transcript)}]
-    out = []
-    for i, t in enumerate(transcript):
-        if isinstance(t, dict):
-            agent = str(t.get("agent") or t.get("role") or "?")
-            out.append({"agent": agent, "turn": t.get("turn", i), "content": _text(t.get("content", t.get("text", "")))})
-        else:
-            out.append({"agent": "?", "turn": i, "content": _text(t)})
-    return out
-
-
 def _short(v, n: int = 160):
     return v[:n] + " ..." if isinstance(v, str) and len(v) > n else v
 
 
-def score_rows(rec: dict) -> list[list[str]] | None:
-    """A record's typed scores (experiments/common/grade.py), one row each: name, value, who decided (the judge model
-    and its prompt hash, or the rule), the answer judged."""
+def score_rows(rec: dict, scorers=()) -> list[list[str]] | None:
+    """A record's typed scores (experiments/common/grade.py), one row each: name and what its scorer asks, value
+    (or not checkable / unscored), who decided (the judge model and its prompt hash, or the rule), the answer judged."""
     rows = []
     for name, g in typed_grades(rec).items():
         j = g.judge or {}
         who = " ".join(x for x in (str(j["model"]) if j.get("model") else "", f"prompt {j['prompt_hash']}" if j.get("prompt_hash") else "",
                                    f"rule {j['rule']}" if j.get("rule") else "") if x) or (f"rule {g.source}" if g.source else "-")
-        value = "skipped" if g.skipped else fmt(dict(g.value) if isinstance(g.value, dict) else g.value) if g.value is not None else "unscored"
-        rows.append([name, value, who, fmt(_short(g.answer)) if g.answer is not None else ""])
+        value = "not checkable" if g.skipped else fmt(dict(g.value) if isinstance(g.value, dict) else g.value) if g.value is not None else "unscored"
+        sc = find(scorers, name)
+        asked = sc.question_of(split_name(name)[1]) if sc else ""
+        rows.append([name + (f" ({asked})" if asked else ""), value, who, fmt(_short(g.answer)) if g.answer is not None else ""])
     return rows or None
-
-
-def study_lines(rec: dict, declared) -> list[list[str]] | None:
-    """What the record's study adds under a case (its ``StudyResults.report_case`` hook: its conversation checks, ...)."""
-    if declared is None or declared.report_case is None or rec.get("status") == "failed":
-        return None
-    return [[str(k), str(v)] for k, v in declared.report_case(rec)] or None
 
 
 def judges_view(run: dict) -> dict | None:
@@ -160,26 +139,26 @@ def judges_view(run: dict) -> dict | None:
             "note": panel_line(m)}
 
 
-def case_view(rec: dict, run_model: str, declared=None) -> dict:
-    special = SPECIAL | set(declared.report_fields if declared else ())
-    gold_key = next((k for k in GOLD_KEYS if k in rec), None)
-    rest = {k: v for k, v in rec.items() if k not in special and not (k == gold_key and "prediction" in rec)}
+def case_view(rec: dict, run_model: str, scorers=()) -> dict:
+    """One case of the typed record (experiments/core/record.py): its transcript, inputs, answer against target,
+    scores; the study's own metadata as JSON."""
     error, o = rec.get("error") or rec.get("request_error"), outcome(rec)
+    inputs = rec.get("inputs") if isinstance(rec.get("inputs"), dict) else {}
+    meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
     return {
         "id": str(rec.get("id", "?")),
-        "model": str(rec.get("model") or run_model or "?"),
+        "model": str(meta.get("model") or run_model or "?"),
         "outcome": o,
         "badge": "rated " + ", ".join(fmt(v) for v in own_values(rec) if not isinstance(v, dict)) if o == "rated" else o,
-        "turns": _turns(rec["transcript"]) if "transcript" in rec else [],
-        "scores": score_rows(rec),
-        "study_lines": study_lines(rec, declared),
-        "scratchpad": _text(rec["scratchpad"], "\n") if rec.get("scratchpad") not in (None, "", []) else None,
-        "prediction": _text(rec["prediction"]) if "prediction" in rec else None,
-        "gold": _text(rec[gold_key]) if gold_key and ("prediction" in rec or gold_key == "gold") else None,
-        "gold_label": gold_key or "gold",
+        "turns": [{"agent": str(t.get("role") or "?"), "turn": i, "content": _text(t.get("text", ""))}
+                  for i, t in enumerate(rec.get("transcript") or []) if isinstance(t, dict)],
+        "scores": score_rows(rec, scorers),
+        "inputs": [[str(k), fmt(_short(v, 400)) if not isinstance(v, str) else _short(v, 400)] for k, v in inputs.items()] or None,
+        "answer": _text(rec["answer"]) if rec.get("answer") is not None else None,
+        "target": _text(rec["target"]) if rec.get("target") is not None else None,
         "error": _text(error) if error else None,
         "traceback": rec.get("traceback"),
-        "rest": json.dumps(rest, indent=2, ensure_ascii=False, default=str) if rest else None,
+        "rest": json.dumps(meta, indent=2, ensure_ascii=False, default=str) if meta else None,
     }
 
 
@@ -213,34 +192,34 @@ def review_calibration_view(c: dict) -> dict:
 
 def run_view(run: dict, idx: int, max_cases: int) -> dict:
     model = _run_model(run) or str(((run.get("finetune") or {}).get("metrics") or {}).get("base") or "")
-    declared = results_of(run["run"])
-    cases = [case_view(full_record(run, i), model, declared) for i in range(min(max_cases, len(run["records"])))]
+    study = study_of(run["run"])
+    scorers = study.scorers if study is not None else ()
+    cases = [case_view(full_record(run, i), model, scorers) for i in range(min(max_cases, len(run["records"])))]
     outcomes = [outcome(r) for r in run["records"]]
-    means = score_means(run["run"])
+    means = run_figures(run["run"], study)
     metrics = run["metrics"] if run["metrics"] is not None else (run["bench"] or {}).get("results") if run["bench"] else None
     run_stats = (run["metrics"] or {}).get("run", {}) if isinstance(run["metrics"], dict) else {}
     if run["bench"] and not run_stats:
         head = run["bench"].get("headline") or {}
         run_stats = {"output_tokens_per_s": head.get("vllm_output_tokens_per_s")}
     cfg = run["config"]
-    study = cfg.get("experiment") or cfg.get("study") or ("bench" if run["bench"] else "finetune" if run.get("finetune") else "")
+    kind = cfg.get("experiment") or cfg.get("study") or ("bench" if run["bench"] else "finetune" if run.get("finetune") else "")
     return {
         "key": f"run{idx}",
         "path": run["path"],
         "name": "/".join(Path(run["path"]).parts[-2:]),
-        "study": str(study),
+        "study": str(kind),
         "model": model,
         "roles": {str(k): str(v) for k, v in cfg["roles"].items()} if isinstance(cfg.get("roles"), dict) else {},
         "n_records": len(run["records"]),
         "n_shown": len(cases),
         "n": {o: sum(x == o for x in outcomes) for o in OUTCOMES},
-        "score_means": "; ".join(f"{x['score']} {fmt(x['mean'])}" for x in means if x["mean"] is not None) or "-",
+        "score_means": "; ".join(f"{x['score']} {fmt(x['value'])}" for x in means if x["value"] is not None and x["metric"] == "mean") or "-",
         "tokens_per_s": fmt(run_stats.get("output_tokens_per_s")) if run_stats.get("output_tokens_per_s") is not None else "-",
         "wall_s": fmt(run_stats.get("wall_seconds")) if run_stats.get("wall_seconds") is not None else "-",
         "metric_tables": metric_tables(metrics) if metrics is not None else [],
-        "study_tables": declared.report_run(run) if declared is not None and declared.report_run is not None else [],
-        "score_table": [[x["score"], "-" if x["mean"] is None else f"{fmt(x['mean'])} [{fmt(x['ci_low'])}, {fmt(x['ci_high'])}]", x["n"], x["unscored"]]
-                        for x in means],
+        "study_tables": study.report_run(run) if study is not None else [],
+        "score_table": [[x["score"], x["metric"], figure_cell(x)] for x in means],
         "judges": judges_view(run),
         "review_calibrations": [review_calibration_view(c) for c in run.get("review_calibrations") or []],
         # a fine-tuning run's loss.png is drawn again with the best checkpoint marked (finetune_view)
@@ -294,7 +273,7 @@ SECTION_TITLES = {"finetune": "Fine-tuning (LoRA)", "bench": "Benchmark: serving
 
 
 def section_of(run: dict) -> str:
-    decl = declaration_for(experiment_of(run))
+    decl = declaration_for(experiment_of(run), table_sources())
     if decl:
         return decl.study
     if run.get("finetune"):
@@ -308,9 +287,11 @@ def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
     """The report's sections in order: each study's paper tables and figures over its runs, then fine-tuning,
     benchmark and other runs."""
     keys = [section_of(r) for r in raw_runs]
-    computed = {st.decl.study: st for st in study_tables(raw_runs)}
+    sources = table_sources()
+    with_scorers = [{**r, "scorers": (st.scorers if (st := study_of(r["run"])) else ())} for r in raw_runs]
+    computed = {st.decl.study: st for st in study_tables(with_scorers, sources)}
     out = []
-    for decl in declarations():
+    for decl in declarations(sources):
         runs = [v for v, k in zip(views, keys) if k == decl.study]
         if not runs:
             continue

@@ -4,8 +4,8 @@ config, metrics and summary).
 
 The rescore is a study of its own built for the source run (:class:`RescoreStudy`), so it goes through the one runner
 (experiments/core/runner.py): resume, the failure policy, the call log, the response cache, servers started and
-stopped, ``--dry-run``. Its solver asks the source study's judge (``Judge.ask``, experiments/core/judging.py) once per
-judged part and judge model, so the only requests sent are the judge's. Nothing of the source folder is written.
+stopped, ``--dry-run``. Its solver runs the source study's scorer (experiments/core/scorers.py) once per judge model
+over each stored record, so the only requests sent are the judge's. Nothing of the source folder is written.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from experiments.common.markdown import md_table
 from experiments.common.stats import fleiss_kappa, weighted_kappa
 from experiments.core.config import ConfigError, RunSettings, validation_lines
 from experiments.core.deviations import settings_deviations
-from experiments.core.judging import Judge, by_judge, on_scale, panel_grade
+from experiments.core.scorers import Scorer, by_judge, find, on_scale, panel_grade
 from experiments.core.results import Run
 from experiments.core.study import CaseContext, Study
 from models.errors import DataError
@@ -75,20 +75,18 @@ def judge_roles(models: dict[str, str]) -> dict[str, str]:
     return {"judge": labels[0]} if len(labels) == 1 else {f"judge{i}": label for i, label in enumerate(labels, 1)}
 
 
-def _steps(declared) -> list[str]:
-    return [j.step for j in declared.judges if j.ask is not None] if declared is not None else []
-
-
-def find_judge(run: Run, step: str, declared) -> Judge:
-    """The source study's judge ``step``, which must be re-askable; ConfigError (exit 2) naming the run's steps otherwise."""
-    steps = _steps(declared)
+def find_judge(run: Run, step: str, study: Study | None) -> Scorer:
+    """The source study's scorer ``step``, which must be a model's decision; ConfigError (exit 2) naming the run's
+    scorers that can be asked again otherwise."""
+    scorers = study.scorers if study is not None else ()
+    steps = [s.name for s in scorers if s.rescorable]
     listed = f"its judge steps: {', '.join(steps)}" if steps else "its study declares no judge that can be asked again"
-    judge = declared.judge(step) if declared is not None else None
-    if judge is None:
+    scorer = next((s for s in scorers if s.name == step), None)
+    if scorer is None:
         raise ConfigError(f"--judge {step}: {run.path} ({run.experiment or 'no experiment'}) has no judge step {step!r}; {listed}")
-    if judge.ask is None:
+    if not scorer.rescorable:
         raise ConfigError(f"--judge {step}: {run.experiment}'s {step} cannot be asked again over a stored answer; {listed}")
-    return judge
+    return scorer
 
 
 def parts_of(record: dict, step: str) -> list[str | None]:
@@ -110,7 +108,7 @@ def rescore_settings(run: Run, step: str, models: dict[str, str], out: Path, *, 
     under test), this run's ``out`` and connection flags, and the ``rescore`` block."""
     base = {k: v for k, v in run.config.items() if k != "prompt_files"}
     roles = judge_roles(models)
-    data = {**base, "experiment": base.get("experiment") or run.experiment, "out": str(out), "lora": {},
+    data = {**base, "experiment": base.get("experiment") or run.experiment, "out": str(out), "lora": {}, "limit": None, "sample": None,
             "roles": {role: models[label] for role, label in roles.items()}, "use_cache": use_cache, "allow_remote": allow_remote,
             "rescore": {"source": str(run.path), "judge": step, "models": dict(models), "roles": roles,
                         "source_roles": base.get("roles") or {}}}
@@ -132,8 +130,9 @@ class RescoreStudy(Study):
     settings_cls = RescoreSettings
     case_noun = "records"
 
-    def __init__(self, source: Run, judge: Judge, models: dict[str, str], study: Study | None = None):
+    def __init__(self, source: Run, judge: Scorer, models: dict[str, str], study: Study | None = None):
         self.source, self.judge, self.models = source, judge, dict(models)
+        self.scorers = study.scorers if study is not None else (judge,)  # how its scores aggregate; none is run again but the judge
         self.labels = judge_roles(models)  # role -> label
         self.roles = tuple(self.labels)
         self.primary_role = self.roles[0]
@@ -158,25 +157,33 @@ class RescoreStudy(Study):
             raise DataError(f"{self.source.path}/records.jsonl: no finished record to rescore")
         return records
 
+    def scorers_for(self, settings) -> list:
+        return []  # the judge is asked in solve, once per judge model
+
     async def solve(self, ctx: CaseContext, case: dict, settings: RescoreSettings) -> dict:
         record = {k: v for k, v in case.items() if k not in RUNNER_FIELDS}
         scores = dict(case.get("scores") or {})
-        for part in parts_of(case, self.judge.step):
-            members = []
+        own = set(parts_of(case, self.judge.name))
+        if own:
+            members: dict[str, list[Grade]] = {}
             for role, label in self.labels.items():
-                g = await self.judge.ask(ctx, case, part, self.ask_settings, role)
-                if not g.judge:  # who decided: the model of this role
-                    g = replace(g, judge={"model": self.ask_settings.roles[role]})
-                scores[score_name(self.judge.step, part, label)] = g.to_json()
-                members.append(g)
+                for name, g in (await self.judge.run(ctx, case, self.ask_settings, role)).items():
+                    step, part, _ = split_name(name)
+                    if part not in own:
+                        continue
+                    if not g.judge:  # who decided: the model of this role
+                        g = replace(g, judge={"model": self.ask_settings.roles[role]})
+                    scores[score_name(step, part, label)] = g.to_json()
+                    members.setdefault(part, []).append(g)
             if self.panel:
-                scores[score_name(self.judge.step, part, PANEL)] = panel_grade(members, ordinal=self.judge.ordinal, name=PANEL).to_json()
+                for part, grades_ in members.items():
+                    scores[score_name(self.judge.name, part, PANEL)] = panel_grade(grades_, ordinal=self.judge.scale.ordinal, name=PANEL).to_json()
         record["scores"] = scores
         return record
 
     def describe(self, settings: RescoreSettings) -> list[str]:
         who = ", ".join(f"{label} = {ref}" for label, ref in self.models.items())
-        return [f"rescore of {self.source.path}: judge step {self.judge.step} asked again by {who}"
+        return [f"rescore of {self.source.path}: judge step {self.judge.name} asked again by {who}"
                 + (" (a panel: a majority of all members for binary grades, the mean of ordinal ones)" if self.panel else "")
                 + "; no other request is made"]
 
@@ -206,22 +213,22 @@ def _judged(records: list[dict], step: str, who: list[str]) -> dict[str, dict[tu
     return out
 
 
-def agreement(own: dict[tuple, Grade], other: dict[tuple, Grade], judge: Judge) -> dict:
+def agreement(own: dict[tuple, Grade], other: dict[tuple, Grade], judge: Scorer) -> dict:
     """Agreement of ``other`` with the run's own judge over the items both scored that a judge decided on either side
     (``by_rule``: the items both sides left to a rule, e.g. 0 for no answer, left out): percent (exact)
     agreement and Cohen's kappa (binary) or linear-weighted kappa and the mean |difference| (ordinal; a panel's mean
-    rating is put on the scale by :func:`~experiments.core.judging.on_scale` for agreement and kappa, not for the
+    rating is put on the scale by :func:`~experiments.core.scorers.on_scale` for agreement and kappa, not for the
     difference); unit scale: the mean |difference| only."""
     both = [k for k in own if k in other and own[k].scored and other[k].scored]
     keys = [k for k in both if by_judge(own[k]) or by_judge(other[k])]
     a, b = [float(own[k].value) for k in keys], [float(other[k].value) for k in keys]
-    kind = judge.scale.get("kind")
+    kind = judge.scale.kind
     out: dict = {"n": len(keys), "by_rule": len(both) - len(keys),
                  "mean_abs_diff": _clean(sum(abs(x - y) for x, y in zip(a, b)) / len(keys)) if keys else None}
     if kind == "unit":
         return {**out, "percent_agreement": None, "kappa": None, "kappa_kind": None}
     ca, cb = [on_scale(x, judge.scale) for x in a], [on_scale(y, judge.scale) for y in b]
-    cats = judge.scale.get("values") or sorted(set(ca) | set(cb))
+    cats = judge.scale.values or sorted(set(ca) | set(cb))
     return {**out, "percent_agreement": _clean(100 * sum(x == y for x, y in zip(ca, cb)) / len(keys)) if keys else None,
             "kappa": _clean(weighted_kappa(ca, cb, categories=sorted(cats), weights="linear")) if keys else None,
             "kappa_kind": "cohen" if kind == "binary" else "linear-weighted"}
@@ -239,12 +246,12 @@ def _part_stats(judged: dict[tuple, Grade]) -> dict:
     return {p: {"mean": _clean(s["sum"] / s["n"]) if s["n"] else None, "n": s["n"], "unscored": s["unscored"]} for p, s in out.items()}
 
 
-def rescore_metrics(records: list[dict], judge: Judge, models: dict[str, str], block: dict) -> dict:
+def rescore_metrics(records: list[dict], judge: Scorer, models: dict[str, str], block: dict) -> dict:
     labels = list(models)
     who = labels + ([PANEL] if len(labels) > 1 else [])
-    judged = _judged(records, judge.step, who)
+    judged = _judged(records, judge.name, who)
     own_model = (block.get("source_roles") or {}).get(judge.role)
-    out: dict = {"source": block.get("source"), "judge": judge.step, "scale": judge.scale.get("kind"), "role": judge.role,
+    out: dict = {"source": block.get("source"), "judge": judge.name, "scale": judge.scale.kind, "role": judge.role,
                  "models": {OWN: own_model, **models, **({PANEL: "+".join(labels)} if len(labels) > 1 else {})},
                  "judges": {w: _part_stats(judged[w]) for w in [OWN, *who]},
                  "agreement": {w: agreement(judged[OWN], judged[w], judge) for w in who}}
@@ -252,9 +259,9 @@ def rescore_metrics(records: list[dict], judge: Judge, models: dict[str, str], b
         scored = [k for k in judged[labels[0]] if all(k in judged[m] and judged[m][k].scored for m in labels)]
         keys = [k for k in scored if any(by_judge(judged[m][k]) for m in labels)]
         ratings = [[on_scale(float(judged[m][k].value), judge.scale) for m in labels] for k in keys]
-        ordinal_unit = judge.scale.get("kind") == "unit"
+        ordinal_unit = judge.scale.kind == "unit"
         out["panel_agreement"] = {"members": labels, "n": len(keys), "by_rule": len(scored) - len(keys),
-                                  "fleiss_kappa": None if ordinal_unit or not keys else _clean(fleiss_kappa(ratings, judge.scale.get("values")))}
+                                  "fleiss_kappa": None if ordinal_unit or not keys else _clean(fleiss_kappa(ratings, list(judge.scale.values) or None))}
     return out
 
 
@@ -310,9 +317,9 @@ def prepare_rescore(run_dir: Path, step: str, *, model: str | None = None, panel
     models = judge_models(model, panel)
     check_out(Path(run_dir), Path(out))
     run = registry.open_run(run_dir)
-    declared = registry.results_for(run.experiment)
-    judge = find_judge(run, step, declared)
-    study = RescoreStudy(run, judge, models, registry.study_of(run.experiment))
+    source = registry.study_of(run)
+    judge = find_judge(run, step, source)
+    study = RescoreStudy(run, judge, models, source)
     settings = rescore_settings(run, step, models, Path(out), concurrency=concurrency, use_cache=use_cache, allow_remote=allow_remote)
     settings, cases = prepare_run(study, settings)
     if study.prompts is not None and run.config.get("prompt_files"):

@@ -1,8 +1,8 @@
 """The judge decisions a clinician can review, for any kind of results directory (docs/protocols.md, Judge calibration;
 experiments/tools/review/README.md).
 
-A judge *step* names one LLM-judge decision of a run, as its study declares it (``StudyResults.judges``:
-experiments/core/judging.py); ``STEP@JUDGE`` reviews the grades another judge gave after the run (``medstack rescore``).
+A judge *step* names one scorer of a run, as its study declares it (``Study.scorers``: experiments/core/scorers.py);
+``STEP@JUDGE`` reviews the grades another judge gave after the run (``medstack rescore``).
 Its items are built from the records' typed scores: ``{"id", "verdict", "stratum", "show"}`` where ``verdict`` is
 never sent to the page and ``show`` is exactly what the judge was given (the page shows nothing else).
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.core import registry
-from experiments.core.judging import review_items
+from experiments.core.scorers import review_items
 from models.errors import DataError
 
 
 def reviewable() -> dict[str, tuple[str, ...]]:
-    """experiment -> its judge steps, for every registered kind of results folder that declares judges."""
-    return {exp: tuple(j.step for j in r.judges) for exp, r in sorted(registry.loaded().results.items()) if r.judges}
+    """kind -> its scorers' names, for every registered kind of results folder that declares scorers."""
+    return {name: tuple(s.name for s in cls.scorers) for name, cls in sorted(registry.kinds().items()) if cls and cls.scorers and name == cls.name}
 
 
 def _listing() -> str:
@@ -30,17 +30,17 @@ def load_judge(run_dir: str | Path, step: str) -> dict:
     the run does not have, or a run without any judged item, is bad input naming the folder."""
     p = Path(run_dir)
     run = registry.open_run(p)  # ResultsError (exit 2) for a folder without records.jsonl
-    declared = registry.results_of(run)
-    exp = declared.experiment if declared is not None else run.experiment
-    if declared is None or not declared.judges:
+    study = registry.study_of(run)
+    exp = study.name if study is not None else run.experiment
+    if study is None or not study.scorers:
         raise DataError(f"{p}: a {exp or 'unknown'} run has no judge to review (reviewable: {_listing()})")
     base, _, by = step.partition("@")
-    judge = declared.judge(base)
+    judge = next((s for s in study.scorers if s.name == base), None)
     if judge is None or (step.count("@") > 1) or (by == "" and "@" in step):
-        raise DataError(f"--judge {step}: a {exp} run's judge steps are {', '.join(j.step for j in declared.judges)} "
+        raise DataError(f"--judge {step}: a {exp} run's judge steps are {', '.join(s.name for s in study.scorers)} "
                         "(STEP@JUDGE: the grades a rescore added)")
-    scale, items = review_items(judge, run.finished, run.config, p, by=by or None)
-    scale = {**scale, "question": judge.question}
+    scale, items = review_items(judge, run.finished, run.config, by=by or None)
+    scale = {**scale.json(), "question": judge.question}
     if not items:
         raise DataError(f"{p}: no record carries a {step} decision to review"
                         + (f" (rescore the run with that judge first: `medstack rescore {p} --judge {base} ...`)" if by else ""))

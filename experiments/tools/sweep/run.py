@@ -141,9 +141,8 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
     study = study_factory()
     if values.get("model") or values.get("out"):
         raise ConfigError("sweep: give the models with --models, the fixed roles with --role ROLE=REF and the sweep folder with --out (not --model)")
-    declared = study.results  # what its runs' results folders declare: its comparison, its released runs
-    if published and not (declared and declared.import_published):
-        have = sorted(e for e, r in registry.loaded().results.items() if r.import_published)
+    if published and not study.published:
+        have = sorted(n for n, c in registry.studies().items() if c.make.published)
         raise ConfigError(f"--published imports a study's released runs ({', '.join(have)}); {study.name} has none")
     roles_varied = swept_roles(study, vary)
     in_config, named = named_roles(study, values, to_overrides)
@@ -241,13 +240,12 @@ def join(plan: Plan) -> SweepOutcome:
     if any(common.get("dry_run") for _, common, *_ in plan.planned):  # nothing ran: no import, compare or report
         write_summary(out, sweep_dir, plan.study.name)
         return out
-    declared = plan.study.results
+    declared = plan.study
     if plan.pub_dirs:
         out.published = _import_published(declared, plan.pub_dirs, plan.planned[0][3].data, log)
     done = [r.out for r in out.runs if (r.out / "metrics.json").exists()] + out.published
-    if declared and declared.compare and done:
+    if done and declared.compare([str(p) for p in done], sweep_dir / "compare") is not None:  # the study's own comparison, if it has one
         out.compare = sweep_dir / "compare"
-        declared.compare([str(p) for p in done], out.compare)
         log(f"sweep: compare: {out.compare / 'summary.md'}")
     write_summary(out, sweep_dir, plan.study.name)
     if plan.report and done:

@@ -39,13 +39,13 @@ def invoke():
     """`medstack ARGS` in this process: the CLI's typer app with every study registered (as scripts.cli.main does)."""
     import typer
 
-    from experiments.core import registry
+    from experiments.core import commands
 
     apps = {name: typer.Typer() for name in ("run_app", "score_app", "import_app", "data_app", "finetune_app")}
     app = typer.Typer()
     for name, sub in apps.items():
         app.add_typer(sub, name=name.removesuffix("_app"))
-    registry.register_all(app=app, **apps)
+    commands.register_all(app=app, **apps)
     runner = CliRunner()
 
     def go(*args: str):

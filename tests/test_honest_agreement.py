@@ -10,7 +10,8 @@ import json
 import pytest
 
 from experiments.common.grade import Grade
-from experiments.core.judging import BINARY, RATING, UNIT, Judge, by_judge, count_scale, on_scale, panel_grade, review_items
+from experiments.common.grade import BINARY, RATING, UNIT, count_scale
+from experiments.core.scorers import Scorer, by_judge, on_scale, panel_grade, review_items
 from experiments.core.results import RunDir, finite, strict_json
 from experiments.tools.rescore.run import agreement
 from experiments.tools.review.judges import load_judge
@@ -57,16 +58,16 @@ def test_one_rule_puts_a_mean_on_the_scale():
     assert on_scale(0.37, UNIT) == 0.37
     # review uses it: a panel's mean 2.5 is reviewed as 3 (int() truncated it to 2); a rescore judge's grade that a
     # rule decided (it was never asked) is no item
-    judge = Judge("rate", RATING, "How good?")
+    judge = Scorer("rate", RATING, "How good?", role="judge")
     recs = [{"id": "a", "scores": {"rate@panel": {"value": 2.5, "judge": M}}},
             {"id": "b", "scores": {"rate@panel": {"value": 3.6667, "judge": M}}},
             {"id": "c", "scores": {"rate@panel": {"value": 1, "judge": RULE}}}]
-    _, items = review_items(judge, recs, {}, None, by="panel")
+    _, items = review_items(judge, recs, {}, by="panel")
     assert [(it["id"], it["verdict"]) for it in items] == [("a", 3), ("b", 4)]
 
 
 def test_agreement_leaves_out_what_a_rule_decided_and_counts_it():
-    judge = Judge("match", BINARY, "Match?")
+    judge = Scorer("match", BINARY, "Match?", role="judge")
     own = {("1", "x"): g(1), ("2", "x"): g(0, RULE), ("3", "x"): g(0), ("4", "x"): g(1), ("5", "x"): g(None), ("6", "x"): g(1, RULE)}
     new = {("1", "x"): g(1), ("2", "x"): g(0, RULE), ("3", "x"): g(1), ("4", "x"): g(1), ("5", "x"): g(1), ("6", "x"): g(0)}
     a = agreement(own, new, judge)
@@ -74,7 +75,7 @@ def test_agreement_leaves_out_what_a_rule_decided_and_counts_it():
     # item 6: a rule on one side, a judge on the other, kept): 2 of 4 agree
     assert a["n"] == 4 and a["by_rule"] == 1 and a["percent_agreement"] == 50.0 and a["mean_abs_diff"] == 0.5
     # a panel's means on the scale by on_scale: 2.5 -> 3 against 2 (differ), 3.5 -> 4 against 4 (agree); the difference is the mean's
-    rated = agreement({("1", None): g(2), ("2", None): g(4)}, {("1", None): g(2.5), ("2", None): g(3.5)}, Judge("rate", RATING, "?"))
+    rated = agreement({("1", None): g(2), ("2", None): g(4)}, {("1", None): g(2.5), ("2", None): g(3.5)}, Scorer("rate", RATING, "?", role="judge"))
     assert (rated["n"], rated["percent_agreement"], rated["mean_abs_diff"], rated["kappa_kind"]) == (2, 50.0, 0.5, "linear-weighted")
 
 

@@ -220,3 +220,25 @@ def test_no_import_goes_up_a_layer():
 
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _reaches(module: str, graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for b in graph.get(todo.pop(), ()):
+            if b not in seen:
+                seen.add(b)
+                todo.append(b)
+    return seen
+
+
+def test_declaring_a_study_reaches_no_command_line():
+    """Core declares, the command line reads: the registry, a study's declaration and the scorers import neither the
+    module that builds the commands nor typer (docs/layout.md, Architecture); nor do the paper tables import the
+    registry (their declarations are handed to them)."""
+    graph = import_graph()
+    for module in ("experiments.core.registry", "experiments.core.scorers", "experiments.core.study", "experiments.core.runner"):
+        assert "experiments.core.commands" not in _reaches(module, graph), module
+        source = (ROOT / Path(*module.split("."))).with_suffix(".py").read_text(encoding="utf-8")
+        assert not re.search(r"^\s*(import typer|from typer)", source, re.M), module
+    assert not any(m.startswith("experiments.tables") and "experiments.core.registry" in targets for m, targets in graph.items())

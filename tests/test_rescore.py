@@ -1,5 +1,5 @@
-"""`medstack rescore` over a toy study declared here (a StudyResults with a binary judge, `match`, asked per part, and
-an ordinal one, `rate`, asked once per record), against the scripted client: only the judge's requests are sent,
+"""`medstack rescore` over a toy study declared here (its scorers: a binary judge, `match`, deciding per part, and
+an ordinal one, `rate`, deciding once per record), against the scripted client: only the judge's requests are sent,
 both grades are kept, a panel's majority of all members / mean, its Fleiss' kappa, agreement with the run's own
 judge, resume after a kill, and the bad command lines (exit 2, one line)."""
 
@@ -21,8 +21,10 @@ from experiments.common.grade import Grade, grades
 from experiments.common.stats import fleiss_kappa
 from experiments.core import registry, runner
 from experiments.core.config import ConfigError, RunSettings, Sampling
-from experiments.core.judging import BINARY, RATING, Judge, review_items
-from experiments.core.study import CaseContext, Study, StudyResults
+from experiments.common.grade import BINARY, RATING
+from experiments.core.record import record
+from experiments.core.scorers import Scorer, review_items
+from experiments.core.study import CaseContext, Study
 from experiments.tools.rescore.cli import register
 from models.errors import MedstackError
 from scripted import ScriptedLLM
@@ -33,36 +35,32 @@ PARTS = ("p1", "p2")
 
 
 class ToySettings(RunSettings):
-    experiment: str = "toy-judged"
     roles: dict[str, str] = {"answerer": REF, "judge": REF}
     sampling: Sampling = Sampling(max_tokens=8)
 
 
-async def ask_match(ctx: CaseContext, record: dict, part: str | None, s: ToySettings, role: str) -> Grade:
-    """The toy's one judge question: does the stored answer of ``part`` match? (yes / no; anything else unscored)."""
-    answer = record["answers"][part]
-    r = await ctx.chat([{"role": "user", "content": f"judge {record['id']} {part}: does {answer} match?"}], role=role,
-                       gen=s.sampling.gen(), step="match")
-    word = r.text.strip().lower()
-    value = 1 if word.startswith("yes") else 0 if word.startswith("no") else None
-    return Grade(value=value, answer=answer, explanation=r.text, judge={"model": s.roles[role], "prompt_hash": "toy"})
-
-
-async def ask_rate(ctx: CaseContext, record: dict, part: str | None, s: ToySettings, role: str) -> Grade:
-    r = await ctx.chat([{"role": "user", "content": f"rate {record['id']}: {record['answers']['p1']} from 1 to 5"}], role=role,
-                       gen=s.sampling.gen(), step="rate")
-    m = re.search(r"[1-5]", r.text)
-    return Grade(value=int(m.group()) if m else None, answer=record["answers"]["p1"], explanation=r.text, judge={"model": s.roles[role]})
-
-
-MATCH = Judge(step="match", scale=BINARY, question="Does the answer match?", role="judge", ask=ask_match)
-RATE = Judge(step="rate", scale=RATING, question="How good is the answer?", role="judge", ask=ask_rate)
-
-
-def toy_scores(record: dict, settings) -> dict[str, Grade]:
-    out = {f"match/{p}": Grade(value=record["match"][p], answer=record["answers"][p]) for p in PARTS}
-    out["rate"] = Grade(value=record["rating"], answer=record["answers"]["p1"])
+async def ask_match(ctx: CaseContext, r: dict, s: ToySettings, role: str) -> dict:
+    """The toy's one judge question per part: does the stored answer match? (yes / no; anything else unscored)."""
+    out = {}
+    for part in PARTS:
+        answer = r["answer"][part]
+        reply = await ctx.chat([{"role": "user", "content": f"judge {r['id']} {part}: does {answer} match?"}], role=role,
+                               gen=s.sampling.gen(), step="match")
+        word = reply.text.strip().lower()
+        value = 1 if word.startswith("yes") else 0 if word.startswith("no") else None
+        out[part] = Grade(value=value, answer=answer, explanation=reply.text, judge={"model": s.roles[role], "prompt_hash": "toy"})
     return out
+
+
+async def ask_rate(ctx: CaseContext, r: dict, s: ToySettings, role: str) -> dict:
+    reply = await ctx.chat([{"role": "user", "content": f"rate {r['id']}: {r['answer']['p1']} from 1 to 5"}], role=role,
+                           gen=s.sampling.gen(), step="rate")
+    m = re.search(r"[1-5]", reply.text)
+    return {None: Grade(value=int(m.group()) if m else None, answer=r["answer"]["p1"], explanation=reply.text, judge={"model": s.roles[role]})}
+
+
+MATCH = Scorer("match", BINARY, "Does the answer match?", decide=ask_match, role="judge")
+RATE = Scorer("rate", RATING, "How good is the answer?", decide=ask_rate, role="judge")
 
 
 class JudgedToy(Study):
@@ -70,7 +68,7 @@ class JudgedToy(Study):
     settings_cls = ToySettings
     roles = ("answerer", "judge")
     primary_role = "answerer"
-    results = StudyResults("toy-judged", scores=toy_scores, judges=(MATCH, RATE))
+    scorers = (MATCH, RATE)
 
     def load_cases(self, s: ToySettings) -> list[dict]:
         return [{"id": f"c{i}"} for i in (1, 2, 3)]
@@ -78,15 +76,19 @@ class JudgedToy(Study):
     async def solve(self, ctx: CaseContext, case: dict, s: ToySettings) -> dict:
         answers = {p: (await ctx.chat([{"role": "user", "content": f"answer {case['id']} {p}"}], role="answerer",
                                       gen=s.sampling.gen(), step="answer")).text for p in PARTS}
-        record = {"id": case["id"], "answers": answers}
-        match = {p: (await ask_match(ctx, record, p, s, "judge")).value for p in PARTS}
-        return {"answers": answers, "match": match, "rating": (await ask_rate(ctx, record, None, s, "judge")).value}
+        return record(case["id"], answer=answers)
 
     def metrics(self, records: list[dict], s: ToySettings) -> dict:
         return {"records": len(records)}
 
     def summary(self, metrics: dict, s: ToySettings, run) -> str:
         return f"# toy-judged\n\n{metrics['records']} records\n"
+
+
+def register_toy(monkeypatch) -> None:
+    """JudgedToy as the study of results folders of kind toy-judged (the registry finds declared studies only)."""
+    found = registry._kind
+    monkeypatch.setattr(registry, "_kind", lambda experiment: JudgedToy if experiment == "toy-judged" else found(experiment))
 
 
 def own_judge(role: str, text: str) -> str:
@@ -100,8 +102,7 @@ def own_judge(role: str, text: str) -> str:
 def toy(tmp_path, monkeypatch):
     """A source run of the toy study (its records carry typed scores) and `medstack rescore` on a Typer app;
     ``script["judge"]`` answers the rescore's judge requests; ``sent`` is every request the scripted client got."""
-    monkeypatch.setitem(registry.loaded().studies, "toy-judged", registry.Command("toy-judged", "toy", JudgedToy))
-    monkeypatch.setitem(registry.loaded().results, "toy-judged", JudgedToy.results)
+    register_toy(monkeypatch)
     sent: list[tuple[str, str]] = []
     script = {"judge": own_judge}
 
@@ -160,7 +161,7 @@ def test_rescore_sends_only_the_judge_requests_and_keeps_both_grades(toy, tmp_pa
     assert c2["match/p2"].value == 0 and c2["match/p2@other"].value is None and c2["match/p2@other"].explanation == "hmm"
     assert c3["match/p2@other"].value == 0 and c3["match/p2@other"].judge["model"] == REF
     assert c2["rate"].value == 4 and not any(n.startswith("rate@") for n in c2)  # another step: untouched
-    assert recs["c1"]["answers"] == {"p1": "ans", "p2": "ans"} and recs["c1"]["roles"] == {"judge": REF}
+    assert recs["c1"]["answer"] == {"p1": "ans", "p2": "ans"} and recs["c1"]["roles"] == {"judge": REF}
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["experiment"] == "toy-judged" and config["roles"] == {"judge": REF}
     assert config["rescore"]["source"] == str(src) and config["rescore"]["judge"] == "match" and config["rescore"]["models"] == {"other": REF}
@@ -174,7 +175,7 @@ def test_rescore_sends_only_the_judge_requests_and_keeps_both_grades(toy, tmp_pa
     assert "| part | the run's own | other |" in summary and "| p2 | 0.667 (3, 0) | 0.500 (2, 1) |" in summary
     assert "| other | 5 | 60.0% | -0.250 (cohen) | 0.400 |" in summary
     # review reads RUN2 as a toy run, the new judge by its label
-    _, items = review_items(MATCH, list(recs.values()), config, out, by="other")
+    _, items = review_items(MATCH, list(recs.values()), config, by="other")
     assert sorted((it["id"], it["verdict"]) for it in items) == [("c1|p1", 1), ("c1|p2", 1), ("c2|p1", 1), ("c3|p1", 1), ("c3|p2", 0)]
 
 
@@ -198,7 +199,7 @@ def test_a_binary_panel_takes_the_majority_and_reports_fleiss_kappa(toy, tmp_pat
     # panel [1,1,0,0,0,0] vs the run's own [1,1,0,0,1,1]: 4 of 6
     assert m["agreement"]["panel"]["n"] == 6 and m["agreement"]["panel"]["percent_agreement"] == pytest.approx(66.6667)
     assert "Fleiss' kappa" in (out / "summary.md").read_text()
-    _, items = review_items(MATCH, list(recs.values()), {}, out, by="panel")
+    _, items = review_items(MATCH, list(recs.values()), {}, by="panel")
     assert sorted((it["id"], it["verdict"]) for it in items) == sorted((f"{i}|{p}", g.value) for (i, p), g in panel.items())
 
 

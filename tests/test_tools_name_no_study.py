@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from experiments.core import registry
-from experiments.tables.declare import declarations
+from experiments.tables.build import declarations as load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,13 +21,17 @@ def tool_files() -> list[Path]:
     return [f for d in folders for ext in ("py", "j2", "js") for f in sorted(d.rglob(f"*.{ext}"))]
 
 
+def declarations():
+    return load(registry.table_sources())
+
+
 def study_folders() -> set[str]:
     """The folders of the declared studies (each package with a StudyDeclaration)."""
     return {d.package.rpartition(".")[2] for d in registry.declarations() if d.package.startswith("experiments.")}
 
 
 def study_names() -> set[str]:
-    names = set(registry.studies()) | set(registry.commands()) | set(registry.loaded().results) | study_folders()
+    names = set(registry.studies()) | set(registry.commands()) | set(registry.kinds()) | study_folders()
     names |= {n for d in declarations() for n in (d.study, d.title, *d.experiments)}
     return {n for n in names if n}
 

@@ -139,16 +139,16 @@ def commands() -> dict[str, tuple[Command, StudyDeclaration]]:
 
 
 @lru_cache(maxsize=None)
-def _named(cls: type, name: str, tables: TableSource | None = None) -> type:
-    """The Study class named ``name``, with its paper tables (a class shared by several commands, MediTOD's, gets one
-    subclass each)."""
-    return type(cls.__name__, (cls,), {"name": name, "tables": (tables,) if tables else (), "__module__": cls.__module__,
-                                       "__doc__": cls.__doc__})
+def _named(cls: type, name: str, tables: TableSource | None = None, formerly: tuple[str, ...] = ()) -> type:
+    """The Study class named ``name``, with its paper tables and older names (a class shared by several commands,
+    MediTOD's, gets one subclass each)."""
+    return type(cls.__name__, (cls,), {"name": name, "tables": (tables,) if tables else (), "formerly": formerly,
+                                       "__module__": cls.__module__, "__doc__": cls.__doc__})
 
 
 def _entry(name: str) -> Command:
     c, d = commands()[name]
-    made = _named(d.resolve(c.make), name, _tables_of(d) if c.tables else None)
+    made = _named(d.resolve(c.make), name, _tables_of(d) if c.tables else None, c.formerly)
     return replace(c, make=made, help=c.help + ("\n\n" + c.more.strip("\n") if c.more.strip() else ""), more="")
 
 
@@ -183,7 +183,7 @@ def _kind(experiment: str) -> type[Study] | None:
                 return _entry(c.name).make
         for k in d.results:
             if experiment == k.name or experiment in k.formerly:
-                return _named(d.resolve(k.make), k.name)
+                return _named(d.resolve(k.make), k.name, None, k.formerly)
     return None
 
 

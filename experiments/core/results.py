@@ -169,9 +169,10 @@ def make_results_dir(path: str | Path) -> Path:
 
 class RunDir:
     def __init__(self, path: str | Path, config: dict, *, id_key: str = "id", prompt_files: dict[str, str] | None = None,
-                 settings_cls: type | None = None):
+                 settings_cls: type | None = None, formerly: tuple[str, ...] = ()):
         self.path = make_results_dir(path)
         self.settings_cls = settings_cls  # the run's settings class: its resume rules, and how it reads an older config.yaml
+        self.formerly = formerly  # older names of the run's kind: a folder written under one is resumed as this kind
         self.id_key = id_key
         self.records_path = self.path / "records.jsonl"
         self.notes: list[str] = []  # what opening the folder repaired, for the screen
@@ -184,6 +185,8 @@ class RunDir:
         if cfg_path.exists() and self.records_path.exists():
             added, changeable = (self.settings_cls or _CommonRules).resume_rules()
             old = _as_today(self.settings_cls, yaml.safe_load(cfg_path.read_text()) or {}, {k: v for k, v in added.items() if k in config})
+            if old.get("experiment") in self.formerly:
+                old["experiment"] = config.get("experiment")
             keys = sorted(k for k in set(old) | set(config)
                           if k not in changeable and k != "prompt_files" and old.get(k) != config.get(k))
             if keys:

@@ -141,7 +141,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     if settings.answers == "constrained" and study.prompts:  # the declared formats shape a constrained run's answers
         prompt_files.update(study.prompts.constraint_file_hash())
     rundir = RunDir(settings.out, settings.model_dump(mode="json"), prompt_files=prompt_files,
-                    settings_cls=type(settings))  # its resume rules, and how it reads an older config.yaml
+                    settings_cls=type(settings), formerly=study.formerly)  # its resume rules, how it reads an older config.yaml
     for note in rundir.notes:
         log(note)
     case_ids = [str(c["id"]) for c in cases]

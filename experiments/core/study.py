@@ -167,7 +167,7 @@ class Study:
     its command (experiments/core/registry.py): the kind its results folders carry."""
 
     name: ClassVar[str] = ""
-    formerly: ClassVar[tuple[str, ...]] = ()  # older names of its folders' kind (config.yaml's ``experiment``), read as its own
+    formerly: ClassVar[tuple[str, ...]] = ()  # older names of its folders' kind (set by the registry): read, and resumed, as its own
     settings_cls: ClassVar[type[RunSettings]] = RunSettings
     roles: ClassVar[tuple[str, ...]] = ("default",)
     primary_role: ClassVar[str] = "default"

@@ -12,7 +12,8 @@ import pytest
 from experiments.studies.craftmd.calibrate_conversations import (ConversationCalibration, ConversationCalibrationSettings, agreement,
                                                  calibration_metrics, interleaved)
 from experiments.core.runner import prepare_run, run_study
-from experiments.studies.craftmd.assess import conversation_text, transcript_turns
+from experiments.studies.craftmd.assess import conversation_text
+from experiments.core.record import turns
 from experiments.studies.craftmd.experts import load_expert_labels
 from serving.cache import ResponseCache
 from tests.scripted import ScriptedLLM
@@ -38,7 +39,7 @@ def convs(fixtures_dir):
 def scripted(convs, plan: dict[str, dict[str, str]]):
     """Replies by case (its conversation found by its text in the prompt; the fixture's two models share each
     case's conversation, so their identical requests are answered once, then from the cache) and question."""
-    texts = {c.case_id: conversation_text(transcript_turns(c.transcript)) for c in convs}
+    texts = {c.case_id: conversation_text(turns({"transcript": c.transcript})) for c in convs}
     wording = {"Q1": "one most likely diagnosis", "Q2": "key information", "Q3": "medical terminology", "grounded": "grounded in the case notes",
                "complete": "complete for what"}
     sent = []

@@ -8,12 +8,15 @@ import json
 
 import pytest
 
-from experiments.studies.craftmd.assess import QUESTIONS, conversation_text, parse_reply, question_rates, request_prompt
+from experiments.common.grade import aggregate, grades
+from experiments.studies.craftmd.assess import QUESTIONS, conversation_text, parse_reply, request_prompt
 from experiments.studies.craftmd.metrics import conversation_markdown
-from experiments.common.patient_checks import check_conversation, count_checks, patient_metrics
-from experiments.core.runner import check_patient, patient_section
+from experiments.core.scorers import figures, score_record, scores_markdown
 from experiments.studies.craftmd.settings import CraftSettings, additions
-from experiments.studies.craftmd.study import CraftmdStudy, paper_model
+from experiments.core.registry import named
+from experiments.studies.craftmd.study import CraftmdStudy as Unnamed, paper_model
+
+CraftmdStudy = named(Unnamed)  # as the registry names it: `craftmd`
 from experiments.core.runner import run_study
 from experiments.core.study import CaseContext
 from serving.cache import ResponseCache
@@ -48,30 +51,28 @@ def test_request_holds_the_vignette_and_every_turn_and_replies_parse_with_the_on
     assert "invented" not in parse_reply("grounded", "Yes")
 
 
+def assessed(case: str, **verdicts) -> dict:
+    return {"id": case, "case_id": case, "scores": {f"assess-{q}": {"value": v} for q, v in verdicts.items()}}
+
+
 def test_rates_leave_unscored_out_and_count_them():
-    recs = [{"case_id": c, "assessment": {"Q1": {"verdict": v}}} for c, v in (("a", True), ("b", False), ("c", None), ("d", True))]
-    recs.append({"case_id": "e"})  # no assessment: not counted at all
-    r = question_rates(recs)
-    assert set(r) == {"Q1"}
-    q = r["Q1"]
-    assert (q["yes"], q["no"], q["unscored"], q["conversations"], q["n"]) == (2, 1, 1, 4, 3)
-    assert q["rate"] == pytest.approx(2 / 3) and 0 <= q["ci_low"] <= q["rate"] <= q["ci_high"] <= 1
+    recs = [assessed(c, Q1=v) for c, v in (("a", 1), ("b", 0), ("c", None), ("d", 1))] + [{"id": "e", "case_id": "e"}]  # e: not assessed
+    f = aggregate(recs, "assess-Q1")
+    assert (f.values, f.unscored, f.n) == (3, 1, 3) and f.value == pytest.approx(2 / 3) and 0 <= f.low <= f.value <= f.high <= 1
     # trials of one case average first (like accuracy): case a 1/2, case b 1 -> 0.75
-    r = question_rates([{"case_id": "a", "assessment": {"Q3": {"verdict": v}}} for v in (True, False)] + [{"case_id": "b", "assessment": {"Q3": {"verdict": True}}}])
-    assert r["Q3"]["rate"] == pytest.approx(0.75) and r["Q3"]["n"] == 2
+    f = aggregate([assessed("a", Q3=1), assessed("a", Q3=0), assessed("b", Q3=1)], "assess-Q3")
+    assert f.value == pytest.approx(0.75) and f.n == 2
 
 
 def test_summary_table_puts_the_papers_value_beside_the_run_where_it_has_one():
-    metrics = {"conversation_quality": question_rates([{"case_id": "a", "assessment": {q: {"verdict": True} for q in QUESTIONS}}]),
-               "patient_checks": count_checks([{"case_id": "a", "patient_checks": check_conversation(TURNS, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=12)}])}
+    metrics = {"scores": [f.json() for f in figures([assessed("a", **{q: 1 for q in QUESTIONS})], CraftmdStudy.scorers)]}
     published = {"Q1": {"gpt-4": 53.33}, "Q2": {"gpt-4": 71.11}, "Q3_overall": 7.22}
     md = conversation_markdown(metrics, published, "gpt-4")
-    assert "## Conversation quality" in md and "| Q1: one most likely diagnosis can be reached | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | 53.33 (GPT-4) |" in md
+    assert "## Conversation quality" in md and "| Q1: one most likely diagnosis can be reached | 100.0 [100.0, 100.0] (n=1) | 0 | 53.33 (GPT-4) |" in md
     assert "7.22 (all four models)" in md
-    assert "| patient-AI answers complete for what was asked | 100.0 [100.0, 100.0] (n=1) | 1 / 0 / 0 | – |" in md
-    assert "## Patient checks" not in md  # the runner's, for every study that declares its patient (below)
+    assert "| patient-AI answers complete for what was asked | 100.0 [100.0, 100.0] (n=1) | 0 | – |" in md
     md = conversation_markdown(metrics, None, None)  # the published values absent: the column stays, empty
-    assert "| 1 / 0 / 0 | – |" in md and "none of the paper's four" in md
+    assert "| 0 | – |" in md and "none of the paper's four" in md
     assert conversation_markdown({}, None, None) == ""
     assert paper_model("llama-2-7b-chat") == "llama-2-7b" and paper_model("Mistral-7B-Instruct-v0.2") == "mistral-v2-7b"
     assert paper_model("gpt-4-0613") == "gpt-4" and paper_model("embedded") is None and paper_model("gpt-4o") is None
@@ -125,50 +126,51 @@ def settings(tmp_path, **kw):
                             "assess_conversations": True, "formats": ["vignette", "multiturn"], **kw})
 
 
-def test_solve_adds_five_assessor_requests_and_patient_checks(tmp_path):
+def scored(client, s, answers="free"):
+    """solve() and the study's scorers, as the runner runs them, through one CaseContext."""
+    ctx = CaseContext(client, "case_x/t0", answers=answers)
+    study = CraftmdStudy()
+
+    async def both():
+        rec = await study.solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0}, s)
+        assert rec["scores"] == {}  # solve judges nothing: the scorers do, after it
+        return await score_record(study.scorers_for(s), ctx, rec, s)
+
+    return asyncio.run(both()), ctx
+
+
+def test_the_scorers_add_five_assessor_requests_and_the_patient_checks(tmp_path):
     respond, state = backend(lambda text: "Verdict: No. Invented: a fever" if "grounded in the case notes" in text else
                              ("I cannot tell" if "medical terminology" in text else "Verdict: Yes"))
-    client = ScriptedLLM(respond, roles=ROLES)
     s = settings(tmp_path)
-    ctx = CaseContext(client, "case_x/t0")
-    unit, study = {"id": "case_x/t0", "case": CASE, "trial": 0}, CraftmdStudy()
-    rec = asyncio.run(study.solve(ctx, unit, s))
-    assert "patient_checks" not in rec  # the runner checks the declared patient, the study does not
-    check_patient(study, unit, rec, s)
+    rec, ctx = scored(ScriptedLLM(respond, roles=ROLES), s)
     steps = [c["step"] for c in ctx.calls if c["role"] == "assessor"]
     assert sorted(steps) == sorted(f"assess_{q}" for q in QUESTIONS) and state["assessor"] == 5
-    a = rec["assessment"]
-    assert a["Q1"]["verdict"] is True and a["Q3"]["verdict"] is None and a["grounded"] == {"verdict": False, "reply": "Verdict: No. Invented: a fever", "invented": "a fever"}
-    assert rec["patient_checks"]["leaks_diagnosis"][0]["named"] == "Plaque psoriasis"
-    assert "assess_q1" in rec["prompt_hashes"]
-    m = CraftmdStudy().metrics([rec], s)
-    assert m["conversation_quality"]["Q3"]["unscored"] == 1 and m["conversation_quality"]["Q3"]["rate"] is None
-    assert rec["scores"]["patient-check/leaks_diagnosis"]["value"] == 1 and m["additions"]
-    m["patient_checks"] = patient_metrics([rec], s.copy_span_words)
-    assert m["patient_checks"]["leaks_diagnosis"]["conversations"] == 1 and m["patient_checks"]["span_words"] == s.copy_span_words
-    md = patient_section(study, m, s)
-    assert "## Patient checks (no model), beside the authors' four released patients" in md and md.count("(authors' release)") == 4
-    off = {k: v for k, v in rec.items() if k != "patient_checks"}
-    check_patient(study, unit, off, s.model_copy(update={"patient_checks": False}))
-    assert "patient_checks" not in off  # --no-patient-checks: the runner checks nothing
+    g = grades(rec)
+    assert g["assess-Q1"].value == 1 and g["assess-Q3"].value is None and g["assess-grounded"].value == 0
+    assert g["assess-grounded"].metadata == {"invented": "a fever"} and g["assess-grounded"].explanation == "Verdict: No. Invented: a fever"
+    assert g["patient-check/leaks_diagnosis"].value == 1 and g["patient-check/leaks_diagnosis"].answer[0]["named"] == "Plaque psoriasis"
+    figs = {(f.score, f.metric): f for f in figures([rec], CraftmdStudy.scorers)}
+    assert figs[("assess-Q3", "mean")].unscored == 1 and figs[("assess-Q3", "mean")].value is None
+    assert figs[("patient-check/leaks_diagnosis", "per conversation")].value == 1 and CraftmdStudy().metrics([rec], s)["additions"]
+    md = scores_markdown([f.json() for f in figs.values()], CraftmdStudy.scorers)
+    assert "### patient-check" in md and md.count("(authors' release): per conversation") == 4  # beside the authors' four released patients
+    off, _ = scored(ScriptedLLM(backend()[0], roles=ROLES), s.model_copy(update={"patient_checks": False}))
+    assert not any(k.startswith("patient-check/") for k in off["scores"])  # --no-patient-checks: the scorer does not run
 
 
 def test_constrained_assessor_requests_carry_their_format_and_a_broken_reply_is_unscored(tmp_path):
     respond, _ = backend("maybe")
-    client = ScriptedLLM(respond, roles=ROLES)
-    ctx = CaseContext(client, "case_x/t0", answers="constrained")
-    rec = asyncio.run(CraftmdStudy().solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0}, settings(tmp_path, answers="constrained")))
+    rec, ctx = scored(ScriptedLLM(respond, roles=ROLES), settings(tmp_path, answers="constrained"), answers="constrained")
     calls = [c for c in ctx.calls if c["role"] == "assessor"]
     assert all(c["constraint"]["applied"] and c["gen"]["structured"] for c in calls)
-    assert all(v["verdict"] is None for v in rec["assessment"].values())  # out of format: handed over empty, unscored
+    assert all(g.value is None for n, g in grades(rec).items() if n.startswith("assess-"))  # out of format: handed over empty, unscored
 
 
 def test_no_assessor_request_when_off_and_checks_can_be_turned_off(tmp_path):
     respond, state = backend()
-    ctx = CaseContext(ScriptedLLM(respond, roles=ROLES), "case_x/t0")
-    rec = asyncio.run(CraftmdStudy().solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0},
-                                           settings(tmp_path, assess_conversations=False, patient_checks=False)))
-    assert state["assessor"] == 0 and "assessment" not in rec and "patient_checks" not in rec
+    rec, _ = scored(ScriptedLLM(respond, roles=ROLES), settings(tmp_path, assess_conversations=False, patient_checks=False))
+    assert state["assessor"] == 0 and not any(k.startswith(("assess-", "patient-check")) for k in rec["scores"])
 
 
 def test_assessor_step_resumes_from_the_cache(tmp_path):
@@ -187,7 +189,8 @@ def test_assessor_step_resumes_from_the_cache(tmp_path):
     fresh = [role for role, _ in client.sent]
     assert set(fresh) == {"assessor"} and len(fresh) == 10  # 5 per conversation; everything else came from the cache
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert m["conversation_quality"]["Q1"] == {**m["conversation_quality"]["Q1"], "yes": 2, "unscored": 0, "rate": 1.0}
+    q1 = next(f for f in m["scores"] if f["score"] == "assess-Q1")
+    assert (q1["value"], q1["values"], q1["unscored"]) == (1.0, 2, 0)
     assert "## Conversation quality" in (tmp_path / "run" / "summary.md").read_text()
     # a third run resumes: nothing is sent
     client = ScriptedLLM(respond, roles=ROLES, cache=cache)
@@ -214,11 +217,11 @@ def test_report_shows_the_rates_the_checks_and_each_cases_checks(tmp_path):
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
     asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
     html = build_report([str(tmp_path / "run")], tmp_path / "report.html").read_text()
-    assert "Conversation checks" in html and "Patient checks (no model)" in html
-    assert "<td>Q1: one most likely diagnosis can be reached</td><td>100.0</td>" in html
-    assert "<td>case_0/t0, case_1/t0</td>" in html  # the cases the diagnosis-naming check flagged
-    assert "assessor: patient-AI answers grounded in the vignette (nothing invented)</th><td>no (invented: a fever)" in html
-    assert "patient turn 1: Plaque psoriasis" in html
+    assert "<tr><td>assess-Q1</td><td>mean</td><td>1.000 [1.000, 1.000] (n=2)</td></tr>" in html  # the run's figures
+    assert "<tr><td>patient-check/leaks_diagnosis</td><td>per patient turn</td>" in html
+    # each case's grades with what the scorer asks: the assessor's no and the patient check's hit, with the evidence
+    assert "<td>assess-grounded (Is every answer of the patient-AI grounded in the case notes" in html
+    assert "patient-check/leaks_diagnosis (the patient names the correct diagnosis before the doctor&#39;s final turn)</td><td>1</td>" in html
 
 
 def test_q3_is_answered_with_the_terms_and_each_must_be_in_a_patient_line():
@@ -231,8 +234,6 @@ def test_q3_is_answered_with_the_terms_and_each_must_be_in_a_patient_line():
     bad = parse_reply("Q3", "Terms: papules, erythema", turns)
     assert bad["verdict"] is None and bad["terms_not_found"] == ["erythema"]
     assert parse_reply("Q3", "", turns)["verdict"] is None and "terms_not_found" not in parse_reply("Q3", "", turns)
-    rates = question_rates([{"case_id": "a", "assessment": {"Q3": bad}}, {"case_id": "b", "assessment": {"Q3": {"verdict": None}}}])
-    assert rates["Q3"]["unscored"] == 2 and rates["Q3"]["terms_not_found"] == 1
 
 
 def test_terminology_check_reads_the_patients_lines_only():

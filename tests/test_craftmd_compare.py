@@ -8,15 +8,21 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from experiments.core import registry
-from experiments.studies.craftmd.compare import compare, run_compare
+from experiments.core import commands, registry
+from experiments.studies.craftmd.compare import compare, run_compare as study_compare
 from experiments.studies.craftmd.importer import import_folder, parse_conversation
 from experiments.studies.craftmd.metrics import grades
 from experiments.common.stats import mcnemar_test, mean_ci, paired_bootstrap
 
 
+def run_compare(paths, out):
+    """The study's own comparison, as `medstack compare` calls it."""
+    return study_compare(paths, out, registry.study_for("craftmd"))
+
+
 def make_run(path, name, scores: dict, trials=1, specialty="Dermatology"):
-    """scores: {(fmt, mode): {case_id: [correct per trial]}} -> a results directory."""
+    """scores: {(fmt, mode): {case_id: [correct per trial]}} -> a results directory (records of the oldest shape: the
+    reader upgrades them, as every tool reads them)."""
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(yaml.safe_dump({"experiment": "craftmd", "name": name}))
     recs = {}
@@ -47,11 +53,11 @@ def test_compare_values_on_hand_made_runs(tmp_path):
     on_disk = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert on_disk["accuracy"] == json.loads(json.dumps(res["accuracy"]))
     acc = {(x["run"], x["format"], x["mode"]): x for x in on_disk["accuracy"]}
-    assert acc[("alpha", "vignette", "mcq")]["accuracy"] == 0.75 and acc[("alpha", "vignette", "mcq")]["n"] == 4
-    assert acc[("beta", "multiturn", "mcq")]["accuracy"] == 0.0
+    assert acc[("alpha", "vignette", "mcq")]["value"] == 0.75 and acc[("alpha", "vignette", "mcq")]["n"] == 4
+    assert acc[("beta", "multiturn", "mcq")]["value"] == 0.0
     assert acc[("gamma", "vignette", "mcq")]["n"] == 3
     ci = mean_ci(A_VIG)
-    assert (acc[("alpha", "vignette", "mcq")]["ci_low"], acc[("alpha", "vignette", "mcq")]["ci_high"]) == (ci.low, ci.high)
+    assert (acc[("alpha", "vignette", "mcq")]["low"], acc[("alpha", "vignette", "mcq")]["high"]) == (ci.low, ci.high)
 
     tests = {(t["table"], t["a"], t["b"]): t for t in on_disk["tests"]}
     ab = tests[("runs|vignette.mcq", "alpha", "beta")]
@@ -77,7 +83,7 @@ def test_compare_values_on_hand_made_runs(tmp_path):
     assert vm["mean_diff"] == 0.5 and vm["p_holm"] == vm["p"] == paired_bootstrap(A_VIG, A_MT).p_value
     assert vm["mcnemar_p"] == mcnemar_test(A_VIG, A_MT)["p_value"]
     # per specialty and outputs
-    assert on_disk["per_specialty"]["gamma"]["Neurology"]["vignette.mcq"]["accuracy"] == 1.0
+    assert on_disk["per_specialty"]["gamma"]["Neurology"]["vignette.mcq"]["value"] == 1.0
     png = (tmp_path / "cmp" / "accuracy.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     md = (tmp_path / "cmp" / "summary.md").read_text()
@@ -89,8 +95,8 @@ def test_trials_are_averaged_per_case_and_mcnemar_needs_binary(tmp_path):
     b = make_run(tmp_path / "b", "b", {("vignette", "frq"): {"c1": [0, 0], "c2": [1, 0], "c3": [None, 0]}}, trials=2)
     res = compare([str(a), str(b)])
     acc = {x["run"]: x for x in res["accuracy"]}
-    assert acc["a"]["accuracy"] == (0.5 + 1 + 0) / 3
-    assert acc["b"]["accuracy"] == (0 + 0.5 + 0) / 3 and acc["b"]["unscored"] == 1  # None left out, counted
+    assert acc["a"]["value"] == (0.5 + 1 + 0) / 3
+    assert acc["b"]["value"] == (0 + 0.5 + 0) / 3 and acc["b"]["unscored"] == 1  # None left out, counted
     t = res["tests"][0]
     assert t["p"] == paired_bootstrap([0.5, 1, 0], [0, 0.5, 0]).p_value and t["mcnemar_p"] is None
 
@@ -102,25 +108,27 @@ def test_import_published_folder(fixtures_dir, tmp_path):
     assert sorted(recs) == ["case_a/t0", "case_a/t1", "case_b/t0", "case_b/t1"]
     a0, a1, b0, b1 = recs["case_a/t0"], recs["case_a/t1"], recs["case_b/t0"], recs["case_b/t1"]
     # conversations in both published shapes; the system message is dropped
-    assert [t["agent"] for t in a0["transcript"]] == ["patient", "doctor", "patient", "doctor"]
-    assert a0["stop_reason"] == "final_diagnosis" and a1["stop_reason"] == "no_question" and b1["stop_reason"] == "turn_cap"
-    assert a1["transcript"][1] == {"agent": "doctor", "content": "Do your nails look different?", "turn": 1}
+    assert [t["role"] for t in a0["transcript"]] == ["patient", "doctor", "patient", "doctor"]
+    stop = lambda r: r["metadata"]["stop_reason"]  # noqa: E731
+    assert stop(a0) == "final_diagnosis" and stop(a1) == "no_question" and stop(b1) == "turn_cap"
+    assert a1["transcript"][1] == {"role": "doctor", "text": "Do your nails look different?", "turn": 1}
     # MCQ free text -> choice, one rule: exact / letter / stated / contains / first / fuzzy / unparsed
     g = lambda r, f, m="mcq": grades(r)[(f, m)]
     assert (g(a0, "vignette").source, g(a0, "vignette").value) == ("letter", 1)
     assert (g(a0, "multiturn").source, g(a0, "multiturn").value) == ("stated", 1)  # "The answer is plaque psoriasis."
     assert (g(a0, "summarized").source, g(a0, "summarized").value) == ("unparsed", 0)
-    assert (a1["answers"]["multiturn"]["mcq"]["choice_text"], g(a1, "multiturn").value) == ("Tinea corporis", 0)
+    assert (a1["inputs"]["choices"][g(a1, "multiturn").metadata["choice"]], g(a1, "multiturn").value) == ("Tinea corporis", 0)
     assert (g(b0, "summarized").source, g(b0, "summarized").value) == ("fuzzy", 1)  # 'infraction'
-    assert "correct" not in a0["answers"]["vignette"]["mcq"] and "parsed_by" not in a0["answers"]["vignette"]["mcq"]  # the grade is in scores only
-    assert b0["choices"][0] == "Myocardial infarction" and b0["specialty"] == "Cardiovascular System"  # from --cases
+    assert isinstance(a0["answer"]["vignette"]["mcq"], str)  # what was said; the grade is in scores only
+    assert b0["inputs"]["choices"][0] == "Myocardial infarction" and b0["inputs"]["specialty"] == "Cardiovascular System"  # from --cases
     # FRQ: published grades and extracted answers
     assert g(a0, "singleturn", "frq").metadata["extraction_status"] == "multiple" and g(a0, "singleturn", "frq").value == 0
     assert g(b0, "singleturn", "frq").metadata["extraction_status"] == "none"
     assert g(a1, "summarized", "frq").value == 0 and g(a1, "vignette", "frq").source == "published"
     assert g(a1, "vignette", "frq").judge == {"model": "published"}
-    assert m["accuracy"]["vignette.frq"]["accuracy"] == 1.0 and m["accuracy"]["singleturn.frq"]["accuracy"] == 0.0
-    assert m["accuracy"]["multiturn.mcq"]["accuracy"] == 0.25  # a0 right, a1/b0/b1 wrong -> case means 0.5, 0
+    fig = {f["score"]: f for f in m["scores"] if f["metric"] == "mean"}
+    assert fig["frq/vignette"]["value"] == 1.0 and fig["frq/singleturn"]["value"] == 0.0
+    assert fig["mcq/multiturn"]["value"] == 0.25  # a0 right, a1/b0/b1 wrong -> case means 0.5, 0
     # re-import into the same folder adds nothing
     import_folder(src, "published-demo", tmp_path / "imp", str(fixtures_dir / "craftmd" / "cases.csv"))
     assert len((tmp_path / "imp" / "records.jsonl").read_text().splitlines()) == 4
@@ -129,10 +137,10 @@ def test_import_published_folder(fixtures_dir, tmp_path):
 def test_import_without_case_file_maps_against_answer_only(fixtures_dir, tmp_path):
     import_folder(fixtures_dir / "craftmd" / "published_demo", "p", tmp_path / "imp")
     recs = {json.loads(l)["id"]: json.loads(l) for l in (tmp_path / "imp" / "records.jsonl").read_text().splitlines()}
-    assert recs["case_b/t0"]["answers"]["vignette"]["mcq"]["mcq_mapping"] == "answer_only"
+    assert grades(recs["case_b/t0"])[("vignette", "mcq")].metadata["mapping"] == "answer_only"
     assert grades(recs["case_b/t0"])[("vignette", "mcq")].value == 1
     assert grades(recs["case_b/t0"])[("multiturn", "mcq")].value == 0
-    assert recs["case_a/t0"]["answers"]["vignette"]["mcq"]["mcq_mapping"] == "choices"  # choices in 'question'
+    assert grades(recs["case_a/t0"])[("vignette", "mcq")].metadata["mapping"] == "choices"  # choices in 'question'
 
 
 def test_parse_conversation_errors_name_the_file():
@@ -149,7 +157,7 @@ def _app():
     app = typer.Typer()
     for name, sub in apps.items():
         app.add_typer(sub, name=name.removesuffix("_app"))
-    registry.register_all(app=app, **apps)
+    commands.register_all(app=app, **apps)
     return app
 
 
@@ -181,11 +189,12 @@ def test_import_counts_minus_one_as_wrong_and_lists_unmapped(tmp_path):
                                                       **{f"trial_{i}": trial(e, m) for i, (e, m) in enumerate(zip(evs, mcqs))}}))
     m = import_folder(src, "rel", tmp_path / "imp")
     # per case: c1 (1 + 0)/2, c2 (0 + 0)/2 -> 0.25; -1 is wrong, not averaged as -1
-    assert m["accuracy"]["vignette.frq"]["accuracy"] == 0.25 and m["accuracy"]["vignette.frq"]["unscored"] == 0
+    fig = {f["score"]: f for f in m["scores"] if f["metric"] == "mean"}
+    assert fig["frq/vignette"]["value"] == 0.25 and fig["frq/vignette"]["unscored"] == 0
     assert m["frq_published_minus_one"] == {"vignette": 2} and m["grades"] == "published" and m["concurrent_rule"] == "any"
     assert m["mcq_mapping"]["counts"] == {"exact": 2, "stated": 1, "unparsed": 1} and m["mcq_mapping"]["unmapped"] == 1
     assert m["mcq_unmapped"] == [{"id": "c2/t0", "format": "vignette", "answer": "Pseudogout or gout"}]
-    assert m["accuracy"]["vignette.mcq"]["accuracy"] == 0.5  # c1 both right, c2 unmapped (wrong) + wrong
+    assert fig["mcq/vignette"]["value"] == 0.5  # c1 both right, c2 unmapped (wrong) + wrong
     md = (tmp_path / "imp" / "summary.md").read_text()
     assert "concurrent-diagnosis rule: any" in md and "| c2/t0 | vignette | Pseudogout or gout |" in md and "| all | 2 | 1 | 1 |" in md
     cfg = yaml.safe_load((tmp_path / "imp" / "config.yaml").read_text())
@@ -208,3 +217,23 @@ def test_compare_names_rules_and_warns_on_mixed_grading(tmp_path, capsys):
     assert r.exit_code == 0 and "warning" in r.output.lower()
     same = run_compare([str(a), str(a)], tmp_path / "cmp3") if False else run_compare([str(a)], tmp_path / "cmp3")
     assert same["warnings"] == []
+
+
+def test_one_quantity_has_one_interval_in_every_table_of_a_compare(fixtures_dir, tmp_path):
+    """An imported release compared: the study's own table and the Scores table give vignette FRQ the same figure and
+    interval, resampled by case (a case's five trials are one unit), as the import's own summary.md does."""
+    runner = CliRunner()
+    app = _app()
+    r = runner.invoke(app, ["import", "craftmd", str(fixtures_dir / "craftmd" / "published_release"), "--name", "rel", "--out", str(tmp_path / "imp")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["compare", str(tmp_path / "imp"), "--out", str(tmp_path / "cmp")])
+    assert r.exit_code == 0, r.output
+    study_row = next(a for a in json.loads((tmp_path / "cmp" / "compare.json").read_text())["accuracy"] if (a["format"], a["mode"]) == ("vignette", "frq"))
+    scores_row = next(f for t in json.loads((tmp_path / "cmp" / "scores.json").read_text()) for f in t["scores"]
+                      if (f["score"], f["metric"]) == ("frq/vignette", "mean"))
+    cell = f"{study_row['value']:.3f} [{study_row['low']:.3f}, {study_row['high']:.3f}]"
+    assert (study_row["value"], study_row["low"], study_row["high"], study_row["n"]) == (scores_row["value"], scores_row["low"], scores_row["high"], scores_row["n"])
+    assert study_row["n"] < study_row["values"]  # cases, not trials: the unit resampled
+    md = (tmp_path / "cmp" / "summary.md").read_text()
+    assert f"{cell} n={study_row['n']}" in md and f"| frq/vignette: format vignette | {cell} (n={study_row['n']}) |" in md
+    assert f"{cell} (n={study_row['n']})" in (tmp_path / "imp" / "summary.md").read_text()

@@ -7,8 +7,8 @@ from html import unescape
 
 import pytest
 
-from experiments.studies.craftmd.metrics import released_patient_checks
 from experiments.common.patient_checks import CHECKS
+from experiments.studies.craftmd.scorers import released_reference
 
 pytestmark = pytest.mark.e2e
 
@@ -27,33 +27,33 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     r = recs[0]
     assert r["status"] == "ok", r.get("error")
     assert r["id"] == "case_a/t0" and r["case_id"] == "case_a" and r["trial"] == 0
-    assert r["stop_reason"] in ("final_diagnosis", "no_question", "turn_cap")
-    assert r["transcript"][0]["agent"] == "patient" and {t["agent"] for t in r["transcript"]} <= {"doctor", "patient"}
-    assert 1 <= r["n_doctor_turns"] <= 2
-    assert set(r["answers"]) == {"vignette", "multiturn", "singleturn", "summarized"}
-    for fmt in r["answers"]:
+    assert r["metadata"]["stop_reason"] in ("final_diagnosis", "no_question", "turn_cap")
+    # the typed record: the transcript as spoken (the doctor's fixed greeting, then the patient), the case's inputs and target
+    assert [t["role"] for t in r["transcript"][:2]] == ["doctor", "patient"] and {t["role"] for t in r["transcript"]} <= {"doctor", "patient"}
+    assert r["inputs"]["facts"] and r["target"] and len(r["inputs"]["choices"]) == 4
+    assert 1 <= r["metadata"]["n_doctor_turns"] <= 2
+    assert set(r["answer"]) == {"vignette", "multiturn", "singleturn", "summarized"}
+    for fmt in r["answer"]:
         assert r["scores"][f"mcq/{fmt}"]["value"] in (0, 1)  # unparsed counts as wrong, never missing
         assert "extraction_status" in r["scores"][f"frq/{fmt}"]["metadata"]
     assert r["usage"]["clinical"]["completion_tokens"] > 0 and r["usage"]["total"]["failed"] == 0
     assert all(c["t_end"] >= c["t_start"] and c["step"] for c in r["calls"])  # the call log, for replay
-    # the config's conversation checks: the assessor's five questions (real replies, unreadable ones unscored) and the patient checks
-    assert set(r["assessment"]) == {"Q1", "Q2", "Q3", "grounded", "complete"}
-    assert all(a["verdict"] in (True, False, None) and isinstance(a["reply"], str) for a in r["assessment"].values())
-    assert sorted(c["step"] for c in r["calls"] if c["role"] == "assessor") == sorted(f"assess_{q}" for q in r["assessment"])
-    assert r["patient_checks"]["patient_turns"] >= 1 and "turn_cap" not in r["patient_checks"]  # the turn cap is the doctor's
-    assert set(CHECKS) <= set(r["patient_checks"]) and r["patient_checks"]["longest_span"] >= 0
-    # the typed scores hold every decision: the grader's and the choice mapping's per format, the assessor's, the checks
+    # the scores hold every decision, made by the scorers after the conversation: the grader's and the choice mapping's
+    # per format, the assessor's five questions (real replies, unreadable ones unscored), the patient checks
     scores = r["scores"]
-    for fmt, a in r["answers"].items():
-        assert scores[f"frq/{fmt}"]["value"] in (0, 1, None) and scores[f"frq/{fmt}"]["judge"]["model"] == role and "correct" not in a["frq"]
-        assert scores[f"mcq/{fmt}"]["value"] in (0, 1) and scores[f"mcq/{fmt}"]["judge"]["rule"].startswith("map_choice") and "correct" not in a["mcq"]
-    assert {q: scores[f"assess-{q}"]["value"] for q in r["assessment"]} == {q: None if a["verdict"] is None else int(a["verdict"]) for q, a in r["assessment"].items()}
+    questions = ("Q1", "Q2", "Q3", "grounded", "complete")
+    for fmt, a in r["answer"].items():
+        assert scores[f"frq/{fmt}"]["value"] in (0, 1, None) and scores[f"frq/{fmt}"]["judge"]["model"] == role and isinstance(a["frq"], str)
+        assert scores[f"mcq/{fmt}"]["value"] in (0, 1) and scores[f"mcq/{fmt}"]["judge"]["rule"].startswith("map_choice") and isinstance(a["mcq"], str)
+    assert all(scores[f"assess-{q}"]["value"] in (0, 1, None) and "explanation" in scores[f"assess-{q}"] for q in questions)
+    assert sorted(c["step"] for c in r["calls"] if c["role"] == "assessor") == sorted(f"assess_{q}" for q in questions)
     assert all(scores[f"patient-check/{c}"]["value"] in (0, 1, None) for c in CHECKS)
+    assert scores["patient-check/empty_turn"]["metadata"]["patient_turns"] >= 1 and scores["patient-check/copies_vignette"]["metadata"]["longest_span"] >= 0
     summary = (out / "summary.md").read_text()
-    assert "## Conversation quality" in summary and "## Patient checks" in summary and "additions to the protocol" in summary
-    # the run's patient in one table beside the authors' four released patients, each rate with its CI
-    table = summary.split("## Patient checks")[1].split("\n\n")[1].splitlines()
-    assert [row.split(" | ")[0] for row in table[3:]] == [f"| {k} (authors' release)" for k in released_patient_checks()] and len(table) == 7
+    assert "## Conversation quality" in summary and "### patient-check" in summary and "additions to the protocol" in summary
+    # the run's patient beside the authors' four released patients, each rate with its CI, per conversation and per patient turn
+    checks = summary.split("### patient-check")[1].split("\n\n")[1].splitlines()
+    assert checks[0].startswith("| score | per conversation | per patient turn |") and all(f"{k}: per conversation" in checks[0] for k in released_reference())
     assert "doctor: reached the turn cap in" in summary
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["records"] == 1 and metrics["run"]["requests"] > 0 and "parse_error_rate" in metrics
@@ -71,12 +71,11 @@ def test_one_case_through_the_real_server_and_resume(cli, embedded_server, fixtu
     proc = cli("compare", str(out), "--out", str(tmp_path / "cmp"), check=True)
     assert (tmp_path / "cmp" / "accuracy.png").stat().st_size > 0
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["accuracy"]
-    assert "(authors' release)" in (tmp_path / "cmp" / "summary.md").read_text()
-    # and the report shows the same table
+    assert "(authors' release): per conversation" in (tmp_path / "cmp" / "summary.md").read_text()
+    # and the report shows the same figures
     cli("report", str(out), "--out", str(tmp_path / "report.html"), check=True)
     html = unescape((tmp_path / "report.html").read_text())
-    assert "this run's patient beside the authors' four released ones" in html
-    assert all(f"{k} (authors' release)" in html for k in released_patient_checks())
+    assert "<td>patient-check/empty_turn</td><td>per patient turn</td>" in html
 
 
 def test_meld_one_case(cli, embedded_server, fixtures_dir, tmp_path):
@@ -84,7 +83,7 @@ def test_meld_one_case(cli, embedded_server, fixtures_dir, tmp_path):
     cli("meld", "--model", f"embedded@{embedded_server['base_url']}", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "1", "--out", str(out), check=True)
     rec = json.loads((out / "records.jsonl").read_text().splitlines()[0])
     sim = rec["scores"]["similarity"]["value"]
-    assert 0.0 <= sim <= 1.0 and rec["n_words"] == len(rec["true_second_half"].split()) and "similarity" not in rec
+    assert 0.0 <= sim <= 1.0 and rec["inputs"]["n_words"] == len(rec["target"].split()) and "similarity" not in rec
     m = json.loads((out / "metrics.json").read_text())
     assert m["n"] == 1 and m["share_ge_threshold"] == rec["scores"]["memorized"]["value"] and m["mean_similarity"] == sim
 

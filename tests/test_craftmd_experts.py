@@ -56,9 +56,9 @@ def test_labels_are_combined_as_the_authors_did():
 
 def test_conversation_text_becomes_a_transcript():
     t = by_id(load_expert_labels(EXPERTS))["gpt-4/case_1"].transcript
-    assert [x["agent"] for x in t] == ["doctor", "patient", "doctor", "patient", "doctor"]
-    assert t[1]["content"] == "I have itchy flaky patches on my elbows."
-    assert t[-1] == {"agent": "doctor", "content": "**Final Diagnosis:** Psoriasis", "turn": 2}
+    assert [x["role"] for x in t] == ["doctor", "patient", "doctor", "patient", "doctor"]
+    assert t[1]["text"] == "I have itchy flaky patches on my elbows."
+    assert t[-1] == {"role": "doctor", "text": "**Final Diagnosis:** Psoriasis", "turn": 2}
 
 
 def test_figures_worked_by_hand():
@@ -96,7 +96,7 @@ def test_import_writes_records_metrics_and_a_summary_beside_published_values(tmp
     out = tmp_path / "experts"
     m = import_experts(EXPERTS, out, n_boot=200)
     recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    assert len(recs) == 8 and recs[0]["transcript"] and [recs[0][f"expert_label_{q}"] for q in ("Q1", "Q2", "Q3")] == ["yes", "yes", "no"]
+    assert len(recs) == 8 and recs[0]["transcript"] and [recs[0]["scores"][f"assess-{q}@experts"]["value"] for q in ("Q1", "Q2", "Q3")] == [1, 1, 0]
     assert json.loads((out / "metrics.json").read_text())["rates"]["gpt-4"]["Q1"]["pct"] == 75.0
     s = (out / "summary.md").read_text()
     assert "| GPT-4 | 75.00 [" in s and "| 53.33 |" in s            # ours beside the paper's Fig. 3i value

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from experiments.studies.craftmd.importer import import_folder, infer_stop, parse_conversation
+from experiments.common.grade import grades as typed
 from experiments.studies.craftmd.metrics import grades
 
 GREETING = "Hi! What symptoms are you facing today?"
@@ -20,11 +21,11 @@ def _import(fixtures_dir, tmp_path):
 def test_instruction_dropped_and_greeting_not_a_doctor_turn(fixtures_dir, tmp_path):
     m, recs = _import(fixtures_dir, tmp_path)
     t0 = recs["case_c/t0"]["transcript"]
-    assert t0[0] == {"agent": "doctor", "content": GREETING, "turn": 0}
-    assert t0[1]["agent"] == "patient" and t0[1]["content"].startswith("My son has a sore throat")
-    assert not any(t["content"].startswith("You are an AI doctor") for r in recs.values() for t in r["transcript"])
+    assert t0[0] == {"role": "doctor", "text": GREETING, "turn": 0}
+    assert t0[1]["role"] == "patient" and t0[1]["text"].startswith("My son has a sore throat")
+    assert not any(t["text"].startswith("You are an AI doctor") for r in recs.values() for t in r["transcript"])
     assert [t["turn"] for t in t0] == [0, 0, 1, 1, 2]
-    assert [recs[f"case_c/t{k}"]["n_doctor_turns"] for k in range(5)] == [2, 2, 2, 1, 1]
+    assert [recs[f"case_c/t{k}"]["metadata"]["n_doctor_turns"] for k in range(5)] == [2, 2, 2, 1, 1]
     assert m["mean_doctor_turns"] == 8 / 5
 
 
@@ -32,20 +33,22 @@ def test_stop_reasons_with_the_inferred_turn_cap(fixtures_dir, tmp_path):
     m, recs = _import(fixtures_dir, tmp_path)
     # a closing question without the marker: only a cap stops it -> the release's cap is 2 doctor turns
     assert m["turn_cap_inferred"] == 2
-    assert [recs[f"case_c/t{k}"]["stop_reason"] for k in range(5)] == ["turn_cap", "turn_cap", "final_diagnosis", "no_question", "unknown"]
+    assert [recs[f"case_c/t{k}"]["metadata"]["stop_reason"] for k in range(5)] == ["turn_cap", "turn_cap", "final_diagnosis", "no_question", "unknown"]
     assert m["stop_reasons"] == {"turn_cap": 2, "final_diagnosis": 1, "no_question": 1, "unknown": 1}
     assert "turn cap inferred from the release: 2 doctor turns" in (tmp_path / "imp" / "summary.md").read_text()
 
 
 def test_missing_mcq_answer_is_recorded_wrong_and_shown(fixtures_dir, tmp_path):
     m, recs = _import(fixtures_dir, tmp_path)
-    t4, g = recs["case_c/t4"]["answers"], grades(recs["case_c/t4"])
+    t4, g = recs["case_c/t4"]["answer"], grades(recs["case_c/t4"])
     for fmt in ("multiturn", "singleturn", "summarized"):
-        assert g[(fmt, "mcq")].source == "unparsed" and g[(fmt, "mcq")].value == 0 and t4[fmt]["mcq"]["missing"] is True
-        assert g[(fmt, "frq")].value == 0 and t4[fmt]["frq"]["published_evaluation"] == -1
+        assert g[(fmt, "mcq")].source == "unparsed" and g[(fmt, "mcq")].value == 0 and g[(fmt, "mcq")].metadata["missing"] is True
+        assert t4[fmt]["mcq"] is None
+        assert g[(fmt, "frq")].value == 0 and g[(fmt, "frq")].metadata["published_evaluation"] == -1
     assert m["parse_errors"] >= 3  # the three missing MCQ answers, counted from the scores
     # counted: multi-turn MCQ right in t0 (letter B), t2, t3; wrong in t1 (Measles) and t4 (missing)
-    assert m["accuracy"]["multiturn.mcq"]["n_answers"] == 5 and m["accuracy"]["multiturn.mcq"]["accuracy"] == 0.6
+    mt = next(f for f in m["scores"] if f["score"] == "mcq/multiturn")
+    assert mt["values"] == 5 and mt["value"] == 0.6 and mt["n"] == 1  # one case: its five trials are one unit
     assert {"id": "case_c/t4", "format": "multiturn", "answer": "(no answer in the file)"} in m["mcq_unmapped"]
     assert "(no answer in the file)" in (tmp_path / "imp" / "summary.md").read_text()
 
@@ -55,9 +58,9 @@ def test_gpt_release_shape_greeting_and_stop_rules():
             {"role": "user", "content": "I have a rash."}, {"role": "assistant", "content": "Where is it?"},
             {"role": "user", "content": "On my arms."}, {"role": "assistant", "content": "**Final Diagnosis:** Eczema"}]
     t = parse_conversation(conv, "f.json")
-    assert [(x["agent"], x["turn"]) for x in t] == [("doctor", 0), ("patient", 0), ("doctor", 1), ("patient", 1), ("doctor", 2)]
+    assert [(x["role"], x["turn"]) for x in t] == [("doctor", 0), ("patient", 0), ("doctor", 1), ("patient", 1), ("doctor", 2)]
     assert infer_stop(t) == "final_diagnosis"
-    asked = t[:-1] + [{"agent": "doctor", "content": "Any itching?", "turn": 2}]
+    asked = t[:-1] + [{"role": "doctor", "text": "Any itching?", "turn": 2}]
     assert infer_stop(asked) == "unknown" and infer_stop(asked, cap=2) == "turn_cap" and infer_stop(asked, cap=3) == "unknown"
     assert infer_stop(t[:1]) == "unknown"  # only the greeting: the patient never answered
 
@@ -79,14 +82,14 @@ def test_import_computes_every_patient_check_with_rates_and_the_span_distributio
     (src / "case_c.json").write_text(json.dumps(case))
     m = import_folder(src, "mine", tmp_path / "imp", str(fixtures_dir / "craftmd" / "cases.csv"))
     recs = [json.loads(line) for line in (tmp_path / "imp" / "records.jsonl").read_text().splitlines()]
-    pc = [r["patient_checks"] for r in recs]
-    assert [bool(p["leaks_diagnosis"]) for p in pc] == [True, False, False, False]  # the negated choices are no mention
-    assert [bool(p["breaks_character"]) for p in pc] == [False, False, True, False]
+    pc = [{k.removeprefix("patient-check/"): g for k, g in typed(r).items() if k.startswith("patient-check/")} for r in recs]
+    assert [p["leaks_diagnosis"].value for p in pc] == [1, 0, 0, 0]  # the negated choices are no mention
+    assert [p["breaks_character"].value for p in pc] == [0, 0, 1, 0]
     # "fever", "had", "a" alone; then "a fine sandpaper like red rash appeared", 7 of the vignette's words in a row
-    assert [p["longest_span"] for p in pc] == [1, 1, 1, 7] and [len(p["copies_vignette"]) for p in pc] == [0, 0, 0, 1]
-    assert not any(p["names_other_choice"] for p in pc)
-    x = m["patient_checks"]
-    assert (x["conversations"], x["leaks_diagnosis"]["conversations"], x["leaks_diagnosis"]["rate"]) == (4, 1, 0.25)
-    assert x["longest_span"] == {1: 3, 7: 1}
+    assert [p["copies_vignette"].metadata["longest_span"] for p in pc] == [1, 1, 1, 7] and [p["copies_vignette"].value for p in pc] == [0, 0, 0, 1]
+    assert not any(p["names_other_choice"].value for p in pc)
+    x = {(f["score"], f["metric"]): f for f in m["scores"]}[("patient-check/leaks_diagnosis", "per conversation")]
+    assert (x["values"], x["value"], x["n"]) == (4, 0.25, 1)  # one case, four trials: 1 of 4, its interval over the one case
     summary = (tmp_path / "imp" / "summary.md").read_text()
-    assert "| mine | 4 | 25.00 [25.00, 25.00] (1/4) |" in summary and summary.count("(authors' release)") == 4
+    assert "| patient-check/leaks_diagnosis: the patient names the correct diagnosis before the doctor's final turn | 0.250 [0.250, 0.250] (n=1) |" in summary
+    assert summary.count("(authors' release): per conversation") == 4

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.studies.craftmd.metrics import patient_check_section, released_patient_checks, released_rows
-from experiments.common.patient_checks import (CHECKS, patient_check_table, span_quantiles, check_conversation, count_checks, diagnosis_mentions, flagged, is_diagnosis,
-                                                longest_copied_run)
+from experiments.common.grade import to_disk
+from experiments.common.patient_checks import CHECKS, check_conversation, diagnosis_mentions, is_diagnosis, longest_copied_run
+from experiments.core.patient import check_grades
+from experiments.core.scorers import figures, scores_markdown
+from experiments.studies.craftmd.scorers import PATIENT, released_reference
 
 VIGNETTE = ("A 30-year-old woman has silvery scaly plaques on her elbows and knees that began two months ago and itch at night. "
             "Her father died of colon cancer at 62.")
@@ -99,31 +101,34 @@ def test_copied_spans_and_empty_turns():
     assert c["copies_vignette"] == [{"patient_turn": 1, "words": 6, "span": "silvery scaly plaque on her elbow"}]
     assert c["longest_span"] == 6 and c["empty_turn"] == [2] and c["patient_turns"] == 3
     assert check_conversation(turns, vignette=VIGNETTE, correct="Plaque psoriasis", n_words=7)["copies_vignette"] == []
-    assert flagged(c) == ["copies_vignette", "empty_turn"] and "turn_cap" not in c and "turn_cap" not in CHECKS
+    assert [k for k in CHECKS if c.get(k)] == ["copies_vignette", "empty_turn"] and "turn_cap" not in c and "turn_cap" not in CHECKS
 
 
-def test_counts_rates_with_cis_over_cases_and_the_not_checkable():
+def checked(case: str, turns, correct="Plaque psoriasis", choices=None) -> dict:
+    """A record of ``case`` with the patient checks' grades, as the scorer gives them."""
+    return {"id": case, "case_id": case, "scores": to_disk({f"patient-check/{c}": g for c, g in check_grades(
+        check_conversation(turns, vignette=VIGNETTE, correct=correct, choices=choices), choices).items()})}
+
+
+def test_rates_per_conversation_and_per_patient_turn_with_cis_over_cases_and_the_not_checkable():
     leak = [("patient", "It's plaque psoriasis."), ("doctor", "?")]
-    quiet = [("patient", "It itches."), ("doctor", "?")]
-    recs = [{"case_id": "a", "patient_checks": check_conversation(t, vignette=VIGNETTE, correct="Plaque psoriasis")} for t in (leak, quiet)]
-    recs += [{"case_id": "b", "patient_checks": check_conversation(quiet, vignette=VIGNETTE, correct="Plaque psoriasis")},
-             {"case_id": "c", "patient_checks": check_conversation(leak, vignette=VIGNETTE, correct="70%")}, {"case_id": "d"}]
-    n = count_checks(recs)
-    x = n["leaks_diagnosis"]
-    # case a: 1 of 2, case b: 0 of 1 -> 0.25 over the two checkable cases; case c's answer is not a diagnosis
-    assert (n["conversations"], x["conversations"], x["of"], x["not_checkable"], x["cases"]) == (4, 1, 3, 1, 2)
-    assert x["rate"] == pytest.approx(0.25) and 0 <= x["ci_low"] <= 0.25 <= x["ci_high"] <= 0.5
-    assert n["longest_span"] == {0: 2, 1: 2}  # "plaque" is the one vignette word in a leak; "it itches" none
-    assert span_quantiles({"1": 3, "9": 1}) == "1 / 9 / 9"  # median 1, 90th percentile and max 9
+    quiet = [("patient", "It itches."), ("doctor", "?"), ("patient", "At night."), ("doctor", "?")]
+    recs = [checked("a", leak), checked("a", quiet), checked("b", quiet), checked("c", leak, correct="70%"), {"id": "d", "case_id": "d"}]
+    f = {(x.score, x.metric): x for x in figures(recs, (PATIENT,))}
+    per_conv, per_turn = f[("patient-check/leaks_diagnosis", "per conversation")], f[("patient-check/leaks_diagnosis", "per patient turn")]
+    # per conversation: case a 1 of 2, case b 0 of 1 -> 0.25 over the two checkable cases; case c's answer is not a diagnosis
+    assert (per_conv.n, per_conv.values, per_conv.not_checkable) == (2, 3, 1) and per_conv.value == pytest.approx(0.25)
+    assert 0 <= per_conv.low <= 0.25 <= per_conv.high <= 0.5
+    # per patient turn: 1 flagged turn of the 1 + 2 + 2 patient turns of cases a and b
+    assert per_turn.value == pytest.approx(1 / 5) and per_turn.n == 2
+    # no choices offered: the check of another choice cannot apply, and says so
+    x = f[("patient-check/names_other_choice", "per conversation")]
+    assert x.value is None and x.not_checkable == 4 and x.text() == "not checkable"
 
 
 def test_the_table_puts_a_run_beside_the_four_released_patients():
-    rel = released_patient_checks()
-    assert len(rel) == 4 and all(set(CHECKS) <= set(pc) for pc in rel.values())
-    pc = count_checks([{"case_id": "a", "patient_checks": check_conversation([("patient", "It's plaque psoriasis."), ("doctor", "?")],
-                                                                               vignette=VIGNETTE, correct="Plaque psoriasis")}])
-    columns, rows = patient_check_table([("mine", pc), *released_rows()])
-    assert columns[2:-1] == list(CHECKS) and [r[0] for r in rows] == ["mine"] + [f"{k} (authors' release)" for k in rel]
-    assert rows[0][2] == "100.00 [100.00, 100.00] (1/1)"
-    md = patient_check_section([("mine", pc)])
-    assert "| mine | 1 | 100.00 [100.00, 100.00] (1/1) |" in md and md.count("(authors' release)") == 4
+    rel = released_reference()
+    assert len(rel) == 4 and all(f"patient-check/{c}|per conversation" in figs for figs in rel.values() for c in CHECKS)
+    md = scores_markdown([x.json() for x in figures([checked("a", [("patient", "It's plaque psoriasis."), ("doctor", "?")])], (PATIENT,))], (PATIENT,))
+    assert "| patient-check/leaks_diagnosis: the patient names the correct diagnosis before the doctor's final turn | 1.000 [1.000, 1.000] (n=1) | 1.000 [1.000, 1.000] (n=1) |" in md
+    assert md.count("(authors' release): per conversation") == 4

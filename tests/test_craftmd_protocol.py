@@ -6,8 +6,9 @@ import asyncio
 
 from experiments.studies.craftmd.metrics import grades, run_metrics
 from experiments.studies.craftmd.protocol import context_turns, converse, solve, stop_reason_for
-from experiments.studies.craftmd.study import units_for
+from experiments.studies.craftmd.study import CraftmdStudy, units_for
 from experiments.studies.craftmd.settings import CraftSettings
+from experiments.core.scorers import score_record
 from experiments.core.study import CaseContext
 from serving.client import ChatResult
 
@@ -64,11 +65,15 @@ def settings(**kw):
 
 
 def run(client, s=None, case=CASE, unit_id="case_x/t0"):
-    """solve() through a CaseContext, as the runner calls it; the record gets the context's usage."""
+    """solve(), then the study's scorers, through one CaseContext, as the runner calls them; the record gets the context's usage."""
     s = s or settings()
     ctx = CaseContext(client, unit_id)
-    rec = asyncio.run(solve(ctx, {"id": unit_id, "case": case, "trial": 0}, s))
-    return {**rec, "usage": ctx.usage()}
+
+    async def both():
+        rec = await solve(ctx, {"id": unit_id, "case": case, "trial": 0}, s)
+        return await score_record(CraftmdStudy().scorers_for(s), ctx, rec, s)
+
+    return {**asyncio.run(both()), "usage": ctx.usage()}
 
 
 def test_stop_rules_on_one_turn():
@@ -82,31 +87,31 @@ def test_conversation_ends_on_final_diagnosis():
     c = Scripted(["How old are you?", "**Final Diagnosis:** Plaque psoriasis", "never asked?"])
     transcript, stop = asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings()))
     assert stop == "final_diagnosis"
-    assert [t["agent"] for t in transcript] == ["patient", "doctor", "patient", "doctor"]
+    assert [t["role"] for t in transcript] == ["patient", "doctor", "patient", "doctor"]
     assert [t["turn"] for t in transcript] == [0, 1, 1, 2]
-    assert transcript[-1]["content"].startswith("**Final Diagnosis:**")
+    assert transcript[-1]["text"].startswith("**Final Diagnosis:**")
 
 
 def test_conversation_ends_on_turn_without_question_mark():
     c = Scripted(["Where is the rash?", "It is psoriasis."])
     transcript, stop = asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings()))
-    assert stop == "no_question" and transcript[-1] == {"agent": "doctor", "content": "It is psoriasis.", "turn": 2}
+    assert stop == "no_question" and transcript[-1] == {"role": "doctor", "text": "It is psoriasis.", "turn": 2}
 
 
 def test_conversation_ends_at_turn_cap():
     c = Scripted(["Q1?", "Q2?", "Q3?", "Q4?", "Q5?"])
     transcript, stop = asyncio.run(converse(CaseContext(c, "case_x/t0"), CASE, settings(max_turns=3)))
     assert stop == "turn_cap"
-    assert [t["agent"] for t in transcript] == ["patient", "doctor", "patient", "doctor", "patient", "doctor"]
+    assert [t["role"] for t in transcript] == ["patient", "doctor", "patient", "doctor", "patient", "doctor"]
     # as the authors do: the cap is checked right after the doctor's third turn, which the patient never answers
-    assert transcript[-1] == {"agent": "doctor", "content": "Q3?", "turn": 3}
+    assert transcript[-1] == {"role": "doctor", "text": "Q3?", "turn": 3}
     assert sum(r == "patient" for r, _ in c.calls) == 3  # the opening and two answers
 
 
 def test_turn_cap_closing_question_is_removed_before_asking():
     c = Scripted(["Q1?", "Q2?", "Q3?"])
     rec = run(c, settings(max_turns=3))
-    assert rec["stop_reason"] == "turn_cap" and rec["n_doctor_turns"] == 3  # the record keeps all three
+    assert rec["metadata"]["stop_reason"] == "turn_cap" and rec["metadata"]["n_doctor_turns"] == 3  # the record keeps all three
     multiturn_asks = c.multiturn_asks()
     assert len(multiturn_asks) == 2  # MCQ and FRQ
     for a in multiturn_asks:
@@ -125,8 +130,8 @@ def test_doctor_sees_patient_as_user_and_patient_sees_doctor_as_user():
 
 
 def test_final_diagnosis_turn_is_removed_before_asking():
-    transcript = [{"agent": "patient", "content": "p", "turn": 0}, {"agent": "doctor", "content": "Q?", "turn": 1},
-                  {"agent": "patient", "content": "a", "turn": 1}, {"agent": "doctor", "content": "**Final Diagnosis:** Z", "turn": 2}]
+    transcript = [{"role": "patient", "text": "p", "turn": 0}, {"role": "doctor", "text": "Q?", "turn": 1},
+                  {"role": "patient", "text": "a", "turn": 1}, {"role": "doctor", "text": "**Final Diagnosis:** Z", "turn": 2}]
     assert context_turns(transcript) == transcript[:3]
     assert context_turns(transcript[:3]) == transcript[:3]  # ends on a patient turn: nothing to remove
     c = Scripted(["Do you have nail pits?", "**Final Diagnosis:** Secretpsoriasis"])
@@ -135,28 +140,29 @@ def test_final_diagnosis_turn_is_removed_before_asking():
     assert len(multiturn_asks) == 2  # MCQ and FRQ
     for a in multiturn_asks:
         assert "Do you have nail pits?" in a and "Secretpsoriasis" not in a
-    assert rec["transcript"][-1]["content"] == "**Final Diagnosis:** Secretpsoriasis"  # kept in the record
+    assert rec["transcript"][-1]["text"] == "**Final Diagnosis:** Secretpsoriasis"  # kept in the record
 
 
 def test_record_shape_and_scores():
     c = Scripted(["How long?", "**Final Diagnosis:** Psoriasis"], mcq="Plaque psoriasis", frq="Psoriasis", extract="Diagnosis: Psoriasis", verdict="Verdict: Yes")
     rec = run(c)
-    assert rec["id"] == "case_x/t0" and rec["case_id"] == "case_x" and rec["trial"] == 0 and rec["specialty"] == "Dermatology"
-    assert rec["stop_reason"] == "final_diagnosis" and rec["n_doctor_turns"] == 2
-    assert {t["agent"] for t in rec["transcript"]} == {"doctor", "patient"}
+    assert rec["id"] == "case_x/t0" and rec["case_id"] == "case_x" and rec["trial"] == 0 and rec["inputs"]["specialty"] == "Dermatology"
+    assert rec["metadata"]["stop_reason"] == "final_diagnosis" and rec["metadata"]["n_doctor_turns"] == 2
+    assert rec["inputs"]["facts"] == CASE["vignette"] and rec["target"] == "Plaque psoriasis" and rec["inputs"]["choices"] == CASE["choices"]
+    # the typed record's transcript as spoken: the doctor's fixed greeting first
+    assert [t["role"] for t in rec["transcript"][:2]] == ["doctor", "patient"] and rec["transcript"][0]["turn"] == 0
     # kept whole, as the authors keep it (no blank-line cut without the named deviation summary_stops)
-    assert rec["summary"] == "A woman reports scaly elbow patches.\n\nPatient statements:\n- more"
-    assert set(rec["answers"]) == {"vignette", "multiturn", "singleturn", "summarized"}
+    assert rec["metadata"]["summary"] == "A woman reports scaly elbow patches.\n\nPatient statements:\n- more"
+    assert set(rec["answer"]) == {"vignette", "multiturn", "singleturn", "summarized"}
     g = grades(rec)
-    for fmt, a in rec["answers"].items():
-        assert a["mcq"]["choice"] == 0 and g[(fmt, "mcq")].value == 1 and g[(fmt, "mcq")].answer == a["mcq"]["answer"] == "Plaque psoriasis"
+    for fmt, a in rec["answer"].items():
+        assert g[(fmt, "mcq")].metadata["choice"] == 0 and g[(fmt, "mcq")].value == 1 and g[(fmt, "mcq")].answer == a["mcq"] == "Plaque psoriasis"
         # 'Psoriasis' vs 'Plaque psoriasis': lexically broader, but the grader was asked and said yes
-        assert a["frq"]["extracted"] == "Psoriasis" and g[(fmt, "frq")].value == 1 and g[(fmt, "frq")].source == "grader"
+        assert g[(fmt, "frq")].metadata["extracted"] == "Psoriasis" and g[(fmt, "frq")].value == 1 and g[(fmt, "frq")].source == "grader"
         assert g[(fmt, "frq")].judge["model"] == "embedded" and g[(fmt, "frq")].explanation == "Verdict: Yes"
-        assert not set(a["mcq"]) & {"correct", "parsed_by"} and not set(a["frq"]) & {"correct", "grade_source", "extraction_status"}
-    assert not {"correct", "correct_metric", "parse_errors"} & set(rec)  # the grades are the record's scores only
+        assert a == {"mcq": "Plaque psoriasis", "frq": "Psoriasis"}  # what was said; the grades are the record's scores only
     assert rec["usage"]["clinical"]["calls"] == 2 + 8 and rec["usage"]["grader"]["calls"] == 8
-    assert set(rec["prompt_hashes"]) >= {"doctor_system", "patient_system", "grader_extract", "grader_match"}
+    assert set(rec["metadata"]["prompt_hashes"]) >= {"doctor_system", "patient_system", "grader_extract", "grader_match"}
 
 
 def test_grader_multiple_and_none_score_zero_and_skip_step_two():
@@ -179,18 +185,19 @@ def test_unparsed_mcq_and_unscored_frq_are_counted():
 def test_vignette_only_runs_no_conversation_and_osce_cases_skip_mcq():
     c = Scripted([])
     rec = run(c, settings(formats=["vignette"]))
-    assert rec["transcript"] == [] and rec["stop_reason"] is None
+    assert rec["transcript"] == [{"role": "doctor", "text": rec["transcript"][0]["text"], "turn": 0}] and rec["metadata"]["stop_reason"] is None
     osce = {**CASE, "choices": [], "answer_index": None}
     rec = run(Scripted([]), settings(formats=["vignette"]), case=osce, unit_id="o/t0")
     g = grades(rec)
-    assert g[("vignette", "mcq")].value is None and g[("vignette", "mcq")].skipped and "skipped" in rec["answers"]["vignette"]["mcq"]
+    assert g[("vignette", "mcq")].value is None and g[("vignette", "mcq")].skipped and g[("vignette", "mcq")].source == "not checkable"
+    assert "mcq" not in rec["answer"]["vignette"]  # nothing was asked
     assert g[("vignette", "frq")].value == 1
 
 
 def test_record_model_is_the_clinical_alias():
     s = settings(formats=["vignette"], roles={"clinical": "mistral@http://127.0.0.1:9/v1", "patient": "embedded", "grader": "embedded"})
     rec = run(Scripted([]), s)
-    assert rec["model"] == "mistral"
+    assert rec["metadata"]["model"] == "mistral"
 
 
 def test_units_per_case_and_trial():
@@ -220,16 +227,16 @@ def test_completion_steps_use_text_completion_and_first_line():
     kinds = {(r, m[0]["role"]) for r, m in c.calls}
     assert ("clinical", "user") in kinds and ("patient", "system") in kinds  # the dialogue stays chat
     assert ("grader", "completion") in kinds and ("summarizer", "completion") in kinds and ("grader", "user") not in kinds
-    for fmt, a in rec["answers"].items():
-        assert a["mcq"]["answer"] == "Scarlet fever" and grades(rec)[(fmt, "mcq")].value == 1
-        assert a["frq"]["answer"] == "Scarlet fever" and grades(rec)[(fmt, "frq")].value == 1 and grades(rec)[(fmt, "frq")].source == "exact"
-    assert rec["summary"] == "A boy has a rash.\n\nPatient statements:"  # cut only by the server's stops (summary_stops)
+    for fmt, a in rec["answer"].items():
+        assert a["mcq"] == "Scarlet fever" and grades(rec)[(fmt, "mcq")].value == 1
+        assert a["frq"] == "Scarlet fever" and grades(rec)[(fmt, "frq")].value == 1 and grades(rec)[(fmt, "frq")].source == "exact"
+    assert rec["metadata"]["summary"] == "A boy has a rash.\n\nPatient statements:"  # cut only by the server's stops (summary_stops)
 
 
 def test_closing_turn_without_question_mark_is_removed_too():
     c = Scripted(["Do you have nail pits?", "You have psoriasis, friend."])
     rec = run(c)
-    assert rec["stop_reason"] == "no_question"
+    assert rec["metadata"]["stop_reason"] == "no_question"
     multiturn_asks = c.multiturn_asks()
     assert len(multiturn_asks) == 2  # MCQ and FRQ
     for a in multiturn_asks:

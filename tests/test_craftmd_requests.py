@@ -15,6 +15,7 @@ from pathlib import Path
 from experiments.core.config import load_settings
 from experiments.core.dryrun import dry_run
 from experiments.core.runner import prepare_run, with_answers_line
+from experiments.core.scorers import score_record
 from experiments.core.study import CaseContext
 from experiments.studies.craftmd.data import load_cases
 from experiments.studies.craftmd.metrics import grades, run_metrics, summary_markdown
@@ -66,7 +67,12 @@ def paper(**kw) -> CraftSettings:
 def calls_of(case: dict, s: CraftSettings, client=None) -> tuple[dict, dict]:
     """(record, step -> list of logged calls) of one (case, trial)."""
     ctx = CaseContext(client or Stand(), f"{case['case_id']}/t0")
-    rec = asyncio.run(solve(ctx, {"id": f"{case['case_id']}/t0", "case": case, "trial": 0}, s))
+
+    async def both():  # solve, then the scorers, as the runner runs them
+        rec = await solve(ctx, {"id": f"{case['case_id']}/t0", "case": case, "trial": 0}, s)
+        return await score_record(CraftmdStudy().scorers_for(s), ctx, rec, s)
+
+    rec = asyncio.run(both())
     by_step: dict = {}
     for c in ctx.calls:
         by_step.setdefault(c["step"], []).append(c)
@@ -259,6 +265,7 @@ def test_summary_md_names_the_loop_and_every_deviation(tmp_path):
 
 
 def test_paper_table_footnotes_name_the_deviations_and_the_loop():
+    from experiments.core import registry
     from experiments.tables.render import paper_tables_markdown
 
     def run(path, cfg):
@@ -269,7 +276,7 @@ def test_paper_table_footnotes_name_the_deviations_and_the_loop():
     emb = load_settings(CraftSettings, CONFIGS / "embedded-small.yaml", {}).model_dump()
     old = {k: v for k, v in emb.items() if k not in ("loop", "turn_stops", "summary_stops", "grader_reasks")}  # a run from before the loop setting
     md = paper_tables_markdown([run("/x/paper", paper().model_dump()), run("/x/emb", emb), run("/x/gpt", paper(loop="gpt").model_dump()),
-                                run("/x/old", old)])
+                                run("/x/old", old)], registry.study_for("craftmd").tables)
     mcq = md.split("### ")[1]  # the MCQ table: its rows, then its footnotes
     notes = {int(ln.split()[0][1:]): ln for ln in mcq.splitlines() if ln.startswith("^")}
     marks = {ln.split("**")[1]: set(ln.split("**")[2].split("|")[0].split("^")[1:]) for ln in mcq.splitlines() if ln.startswith("| **")}

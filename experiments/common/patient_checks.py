@@ -1,8 +1,7 @@
 """Deterministic checks of a simulated patient: pure functions of a conversation's turns, no model.
 
-The runner makes them for every study that declares its patient (``Study.patient``, experiments/core/study.py):
-into the record (``patient_checks`` and a ``patient-check/<check>`` score each), metrics.json and summary.md.
-A conversation is a list of ``(role, text)`` turns, role ``doctor`` or ``patient`` (a live run's transcript
+experiments/core/patient.py makes them one scorer (``patient-check/<check>`` grades, rates per conversation and per
+patient turn) for every study whose records hold a doctor-patient conversation. A conversation is a list of ``(role, text)`` turns, role ``doctor`` or ``patient`` (a live run's transcript
 and a released conversation alike). Patient turns are numbered 1, 2, ... in order. The rules, and the rates
 measured on released runs, are in docs/protocols.md ("Patient checks"):
 
@@ -20,13 +19,9 @@ measured on released runs, are in docs/protocols.md ("Patient checks"):
 from __future__ import annotations
 
 import re
-from collections import Counter
 from difflib import SequenceMatcher
 
-from experiments.common.grade import Grade, score_name
-from experiments.common.markdown import md_table
 from experiments.common.normalize import words as word_list
-from experiments.common.stats import mean_ci
 
 CHECKS = ("leaks_diagnosis", "names_other_choice", "confirms_unsupported", "breaks_character", "copies_vignette", "empty_turn")
 DESCRIPTIONS = {
@@ -170,92 +165,3 @@ def check_conversation(turns: list[tuple[str, str]], *, vignette: str, correct: 
         "patient_turns": len(runs),
         "span_words": n_words,
     }
-
-
-def count_checks(records: list[dict]) -> dict:
-    """Per check over the records' ``patient_checks``: conversations checked, flagged, patient turns flagged and the
-    rate of flagged conversations with its 95% CI (mean over cases of the per-case share, bootstrap over cases); the
-    conversations a check could not score (not checkable); the conversations by longest copied run (words)."""
-    checked = [(str(r.get("case_id", r.get("id"))), r["patient_checks"]) for r in records if isinstance(r.get("patient_checks"), dict)]
-    out: dict = {"conversations": len(checked), "span_words": checked[0][1].get("span_words") if checked else None,
-                 "longest_span": dict(sorted(Counter(pc.get("longest_span", 0) for _, pc in checked).items()))}
-    for c in CHECKS:
-        per: dict[str, list[float]] = {}
-        for case, pc in checked:
-            if pc.get(c) is not None and c in pc:
-                per.setdefault(case, []).append(float(bool(pc[c])))
-        flags = [pc[c] for _, pc in checked if pc.get(c)]
-        ci = mean_ci([sum(v) / len(v) for v in per.values()])
-        out[c] = {"conversations": len(flags), "of": sum(len(v) for v in per.values()), "not_checkable": sum(c in pc and pc[c] is None for _, pc in checked),
-                  "turns": sum(len({e["patient_turn"] if isinstance(e, dict) else e for e in f}) for f in flags),
-                  "rate": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None, "ci_high": ci.high if ci.n else None, "cases": ci.n}
-    return out
-
-
-def legacy_counts(checked: list[dict]) -> dict:
-    """The counts of records checked before these rules (``names_diagnosis``, ``turn_cap``), as their runs wrote them."""
-    out: dict = {"conversations": len(checked)}
-    for c in ("names_diagnosis", "copies_vignette", "empty_turn", "turn_cap"):
-        flags = [pc.get(c) for pc in checked]
-        out[c] = {"conversations": sum(bool(f) for f in flags)}
-        if c != "turn_cap":
-            out[c]["turns"] = sum(len({e["patient_turn"] if isinstance(e, dict) else e for e in f or []}) for f in flags)
-    return out
-
-
-def flagged(checks: dict) -> list[str]:
-    """The checks a conversation failed, in :data:`CHECKS` order."""
-    return [c for c in CHECKS if checks.get(c)]
-
-
-def patient_check_grades(pc: dict) -> dict[str, Grade]:
-    """One grade per check a record holds (None: not checkable, the correct answer is no diagnosis)."""
-    return {score_name("patient-check", c): Grade(
-        value=None if pc[c] is None else int(bool(pc[c])), answer=pc[c] if isinstance(pc[c], list) and pc[c] else None, source="rule",
-        judge={"rule": f"patient_checks.{c}" + (f" ({pc.get('span_words')} words)" if c == "copies_vignette" else "")}) for c in CHECKS if c in pc}
-
-
-def patient_metrics(records: list[dict], span_words: int | None) -> dict | None:
-    """metrics.json's ``patient_checks`` over the records checked (None when none was); a run checked before these
-    rules keeps its own counts."""
-    checked = [r["patient_checks"] for r in records if isinstance(r.get("patient_checks"), dict)]
-    if not checked:
-        return None
-    counts = count_checks(records) if any("longest_span" in pc for pc in checked) else legacy_counts(checked)
-    return {**counts, "span_words": span_words}
-
-
-def span_quantiles(dist: dict) -> str:
-    """'median / 90th percentile / max' of the conversations' longest copied runs ({words: conversations})."""
-    values = sorted((int(k), v) for k, v in (dist or {}).items())
-    n = sum(v for _, v in values)
-    if not n:
-        return "–"
-    def q(p):
-        seen = 0
-        for k, v in values:
-            seen += v
-            if seen >= p * n:
-                return k
-    return f"{q(0.5)} / {q(0.9)} / {values[-1][0]}"
-
-
-def patient_check_table(rows: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the patient-check table, one row per (patient, metrics' ``patient_checks``)."""
-    def cell(x: dict | None) -> str:
-        if not x or x.get("rate") is None:
-            return "–"
-        na = f"; {x['not_checkable']} not checkable" if x.get("not_checkable") else ""
-        return f"{100 * x['rate']:.2f} [{100 * x['ci_low']:.2f}, {100 * x['ci_high']:.2f}] ({x['conversations']}/{x['of']}{na})"
-    columns = ["patient-AI of", "conversations", *CHECKS, "longest copied run, words: median / 90th pct / max"]
-    return columns, [[name, str(pc.get("conversations", 0)), *(cell(pc.get(c)) for c in CHECKS), span_quantiles(pc.get("longest_span"))]
-                     for name, pc in rows]
-
-
-NOTE = ("Each rate: % of conversations flagged [95% bootstrap CI over cases] (flagged / checked); a leak is not checkable "
-        "where the correct answer is not a diagnosis.")
-
-
-def patient_check_markdown(rows: list[tuple[str, dict]], heading: str, note: str = NOTE) -> str:
-    """summary.md's patient-check section: the table of ``rows`` under ``heading``, ``note`` below."""
-    return "\n".join(["", f"## {heading}", "", *md_table(*patient_check_table(rows)), "", note]) + "\n"

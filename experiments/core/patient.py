@@ -38,8 +38,9 @@ def check_grades(found: dict, choices: list | None) -> dict[str, Grade]:
         if hits is None or (c in NEED_CHOICES and not choices):
             out[c] = Grade(value=None, skipped=True, source="not checkable", judge=rule(c))
             continue
+        extra = {"longest_span": found["longest_span"]} if c == "copies_vignette" and "longest_span" in found else {}
         out[c] = Grade(value=int(bool(hits)), answer=hits or None, source="rule", judge=rule(c),
-                       metadata={"turns": _hit_turns(hits), "patient_turns": found.get("patient_turns", 0)})
+                       metadata={"turns": _hit_turns(hits), "patient_turns": found.get("patient_turns", 0), **extra})
     return out
 
 

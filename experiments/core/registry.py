@@ -187,6 +187,18 @@ def _kind(experiment: str) -> type[Study] | None:
     return None
 
 
+def named(cls: type) -> type:
+    """``cls`` as the registry names it: the Study class a declaration's command or kind makes of it (a command that
+    builds its study itself, a calibration, gets its one name from there)."""
+    for d in declarations():
+        for k in (*d.commands, *d.results):
+            if isinstance(k.make, str) and k.make.endswith(f":{cls.__name__}") or k.make is cls:
+                made = _kind(k.name)
+                if made is not None and issubclass(made, cls):
+                    return made
+    raise ConfigError(f"{cls.__name__}: no study declaration makes it")
+
+
 def study_for(experiment: str) -> Study | None:
     """A fresh instance of the study whose results folders are of kind ``experiment`` (config.yaml / identity.json);
     None for a kind no study declares."""

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from experiments.core.concurrency import kv_bound, resolve_concurrency
-from experiments.common.grade import to_disk
+
 from experiments.core.config import ConfigError, RunSettings
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
@@ -27,7 +27,7 @@ from experiments.core.record import is_typed
 from experiments.core.results import CALL_LOG, Run, RunDir
 from experiments.core.runlock import RunLock
 from experiments.core.scope import scope_line, take
-from experiments.core.scorers import figures, scores_markdown
+from experiments.core.scorers import figures, score_record, scores_markdown
 from experiments.core.study import CaseContext, RequestFailed, Study, call_formats, format_stats
 from models.errors import DataError, MedstackError, StorageError
 from serving import server_metrics
@@ -262,8 +262,7 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
             t0 = time.perf_counter()
             try:
                 record = {"id": case["id"], **(await study.solve(ctx, case, settings)), "status": "ok"}
-                for scorer in scorers:  # the judges and checks, over the finished record (experiments/core/scorers.py)
-                    record["scores"] = {**record.get("scores", {}), **to_disk(await scorer.run(ctx, record, settings))}
+                await score_record(scorers, ctx, record, settings)  # the judges and checks, over the finished record
                 state.consecutive = 0
                 state.finished += 1
             except RequestFailed as e:

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
-from experiments.common.grade import MEAN, Figure, Grade, Metric, Scale, aggregate, grades, score_name, split_name
+from experiments.common.grade import MEAN, Figure, Grade, Metric, Scale, aggregate, grades, score_name, split_name, to_disk
 from experiments.common.markdown import md_table
 
 Decision = Mapping[str | None, Grade]  # part (None: the record is one item) -> its grade
@@ -60,12 +60,23 @@ class Scorer:
     def question_of(self, part: str | None) -> str:
         return self.parts.get(part, self.question) if part else self.question
 
+    def rule(self, record: dict, settings) -> dict[str, Grade]:
+        """A rule's grades of ``record`` (no model, no context), named ``NAME[/PART]``: an import runs a check so."""
+        return {score_name(self.name, part): g for part, g in self.decide(None, record, settings, None).items()}
+
     async def run(self, ctx, record: dict, settings, role: str | None = None) -> dict[str, Grade]:
         """Its grades of ``record``, named ``NAME[/PART]`` (the run's own) or ``NAME[/PART]@LABEL`` (``label``: a rescore's)."""
         got = self.decide(ctx, record, settings, role or self.role)
         if inspect.isawaitable(got):
             got = await got
         return {score_name(self.name, part): g for part, g in got.items()}
+
+
+async def score_record(scorers, ctx, record: dict, settings) -> dict:
+    """``record`` with the grades of each of ``scorers``, run in order (a later one may read an earlier one's grade)."""
+    for scorer in scorers:
+        record["scores"] = {**record.get("scores", {}), **to_disk(await scorer.run(ctx, record, settings))}
+    return record
 
 
 def find(scorers, name: str) -> Scorer | None:

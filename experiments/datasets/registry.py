@@ -138,9 +138,9 @@ def fetch_hint(ds: DataSet) -> str:
     return f"`medstack data fetch {ds.name}` (offline: {offline})" if all(f.url for f in ds.files) else offline
 
 
-def resolve_data(value: str, registry: Optional[dict[str, DataSet]] = None) -> str:
-    """A path that exists -> unchanged; a fetched set's name -> its main path; anything else -> DataError."""
-    if Path(value).expanduser().exists():
+def resolve_data(value: str | None, registry: Optional[dict[str, DataSet]] = None) -> str | None:
+    """A path that exists -> unchanged; a fetched set's name -> its main path; None -> None; anything else -> DataError."""
+    if not value or Path(value).expanduser().exists():
         return value
     registry = load_registry() if registry is None else registry
     if value in registry:

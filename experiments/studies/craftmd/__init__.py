@@ -15,8 +15,8 @@ STUDY = StudyDeclaration(
     ),
     tables="paper_tables.yaml", adapter="paper_values:ADAPTER",
     # `import craftmd-experts`, `calibrate craftmd-grader | conversations` write results folders of these kinds
-    results=(Kind("craftmd-experts", "experts:ExpertsImport"), Kind("calibrate-craftmd-grader", "calibrate_grader:CalibrateGrader"),
-             Kind("calibrate-conversations", "calibrate_conversations:CalibrateConversations", formerly=("calibrate-craftmd-conversations",))),
+    results=(Kind("craftmd-experts", "study:ExpertsImport"), Kind("calibrate-craftmd-grader", "calibrate_grader:CalibrateGrader"),
+             Kind("calibrate-conversations", "calibrate_conversations:ConversationCalibration", formerly=("calibrate-craftmd-conversations",))),
     cli={"import craftmd": "cli:import_craftmd", "import craftmd-experts": "cli:import_experts_cmd",
          "calibrate craftmd-grader": "cli:calibrate_grader_cmd", "calibrate conversations": "cli:calibrate_conversations_cmd"},
 )

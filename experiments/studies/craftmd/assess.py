@@ -9,7 +9,6 @@ import asyncio
 import re
 
 from experiments.common.parsing import extract_after, extract_verdict
-from experiments.common.stats import mean_ci
 from experiments.studies.craftmd.prompts import PROMPTS, QUESTIONS, TEMPLATES, render
 from experiments.studies.craftmd.protocol import ask, single
 
@@ -26,11 +25,6 @@ SPEAKERS = {"doctor": "Doctor-AI", "patient": "Patient-AI"}
 def conversation_text(turns: list[tuple[str, str]]) -> str:
     """The conversation as the assessor reads it: one ``Doctor-AI: ...`` / ``Patient-AI: ...`` line per turn."""
     return "\n".join(f"{SPEAKERS.get(role, role)}: {' '.join((text or '').split()) or '(no answer)'}" for role, text in turns)
-
-
-def transcript_turns(transcript: list[dict]) -> list[tuple[str, str]]:
-    """A run record's ``transcript`` as ``(role, text)`` turns."""
-    return [(t.get("agent") or "?", t.get("content") or "") for t in transcript or []]
 
 
 def request_prompt(question: str, turns: list[tuple[str, str]], vignette: str) -> str:
@@ -76,30 +70,3 @@ async def assess_conversation(ctx, turns: list[tuple[str, str]], vignette: str, 
 
     results = await asyncio.gather(*(one(q) for q in questions))
     return dict(zip(questions, results))
-
-
-def question_rates(records: list[dict], key: str = "assessment", group: str = "case_id") -> dict:
-    """Per question: the share of Yes over the scored verdicts (mean over ``group`` of the per-group share, with its
-    bootstrap CI), with the counts of conversations, Yes, No, unscored and Q3's ``terms_not_found``."""
-    out = {}
-    for q in QUESTIONS:
-        per: dict[str, list[float]] = {}
-        yes = no = unscored = not_found = 0
-        for r in records:
-            a = (r.get(key) or {}).get(q)
-            if not isinstance(a, dict):
-                continue
-            v = a.get("verdict")
-            if v is None:
-                unscored += 1
-                not_found += bool(a.get("terms_not_found"))
-                continue
-            yes, no = yes + bool(v), no + (not v)
-            per.setdefault(str(r.get(group, r.get("id"))), []).append(float(bool(v)))
-        if not (yes or no or unscored):
-            continue
-        ci = mean_ci([sum(v) / len(v) for v in per.values()])
-        out[q] = {"rate": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None, "ci_high": ci.high if ci.n else None,
-                  "n": ci.n, "conversations": yes + no + unscored, "yes": yes, "no": no, "unscored": unscored,
-                  **({"terms_not_found": not_found} if not_found else {})}
-    return out

@@ -9,16 +9,22 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from dataclasses import replace
+
+from experiments.common.grade import YES_NO, Grade, grades, to_disk
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import cluster_bootstrap, rater_agreement
 from experiments.core.config import ConfigError, RunSettings, Sampling
+from experiments.core.record import turns
 from experiments.core.results import RunDir
+from experiments.core.scorers import Scorer, always
 from experiments.core.study import CaseContext, Study
 from experiments.studies.craftmd import paper_values
-from experiments.studies.craftmd.assess import QUESTIONS, TEMPLATES, assess_conversation, transcript_turns
-from experiments.studies.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels, rate
-from experiments.studies.craftmd.judges import CALIBRATE_CONVERSATIONS
+from experiments.studies.craftmd.assess import QUESTIONS
+from experiments.studies.craftmd.experts import EXPERT_QUESTIONS as EXPERT_LABELLED, PAPER_LABELS, PAPER_MODELS, load_expert_labels, rate, to_record
 from experiments.studies.craftmd.prompts import PROMPTS
+from experiments.studies.craftmd.scorers import SCORERS, ASSESS_QUESTIONS
+from experiments.studies.craftmd.study import upgrade_record
 from experiments.studies.craftmd.terminology import TERMS_FILE, terminology_check
 
 N_BOOT = 2000
@@ -28,7 +34,6 @@ class ConversationCalibrationSettings(RunSettings):
     """What :func:`experiments.studies.craftmd.assess.assess_conversation` reads (sampling, completion_steps,
     lone_system_as_user), as a CRAFT-MD run's settings name them."""
 
-    experiment: str = "calibrate-craftmd-conversations"
     roles: dict[str, str] = {"assessor": "embedded"}
     sampling: dict[str, Sampling] = {"assessor": Sampling(temperature=0.0, max_tokens=64)}
     completion_steps: list[Literal["assessor"]] = []
@@ -39,13 +44,26 @@ class ConversationCalibrationSettings(RunSettings):
     concurrency: Annotated[int, Field(ge=1)] | Literal["auto"] = 16
 
 
+def decide_terminology(ctx, record: dict, s, role) -> dict:
+    """Q3 without a model: a listed medical term in a patient line (terminology.tsv)."""
+    found = terminology_check(turns(record))
+    return {None: Grade(value=int(found["verdict"]), answer=found["terms"] or None, source="terminology list",
+                        judge={"rule": f"a term of {TERMS_FILE.name} in a patient line"})}
+
+
+TERMINOLOGY = Scorer("terminology", YES_NO, ASSESS_QUESTIONS["Q3"] + " (the term list, no model)", decide=decide_terminology)
+ASSESSORS = tuple(replace(s, applies=always) for s in SCORERS if s.name.startswith("assess-"))
+
+
 class ConversationCalibration(Study):
-    name = "calibrate-conversations"
+    """The kind ``calibrate-conversations``: the paper's expert-labelled conversations, the terminology check and (with
+    an assessor model) the assessor scorers run over each, the experts' labels their ``assess-<Q>@experts`` grades."""
+
     settings_cls = ConversationCalibrationSettings
     roles = ("assessor",)
     primary_role = "assessor"
     prompts = PROMPTS
-    results = CALIBRATE_CONVERSATIONS  # the assessor's and the experts' verdicts typed, the assess-* judges (judges.py)
+    scorers = (TERMINOLOGY, *ASSESSORS)
 
     def prepare(self, s: ConversationCalibrationSettings) -> ConversationCalibrationSettings:
         if not s.data:
@@ -56,18 +74,26 @@ class ConversationCalibration(Study):
 
     def load_cases(self, s: ConversationCalibrationSettings) -> list[dict]:
         convs = interleaved(load_expert_labels(s.data))  # DataError naming the file, sheet and row
-        return [{"id": c.id, "conversation": c} for c in self.select(convs, s)]
+        return [{"id": c.id, "conversation": c} for c in convs]
 
     async def solve(self, ctx: CaseContext, unit: dict, s: ConversationCalibrationSettings) -> dict:
-        record = expert_records([unit["conversation"]])[0]
-        record["assessment"] = await assess_conversation(ctx, transcript_turns(record["transcript"]), record["vignette"], s)
-        return {**record, "prompt_hashes": PROMPTS.hashes(TEMPLATES.values())}
+        rec = to_record(unit["conversation"])
+        rec.pop("roles", None)
+        return rec
+
+    def upgrade(self, r: dict, s) -> dict:
+        return upgrade_record(r, s)
 
     def metrics(self, records: list[dict], s: ConversationCalibrationSettings) -> dict:
         return calibration_metrics(records, n_boot=s.n_boot)
 
     def summary(self, metrics: dict, s: ConversationCalibrationSettings, run) -> str:
         return calibration_summary(metrics, s.roles.get("assessor", ""), s.settings_line)
+
+    def report_run(self, run: dict) -> list[dict]:
+        from experiments.studies.craftmd.report_views import conversations_calibration_tables
+
+        return conversations_calibration_tables(run)
 
 
 def interleaved(convs: list) -> list:
@@ -108,13 +134,16 @@ def agreement(experts: list[bool], check: list[bool], clusters: list | None = No
             "confusion": whole["confusion"], "ci95": {k: list(v) for k, v in ci.items()}}
 
 
-def detector(record: dict) -> dict:
-    """The terminology check over the record's conversation (the patient's lines)."""
-    return terminology_check(transcript_turns(record.get("transcript")))
+def verdict(record: dict, name: str) -> bool | None:
+    """A scorer's yes/no on the record (``terminology``, ``assess-<Q>``, the experts' ``assess-<Q>@experts``)."""
+    g = grades(record).get(name)
+    return None if g is None or g.value is None else bool(g.value)
 
 
 def _label(record: dict, rater: str, q: str):
-    return (record.get("experts") or {}).get(q) if rater == "combined" else ((record.get("expert_raters") or {}).get(rater) or {}).get(q)
+    if rater == "combined":
+        return verdict(record, f"assess-{q}@experts")
+    return (((record.get("metadata") or {}).get("expert_raters") or {}).get(rater) or {}).get(q)
 
 
 def _versus(records: list[dict], verdicts: list, q: str, n_boot: int) -> dict:
@@ -128,36 +157,35 @@ def _versus(records: list[dict], verdicts: list, q: str, n_boot: int) -> dict:
 
 
 def calibration_metrics(records: list[dict], *, n_boot: int = N_BOOT) -> dict:
-    assessed = any(r.get("assessment") for r in records)
+    assessed = any(f"assess-{q}" in (r.get("scores") or {}) for r in records for q in QUESTIONS)
     out: dict = {"conversations": len(records), "questions": {}, "per_rater": {}, "raters": {}, "detector": {}, "per_model": {},
                  "ci": "percentile bootstrap resampling whole cases", "terminology_list": TERMS_FILE.name}
     for q in EXPERT_LABELLED:  # the ceiling: the two raters on the conversations both labelled
         both = [r for r in records if _label(r, "d1", q) is not None and _label(r, "d2", q) is not None]
         out["raters"][q] = agreement([_label(r, "d1", q) for r in both], [_label(r, "d2", q) for r in both], [r.get("case_id") for r in both], n_boot=n_boot)
-    checks = {r["id"]: detector(r) for r in records}
-    out["detector"]["Q3"] = {**_versus(records, [checks[r["id"]]["verdict"] for r in records], "Q3", n_boot),
-                             "yes": sum(c["verdict"] for c in checks.values())}
+    checks = {r["id"]: verdict(r, "terminology") for r in records}
+    out["detector"]["Q3"] = {**_versus(records, [checks[r["id"]] for r in records], "Q3", n_boot), "yes": sum(bool(c) for c in checks.values())}
     for q in QUESTIONS if assessed else ():
-        verdicts = [((r.get("assessment") or {}).get(q) or {}).get("verdict") for r in records]
+        verdicts = [verdict(r, f"assess-{q}") for r in records]
         entry = {"assessor_unscored": sum(v is None for v in verdicts),
-                 "terms_not_in_patient_lines": sum(bool(((r.get("assessment") or {}).get(q) or {}).get("terms_not_found")) for r in records)}
+                 "terms_not_in_patient_lines": sum(bool(g.metadata.get("terms_not_found")) for r in records if (g := grades(r).get(f"assess-{q}")))}
         if q in EXPERT_LABELLED:
             versus = _versus(records, verdicts, q, n_boot)
-            entry.update(versus["combined"], experts_unlabelled=sum(r.get("experts", {}).get(q) is None for r in records))
+            entry.update(versus["combined"], experts_unlabelled=sum(_label(r, "combined", q) is None for r in records))
             out["per_rater"][q] = {k: versus[k] for k in ("d1", "d2")}
         else:
             entry["experts_unlabelled"] = None  # the paper released no labels for the patient-AI questions
         out["questions"][q] = entry
     for m in PAPER_MODELS:
-        recs = [r for r in records if r.get("model") == m]
+        recs = [r for r in records if (r.get("metadata") or {}).get("model") == m]
         if not recs:
             continue
         out["per_model"][m] = {}
         for q in QUESTIONS if assessed else ("Q3",):
-            mine = [v for r in recs if (v := ((r.get("assessment") or {}).get(q) or {}).get("verdict")) is not None]
-            theirs = [e for r in recs if (e := (r.get("experts") or {}).get(q)) is not None] if q in EXPERT_LABELLED else None
+            mine = [v for r in recs if (v := verdict(r, f"assess-{q}")) is not None]
+            theirs = [e for r in recs if (e := _label(r, "combined", q)) is not None] if q in EXPERT_LABELLED else None
             out["per_model"][m][q] = {"conversations": len(recs), "assessor": rate(mine) if assessed else None,
-                                      "detector": rate([checks[r["id"]]["verdict"] for r in recs]) if q == "Q3" else None,
+                                      "detector": rate([checks[r["id"]] for r in recs]) if q == "Q3" else None,
                                       "experts": rate(theirs) if theirs is not None else None}
     return out
 
@@ -205,22 +233,20 @@ def calibration_summary(m: dict, assessor: str, settings_line: str = "") -> str:
     return "\n".join(L) + "\n"
 
 
-def expert_records(convs: list) -> list[dict]:
-    """The labelled conversations as the calibration's records (without an assessment)."""
-    return [{"id": c.id, "case_id": c.case_id, "model": c.model, "vignette": c.vignette, "correct_answer": c.correct_diagnosis,
-             "final_diagnosis": c.final_diagnosis, "transcript": c.transcript, "experts": dict(c.combined),
-             "expert_raters": {r: dict(v) for r, v in c.raters.items()}} for c in convs]
-
-
 def calibrate_without_model(labels: str, out: str | Path, *, n_boot: int = N_BOOT) -> dict:
     """The deterministic checks alone (no model, no server): records, metrics.json and summary.md in ``out``."""
-    records = expert_records(load_expert_labels(labels))
-    for r in records:
-        r["terminology"] = detector(r)
+    from experiments.core.registry import named
+
+    records = []
+    for c in load_expert_labels(labels):
+        r = to_record(c)
+        r.pop("roles", None)
+        r["scores"].update(to_disk(TERMINOLOGY.rule(r, None)))
+        records.append(r)
     outp = Path(out)
     if (outp / "records.jsonl").exists():
         (outp / "records.jsonl").unlink()  # recomputed whole: no request is made
-    rundir = RunDir(outp, {"experiment": "calibrate-craftmd-conversations", "data": str(labels), "roles": {}, "n_boot": n_boot})
+    rundir = RunDir(outp, {"experiment": named(ConversationCalibration).name, "data": str(labels), "roles": {}, "n_boot": n_boot})
     rundir.append_many(records)
     metrics = calibration_metrics(records, n_boot=n_boot)
     rundir.write_metrics(metrics)

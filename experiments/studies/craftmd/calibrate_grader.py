@@ -14,17 +14,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from experiments.common.grade import to_disk
+from experiments.common.grade import Grade, count_scale, grades, to_disk
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import count_agreement
 from experiments.core.dryrun import RecordingClient, request_line, write_requests
-from experiments.core.results import ConfigView, RunDir
-from experiments.core.study import CaseContext, RequestFailed
+from experiments.core.record import record
+from experiments.core.results import RunDir
+from experiments.core.scorers import Scorer
+from experiments.core.study import CaseContext, RequestFailed, Study
 from experiments.studies.craftmd import grading
-from experiments.studies.craftmd.protocol import grade_answer
+from experiments.studies.craftmd.scorers import COUNT_QUESTION, grade_answer
 from experiments.studies.craftmd.settings import FORMATS, CraftSettings
 from experiments.studies.craftmd.prompts import PROMPTS
-from experiments.studies.craftmd.scores import calibration_scores
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, MedstackError, read_utf8
 from serving.refs import ModelRef
@@ -103,8 +104,7 @@ async def grade_trials(client, cases: list[dict], settings, *, log=print) -> dic
         try:
             g = await grade_answer(ctx, "", case["gold"], settings, "vignette", given=extracted)
             out = {"correct": g["correct"], "grade_source": g["grade_source"], "grader_reasks": g["grader_reasks"],
-                   "replies": g["grader_match_reply"] if isinstance(g["grader_match_reply"], dict) else
-                   ({targets[0]: g["grader_match_reply"]} if targets else {})}
+                   "replies": g["grader_match_reply"] or {}}
         except RequestFailed as e:
             out = {"correct": None, "grade_source": "failed", "replies": {}, "error": str(e)}
         done["n"] += 1
@@ -115,6 +115,66 @@ async def grade_trials(client, cases: list[dict], settings, *, log=print) -> dic
     graded = await asyncio.gather(*(one(c, t, e) for c in cases for t, e in enumerate(c["trials"])))
     it = iter(graded)
     return {c["id"]: [next(it) for _ in c["trials"]] for c in cases}
+
+
+# ------------------------------------------------------------------ the kind of results folder it writes
+
+def count_items(step: str):
+    """Review items of ``step`` (``grader``: the judge's; ``published``: the authors' grader's): per case of the
+    dermatologist set, how many of its 5 extracted diagnoses it found correct."""
+
+    def items(records: list[dict], cfg: dict):
+        out = []
+        for r in records:
+            g = grades(r).get(step)
+            if g is None or g.value is None:
+                continue  # the cases the calibration scores: the judge's main row leaves out cases with an unreadable verdict
+            out.append({"id": str(r["id"]), "verdict": int(g.value), "stratum": str(int(g.value)),
+                        "show": {"correct diagnosis": r.get("target"), "diagnoses extracted in the 5 trials": [x or "" for x in r.get("answer") or []]}})
+        return count_scale(N_TRIALS), out
+
+    return items
+
+
+class CalibrateGrader(Study):
+    """The kind ``calibrate-craftmd-grader``: per case of the dermatologist set, the judge's count of correct trials
+    (``grader``) and the authors' grader's (``published``, where the case was matched in their release)."""
+
+    scorers = (Scorer("grader", count_scale(N_TRIALS), COUNT_QUESTION, role="grader", items=count_items("grader")),
+               Scorer("published", count_scale(N_TRIALS), COUNT_QUESTION, items=count_items("published")))
+
+    def report_run(self, run: dict) -> list[dict]:
+        from experiments.studies.craftmd.report_views import grader_calibration_tables
+
+        return grader_calibration_tables(run)
+
+
+def case_record(c: dict, trials: list[dict], published: dict | None, judge: dict) -> dict:
+    """One case of the dermatologist set as a typed record: the extracted diagnoses its answer, the gold its target,
+    the judge's count (None with an unreadable verdict) and the authors' grader's its grades, the dermatologist's
+    count the label (metadata)."""
+    kept = [{k: t[k] for k in ("extracted", "status", "correct", "grade_source", "replies", "grader_reasks", "error") if k in t} for t in trials]
+    unscored = sum(t["correct"] is None for t in trials)
+    scores = {"grader": Grade(value=None if unscored else sum(t["correct"] == 1 for t in trials), answer=[t.get("extracted") for t in trials],
+                              metadata={"unscored_trials": unscored} if unscored else {}, judge=judge)}
+    if published is not None:
+        scores["published"] = Grade(value=published.get("count"), judge={"model": "published"}, metadata=dict(published))
+    rec = record(c["id"], inputs={"extractions": list(c["trials"])}, target=c["gold"], answer=list(c["trials"]), scores=to_disk(scores),
+                 metadata={"dermatologist": c["dermatologist"], "trials": kept})
+    if any(t["grade_source"] == "failed" for t in trials):
+        rec["status"] = "failed"
+        rec["scores"] = {k: v for k, v in rec["scores"].items() if k != "grader"}
+    return rec
+
+
+def count_of(r: dict, step: str, lenient: bool = False) -> int | None:
+    """A case's count of correct trials by ``step`` (``lenient``: the judge's with unreadable verdicts as wrong)."""
+    g = grades(r).get(step)
+    if g is None:
+        return None
+    if g.value is None and lenient:
+        return sum(t.get("correct") == 1 for t in (r.get("metadata") or {}).get("trials") or [])
+    return g.value
 
 
 # ------------------------------------------------------------------ the authors' grader decisions
@@ -245,7 +305,9 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: 
 
     rule = s.concurrent_rule
     pub = published_counts(published, cases) if published else {}
-    config_out = {"experiment": "calibrate-craftmd-grader", "judge": judge, "labels": str(labels), "concurrent_rule": rule,
+    from experiments.core.registry import named
+
+    config_out = {"experiment": named(CalibrateGrader).name, "judge": judge, "labels": str(labels), "concurrent_rule": rule,
                   "published": str(published) if published else None, "mode": "completion" if "grader" in s.completion_steps else "chat",
                   "grader_prompt": "experiments/studies/craftmd/prompts/grader_match.txt", "prompt_hash": PROMPTS.hash("grader_match"),
                   "kappa_weights": "linear", "roles": {"grader": judge}, "study_config": str(config or "experiments/studies/craftmd/configs/paper.yaml"),
@@ -255,36 +317,24 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: 
     if (outp / "records.jsonl").exists():
         (outp / "records.jsonl").unlink()  # a calibration is recomputed whole (answered requests come from the cache)
     rundir = RunDir(outp, config_out)
-    records, failed, unscored = [], [], []
-    for c in cases:
-        trials = graded[c["id"]]
-        rec = {"id": c["id"], "gold": c["gold"], "dermatologist": c["dermatologist"],
-               "trials": [{k: t[k] for k in ("extracted", "status", "correct", "grade_source", "replies", "grader_reasks", "error") if k in t}
-                          for t in trials]}
-        if any(t["grade_source"] == "failed" for t in trials):
-            rec["status"] = "failed"
-            failed.append(c["id"])
-        elif any(t["correct"] is None for t in trials):
-            rec["judge_unscored_trials"] = sum(t["correct"] is None for t in trials)
-            unscored.append(c["id"])
-        if rec.get("status") != "failed":
-            rec["judge"] = sum(t["correct"] == 1 for t in trials)
-        if c["id"] in pub:
-            rec["published"] = pub[c["id"]]
-        rec["scores"] = to_disk(calibration_scores(rec, ConfigView(config_out)))
-        rundir.append(rec)
-        records.append(rec)
+    judge_who = {"model": judge, "prompt_hash": PROMPTS.hash("grader_match"), "rule": rule}
+    records = [case_record(c, graded[c["id"]], pub.get(c["id"]), judge_who) for c in cases]
+    rundir.append_many(records)
+    failed = [r["id"] for r in records if r.get("status") == "failed"]
+    unscored = [r["id"] for r in records if r.get("status") != "failed" and count_of(r, "grader") is None]
     rundir.write_identity(identities)
     trials_all = [t for ts in graded.values() for t in ts]
     pairs = {(t["extracted"], c["gold"]) for c in cases for t in graded[c["id"]]}
 
-    scored = [r for r in records if r.get("status") != "failed" and "judge_unscored_trials" not in r]
-    judge_m = count_agreement([r["dermatologist"] for r in scored], [r["judge"] for r in scored], N_TRIALS) if scored else None
+    derm = {r["id"]: r["metadata"]["dermatologist"] for r in records}  # the label each count is held to
+    scored = [r for r in records if r.get("status") != "failed" and count_of(r, "grader") is not None]
+    judge_m = count_agreement([derm[r["id"]] for r in scored], [count_of(r, "grader") for r in scored], N_TRIALS) if scored else None
     with_unscored = [r for r in records if r.get("status") != "failed"]
-    judge_m_lenient = count_agreement([r["dermatologist"] for r in with_unscored], [r["judge"] for r in with_unscored], N_TRIALS) if with_unscored else None
-    pub_recs = [r for r in records if "published" in r]
-    pub_m = count_agreement([r["dermatologist"] for r in pub_recs], [r["published"]["count"] for r in pub_recs], N_TRIALS) if pub_recs else None
-    pub_same = [r for r in pub_recs if r.get("status") != "failed" and "judge_unscored_trials" not in r]
+    judge_m_lenient = (count_agreement([derm[r["id"]] for r in with_unscored], [count_of(r, "grader", lenient=True) for r in with_unscored], N_TRIALS)
+                       if with_unscored else None)
+    pub_recs = [r for r in records if count_of(r, "published") is not None]
+    pub_m = count_agreement([derm[r["id"]] for r in pub_recs], [count_of(r, "published") for r in pub_recs], N_TRIALS) if pub_recs else None
+    pub_same = [r for r in pub_recs if r in scored]
     pair_sources = Counter(t["grade_source"] for t in trials_all)
     metrics = {
         "cases_labelled": len(cases) + len(data["skipped_blank"]), "cases_blank_skipped": len(data["skipped_blank"]), "blank_cases": data["skipped_blank"],
@@ -295,10 +345,10 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: 
         "concurrent_rule": rule, "kappa_weights": "linear", "judge": judge, "settings": settings_line(s, "grader", config),
         "judge_vs_dermatologist": judge_m,
         "judge_vs_dermatologist_unscored_as_wrong": judge_m_lenient,
-        "published": {"release": str(published), "cases_matched": len(pub_recs), "matched_by_format": dict(Counter(r["published"]["format"] for r in pub_recs)),
-                      "matched_trivial": {k: sum(r["published"]["trivial"] == k for r in pub_recs) for k in TRIVIAL_KINDS},
+        "published": {"release": str(published), "cases_matched": len(pub_recs), "matched_by_format": dict(Counter(pub[r["id"]]["format"] for r in pub_recs)),
+                      "matched_trivial": {k: sum(pub[r["id"]]["trivial"] == k for r in pub_recs) for k in TRIVIAL_KINDS},
                       "vs_dermatologist": pub_m,
-                      "judge_vs_dermatologist_same_cases": count_agreement([r["dermatologist"] for r in pub_same], [r["judge"] for r in pub_same], N_TRIALS) if pub_same else None,
+                      "judge_vs_dermatologist_same_cases": count_agreement([derm[r["id"]] for r in pub_same], [count_of(r, "grader") for r in pub_same], N_TRIALS) if pub_same else None,
                       } if published else None,
         "run": {"wall_seconds": round(wall, 2), "usage": usage},
     }

@@ -1,5 +1,5 @@
 """CRAFT-MD's other commands: `import craftmd`, `import craftmd-experts`, `calibrate craftmd-grader`, `calibrate conversations`
-(declared in __init__.py; its comparison is `medstack compare`'s, through ``StudyResults.compare``)."""
+(declared in __init__.py; its comparison is `medstack compare`'s, through ``Study.compare``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def import_craftmd(
 
     MCQ free-text answers are mapped to choices by the one rule every model's answers go through (unmapped = wrong,
     listed); FRQ uses the published grades (-1 = wrong), recorded as grades: published, concurrent rule: any."""
-    from experiments.core.commands import resolve_data
+    from experiments.datasets.registry import resolve_data
     from experiments.studies.craftmd.importer import import_folder
 
     metrics = import_folder(Path(resolve_data(src)), name, out, resolve_data(cases))
@@ -42,7 +42,7 @@ def import_experts_cmd(
     """Import the CRAFT-MD authors' expert assessment of 180 conversations: Q1 and Q2 per model, Q3, exact McNemar
     tests between models and the raters' agreement, each beside the published value; labels combined as the authors
     did. The conversations become records the report's case browser shows (docs/protocols.md)."""
-    from experiments.core.commands import resolve_data
+    from experiments.datasets.registry import resolve_data
     from experiments.studies.craftmd.experts import import_experts
 
     metrics = import_experts(Path(resolve_data(src)), out)
@@ -71,7 +71,7 @@ def calibrate_grader_cmd(
     compare per-case counts of correct trials with the dermatologist's (agreement, mean |diff|, linear-weighted kappa,
     Spearman, confusion matrix). Exit 0 done, 2 bad input, 3 some grading requests failed (their cases left out)."""
     from experiments.studies.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader
-    from experiments.core.commands import resolve_data
+    from experiments.datasets.registry import resolve_data
 
     labels, published = resolve_data(labels), resolve_data(published)
     rule = rule or old_rule
@@ -111,7 +111,9 @@ def calibrate_conversations_cmd(
     specificity with case-clustered CIs. Exit 0 done, 2 bad input, 3 some conversations got no answer (run it again)."""
     from experiments.studies.craftmd.calibrate_conversations import ConversationCalibration, ConversationCalibrationSettings, calibrate_without_model
     from experiments.studies.craftmd.calibrate_grader import settings_line, study_settings
-    from experiments.core.commands import execute, resolve_data
+    from experiments.core.commands import execute
+    from experiments.core.registry import named
+    from experiments.datasets.registry import resolve_data
     from experiments.core.runner import prepare_run
 
     if answers not in (None, "free", "constrained"):
@@ -123,7 +125,7 @@ def calibrate_conversations_cmd(
         log(f"results in {out}")
         return
     run = study_settings(config, {"assessor": model}, completion=completion, step="assessor")
-    study = ConversationCalibration()
+    study = named(ConversationCalibration)()
     settings = ConversationCalibrationSettings(
         data=resolve_data(labels), out=str(out), limit=limit, roles={"assessor": model}, answers=answers or run.answers, concurrency=concurrency,
         use_cache=not no_cache, allow_remote=allow_remote, n_boot=n_boot, sampling={"assessor": run.sampling["assessor"]},

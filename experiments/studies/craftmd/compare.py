@@ -8,8 +8,8 @@ import itertools
 import json
 from pathlib import Path
 
-from experiments.studies.craftmd.metrics import PATIENT_CHECKS_NOTE, accuracy, case_scores, formats_modes, per_specialty, released_rows
-from experiments.common.patient_checks import count_checks, patient_check_table
+from experiments.common.grade import aggregate, unit_values
+from experiments.studies.craftmd.metrics import formats_modes, per_specialty
 from experiments.studies.craftmd.settings import FORMATS, MODES
 from experiments.core.registry import open_run
 from experiments.common.markdown import md_table, num
@@ -99,10 +99,10 @@ def compare(paths: list[str], runs: list[dict] | None = None) -> dict:
     acc_rows, tests = [], []
     scores = {}
     for r in runs:
-        for f, m in fm_by_run[r["name"]]:
-            acc_rows.append({"run": r["name"], "format": f, "mode": m, **accuracy(r["records"], f, m),
+        for f, m in fm_by_run[r["name"]]:  # each score's figure by the one aggregation (resampled by case), as every table gives it
+            acc_rows.append({"run": r["name"], "format": f, "mode": m, **aggregate(r["records"], f"{m}/{f}").json(),
                              **({"grades": r["grades"], "concurrent_rule": r["concurrent_rule"]} if m == "frq" else {})})
-            scores[(r["name"], f, m)] = case_scores(r["records"], f, m)
+            scores[(r["name"], f, m)] = unit_values(r["records"], f"{m}/{f}")
     # between runs, per format and mode
     for f in FORMATS:
         for m in MODES:
@@ -126,8 +126,6 @@ def compare(paths: list[str], runs: list[dict] | None = None) -> dict:
         "accuracy": acc_rows,
         "tests": tests,
         "per_specialty": {r["name"]: per_specialty(r["records"]) for r in runs},
-        # each run's patient checks, from its records (an imported release's too), beside the authors' four released patients
-        "patient_checks": {r["name"]: count_checks(r["records"]) for r in runs if any("patient_checks" in x for x in r["records"])},
     }
 
 
@@ -144,20 +142,19 @@ def summary_markdown(result: dict) -> str:
             continue
         fmts = [f for f in FORMATS if any(a["format"] == f for a in rows)]
         rule_col = m == "frq"
-        acc = {(x["run"], x["format"]): x for x in rows if x["accuracy"] is not None}
-        L += [f"## {m.upper()} accuracy [95% bootstrap CI] (n = cases)", "", *md_table(["run", *["grades / concurrent rule"] * rule_col, *fmts], [
+        acc = {(x["run"], x["format"]): x for x in rows if x["value"] is not None}
+        L += [f"## {m.upper()} accuracy [95% bootstrap CI, cases resampled] (n = cases)", "", *md_table(["run", *["grades / concurrent rule"] * rule_col, *fmts], [
             [r["name"], *[f"{r.get('grades', 'local')} / {r.get('concurrent_rule', 'zero')}"] * rule_col,
-             *(f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] n={a['n']}" if (a := acc.get((r["name"], f))) else "–" for f in fmts)]
+             *(f"{a['value']:.3f} [{a['low']:.3f}, {a['high']:.3f}] n={a['n']}" if (a := acc.get((r["name"], f))) else "–" for f in fmts)]
             for r in result["runs"]]), ""]
     L += ["## Paired tests (paired bootstrap on case_id, Holm within each table; McNemar where paired binary)", "",
           *md_table(["table", "a", "b", "n", "mean diff (a−b)", "p", "p (Holm)", "McNemar p"], [
               [t["table"], t["a"], t["b"], t["n_paired"], num(t.get("mean_diff")), *(num(t.get(k), 4) for k in ("p", "p_holm", "mcnemar_p"))]
               for t in result["tests"]])]
-    L += ["", "## Patient checks (no model): the runs' patients beside the authors' four released ones", "",
-          *md_table(*patient_check_table([*(result.get("patient_checks") or {}).items(), *released_rows()])), "", PATIENT_CHECKS_NOTE]
+    L += ["", "The patient checks of every run, beside the authors' four released patients, are in the Scores section below."]
     keys = [f"{f}.{m}" for f in FORMATS for m in MODES]
     L += ["", "## Per specialty (accuracy, n cases; FRQ graded as in the table above, per run)", "", *md_table(["run", "specialty", *keys], [
-        [run, spec, *(f"{accs[k]['accuracy']:.2f} ({accs[k]['n']})" if k in accs and accs[k]["accuracy"] is not None else "–" for k in keys)]
+        [run, spec, *(f"{accs[k]['value']:.2f} ({accs[k]['n']})" if k in accs and accs[k]["value"] is not None else "–" for k in keys)]
         for run, by in result["per_specialty"].items() for spec, accs in by.items()])]
     return "\n".join(L) + "\n"
 
@@ -176,13 +173,13 @@ def bar_chart(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(max(6, 1.8 * len(names) * len(modes) + 2), 4.2), squeeze=False)
     width = 0.8 / max(1, len(fmts))
     colors = {"vignette": "#4c72b0", "multiturn": "#dd8452", "singleturn": "#55a868", "summarized": "#c44e52"}
-    scored = {(a["run"], a["format"], a["mode"]): a for a in result["accuracy"] if a["accuracy"] is not None}
+    scored = {(a["run"], a["format"], a["mode"]): a for a in result["accuracy"] if a["value"] is not None}
     for ax, m in zip(axes[0], modes):
         x = np.arange(len(names))
         for j, f in enumerate(fmts):
             got = [scored.get((n, f, m)) for n in names]
-            vals = [a["accuracy"] if a else np.nan for a in got]
-            err = [[a["accuracy"] - a["ci_low"] if a else 0 for a in got], [a["ci_high"] - a["accuracy"] if a else 0 for a in got]]
+            vals = [a["value"] if a else np.nan for a in got]
+            err = [[a["value"] - a["low"] if a else 0 for a in got], [a["high"] - a["value"] if a else 0 for a in got]]
             pos = x + (j - (len(fmts) - 1) / 2) * width
             ax.bar(pos, vals, width, yerr=err, capsize=3, label=f, color=colors.get(f))
             for px, v in zip(pos, vals):
@@ -201,7 +198,8 @@ def bar_chart(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_compare(paths: list[str], out: str | Path) -> dict:
+def run_compare(paths: list[str], out: str | Path, study) -> dict:
+    """The study's own comparison (``study``: the CRAFT-MD Study, for its scorers and paper tables)."""
     if len(paths) < 1:
         raise MedstackError("give at least one results directory")
     runs = load_runs(paths)
@@ -210,7 +208,7 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=2, default=str))
 
-    studies = study_tables(runs)  # the paper's tables over the same runs, figures as PNG
+    studies = study_tables([{**r, "scorers": study.scorers} for r in runs], study.tables)  # the paper's tables over the same runs, figures as PNG
     paper = "\n".join(study_markdown(st) for st in studies if st.tables)
     (out / "summary.md").write_text((paper + "\n" if paper else "") + summary_markdown(result))
     bar_chart(result, out / "accuracy.png")

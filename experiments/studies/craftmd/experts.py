@@ -61,7 +61,7 @@ class ExpertConversation:
 
     @property
     def transcript(self) -> list[dict]:
-        """The conversation as a run record's transcript: [{agent: doctor|patient, content, turn}]."""
+        """The conversation as a typed record's transcript: [{role: doctor|patient, text, turn}]."""
         return parse_conversation(self.conversation, f"{self.id}: multi-turn conversation")
 
 
@@ -255,35 +255,34 @@ def expert_summary(metrics: dict, published: dict, source: str) -> str:
 
 
 def to_record(c: ExpertConversation) -> dict:
-    """A released conversation as a record the report's case browser shows."""
+    """A released conversation as a typed record: the experts' labels its grades ``assess-<Q>@experts``."""
+    from experiments.common.grade import Grade, score_name, to_disk
+    from experiments.core.record import record
+    from experiments.studies.craftmd.scorers import EXPERTS, EXPERTS_RULE
+
     transcript = c.transcript
-    return {
-        "id": c.id, "case_id": c.case_id, "model": c.model, "roles": {"clinical": c.model}, "imported": True,
-        "question": c.question, "vignette": c.vignette, "correct_answer": c.correct_diagnosis,
-        "final_diagnosis": c.final_diagnosis, "transcript": transcript,
-        "n_doctor_turns": doctor_turns(transcript),
-        # flat, so the report's case browser shows them among the grades: yes / no / null (no label)
-        **{f"expert_label_{q}": None if c.combined[q] is None else ("yes" if c.combined[q] else "no") for q in EXPERT_QUESTIONS},
-        "expert_raters": {r: dict(v) for r, v in c.raters.items()}, "dual_labelled": c.dual,
-    }
+    scores = {score_name(f"assess-{q}", judge=EXPERTS): Grade(value=None if v is None else int(v), source=EXPERTS,
+                                                               judge={"model": "dermatologists", "rule": EXPERTS_RULE})
+              for q, v in c.combined.items()}
+    rec = record(c.id, c.case_id, inputs={"question": c.question, "facts": c.vignette}, target=c.correct_diagnosis, transcript=transcript,
+                 answer=c.final_diagnosis, scores=to_disk(scores),
+                 metadata={"model": c.model, "imported": True, "n_doctor_turns": doctor_turns(transcript),
+                           "expert_raters": {r: dict(v) for r, v in c.raters.items()}, "dual_labelled": c.dual})
+    rec["roles"] = {"clinical": c.model}
+    return rec
 
 
 def import_experts(src: str | Path, out: str | Path, *, n_boot: int = 10_000) -> dict:
     """`medstack import craftmd-experts`: records, metrics.json and summary.md in ``out``."""
-    from experiments.common.grade import to_disk
-    from experiments.core.results import ConfigView, RunDir
+    from experiments.core.results import RunDir
     from experiments.studies.craftmd.paper_values import EXPERT_PUBLISHED
-    from experiments.studies.craftmd.scores import scores
 
     src = Path(src)
     convs = load_expert_labels(src)  # every workbook valid before anything is written
     config = {"experiment": "craftmd-experts", "name": "craftmd-experts", "imported_from": str(src.resolve())}
     rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
-    records = [to_record(c) for c in convs if c.id not in done]
-    for rec in records:
-        rec["scores"] = to_disk(scores(rec, ConfigView(config)))  # the experts' labels, typed (experiments/studies/craftmd/scores.py)
-    rundir.append_many(records)
+    rundir.append_many([to_record(c) for c in convs if c.id not in done])
     rundir.write_identity({"experts": {"alias": "dermatologists", "imported_from": str(src.resolve())}})
     metrics = expert_metrics(convs, n_boot=n_boot)
     rundir.write_metrics(metrics)

@@ -1,5 +1,6 @@
-"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> one record per (case, trial), shaped
-as a local run's so `compare` treats both alike (the input, MCQ mapping and published grades: the study README).
+"""`medstack import craftmd`: the CRAFT-MD authors' per-case result files -> one typed record per (case, trial), as
+a local run's, its grades the release's (FRQ: the authors' grader; MCQ: our one choice mapper) and the patient checks
+run over it, so `compare` treats both alike (the input, MCQ mapping and published grades: the study README).
 """
 
 from __future__ import annotations
@@ -7,18 +8,21 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from experiments.common.choice import MCQ_RULES, map_choice
+from experiments.common.grade import Grade, score_name, to_disk
+from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
+from experiments.core.record import record
+from experiments.core.results import ConfigView, Run, RunDir
+from experiments.core.scorers import figures, scores_markdown
 from experiments.studies.craftmd import grading
 from experiments.studies.craftmd.data import answer_index, load_cases
-from experiments.studies.craftmd.metrics import grades, patient_check_section, per_specialty, run_metrics, summary_markdown
-from experiments.common.patient_checks import DEFAULT_SPAN_WORDS, check_conversation, patient_check_grades, patient_metrics
+from experiments.studies.craftmd.metrics import grades, per_specialty, run_metrics, summary_markdown
 from experiments.studies.craftmd.protocol import stop_reason_for
-from experiments.studies.craftmd.scores import graded
+from experiments.studies.craftmd.scorers import MCQ_RULE, PATIENT, SCORERS, frq_grade, mcq_grade
 from experiments.studies.craftmd.settings import FORMATS
-from experiments.common.grade import score_name, to_disk
-from experiments.core.results import Run, RunDir
 from experiments.tables.render import run_paper_tables
 from models.errors import DataError, MedstackError
 
@@ -70,13 +74,13 @@ def parse_conversation(conv, where: str) -> list[dict]:
         patient_spoke = patient_spoke or agent == "patient"
         if agent == "doctor" and patient_spoke:
             turn += 1
-        out.append({"agent": agent, "content": content, "turn": turn})
+        out.append({"role": agent, "text": content, "turn": turn})
     return out
 
 
 def doctor_turns(transcript: list[dict]) -> int:
     """The doctor's turns after the patient first spoke (a greeting before it is turn 0, not counted)."""
-    return sum(t["agent"] == "doctor" and t["turn"] > 0 for t in transcript)
+    return sum(t["role"] == "doctor" and t["turn"] > 0 for t in transcript)
 
 
 def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
@@ -85,11 +89,11 @@ def infer_stop(transcript: list[dict], cap: int | None = None) -> str | None:
     if not transcript:
         return None
     last = transcript[-1]
-    if last["agent"] == "patient":
+    if last["role"] == "patient":
         return "turn_cap"
     if last["turn"] == 0:
         return "unknown"
-    reason = stop_reason_for(last["content"], "Final Diagnosis")
+    reason = stop_reason_for(last["text"], "Final Diagnosis")
     if reason:
         return reason
     return "turn_cap" if cap is not None and doctor_turns(transcript) >= cap else "unknown"
@@ -99,21 +103,22 @@ def infer_cap(transcripts: list[list[dict]]) -> int | None:
     """The release's turn cap in doctor turns: the most common length of the conversations that end on a doctor's
     question without the marker (only a cap stops those); None when there are none (the GPT releases)."""
     lengths = Counter(doctor_turns(t) for t in transcripts
-                      if t and t[-1]["agent"] == "doctor" and t[-1]["turn"] > 0 and stop_reason_for(t[-1]["content"], "Final Diagnosis") is None)
+                      if t and t[-1]["role"] == "doctor" and t[-1]["turn"] > 0 and stop_reason_for(t[-1]["text"], "Final Diagnosis") is None)
     return lengths.most_common(1)[0][0] if lengths else None
 
 
-def mcq_answer(text, choices: list[str], correct: str) -> dict:
+def mcq_graded(text, choices: list[str], correct: str) -> Grade:
+    """A released MCQ answer mapped by our one rule: to the case's four choices, or, where the release has none, to the
+    correct answer alone (``metadata.mapping``)."""
     text = "" if text is None else str(text)
     if choices:
-        out = grading.parse_mcq(text, choices, answer_index(correct, choices))
-        out["mcq_mapping"] = "choices"
-        return out
+        g = mcq_grade(text, choices, answer_index(correct, choices))
+        return replace(g, metadata={**g.metadata, "mapping": "choices"})
     idx, how = map_choice(text, [correct])
-    return {"answer": text, "choice": None, "choice_text": correct if idx == 0 else None, "parsed_by": how, "correct": int(idx == 0), "mcq_mapping": "answer_only"}
+    return Grade(value=int(idx == 0), answer=text, source=how, metadata={"choice": None, "mapping": "answer_only"}, judge={"rule": MCQ_RULE})
 
 
-def frq_answer(trial: dict, fmt: str) -> dict:
+def frq_graded(trial: dict, fmt: str) -> Grade:
     """The published grade: 1 right, 0 wrong, -1 (the authors' "no answer") counted as wrong (0)."""
     ev = trial.get(f"evaluation_{fmt}_frq")
     extracted = trial.get(f"extracted_ans_{fmt}_frq")
@@ -123,11 +128,11 @@ def frq_answer(trial: dict, fmt: str) -> dict:
         published = None
     correct = None if published is None else int(published == 1)
     status = grading.classify_extracted(extracted)[1] if isinstance(extracted, str) else None
-    out = {"answer": trial.get(f"{fmt}_frq"), "extracted": extracted, "extraction_status": status, "correct": correct,
-           "grade_source": "published" if correct is not None else "unscored_missing"}
+    g = frq_grade(trial.get(f"{fmt}_frq"), {"extracted": extracted, "extraction_status": status, "correct": correct,
+                                            "grade_source": "published" if correct is not None else "unscored_missing"}, {"model": "published"})
     if published is not None and published not in (0, 1):
-        out["published_evaluation"] = published
-    return out
+        g = replace(g, metadata={**g.metadata, "published_evaluation": published})
+    return g
 
 
 def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
@@ -150,6 +155,9 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
         raise DataError(f"{path}: case {cid}: no trial_<k> entries")
     # an MCQ format another trial of this case has but this one lacks is recorded unparsed (= wrong), never dropped
     mcq_formats = [f for f in FORMATS if any(isinstance(data[k], dict) and f"{f}_mcq" in data[k] for k in trials)]
+    inputs = {"question": data.get("question"), "facts": str(data.get("case_vignette") or case.get("vignette") or ""),
+              "choices": choices if len(choices) == 4 else [], "answer_index": answer_index(correct, choices) if len(choices) == 4 else None,
+              "specialty": data.get("category") or data.get("specialty") or case.get("specialty") or "unknown", "dataset": data.get("dataset") or case.get("dataset")}
     records = []
     for key in trials:
         trial, k = data[key], int(key.split("_")[1])
@@ -157,33 +165,22 @@ def convert_file(path: Path, name: str, cases_by_id: dict) -> list[dict]:
         if not isinstance(trial, dict):
             raise DataError(f"{where}: expected an object")
         transcript = parse_conversation(trial.get("multiturn_conversation"), where)
-        turns = [(t["agent"], t["content"]) for t in transcript]
-        answers = {}
+        answers, scores = {}, {}  # the published grades and our MCQ mapping, typed
         for fmt in FORMATS:
-            a = {}
-            if f"{fmt}_mcq" in trial:
-                a["mcq"] = mcq_answer(trial[f"{fmt}_mcq"], choices, correct)
-            elif fmt in mcq_formats:
-                a["mcq"] = {**mcq_answer(None, choices, correct), "missing": True}
+            if f"{fmt}_mcq" in trial or fmt in mcq_formats:
+                answers.setdefault(fmt, {})["mcq"] = trial.get(f"{fmt}_mcq")
+                g = mcq_graded(trial.get(f"{fmt}_mcq"), choices, correct)
+                scores[score_name("mcq", fmt)] = g if f"{fmt}_mcq" in trial else replace(g, metadata={**g.metadata, "missing": True})
             if f"{fmt}_frq" in trial or f"evaluation_{fmt}_frq" in trial:
-                a["frq"] = frq_answer(trial, fmt)
-            if a:
-                answers[fmt] = a
-        scores = {}  # the published grades and our MCQ mapping, typed (experiments/studies/craftmd/scores.py)
-        for fmt, d in answers.items():
-            for mode in d:
-                d[mode], scores[score_name(mode, fmt)] = graded(mode, d[mode], {"model": "published"})
-        checks = check_conversation(turns, vignette=str(data.get("case_vignette") or case.get("vignette") or ""), correct=correct,
-                                    choices=choices if len(choices) == 4 else None) if turns else None
-        records.append({
-            "id": f"{cid}/t{k}", "case_id": cid, "trial": k, "specialty": data.get("category") or data.get("specialty") or case.get("specialty") or "unknown",
-            "dataset": data.get("dataset") or case.get("dataset"), "source": path.name, "model": name, "roles": {"clinical": name},
-            "correct_answer": correct, "choices": choices, "transcript": transcript,
-            "stop_reason": None,  # import_folder infers it once the release's turn cap is known
-            "n_doctor_turns": doctor_turns(transcript), "summary": trial.get("summarized_conversation"),
-            "answers": answers, "errors": [], "imported": True, **({"patient_checks": checks} if checks else {}),
-            "scores": to_disk({**scores, **(patient_check_grades(checks) if checks else {})}),
-        })
+                answers.setdefault(fmt, {})["frq"] = trial.get(f"{fmt}_frq")
+                scores[score_name("frq", fmt)] = frq_graded(trial, fmt)
+        rec = record(f"{cid}/t{k}", cid, trial=k, inputs=inputs, target=correct, transcript=transcript, answer=answers,
+                     scores=to_disk(scores), metadata={"model": name, "source": path.name, "imported": True,
+                                                       "stop_reason": None,  # import_folder infers it once the release's turn cap is known
+                                                       "n_doctor_turns": doctor_turns(transcript), "summary": trial.get("summarized_conversation")})
+        rec["roles"] = {"clinical": name}
+        rec["scores"].update(to_disk(PATIENT.rule(rec, ConfigView({"copy_span_words": DEFAULT_SPAN_WORDS}))))  # a rule: as a run runs it
+        records.append(rec)
     return records
 
 
@@ -192,19 +189,19 @@ def import_stats(records: list[dict]) -> dict:
     the published FRQ grades of -1 (counted as wrong)."""
     by_rule, by_fmt, unmapped = Counter(), {}, []
     answer_only = 0
+    minus_one: Counter = Counter()
     for r in records:
-        graded_mcq = grades(r)
-        for fmt in FORMATS:
-            a, g = (r.get("answers") or {}).get(fmt, {}).get("mcq"), graded_mcq.get((fmt, "mcq"))
-            if not g:
+        for (fmt, mode), g in grades(r).items():
+            if mode == "frq":
+                minus_one[fmt] += g.metadata.get("published_evaluation") == -1
                 continue
             rule = g.source
             by_rule[rule] += 1
             by_fmt.setdefault(fmt, Counter())[rule] += 1
-            answer_only += a.get("mcq_mapping") == "answer_only"
+            answer_only += g.metadata.get("mapping") == "answer_only"
             if rule == "unparsed":
-                unmapped.append({"id": r["id"], "format": fmt, "answer": "(no answer in the file)" if a.get("missing") else a.get("answer")})
-    minus_one = Counter(f for r in records for f, d in (r.get("answers") or {}).items() if d.get("frq", {}).get("published_evaluation") == -1)
+                unmapped.append({"id": r["id"], "format": fmt, "answer": "(no answer in the file)" if g.metadata.get("missing") else g.answer})
+    minus_one = +minus_one
     order = {k: i for i, k in enumerate(MCQ_RULES)}
     return {
         "grades": "published", "concurrent_rule": "any",
@@ -230,22 +227,26 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
     converted = [rec for f in files for rec in convert_file(f, name, cases_by_id)]  # all files valid before anything is written
     cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release
     for rec in converted:
-        rec["stop_reason"] = infer_stop(rec["transcript"], cap)
+        rec["metadata"]["stop_reason"] = infer_stop(rec["transcript"], cap)
     rundir = RunDir(Path(out), config)
     done = rundir.done_ids()
-    for rec in converted:
-        if rec["id"] not in done:
-            rundir.append(rec)
+    rundir.append_many([rec for rec in converted if rec["id"] not in done])
     identity = rundir.write_identity({"clinical": {"alias": name, "imported_from": str(src.resolve())}})
     records = rundir.records()
     metrics = run_metrics(records)
     metrics["per_specialty"] = per_specialty(records)
     metrics.update(import_stats(records))
     metrics["turn_cap_inferred"] = cap
-    if checked := patient_metrics(records, DEFAULT_SPAN_WORDS):  # as the runner counts a live run's
-        metrics["patient_checks"] = checked
+    metrics["scores"] = [f.json() for f in figures(records, SCORERS)]  # as the runner aggregates a live run's
     rundir.write_metrics(metrics)
-    checks = patient_check_section([(name, metrics["patient_checks"])]) if metrics.get("patient_checks") else ""
-    rundir.write_summary(summary_markdown(name, metrics) + checks + "\n"
-                         + run_paper_tables(Run(rundir.path, records, [], config, metrics=metrics, identity=identity)))
+    run = Run(rundir.path, records, [], config, metrics=metrics, identity=identity)
+    rundir.write_summary(summary_markdown(name, metrics) + "\n" + run_paper_tables(run, importing_study()) + "\n"
+                         + scores_markdown(metrics["scores"], SCORERS))
     return metrics
+
+
+def importing_study():
+    """The study whose runs an import is (its paper tables)."""
+    from experiments.core.registry import study_for
+
+    return study_for("craftmd")

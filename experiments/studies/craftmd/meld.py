@@ -8,9 +8,11 @@ from experiments.core.config import ConfigError, config_dir
 from experiments.studies.craftmd.data import load_cases
 from experiments.studies.craftmd.prompts import PROMPTS, render
 from experiments.studies.craftmd.settings import MeldSettings
-from experiments.common.grade import Grade, grades, to_disk
+from experiments.common.grade import UNIT, YES_NO, Grade, grades, to_disk
 from experiments.common.stats import mean_ci
-from experiments.core.study import CaseContext, Study, StudyResults
+from experiments.core.record import RUNNER_FIELDS, is_typed, record
+from experiments.core.scorers import Scorer
+from experiments.core.study import CaseContext, Study
 from serving.refs import model_name
 
 
@@ -45,9 +47,18 @@ def meld_grades(sim: float | None, cut: str | None, threshold) -> dict[str, Grad
                                judge={"rule": f"similarity >= {threshold}"})}
 
 
-def meld_scores(record: dict, settings) -> dict[str, Grade]:
-    """A case's typed scores: those its run stored, or, for a record written before, from its own fields."""
-    return grades(record) if record.get("scores") else meld_grades(record.get("similarity"), record.get("generation_cut"), settings.threshold)
+def decide_similarity(ctx, r: dict, s, role) -> dict:
+    return {None: meld_grades(similarity(r.get("answer") or "", r.get("target") or ""), r.get("answer"), s.threshold)["similarity"]}
+
+
+def decide_memorized(ctx, r: dict, s, role) -> dict:
+    """Run after ``similarity``: its value against the threshold."""
+    return {None: meld_grades(grades(r)["similarity"].value, r.get("answer"), s.threshold)["memorized"]}
+
+
+SCORERS = (Scorer("similarity", UNIT, "How close is the model's continuation to the vignette's true second half (1 - normalized "
+                  "Levenshtein distance)?", decide=decide_similarity),
+           Scorer("memorized", YES_NO, "Is the continuation at least as similar as the threshold (a sign of memorization)?", decide=decide_memorized))
 
 
 class MeldStudy(Study):
@@ -57,7 +68,7 @@ class MeldStudy(Study):
     primary_role = "model"
     strata = ("dataset", "specialty")
     prompts = PROMPTS
-    results = StudyResults(experiment="craftmd-meld", scores=meld_scores)
+    scorers = SCORERS
 
     def default_config(self, overrides: dict):
         return config_dir(__file__) / "meld.yaml"
@@ -68,7 +79,7 @@ class MeldStudy(Study):
         return s
 
     def load_cases(self, s: MeldSettings) -> list[dict]:
-        return [{**c, "id": c["case_id"]} for c in self.select(load_cases(s.data), s)]
+        return [{**c, "id": c["case_id"]} for c in load_cases(s.data)]
 
     async def solve(self, ctx: CaseContext, case: dict, s: MeldSettings) -> dict:
         first, second = split_halves(case["vignette"])
@@ -78,9 +89,18 @@ class MeldStudy(Study):
         gen = step.gen(max_tokens=min(step.max_tokens, 2 * n + 16))
         r = await ctx.chat([{"role": "user", "content": prompt}], role="model", gen=gen, step="continue")
         cut = truncate_words(r.text, n)
-        return {"case_id": case["case_id"], "specialty": case["specialty"], "model": model_name(s.roles["model"]),
-                "first_half": first, "true_second_half": second, "n_words": n, "generation": r.text, "generation_cut": cut,
-                "scores": to_disk(meld_grades(similarity(cut, second), cut, s.threshold)), "prompt_hash": PROMPTS.hash("meld")}
+        return record(case["id"], case["case_id"], inputs={"first_half": first, "n_words": n, "specialty": case["specialty"]}, target=second,
+                      answer=cut, metadata={"model": model_name(s.roles["model"]), "generation": r.text, "prompt_hash": PROMPTS.hash("meld")})
+
+    def upgrade(self, r: dict, s) -> dict:
+        """An older MELD record (its own fields; its similarity a field before typed scores) in today's shape."""
+        if is_typed(r):
+            return r
+        scores = grades(r) if r.get("scores") else meld_grades(r.get("similarity"), r.get("generation_cut"), s.threshold)
+        out = record(r["id"], r.get("case_id"), inputs={"first_half": r.get("first_half"), "n_words": r.get("n_words"), "specialty": r.get("specialty")},
+                     target=r.get("true_second_half"), answer=r.get("generation_cut"), scores=to_disk(scores),
+                     metadata={k: r[k] for k in ("model", "generation", "prompt_hash") if k in r})
+        return {**{k: v for k, v in r.items() if k in RUNNER_FIELDS}, **out}
 
     def metrics(self, records: list[dict], s: MeldSettings) -> dict:
         return meld_metrics(records, s.threshold)

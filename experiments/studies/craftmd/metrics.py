@@ -1,21 +1,19 @@
-"""Pure aggregation of CRAFT-MD records (local or imported; same shape): accuracy per format and mode over cases,
-as the study README ("Records", metrics.json) describes; unscored answers are left out and counted.
+"""CRAFT-MD's figures beyond its scores (stop reasons, turns, parse errors, the grader's extraction statuses and
+re-asks) and its summary tables, which show the scorers' figures (metrics.json ``scores``: the one aggregation,
+resampled by case) per format and mode, and per specialty through the same aggregation (the study README, "Records").
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from pathlib import Path
 
-import yaml
-
-from experiments.common.grade import Grade, grades as typed_grades, split_name
+from experiments.common.grade import Grade, aggregate, grades as typed_grades, split_name
 from experiments.common.markdown import md_table
-from experiments.common.stats import mean_ci
 from experiments.studies.craftmd.assess import LABELS, QUESTIONS
-from experiments.common.patient_checks import NOTE, patient_check_markdown
 from experiments.studies.craftmd.settings import FORMATS, MODES
+
+UNPARSED = ("unparsed", "unscored_extraction", "unscored_verdict")  # an MCQ mapped to no choice, an FRQ grader reply not read
 
 
 def grades(record: dict) -> dict[tuple[str, str], Grade]:
@@ -28,64 +26,50 @@ def grades(record: dict) -> dict[tuple[str, str], Grade]:
     return out
 
 
-UNPARSED = ("unparsed", "unscored_extraction", "unscored_verdict")  # an MCQ mapped to no choice, an FRQ grader reply not read
-
-
-def case_scores(records: list[dict], fmt: str, mode: str) -> dict[str, float]:
-    per = defaultdict(list)
-    for r in records:
-        g = grades(r).get((fmt, mode))
-        if g is not None and g.value is not None:
-            per[str(r["case_id"])].append(float(g.value))
-    return {cid: sum(v) / len(v) for cid, v in per.items()}
-
-
 def formats_modes(records: list[dict]) -> list[tuple[str, str]]:
     seen = {fm for r in records for fm in grades(r)}
     return [(f, m) for f in FORMATS for m in MODES if (f, m) in seen]
 
 
-def accuracy(records: list[dict], fmt: str, mode: str) -> dict:
-    scores = case_scores(records, fmt, mode)
-    present = [g for r in records if (g := grades(r).get((fmt, mode))) is not None and not g.skipped]
-    ci = mean_ci(scores.values())
-    return {"accuracy": ci.mean if ci.n else None, "ci_low": ci.low if ci.n else None, "ci_high": ci.high if ci.n else None,
-            "n": ci.n, "n_answers": len(present), "unscored": sum(g.value is None for g in present)}
+def figure_of(metrics_or_figures, fmt: str, mode: str) -> dict | None:
+    """The figure of ``<mode>/<format>`` (the mean over cases) among a run's figures (metrics.json ``scores``)."""
+    figs = metrics_or_figures.get("scores") if isinstance(metrics_or_figures, dict) else metrics_or_figures
+    return next((f for f in figs or [] if f["score"] == f"{mode}/{fmt}" and f["metric"] == "mean"), None)
 
 
 def run_metrics(records: list[dict]) -> dict:
-    good = [r for r in records if "error" not in r or r.get("answers")]
-    out: dict = {"records": len(records), "case_errors": len(records) - len(good), "cases": len({r.get("case_id") for r in good})}
-    out["accuracy"] = {f"{f}.{m}": accuracy(good, f, m) for f, m in formats_modes(good)}
-    stops = Counter(r.get("stop_reason") for r in good if r.get("stop_reason"))
-    out["stop_reasons"] = dict(stops)
-    turns = [r.get("n_doctor_turns", 0) for r in good if r.get("transcript")]
+    """What the records say besides the scores' figures: cases, stop reasons, doctor turns, parse errors, the
+    grader's extraction statuses and re-asks."""
+    out: dict = {"records": len(records), "cases": len({r.get("case_id") for r in records})}
+    meta = [r.get("metadata") or {} for r in records]
+    out["stop_reasons"] = dict(Counter(m.get("stop_reason") for m in meta if m.get("stop_reason")))
+    turns = [m.get("n_doctor_turns", 0) for m, r in zip(meta, records) if r.get("transcript")]
     out["mean_doctor_turns"] = sum(turns) / len(turns) if turns else None
-    all_grades = [(fm, g) for r in good for fm, g in grades(r).items()]
+    all_grades = [(fm, g) for r in records for fm, g in grades(r).items()]
     n_answers = sum(1 for _, g in all_grades if not g.skipped)
     n_parse = sum(g.source in UNPARSED for _, g in all_grades)
     out["parse_errors"] = n_parse
     out["parse_error_rate"] = n_parse / n_answers if n_answers else None
     frq = [g for (_, m), g in all_grades if m == "frq"]
-    out["frq_extraction_status"] = dict(Counter(g.metadata["extraction_status"] for g in frq))
+    out["frq_extraction_status"] = dict(Counter(g.metadata.get("extraction_status") for g in frq))
     out["frq_grade_source"] = dict(Counter(g.source for g in frq))
-    reasks = [g.metadata["grader_reasks"] for g in frq]
+    reasks = [int(g.metadata.get("grader_reasks") or 0) for g in frq]
     out["grader_reasks"] = {"total": sum(reasks), "answers_reasked": sum(k > 0 for k in reasks), "max": max(reasks, default=0)}
-    out["request_errors"] = sum(len(r.get("errors") or []) for r in good)
     return out
 
 
 def per_specialty(records: list[dict]) -> dict:
+    """Per specialty and format.mode: the same aggregation as the run's figures, over that specialty's cases."""
     by = defaultdict(list)
     for r in records:
-        by[r.get("specialty") or "unknown"].append(r)
-    return {s: {f"{f}.{m}": accuracy(rs, f, m) for f, m in formats_modes(rs)} for s, rs in sorted(by.items())}
+        by[(r.get("inputs") or {}).get("specialty") or "unknown"].append(r)
+    return {s: {f"{f}.{m}": aggregate(rs, f"{m}/{f}").json() for f, m in formats_modes(rs)} for s, rs in sorted(by.items())}
 
 
-def fmt_acc(a: dict) -> str:
-    if a.get("accuracy") is None:
+def fmt_acc(a: dict | None) -> str:
+    if not a or a.get("value") is None:
         return "–"
-    return f"{a['accuracy']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] (n={a['n']})"
+    return f"{a['value']:.3f} [{a['low']:.3f}, {a['high']:.3f}] (n={a['n']})"
 
 
 def grading_label(metrics_or_config: dict) -> str:
@@ -97,19 +81,21 @@ def grading_label(metrics_or_config: dict) -> str:
 
 
 def summary_markdown(name: str, metrics: dict) -> str:
-    acc = metrics["accuracy"]
-    lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}, case errors: {metrics['case_errors']}",
+    rows = [[f, fmt_acc(figure_of(metrics, f, "mcq")), fmt_acc(figure_of(metrics, f, "frq"))] for f in FORMATS
+            if figure_of(metrics, f, "mcq") or figure_of(metrics, f, "frq")]
+    lines = [f"# CRAFT-MD run: {name}", "", f"cases: {metrics['cases']}, records (case × trial): {metrics['records']}",
              grading_label(metrics), *([metrics["requests"]] if metrics.get("requests") else []),
              *([f"additions to the protocol (not deviations: the paper's requests are unchanged): {'; '.join(metrics['additions'])}"]
                if metrics.get("additions") else []), "",
-             *md_table(["format", "MCQ accuracy [95% CI]", "FRQ accuracy [95% CI]"],
-                       [[f, fmt_acc(acc.get(f"{f}.mcq", {})), fmt_acc(acc.get(f"{f}.frq", {}))] for f in FORMATS if f"{f}.mcq" in acc or f"{f}.frq" in acc])]
+             "Accuracy: the `mcq/<format>` and `frq/<format>` scores' figures (the Scores section below), resampled by case: "
+             "a case's trials are one unit.", "",
+             *md_table(["format", "MCQ accuracy [95% CI]", "FRQ accuracy [95% CI]"], rows)]
     cap = f"; turn cap inferred from the release: {metrics['turn_cap_inferred']} doctor turns" if metrics.get("turn_cap_inferred") else ""
     n_conv = sum(metrics["stop_reasons"].values())
     lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}{cap}",
               *([f"doctor: reached the turn cap in {metrics['stop_reasons'].get('turn_cap', 0)} of {n_conv} conversation(s)"] if n_conv else []),
               f"parse errors: {metrics['parse_errors']} (rate {metrics['parse_error_rate']}); FRQ extraction: {metrics['frq_extraction_status']}; "
-              f"FRQ grade source: {metrics['frq_grade_source']}; failed requests: {metrics['request_errors']}"]
+              f"FRQ grade source: {metrics['frq_grade_source']}"]
     if metrics.get("grader_reasks", {}).get("total"):
         r = metrics["grader_reasks"]
         lines.append(f"grader re-asks (verdict neither yes nor no): {r['total']} over {r['answers_reasked']} FRQ answer(s), at most {r['max']} for one")
@@ -153,35 +139,15 @@ def published_expert_value(published: dict | None, question: str, paper_model: s
     return ""
 
 
-RELEASED_CHECKS = Path(__file__).with_name("released_patient_checks.yaml")
-PATIENT_CHECKS_HEADING = "Patient checks (no model), beside the authors' four released patients"
-PATIENT_CHECKS_NOTE = (NOTE + " The turn cap is the doctor's (stop reasons above). Rules, and how "
-                       "the released rates were measured: docs/protocols.md, CRAFT-MD patient checks.")
-
-
-def released_patient_checks() -> dict[str, dict]:
-    """The patient checks of the authors' four released runs, measured by `import craftmd` of each (the file says how)."""
-    return yaml.safe_load(RELEASED_CHECKS.read_text(encoding="utf-8"))["releases"]
-
-
-def released_rows() -> list[tuple[str, dict]]:
-    """The authors' four released patients, as rows beside a run's in the patient-check table."""
-    return [(f"{label} (authors' release)", pc) for label, pc in released_patient_checks().items()]
-
-
-def patient_check_section(rows: list[tuple[str, dict]]) -> str:
-    """The patient-check table of ``rows`` beside the authors' four released patients (import, compare)."""
-    return patient_check_markdown([*rows, *released_rows()], PATIENT_CHECKS_HEADING, PATIENT_CHECKS_NOTE)
-
-
 def conversation_markdown(metrics: dict, published: dict | None = None, paper_model: str | None = None) -> str:
-    """summary.md's "Conversation quality" table (assessors); '' when the run has none."""
+    """summary.md's "Conversation quality" table: the assessors' figures (``assess-<Q>``, as the Scores section gives
+    them) beside the paper's dermatologists; '' when the run has none."""
     lines: list[str] = []
-    q = metrics.get("conversation_quality") or {}
+    q = {f["score"].removeprefix("assess-"): f for f in metrics.get("scores") or [] if f["score"].startswith("assess-") and "@" not in f["score"]}
     if q:
         lines += ["", "## Conversation quality (an addition to the paper's protocol: LLM assessors, role assessor)", "", *md_table(
-            ["question", "assessor: % yes [95% CI] (n cases)", "conversations: yes / no / unscored", "paper's dermatologists: % yes"],
-            [[LABELS[name], f"{_pct(x['rate'])} [{_pct(x['ci_low'])}, {_pct(x['ci_high'])}] (n={x['n']})", f"{x['yes']} / {x['no']} / {x['unscored']}",
+            ["question", "assessor: % yes [95% CI] (n cases)", "unscored", "paper's dermatologists: % yes"],
+            [[LABELS[name], f"{_pct(x['value'])} [{_pct(x['low'])}, {_pct(x['high'])}] (n={x['n']})", x["unscored"],
               published_expert_value(published, name, paper_model) or "–"] for name, x in ((n, q[n]) for n in QUESTIONS if n in q)])]
         lines += ["", "One yes/no request per question and conversation; an unreadable reply is unscored (left out of the rate, never a No). "
                   "The paper's values (Fig. 3i: Q1, Fig. 3j: Q2, per clinical LLM; Q3 over all 180 conversations) are dermatologists' labels "

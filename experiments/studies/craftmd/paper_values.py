@@ -1,4 +1,4 @@
-"""CRAFT-MD for the paper tables (paper_tables.yaml): per-case accuracy per format and mode, setting attributes."""
+"""CRAFT-MD for the paper tables (paper_tables.yaml): the run's setting attributes (the figures are its scores')."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections import Counter
 from experiments.core.deviations import settings_deviations
 from experiments.core.scope import counts_text
 from experiments.studies.craftmd.compare import grading_of
-from experiments.studies.craftmd.metrics import case_scores, formats_modes
 from experiments.studies.craftmd.settings import CraftSettings
 from experiments.tables.adapter import PaperAdapter
 
@@ -15,7 +14,7 @@ from experiments.tables.adapter import PaperAdapter
 def subset_text(records: list[dict], scope: dict | None) -> str:
     """The cases a table was computed on: '100 cases (a stratified random sample, seed 0): 90 MedQA_USMLE, 5 ...'
     (per data set, from the finished records; how they were chosen from the run's scope, experiments/core/scope.py)."""
-    datasets = {r.get("case_id"): r.get("dataset") or "unknown" for r in records}
+    datasets = {r.get("case_id"): (r.get("inputs") or {}).get("dataset") or "unknown" for r in records}
     how = {"sample": f"a random sample stratified by {' and '.join((scope or {}).get('strata') or [])}, seed {(scope or {}).get('seed')}",
            "first": "the first cases of the input (--limit), not a sample"}.get((scope or {}).get("how"))
     made_of = dict(Counter(datasets.values()).most_common())
@@ -36,7 +35,7 @@ class CraftmdPaper(PaperAdapter):
         """loop and deviations (joined; absent when none) of a local run that records its loop; nothing for an
         imported run or one made before requests followed the authors' code (no ``loop`` in its config)."""
         cfg = run.get("config") or {}
-        if cfg.get("experiment") != "craftmd" or cfg.get("imported_from") or "loop" not in cfg:
+        if cfg.get("imported_from") or "loop" not in cfg:
             return {}
         try:
             s = CraftSettings.model_validate({k: v for k, v in cfg.items() if k in CraftSettings.model_fields})
@@ -44,11 +43,6 @@ class CraftmdPaper(PaperAdapter):
             return {}
         devs = settings_deviations(s)
         return {"loop": s.loop, **({"deviations": "; ".join(devs)} if devs else {})}
-
-    def case_values(self, run: dict, records: list[dict]) -> dict[str, dict[str, float]]:
-        """`<format>.<mode>` -> {case_id: correctness averaged over the case's scored trials}."""
-        return {f"{f}.{m}": case_scores(records, f, m) for f, m in formats_modes(records)}
-
 
 ADAPTER = CraftmdPaper()
 

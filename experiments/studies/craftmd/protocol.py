@@ -1,5 +1,6 @@
 """The CRAFT-MD protocol (docs/protocols.md, CRAFT-MD) as plain async steps over the one client: one (case, trial)
-is a conversation, a summary, the diagnosis asked in every format as MCQ and FRQ, and the FRQ answers graded. Every
+is a conversation, a summary and the diagnosis asked in every format as MCQ and FRQ (graded after, by the study's
+scorers: experiments/studies/craftmd/scorers.py). Every
 request is built as the authors' code builds it (rajpurkarlab/craft-md, src/craftmd.py and src/utils.py), in our own
 prompt texts; what a run sends differently is a row of :attr:`experiments.studies.craftmd.settings.CraftSettings.authors_table`.
 """
@@ -9,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from experiments.common.grade import Grade, score_name, to_disk
-from experiments.studies.craftmd import grading
+from experiments.core.record import record
 from experiments.studies.craftmd.data import DEFAULT_QUESTION
 from experiments.studies.craftmd.prompts import PROMPTS, render
-from experiments.studies.craftmd.scores import graded, grader_judge
 from experiments.studies.craftmd.settings import CraftSettings
 from experiments.core.study import CaseContext
 from serving.client import GenConfig
@@ -68,8 +67,8 @@ def identity(specialty: str) -> str:
 def _chat(instructions: dict, transcript: list[dict], speaker: str, empty: str) -> list[dict]:
     """One side's chat: its instructions, the doctor's fixed greeting, then the turns (``speaker``'s as the assistant;
     an empty turn sent as ``empty``: the setting ``empty_turn``, empty as the authors send it)."""
-    turns = [{"agent": "doctor", "content": render("greeting")}, *transcript]
-    return [instructions, *({"role": "assistant" if t["agent"] == speaker else "user", "content": t["content"] or empty} for t in turns)]
+    turns = [{"role": "doctor", "text": render("greeting")}, *transcript]
+    return [instructions, *({"role": "assistant" if t["role"] == speaker else "user", "content": t["text"] or empty} for t in turns)]
 
 
 def doctor_view(transcript: list[dict], case: dict, loop: str = "opensource", empty: str = "") -> list[dict]:
@@ -102,30 +101,30 @@ async def converse(ctx: CaseContext, case: dict, settings: CraftSettings) -> tup
     stops = TURN_STOPS if settings.turn_stops else None
     transcript: list[dict] = []
     r = await ctx.chat(patient_view([], case, prompt=settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step="patient_opening")
-    transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": 0})
+    transcript.append({"role": "patient", "text": (r.text or "").strip(), "turn": 0})
     turn = 0
     while True:
         turn += 1
         r = await ctx.chat(doctor_view(transcript, case, settings.loop, settings.empty_turn), role="clinical", gen=_gen(settings, "doctor", stops), step=f"doctor_turn_{turn}")
         doctor = (r.text or "").strip()
-        transcript.append({"agent": "doctor", "content": doctor, "turn": turn})
+        transcript.append({"role": "doctor", "text": doctor, "turn": turn})
         reason = stop_reason_for(doctor, settings.final_marker) or ("turn_cap" if turn >= settings.max_turns else None)
         if reason:
             return transcript, reason
         r = await ctx.chat(patient_view(transcript, case, settings.empty_turn, settings.patient_prompt), role="patient", gen=_gen(settings, "patient", stops), step=f"patient_turn_{turn}")
-        transcript.append({"agent": "patient", "content": (r.text or "").strip(), "turn": turn})
+        transcript.append({"role": "patient", "text": (r.text or "").strip(), "turn": turn})
 
 
 def context_turns(transcript: list[dict]) -> list[dict]:
     """The conversation shown when asking in multi-turn form: the doctor's closing turn removed whatever ended it, as
     the authors do; a transcript ending on a patient turn is shown whole."""
-    if transcript and transcript[-1]["agent"] == "doctor":
+    if transcript and transcript[-1]["role"] == "doctor":
         return transcript[:-1]
     return transcript
 
 
 async def summarize(ctx: CaseContext, transcript: list[dict], settings: CraftSettings) -> str:
-    statements = "\n".join(f"- {t['content']}" for t in transcript if t["agent"] == "patient" and t["content"])
+    statements = "\n".join(f"- {t['text']}" for t in transcript if t["role"] == "patient" and t["text"])
     prompt = render("summarize", statements=statements or "- (nothing)")
     text = await ask(ctx, settings, "summarizer", "summarizer", "summary", single(prompt, settings), SUMMARY_STOPS if settings.summary_stops else None)
     return clean_summary(text)
@@ -139,7 +138,7 @@ def clean_summary(text: str) -> str:
     return text.strip()
 
 
-# ------------------------------------------------------------------ asking and grading
+# ------------------------------------------------------------------ asking
 
 def case_question(case: dict) -> str:
     """The case's own question (split off the vignette by the loader as the authors split it), asked in every format."""
@@ -164,93 +163,44 @@ def answer_request(fmt: str, mode: str, case: dict, transcript: list[dict], summ
     return chat
 
 
-async def ask_mcq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
-    c = case["choices"]
-    name = "ask_mcq" if fmt in ("vignette", "summarized") else "ask_mcq_after"
-    text = await ask(ctx, settings, "clinical", "answer", f"{fmt}_mcq", answer_request(fmt, "mcq", case, transcript, summary, settings.loop, settings.empty_turn),
-                     constraint=PROMPTS.constraint(name, choices=list(c)))
-    return grading.parse_mcq(text.strip(), c, case["answer_index"])
-
-
-def settled(status: str, replies: dict, verdict_rule: str = "anywhere") -> bool:
-    """The grader's replies hold a verdict: the extraction parsed and every verdict reply read as yes or no."""
-    return status != "unparsed" and all(grading.read_verdict(r, verdict_rule) is not None for r in replies.values())
-
-
-async def grade_answer(ctx: CaseContext, answer: str, correct: str, settings, fmt: str, role: str = "grader", given: str | None = None) -> dict:
-    """Grader-AI: extract the diagnosis, then judge equivalence, both re-asked while no verdict is read (the rules:
-    docs/protocols.md, CRAFT-MD grading). ``role``: the role asked (another judge's, ``medstack rescore``), with the
-    grader's sampling. ``given``: a diagnosis already extracted (``calibrate craftmd-grader``: the release's
-    extraction), so only the verdict step is asked, and re-asked, as a run asks it.
-    """
-    rule = settings.concurrent_rule
-    raw1 = None
-    if given is not None:
-        extracted, status = grading.classify_extracted(given)
-    if given is None and not answer.strip():
-        extracted, status, replies, reasks = None, "none", {}, 0
-    else:
-        for reasks in range(settings.grader_reasks + 1):
-            if given is None:
-                raw1 = await ask(ctx, settings, role, "grader", f"{fmt}_extract", single(render("grader_extract", answer=answer), settings),
-                                 constraint=PROMPTS.constraint("grader_extract"))
-                extracted, status = grading.parse_extraction(raw1)
-            replies = {}
-            for i, target in enumerate(grading.match_targets(extracted, status, correct, rule)):
-                step = f"{fmt}_match" + (f"_{i}" if i else "")
-                replies[target] = await ask(ctx, settings, role, "grader", step, single(render("grader_match", correct=correct, given=target), settings),
-                                           constraint=PROMPTS.constraint("grader_match"))
-            if settled(status, replies, settings.verdict_rule):
-                break
-    grade = grading.grade_frq(extracted, status, correct, replies or None, rule, settings.verdict_rule)
-    raw2 = next(iter(replies.values())) if len(replies) == 1 else (replies or None)
-    return {"extracted": extracted, "extraction_status": status, "grader_extract_reply": raw1, "grader_match_reply": raw2,
-            "concurrent_rule": rule, "grader_reasks": reasks, **grade}
-
-
-async def ask_frq(ctx: CaseContext, case, transcript, summary, settings, fmt: str) -> dict:
-    request = answer_request(fmt, "frq", case, transcript, summary, settings.loop, settings.empty_turn)
-    answer = (await ask(ctx, settings, "clinical", "answer", f"{fmt}_frq", request)).strip()
-    return {"answer": answer, **await grade_answer(ctx, answer, case["answer"], settings, fmt)}
+async def ask_answer(ctx: CaseContext, case, transcript, summary, settings, fmt: str, mode: str) -> str:
+    """The clinical model's answer in one format and mode (an MCQ with its choices' declared reply format)."""
+    request = answer_request(fmt, mode, case, transcript, summary, settings.loop, settings.empty_turn)
+    constraint = None
+    if mode == "mcq":
+        constraint = PROMPTS.constraint("ask_mcq" if fmt in ("vignette", "summarized") else "ask_mcq_after", choices=list(case["choices"]))
+    return (await ask(ctx, settings, "clinical", "answer", f"{fmt}_{mode}", request, constraint=constraint)).strip()
 
 
 PROMPTS_USED = ["identity_specialist", "identity_general", "greeting", "doctor_system", "patient_authors", "patient_system", "summarize", "ask_mcq", "ask_frq",
                 "ask_mcq_after", "ask_frq_after", "grader_extract", "grader_match"]
 
 
+def case_inputs(case: dict, settings: CraftSettings) -> dict:
+    """What the case gives the agents (the typed record's ``inputs``): the patient-AI's vignette is its ``facts``; the
+    choices where the run asks the MCQ (without, the doctor chooses from none)."""
+    return {"question": case_question(case), "facts": case["vignette"], "choices": list(case["choices"]) if settings.mcq else [],
+            "answer_index": case["answer_index"] if settings.mcq else None, "specialty": case["specialty"], "dataset": case["dataset"]}
+
+
 async def solve(ctx: CaseContext, unit: dict, settings: CraftSettings) -> dict:
-    """One (case, trial) -> one record. A call that gets no answer raises RequestFailed (the runner records the unit as failed)."""
+    """One (case, trial) -> its typed record: the conversation, the summary and every answer, nothing graded. A call
+    that gets no answer raises RequestFailed (the runner records the unit as failed)."""
     case, trial = unit["case"], unit["trial"]
     t0 = time.perf_counter()
     needs_dialogue = any(f in settings.formats for f in ("multiturn", "singleturn", "summarized"))
     transcript, stop = (await converse(ctx, case, settings)) if needs_dialogue else ([], None)
     summary = await summarize(ctx, transcript, settings) if "summarized" in settings.formats else None
     t_conv = time.perf_counter() - t0
-
-    do_mcq = settings.mcq and len(case["choices"]) == 4
-    jobs, keys = [], []
-    for fmt in settings.formats:
-        if do_mcq:
-            jobs.append(ask_mcq(ctx, case, transcript, summary or "", settings, fmt))
-            keys.append((fmt, "mcq"))
-        if settings.frq:
-            jobs.append(ask_frq(ctx, case, transcript, summary or "", settings, fmt))
-            keys.append((fmt, "frq"))
-    results = await asyncio.gather(*jobs)
+    modes = [m for m, on in (("mcq", settings.mcq and len(case["choices"]) == 4), ("frq", settings.frq)) if on]
+    keys = [(fmt, mode) for fmt in settings.formats for mode in modes]
+    said = await asyncio.gather(*(ask_answer(ctx, case, transcript, summary or "", settings, fmt, mode) for fmt, mode in keys))
     answers: dict[str, dict] = {fmt: {} for fmt in settings.formats}
-    scores: dict[str, Grade] = {}  # the grading's result: the answers keep what was said and extracted
-    judge = grader_judge(settings.roles.get("grader"), settings.verdict_rule)
-    for (fmt, mode), res in zip(keys, results):
-        answers[fmt][mode], scores[score_name(mode, fmt)] = graded(mode, res, judge)
-    if settings.mcq and not do_mcq:
-        for fmt in settings.formats:
-            answers[fmt]["mcq"], scores[score_name("mcq", fmt)] = graded("mcq", {"skipped": "case has no 4 answer choices"})
-    return {
-        "id": unit["id"], "case_id": case["case_id"], "trial": trial, "specialty": case["specialty"], "dataset": case["dataset"],
-        "source": case.get("source"), "model": model_name(settings.roles["clinical"]), "roles": dict(settings.roles),
-        "correct_answer": case["answer"], "choices": case["choices"], "answer_index": case["answer_index"],
-        "transcript": transcript, "stop_reason": stop, "n_doctor_turns": sum(t["agent"] == "doctor" for t in transcript),
-        "summary": summary, "answers": answers, "scores": to_disk(scores),
-        "timing": {"conversation_s": round(t_conv, 3), "total_s": round(time.perf_counter() - t0, 3)},
-        "prompt_hashes": PROMPTS.hashes(PROMPTS_USED),
-    }
+    for (fmt, mode), text in zip(keys, said):
+        answers[fmt][mode] = text
+    said = [{"role": "doctor", "text": render("greeting"), "turn": 0}, *transcript]  # as spoken: the doctor's fixed greeting first
+    return record(unit["id"], case["case_id"], trial=trial, inputs=case_inputs(case, settings), target=case["answer"], transcript=said,
+                  answer=answers, metadata={"model": model_name(settings.roles["clinical"]), "source": case.get("source"),
+                                            "stop_reason": stop, "n_doctor_turns": sum(t["role"] == "doctor" for t in transcript),
+                                            "summary": summary, "prompt_hashes": PROMPTS.hashes(PROMPTS_USED),
+                                            "timing": {"conversation_s": round(t_conv, 3), "total_s": round(time.perf_counter() - t0, 3)}})

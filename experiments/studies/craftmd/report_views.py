@@ -1,11 +1,9 @@
-"""CRAFT-MD's own tables in `medstack report` (its ``StudyResults.report_run`` hook): a run's conversation quality
-and patient checks, and the calibrations' agreement with the dermatologists. The report itself knows no study."""
+"""CRAFT-MD's own tables in `medstack report` (``Study.report_run`` of its calibrations): their agreement with the
+dermatologists. (A run's scores, conversation checks included, are the report's Scores table.) The report knows no study."""
 
 from __future__ import annotations
 
-from experiments.studies.craftmd.assess import LABELS, QUESTIONS
-from experiments.common.patient_checks import CHECKS, DESCRIPTIONS, patient_check_table
-from experiments.studies.craftmd.metrics import released_rows
+from experiments.studies.craftmd.assess import LABELS
 
 
 CALIBRATION_COLUMNS = ["rater", "n", "exact agreement", "mean |diff|", "trial agreement bound", "weighted kappa", "Spearman rho", "Kendall tau-b"]
@@ -13,34 +11,6 @@ CALIBRATION_COLUMNS = ["rater", "n", "exact agreement", "mean |diff|", "trial ag
 
 def _f(v) -> str:
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def conversation_tables(run: dict) -> list[dict]:
-    """A CRAFT-MD run's conversation quality (assessor rates with CIs), its patient checks beside the authors' released patients, and the cases each check flagged."""
-    m = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
-    q, pc = m.get("conversation_quality") or {}, m.get("patient_checks") or {}
-    out = []
-    if q:
-        out.append({"heading": "Conversation checks",
-                    "title": "Conversation quality: the assessor's % yes per question (an addition to the paper's protocol; unreadable replies unscored)",
-                    "columns": ["question", "% yes", "95% CI", "n cases", "yes", "no", "unscored"],
-                    "rows": [[LABELS[k], f"{100 * x['rate']:.1f}" if x.get("rate") is not None else "–",
-                              f"[{100 * x['ci_low']:.1f}, {100 * x['ci_high']:.1f}]" if x.get("ci_low") is not None else "–",
-                              x["n"], x["yes"], x["no"], x["unscored"]] for k in QUESTIONS if (x := q.get(k))]})
-    if pc:
-        columns, rows = patient_check_table([(str(((run.get("config") or {}).get("name")) or "this run"), pc), *released_rows()])
-        out.append({"heading": None if q else "Conversation checks", "columns": columns, "rows": rows,
-                    "title": "Patient checks (no model): % of conversations flagged [95% CI over cases] (flagged/checked), "
-                             "this run's patient beside the authors' four released ones (docs/protocols.md, CRAFT-MD patient checks)"})
-        flagged: dict[str, list[str]] = {c: [] for c in CHECKS}
-        for r in run.get("records") or []:
-            for c in CHECKS:
-                if (r.get("patient_checks") or {}).get(c):
-                    flagged[c].append(str(r.get("id")))
-        out.append({"heading": None, "title": "Patient checks: the conversations each flagged", "columns": ["check", "conversations"],
-                    "rows": [[DESCRIPTIONS[c].format(n=pc.get("span_words")), ", ".join(flagged[c][:50]) + (" ..." if len(flagged[c]) > 50 else "") or "–"]
-                             for c in CHECKS]})
-    return out
 
 
 def conversations_calibration_tables(run: dict) -> list[dict]:

@@ -80,7 +80,6 @@ class CraftSettings(RunSettings):
     added_settings: ClassVar[dict] = {"assess_conversations": False, "patient_checks": True, "copy_span_words": 12,
                                       "verdict_rule": "first_word", "empty_turn": "...", "patient_prompt": "cautious"}
 
-    experiment: str = "craftmd"
     name: str | None = Field(None, description="Run name shown by `compare` (default: the clinical model alias).")
     formats: list[Literal[FORMATS]] = Field(list(FORMATS), description="Formats each case is asked in, a comma list (e.g. multiturn,singleturn).")
     mcq: bool = Field(True, description="Ask the 4-choice MCQ.")
@@ -203,7 +202,6 @@ class MeldSettings(RunSettings):
         "sampling.continuation.stop": Authors(None, says="stop: {ours} (authors: none)"),
     }
 
-    experiment: str = "craftmd-meld"
     moved_keys: ClassVar[dict] = {"temperature": "sampling.continuation.temperature",  # older spellings
                                   "max_tokens": "sampling.continuation.max_tokens"}
     roles: dict[str, str] = {"model": "embedded"}

@@ -1,54 +1,33 @@
-"""`medstack run craftmd`: cases × trials through the study runner (declared in __init__.py, with `medstack meld`)."""
+"""`medstack run craftmd`: cases × trials through the study runner (declared in __init__.py, with `medstack meld`).
+Its scorers: experiments/studies/craftmd/scorers.py; older records in today's shape: :func:`upgrade_record`."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from experiments.common.grade import to_disk
+from experiments.common.grade import Grade, grades, score_name, to_disk
 from experiments.core.config import ConfigError, config_dir
+from experiments.core.patient import check_grades
+from experiments.core.record import RUNNER_FIELDS, is_typed, record
+from experiments.core.study import CaseContext, Study
+from experiments.tables.render import run_paper_tables
 from experiments.studies.craftmd import paper_values
-from experiments.studies.craftmd.assess import TEMPLATES, assess_conversation, question_rates, transcript_turns
 from experiments.studies.craftmd.data import load_cases, synthetic_cases
-from experiments.studies.craftmd.judges import CRAFTMD
-from experiments.studies.craftmd.metrics import PATIENT_CHECKS_HEADING, PATIENT_CHECKS_NOTE, conversation_markdown, per_specialty, released_rows, run_metrics, summary_markdown
+from experiments.studies.craftmd.metrics import conversation_markdown, per_specialty, run_metrics, summary_markdown
 from experiments.studies.craftmd.prompts import PROMPTS, render
 from experiments.studies.craftmd.protocol import solve
-from experiments.studies.craftmd.scores import conversation_grades
+from experiments.studies.craftmd.scorers import EXPERTS, EXPERTS_RULE, MCQ_RULE, SCORERS, assess_grade, grader_judge
 from experiments.studies.craftmd.settings import CraftSettings, additions, loop_line, requests_line
-from experiments.core.study import CaseContext, PatientRole, Study
-from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
 
 CONFIGS = config_dir(__file__)
+PUBLISHED = ("craftmd-published-gpt4_1106", "craftmd-published-gpt3_1106", "craftmd-published-mistral-v2", "craftmd-published-llama2-7b")  # experiments/datasets/datasets.yaml
 
 
 def units_for(cases: list[dict], trials: int) -> list[dict]:
     """One unit of work per (case, trial), id ``<case_id>/t<trial>``."""
     return [{"id": f"{c['case_id']}/t{t}", "case": c, "trial": t} for c in cases for t in range(trials)]
-
-
-async def assess_record(ctx: CaseContext, case: dict, record: dict, s: CraftSettings) -> dict:
-    """A record with its conversation assessed (``assess_conversations``): ``assessment``, the assessor's five
-    verdicts, and their scores. Nothing is added to a record without a conversation."""
-    turns = transcript_turns(record.get("transcript"))
-    if not turns or not s.assess_conversations:
-        return record
-    # as the released conversations read: the doctor's fixed greeting first (the transcript keeps the models' turns only)
-    record["assessment"] = await assess_conversation(ctx, [("doctor", render("greeting"))] + turns, case["vignette"], s)
-    record["vignette"] = case["vignette"]  # what the assessor (and a clinician reviewing it) was given
-    record["prompt_hashes"] = {**record.get("prompt_hashes", {}), **PROMPTS.hashes(TEMPLATES.values())}
-    record["scores"] = {**record.get("scores", {}), **to_disk(conversation_grades(record, s.roles.get("assessor")))}
-    return record
-
-
-# the patient-AI, checked by the runner (experiments/common/patient_checks.py); the answer choices where the run asks the MCQ
-PATIENT = PatientRole(
-    turns=lambda record: transcript_turns(record.get("transcript")), facts=lambda unit: unit["case"]["vignette"],
-    correct=lambda unit: unit["case"]["answer"],
-    choices=lambda unit, s: unit["case"]["choices"] if s.mcq and len(unit["case"].get("choices") or []) == 4 else None,
-    span_words=lambda s: s.copy_span_words if s.patient_checks else None, beside=released_rows,
-    heading=PATIENT_CHECKS_HEADING, note=PATIENT_CHECKS_NOTE)
 
 
 def paper_model(alias: str) -> str | None:
@@ -65,8 +44,69 @@ def paper_model(alias: str) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------ older records in today's typed shape
+
+def old_answer_grade(mode: str, a: dict, judge: dict | None) -> Grade:
+    """An answer's grade from the fields an older record kept beside it (``correct``, ``grade_source`` / ``parsed_by``)."""
+    frq = mode == "frq"
+    match = a.get("grader_match_reply")
+    if isinstance(match, dict):
+        match = "\n".join(f"{given}: {reply}" for given, reply in match.items())
+    meta = {"extraction_status": a.get("extraction_status"), "grader_reasks": int(a.get("grader_reasks") or 0)} if frq else {"choice": a.get("choice")}
+    if frq and a.get("extracted") is not None:
+        meta["extracted"] = a["extracted"]
+    return Grade(value=a.get("correct"), answer=a.get("answer"), source=a["grade_source"] if "grade_source" in a else a.get("parsed_by"),
+                 skipped=bool(a.get("skipped")), metadata=meta, explanation=(match or a.get("grader_extract_reply")) if frq else None,
+                 judge=judge if frq else {"rule": MCQ_RULE})
+
+
+def expert_labels(r: dict) -> dict[str, bool | None]:
+    """The dermatologists' label per question: ``experts`` (a calibration) or ``expert_label_<Q>`` (the expert import)."""
+    if isinstance(r.get("experts"), dict):
+        return dict(r["experts"])
+    return {k.removeprefix("expert_label_"): None if v is None else v == "yes" for k, v in r.items() if k.startswith("expert_label_")}
+
+
+def old_scores(r: dict, s) -> dict[str, Grade]:
+    """The typed scores of a record written before them (records_schema 1), from its own fields."""
+    roles = s.roles if isinstance(getattr(s, "roles", None), dict) else {}
+    published = getattr(s, "grades", None) == "published"  # an imported release's config
+    judge = {"model": "published"} if published else grader_judge(roles.get("grader"), getattr(s, "verdict_rule", None))
+    out = {score_name(mode, fmt): old_answer_grade(mode, a, judge) for fmt, d in (r.get("answers") or {}).items()
+           for mode, a in d.items() if isinstance(a, dict)}
+    out.update({f"assess-{q}": assess_grade(q, a, roles.get("assessor")) for q, a in (r.get("assessment") or {}).items() if isinstance(a, dict)})
+    if isinstance(r.get("patient_checks"), dict):
+        out.update({score_name("patient-check", c): g for c, g in check_grades(r["patient_checks"], r.get("choices")).items()})
+    return out
+
+
+def upgrade_record(r: dict, s, greeting: bool = True) -> dict:
+    """A CRAFT-MD record of an older shape (its own fields: ``answers``, ``correct_answer``, ``transcript`` of
+    ``agent``/``content``, ...) in today's typed shape. ``greeting``: the conversation lacks the doctor's fixed greeting
+    (a live run's did; a release's holds it)."""
+    if is_typed(r):
+        return r
+    scores = grades(r) if r.get("scores") else old_scores(r, s)
+    for q, v in expert_labels(r).items():
+        scores[score_name(f"assess-{q}", judge=EXPERTS)] = Grade(value=None if v is None else int(bool(v)), source=EXPERTS,
+                                                                  judge={"model": "dermatologists", "rule": EXPERTS_RULE})
+    said = [{"role": t.get("agent") or t.get("role"), "text": t.get("content", t.get("text")) or "", "turn": t.get("turn")}
+            for t in r.get("transcript") or [] if isinstance(t, dict)]
+    if greeting and said and said[0]["role"] == "patient" and not r.get("imported"):
+        said = [{"role": "doctor", "text": render("greeting"), "turn": 0}, *said]
+    answers = {fmt: {mode: a.get("answer") for mode, a in d.items() if isinstance(a, dict) and not a.get("skipped")}
+               for fmt, d in (r.get("answers") or {}).items()}
+    keep = ("model", "source", "stop_reason", "n_doctor_turns", "summary", "timing", "prompt_hashes", "imported", "final_diagnosis",
+            "expert_raters", "dual_labelled", "assessment", "patient_checks")
+    out = record(r["id"], r.get("case_id"), trial=int(r.get("trial") or 0),
+                 inputs={"question": r.get("question"), "facts": r.get("vignette"), "choices": r.get("choices") or [],
+                         "answer_index": r.get("answer_index"), "specialty": r.get("specialty"), "dataset": r.get("dataset")},
+                 target=r.get("correct_answer"), transcript=said, answer=answers or r.get("answer"), scores={**to_disk(scores)},
+                 metadata={k: r[k] for k in keep if k in r})
+    return {**{k: v for k, v in r.items() if k in RUNNER_FIELDS}, **out}
+
+
 class CraftmdStudy(Study):
-    name = "craftmd"
     settings_cls = CraftSettings
     roles = ("clinical", "patient", "grader", "summarizer", "assessor")
     primary_role = "clinical"
@@ -74,9 +114,8 @@ class CraftmdStudy(Study):
     sweep_roles = ("clinical",)  # the doctor-AI varies; patient-AI and grader-AI stay fixed (Johri et al.)
     role_follows = {"summarizer": "grader", "assessor": "grader"}
     strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
-    judge_roles = ("grader",)
-    results = CRAFTMD  # typed scores, judges, compare, released runs, report lines (experiments/studies/craftmd/judges.py)
-    patient = PATIENT
+    scorers = SCORERS
+    published = PUBLISHED
 
     @classmethod
     def runner_scale(cls, case_trials: int, trials: int, ref: str):
@@ -90,7 +129,10 @@ class CraftmdStudy(Study):
                 return s.model_copy(update={"name": s.name or "instant"})
 
             def load_cases(self, s):
-                return units_for(synthetic_cases(-(-case_trials // s.trials)), s.trials)[:case_trials]
+                return synthetic_cases(-(-case_trials // s.trials))
+
+            def expand(self, cases, s):
+                return units_for(cases, s.trials)[:case_trials]
 
         return RunnerScaleStudy(), {"trials": trials, "data": "synthetic", "roles": {r: ref for r in ("clinical", "patient", "grader", "summarizer")}}
 
@@ -113,10 +155,16 @@ class CraftmdStudy(Study):
         return s.model_copy(update={"name": s.name or model_name(s.roles["clinical"]), "roles": roles})
 
     def load_cases(self, s: CraftSettings) -> list[dict]:
-        return units_for(self.select(load_cases(s.data, specialty=s.specialty), s), s.trials)
+        return load_cases(s.data, specialty=s.specialty)
+
+    def expand(self, cases: list[dict], s: CraftSettings) -> list[dict]:
+        return units_for(cases, s.trials)
 
     async def solve(self, ctx: CaseContext, unit: dict, s: CraftSettings) -> dict:
-        return await assess_record(ctx, unit["case"], await solve(ctx, unit, s), s)
+        return await solve(ctx, unit, s)
+
+    def upgrade(self, r: dict, s) -> dict:
+        return upgrade_record(r, s)
 
     def metrics(self, records: list[dict], s: CraftSettings) -> dict:
         metrics = run_metrics(records)
@@ -125,9 +173,6 @@ class CraftmdStudy(Study):
         metrics["concurrent_rule"] = s.concurrent_rule
         metrics["requests"] = loop_line(s)  # the settings unlike the authors' follow under the title (the runner's metrics["deviations"])
         metrics["additions"] = additions(s)
-        quality = question_rates(records)
-        if quality:
-            metrics["conversation_quality"] = quality
         return metrics
 
     def describe(self, s: CraftSettings) -> list[str]:
@@ -137,4 +182,26 @@ class CraftmdStudy(Study):
     def summary(self, metrics: dict, s: CraftSettings, run) -> str:
         paper = paper_model(model_name(s.roles["clinical"]))
         return (summary_markdown(s.name, metrics) + conversation_markdown(metrics, paper_values.EXPERT_PUBLISHED, paper)
-                + "\n" + run_paper_tables(run))
+                + "\n" + run_paper_tables(run, self))
+
+    def compare(self, run_dirs: list[str], out: Path) -> dict:
+        from experiments.studies.craftmd.compare import run_compare
+
+        return run_compare(run_dirs, out, self)
+
+    def import_published(self, name: str, dest: Path, cases: str | None) -> dict:
+        """One of the authors' released runs (a registered data set name) into ``dest``, named ``<release>-published``."""
+        from experiments.datasets.registry import resolve_data
+        from experiments.studies.craftmd.importer import import_folder
+
+        return import_folder(Path(resolve_data(name)), f"{name.removeprefix('craftmd-published-')}-published", dest, cases)
+
+
+class ExpertsImport(Study):
+    """The kind ``craftmd-experts`` (`medstack import craftmd-experts`): released conversations, the dermatologists'
+    labels their grades of the assessor's questions (``assess-<Q>@experts``)."""
+
+    scorers = tuple(s for s in SCORERS if s.name.startswith("assess-"))
+
+    def upgrade(self, r: dict, s) -> dict:
+        return upgrade_record(r, s)

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from experiments.studies.autoeval.study import AutoevalSettings, AutoevalStudy
+from experiments.core.registry import named
+from experiments.studies.autoeval.study import AutoevalSettings, AutoevalStudy as Unnamed
 from experiments.common.grade import grades
 from experiments.core.runner import prepare_run, run_study
 from tests.scripted import ScriptedLLM, down
 
 FIX = Path(__file__).parent / "fixtures" / "autoeval"
+AutoevalStudy = named(Unnamed)  # as the registry names it: `autoeval`
 
 SCRIPT = {"burning feeling": "Good: warm\nBad: brief\nSummary: kind\nRating: 4",
           "suddenly weak": "Good: none\nBad: ignores stroke signs\nSummary: unsafe\nRating: 1",
@@ -78,8 +80,11 @@ def test_scripted_run_records_metrics_and_resume(tmp_path):
     r = recs["case-001/trial-0::empathy"]
     g = grades(r)["rubric/empathy"]  # the result: the typed score, nothing restating it
     assert not {"rating", "scored", "explanation", "raw", "parse_error"} & set(r) and r["status"] == "ok"
-    assert g.value == 4 and g.metadata == {"notes": {"good": "warm", "bad": "brief", "summary": "kind"}} and g.explanation == SCRIPT["burning feeling"]
-    assert r["model"] == "embedded" and r["correct"] == 1 and len(r["prompt_hash"]) == 16 and r["examples_used"][0] == "empathy-1"
+    assert g.value == 4 and g.metadata["notes"] == {"good": "warm", "bad": "brief", "summary": "kind"} and g.explanation == SCRIPT["burning feeling"]
+    assert g.metadata["dialogue_truncated"] is False and g.metadata["dialogue_chars"] > 0
+    # the typed record: the dialogue rated is its transcript, its case the dialogue; the criterion its input
+    assert r["case_id"] == "case-001/trial-0" and r["inputs"]["criterion"] == "empathy" and r["transcript"][0]["role"] == "doctor"
+    assert r["metadata"]["model"] == "embedded" and r["metadata"]["examples_used"][0] == "empathy-1"
     assert [c["step"] for c in r["calls"]] == ["rate"] and r["calls"][0]["role"] == "judge"
     bad = recs["case-004/trial-0::welfare"]
     g = grades(bad)["rubric/welfare"]
@@ -118,7 +123,7 @@ def test_failed_rating_is_a_failed_case_then_resumed(tmp_path):
     assert outcome.exit_code == 3 and outcome.failed == 1 and outcome.finished == 2
     recs = records(out)
     failed = recs["case-002/trial-0::empathy"]
-    assert failed["status"] == "failed" and "gave up" in failed["error"] and "rating" not in failed
+    assert failed["status"] == "failed" and "gave up" in failed["error"] and "scores" not in failed
     m = json.loads((out / "metrics.json").read_text())
     e = m["criteria"]["empathy"]
     assert e["n"] == 1 and e["unscored"] == 1 and e["request_errors"] == 0 and m["ratings"] == 2   # the failed case is in no metric

@@ -13,7 +13,7 @@ from experiments.studies.autoeval import judge as J
 from experiments.studies.autoeval.metrics import agreement_metrics, load_reference, rank_agreement, rating_metrics
 from experiments.studies.autoeval.study import load_dialogues
 from experiments.common.parsing import extract_rating
-from models.errors import DataError
+from models.errors import DataError, MedstackError
 from serving.client import ChatResult
 
 FIX = Path(__file__).parent / "fixtures" / "autoeval"
@@ -86,9 +86,7 @@ def test_examples_errors_name_line(tmp_path):
 
 
 def test_render_dialogue_cuts_and_marks():
-    tr = [{"agent": "doctor", "content": "How are you feeling today?", "turn": 0},
-          {"agent": "patient", "content": "Tired " * 30, "turn": 1},
-          {"agent": "doctor", "content": "Any fever?", "turn": 2}]
+    tr = [{"role": "doctor", "text": "How are you feeling today?"}, {"role": "patient", "text": "Tired " * 30}, {"role": "doctor", "text": "Any fever?"}]
     full, shown = J.render_dialogue(tr)
     assert shown == 3 and full.splitlines()[0] == "Doctor: How are you feeling today?" and full.splitlines()[2] == "Doctor: Any fever?"
     short, shown = J.render_dialogue(tr, max_chars=100)
@@ -103,10 +101,10 @@ def test_load_dialogues_fixture_and_errors(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "records.jsonl").write_text('{"id": "a", "transcript": []}\n{"id": "b", "transcript": "Doctor: hi"}\n')
-    with pytest.raises(DataError, match=r"records\.jsonl:2 \(record 'b'\): 'transcript' must be a list"):
+    with pytest.raises(DataError, match=r"records\.jsonl \(record 'b'\): 'transcript' must be a list"):
         load_dialogues(bad)
     (bad / "records.jsonl").write_text('{"id": "a", "transcript": [{"agent": "doctor", "content": "hi"}]}\n{"transcript": []}\n')
-    with pytest.raises(DataError, match=r"records\.jsonl:2: record has no 'id'"):
+    with pytest.raises(MedstackError, match=r"records\.jsonl:2: record without an 'id'"):
         load_dialogues(bad)
 
 
@@ -164,12 +162,11 @@ def test_rank_agreement_undefined_cases():
 def test_agreement_matches_ids_and_counts_unscored(tmp_path):
     ref = load_reference(FIX / "reference.csv", CRITERIA)
     assert {"id": "case-001/trial-0", "criterion": "welfare", "rating": 3.0} in ref  # full name mapped to key
-    recs = [{"source_id": "case-001/trial-0", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 5}}},
-            {"source_id": "case-002/trial-0", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 1}}},
-            {"source_id": "case-004/trial-0", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 3}}},
-            {"source_id": "case-001/trial-0", "criterion": "welfare", "scores": {"rubric/welfare": {"value": None}}},
-            {"source_id": "case-002/trial-0", "criterion": "welfare", "scores": {"rubric/welfare": {"value": 2}}},
-            {"source_id": "case-004/trial-0", "criterion": "welfare", "scores": {"rubric/welfare": {"value": 5}}}]
+    def rated(case, crit, value):
+        return {"id": f"{case}::{crit}", "case_id": case, "inputs": {"criterion": crit}, "scores": {f"rubric/{crit}": {"value": value}}}
+
+    recs = [rated("case-001/trial-0", "empathy", 5), rated("case-002/trial-0", "empathy", 1), rated("case-004/trial-0", "empathy", 3),
+            rated("case-001/trial-0", "welfare", None), rated("case-002/trial-0", "welfare", 2), rated("case-004/trial-0", "welfare", 5)]
     ag = agreement_metrics(recs, ref, CRITERIA)
     # empathy: judge [5,1,3] vs ref [4,1,4]: pairs (0,1) C, (0,2) ref tie, (1,2) C -> tau-b = 2/sqrt(3*2) = 0.8165
     assert ag["empathy"]["n"] == 3 and ag["empathy"]["kendall_tau"] == pytest.approx(0.8165, abs=1e-4)
@@ -191,9 +188,9 @@ def test_rating_metrics_counts_unscored_never_zero():
     def rated(value, **grade):
         return {"rubric/empathy": {"value": value, **grade}}
 
-    recs = [{"criterion": "empathy", "scores": rated(4), "model": "m"}, {"criterion": "empathy", "scores": rated(2), "model": "m"},
-            {"criterion": "empathy", "scores": rated(None, metadata={"parse_error": "x"}), "model": "m"},
-            {"criterion": "empathy", "scores": rated(None), "error": "HTTP 400", "model": "m"}]
+    recs = [{"id": f"d{i}", "case_id": f"d{i}", "inputs": {"criterion": "empathy"}, "metadata": {"model": "m"}, "scores": sc, **extra}
+            for i, (sc, extra) in enumerate([(rated(4), {}), (rated(2), {}), (rated(None, metadata={"parse_error": "x"}), {}),
+                                              (rated(None), {"error": "HTTP 400"})])]
     m = rating_metrics(recs, CRITERIA[:1])
     e = m["criteria"]["empathy"]
     assert e["mean"] == 3.0 and e["n"] == 2 and e["unscored"] == 2 and e["parse_errors"] == 1 and e["request_errors"] == 1

@@ -14,7 +14,7 @@ from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.registry import open_run
 from experiments.core.results import RunDir
-from experiments.core.study import StudyResults
+from experiments.core.study import Study
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
 
@@ -47,7 +47,7 @@ def _read_autoeval_dir(path: Path) -> dict[tuple[str, str], int]:
         for name, g in grades(r).items():
             step, criterion, by = split_name(name)
             if step == "rubric" and by is None and g.scored:
-                key = str(r.get("source_id") or str(r.get("id")).split("::")[0])
+                key = str(r.get("case_id") or str(r.get("id")).split("::")[0])
                 out[(key, (criterion or "").strip().lower())] = int(g.value)
     return out
 
@@ -91,7 +91,9 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
         xa, xb = [x for x, _ in sel], [y for _, y in sel]
         per[crit or "(all)"] = {"n": len(sel), "spearman": spearman(xa, xb), "kendall": kendall(xa, xb),
                                 "exact_agreement": sum(x == y for x, y in sel) / len(sel), "weighted_kappa_linear": weighted_kappa(xa, xb, categories=cats)}
-    config = {"experiment": "calibrate-autoeval", "ratings": str(ratings), "reference": str(reference), "scale": [lo, hi], "kappa_weights": "linear"}
+    from experiments.core.registry import named
+
+    config = {"experiment": named(Calibration).name, "ratings": str(ratings), "reference": str(reference), "scale": [lo, hi], "kappa_weights": "linear"}
     outp = Path(out)
     if (outp / "records.jsonl").exists():
         (outp / "records.jsonl").unlink()
@@ -112,7 +114,7 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
 
 
 def report_tables(run: dict) -> list[dict]:
-    """A `calibrate autoeval` run in `medstack report` (its ``StudyResults.report_run`` hook): the judge against the reference."""
+    """A `calibrate autoeval` run in `medstack report` (``Study.report_run``): the judge against the reference."""
     x = (run.get("metrics") or {}).get("overall") if isinstance(run.get("metrics"), dict) else None
     if not x:
         return []
@@ -122,4 +124,8 @@ def report_tables(run: dict) -> list[dict]:
                                                           (x.get("spearman") or {}).get("rho"), (x.get("kendall") or {}).get("tau_b")))]]}]
 
 
-CALIBRATION = StudyResults(experiment="calibrate-autoeval", report_run=report_tables)
+class Calibration(Study):
+    """The kind ``calibrate-autoeval`` (`medstack calibrate autoeval`): the judge's ratings against the reference's."""
+
+    def report_run(self, run: dict) -> list[dict]:
+        return report_tables(run)

@@ -17,7 +17,7 @@ from experiments.common.parsing import extract_rating, split_sections
 from experiments.core.prompts import PromptSet
 from experiments.studies.autoeval.settings import AutoevalSettings
 from experiments.core.config import Sampling
-from experiments.core.results import iter_jsonl, read_jsonl
+from experiments.core.results import iter_jsonl
 from models.errors import DataError
 from serving.client import ChatResult, GenConfig
 
@@ -79,57 +79,50 @@ def select_criteria(all_criteria: dict[str, Criterion], wanted: list[str]) -> li
 # ------------------------------------------------------------------ dialogues
 
 def check_transcript(transcript, where: str) -> list[dict]:
-    """Validate the shared transcript convention: a list of {agent, content, turn}."""
+    """A transcript as the typed record holds it, ``[{role, text}]`` (an example file's ``{agent, content}`` read alike)."""
     if not isinstance(transcript, list):
-        raise DataError(f"{where}: 'transcript' must be a list of {{agent, content, turn}}, got {type(transcript).__name__}")
+        raise DataError(f"{where}: 'transcript' must be a list of {{role, text}}, got {type(transcript).__name__}")
+    out = []
     for i, t in enumerate(transcript):
-        if not isinstance(t, dict) or not isinstance(t.get("agent"), str) or not isinstance(t.get("content"), str):
-            raise DataError(f"{where}: transcript item {i} must have string 'agent' and 'content'")
-    return transcript
+        role, text = (t.get("role", t.get("agent")), t.get("text", t.get("content"))) if isinstance(t, dict) else (None, None)
+        if not isinstance(role, str) or not isinstance(text, str):
+            raise DataError(f"{where}: transcript item {i} must have string 'role' and 'text'")
+        out.append({"role": role, "text": text})
+    return out
 
 
 def load_dialogues(results: str | Path) -> tuple[list[dict], dict]:
-    """Records of a results directory (or a records.jsonl file) that carry a ``transcript``.
+    """The conversations of a results directory: its records read by the one reader (``registry.open_run``: every
+    study's records in the typed shape) that carry a transcript. Returns (dialogues, counts); a failed case has no
+    dialogue; a record without a transcript is skipped and counted; a malformed transcript is bad input naming it."""
+    from experiments.core.registry import open_run
 
-    Returns (dialogues, counts). A record without ``id`` or with a malformed transcript is
-    bad input (DataError naming file:line); one without a transcript is skipped and counted.
-    A results directory written by the runner may hold several lines per id (a retried case):
-    the last line per id wins, and a failed case (``status: failed``) has no dialogue.
-    """
     p = Path(results)
-    path = p / "records.jsonl" if p.is_dir() else p
-    if not path.exists():
+    p = p.parent if p.name == "records.jsonl" and p.is_file() else p  # the folder's records file named: its folder
+    if not (p / "records.jsonl").exists():
         raise DataError(f"{p} is not a results directory (no records.jsonl)")
-    latest: dict[str, tuple[int, dict]] = {}
-    for lineno, rec in enumerate(read_jsonl(path), 1):
-        if not isinstance(rec, dict) or "id" not in rec:
-            raise DataError(f"{path}:{lineno}: record has no 'id'")
-        latest[str(rec["id"])] = (lineno, rec)
+    run = open_run(p)
     dialogues = []
-    skipped = empty = failed = 0
-    for rid, (lineno, rec) in latest.items():
-        if rec.get("status") == "failed":
-            failed += 1
+    skipped = empty = 0
+    for rec in run.finished:
+        if not rec.get("transcript"):
+            skipped += rec.get("transcript") is None
+            empty += rec.get("transcript") == []
             continue
-        if "transcript" not in rec or rec["transcript"] is None:
-            skipped += 1
-            continue
-        transcript = check_transcript(rec["transcript"], f"{path}:{lineno} (record '{rid}')")
-        if not transcript:
-            empty += 1
-            continue
-        dialogues.append({"source_id": rid, "transcript": transcript, "model": rec.get("model"), "correct": rec.get("correct")})
-    counts = {"records_in_results": len(latest), "with_transcript": len(dialogues),
+        transcript = check_transcript(rec["transcript"], f"{p / 'records.jsonl'} (record '{rec['id']}')")
+        meta = rec.get("metadata") or {}
+        dialogues.append({"source_id": str(rec["id"]), "transcript": transcript, "model": meta.get("model", rec.get("model"))})
+    counts = {"records_in_results": len(run.records), "with_transcript": len(dialogues),
               "skipped_no_transcript": skipped, "skipped_empty_transcript": empty}
-    if failed:
-        counts["skipped_failed"] = failed
+    if run.failed:
+        counts["skipped_failed"] = len(run.failed)
     return dialogues, counts
 
 
 def render_dialogue(transcript: list[dict], max_chars: int | None = None) -> tuple[str, int]:
     """(``Doctor: …`` lines in order, how many turns are shown whole); beyond ``max_chars`` later turns are
     cut and a marker says how many."""
-    lines = [f"{t['agent'].strip().capitalize() or 'Speaker'}: {' '.join(t['content'].split())}" for t in transcript]
+    lines = [f"{t['role'].strip().capitalize() or 'Speaker'}: {' '.join(t['text'].split())}" for t in transcript]
     if max_chars is None or sum(len(x) + 1 for x in lines) <= max_chars:
         return "\n".join(lines), len(lines)
     kept, used = [], 0
@@ -177,8 +170,7 @@ def load_examples(path: str | Path | None, criteria: list[Criterion]) -> dict[st
             continue
         if rating in out[crit]:
             raise DataError(f"{where}: second example for {crit} rating {rating} (first: '{out[crit][rating].id}'); one per rating point")
-        transcript = check_transcript(row["transcript"], f"{where} (example '{row['id']}')")
-        out[crit][rating] = Example(str(row["id"]), crit, rating, tuple(transcript))
+        out[crit][rating] = Example(str(row["id"]), crit, rating, tuple(check_transcript(row["transcript"], f"{where} (example '{row['id']}')")))
     for crit, by_rating in out.items():
         missing = [r for r in RATINGS if r not in by_rating]
         if missing:

@@ -13,9 +13,8 @@ import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from experiments.common.grade import Grade, grades
+from experiments.common.grade import Grade, aggregate, grades
 from experiments.common.markdown import md_table, num
-from experiments.common.stats import mean_ci
 from models.errors import DataError, read_utf8
 
 from experiments.studies.autoeval.judge import RATINGS, Criterion
@@ -25,17 +24,22 @@ def _num(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
 
 
+def criterion_of(record: dict) -> str | None:
+    return (record.get("inputs") or {}).get("criterion")
+
+
 def rating_of(record: dict) -> Grade:
     """A record's typed score ``rubric/<criterion>`` (value None when it has none)."""
-    return grades(record).get(f"rubric/{record.get('criterion')}") or Grade(value=None)
+    return grades(record).get(f"rubric/{criterion_of(record)}") or Grade(value=None)
 
 
-def criterion_stats(records: list[dict]) -> dict:
-    """Mean rating with 95% bootstrap CI over scored records, plus n, unscored and the rating histogram."""
+def criterion_stats(records: list[dict], key: str) -> dict:
+    """The mean rating of ``rubric/<key>`` with its 95% CI (the one aggregation, dialogues resampled), plus n, unscored
+    and the rating histogram."""
     scored = [v for r in records if (v := rating_of(r).value) is not None]
-    ci = mean_ci(scored)
+    f = aggregate(records, f"rubric/{key}")
     return {
-        "mean": _num(ci.mean), "low": _num(ci.low), "high": _num(ci.high), "n": ci.n,
+        "mean": _num(f.value), "low": _num(f.low), "high": _num(f.high), "n": f.n,
         "unscored": len(records) - len(scored),
         "parse_errors": sum(1 for r in records if rating_of(r).metadata.get("parse_error")),
         "request_errors": sum(1 for r in records if r.get("error")),
@@ -48,9 +52,9 @@ def rating_metrics(records: list[dict], criteria: list[Criterion]) -> dict:
     by_crit: dict[str, list[dict]] = defaultdict(list)
     by_model: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        by_crit[r.get("criterion")].append(r)
-        by_model[str(r.get("model"))][r.get("criterion")].append(r)
-    out = {c.key: {"name": c.name, **criterion_stats(by_crit.get(c.key, []))} for c in criteria}
+        by_crit[criterion_of(r)].append(r)
+        by_model[str((r.get("metadata") or {}).get("model"))][criterion_of(r)].append(r)
+    out = {c.key: {"name": c.name, **criterion_stats(by_crit.get(c.key, []), c.key)} for c in criteria}
     total = len(records)
     unscored = sum(v["unscored"] for v in out.values())
     parse_errors = sum(v["parse_errors"] for v in out.values())
@@ -62,7 +66,7 @@ def rating_metrics(records: list[dict], criteria: list[Criterion]) -> dict:
         "parse_errors": parse_errors,
         "parse_error_rate": round(parse_errors / total, 4) if total else None,
         "by_model": {
-            m: {c.key: criterion_stats(per.get(c.key, [])) for c in criteria}
+            m: {c.key: criterion_stats(per.get(c.key, []), c.key) for c in criteria}
             for m, per in sorted(by_model.items())
         } if len(by_model) > 1 else {},
     }
@@ -121,7 +125,7 @@ def rank_agreement(judge: list[float], reference: list[float]) -> dict:
 
 def agreement_metrics(records: list[dict], reference: list[dict], criteria: list[Criterion]) -> dict:
     """Judge vs reference per criterion and pooled over criteria, on (dialogue id, criterion) pairs both rated."""
-    judged = {(str(r.get("source_id")), r.get("criterion")): r for r in records}
+    judged = {(str(r.get("case_id")), criterion_of(r)): r for r in records}
     pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     unmatched = Counter()
     judge_unscored = Counter()

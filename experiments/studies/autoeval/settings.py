@@ -43,7 +43,6 @@ class AutoevalSettings(RunSettings):
         "max_note_chars": Unpaired("a bound on each example's explanation, the paper states none"),
     }
 
-    experiment: str = "autoeval"
     moved_keys: ClassVar[dict] = {"explain": "sampling.explain", "rate": "sampling.rate"}  # older spellings
     out: str | None = Field(None, description="Results directory (default runs/autoeval/<results folder>-<judge model>); "
                             "re-running the same command resumes.")

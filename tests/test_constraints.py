@@ -288,10 +288,10 @@ def _qa_backend(role, content, gen):
 
 def _run_qa(tmp_path, mode, out=None):
     from experiments.core.commands import build_settings
-    from experiments.studies.dera.study import STUDIES
+    from experiments.core.registry import get
     from experiments.core.runner import prepare_run, run_study
 
-    study = STUDIES["dera-qa"]()
+    study = get("dera-qa").make()
     common = {"model": "embedded@http://127.0.0.1:9/v1", "set_": [f"answers={mode}", "max_turns=1"]}
     given = {"out": str(out or tmp_path / mode), "data": str(FIX / "dera" / "medqa_open.jsonl"), "limit": 2, "mcq": True}
     settings, cases = prepare_run(study, build_settings(study, common, given))  # MCQ: no BERTScore encoder in a unit test
@@ -319,11 +319,11 @@ def test_runner_names_the_mode_everywhere_and_refuses_to_mix_modes(tmp_path):
 
 def test_an_endpoint_that_ignores_the_field_is_refused_before_any_case(tmp_path):
     from experiments.core.commands import build_settings
-    from experiments.studies.dera.study import STUDIES
+    from experiments.core.registry import get
     from experiments.core.runner import prepare_run, run_study
     from serving.client import StructuredOutputsUnsupported
 
-    study = STUDIES["dera-qa"]()
+    study = get("dera-qa").make()
     common = {"model": "embedded@http://127.0.0.1:9/v1", "set_": ["answers=constrained"]}
     given = {"out": str(tmp_path / "run"), "data": str(FIX / "dera" / "medqa_open.jsonl"), "limit": 1}
     settings, cases = prepare_run(study, build_settings(study, common, given))

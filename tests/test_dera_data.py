@@ -67,8 +67,8 @@ def test_similarity_normalization():
 
 
 def _qa_record(i, o_bs, d_bs, o_ex, d_ex, o_sim, d_sim):
-    return {"id": f"q{i}", "answer_changed": o_bs != d_bs, "turns": 1, "stop_reason": "turn_cap", "parse_attempts": 4,
-            "parse_errors": [{}], "calls": [],
+    return {"id": f"q{i}", "case_id": f"q{i}", "calls": [],
+            "metadata": {"answer_changed": o_bs != d_bs, "turns": 1, "stop_reason": "turn_cap", "parse_attempts": 4, "parse_errors": [{}]},
             "scores": {f"{step}/{arm}": {"value": v} for arm, vals in (("oneshot", (o_bs, o_ex, o_sim)), ("dera", (d_bs, d_ex, d_sim)))
                        for step, v in zip(("bertscore", "llm-exact", "llm-similarity"), vals)}}
 
@@ -92,10 +92,13 @@ def test_corruption_table():
     def sec(f1):
         return {"scored": True, "precision": f1, "recall": f1, "f1": f1}
 
-    rec = {"id": "e", "turns": 3, "stop_reason": "researcher_stop", "scratchpad": ["x"], "parse_attempts": 1, "parse_errors": [], "calls": [],
-           "gptf1": {"initial": {"sections": {x: sec(0.5) for x in s.score_sections}, "average": {"f1": 0.5}},
-                     "dera": {"sections": {x: sec(1.0) for x in s.score_sections}, "average": {"f1": 1.0}}}}
-    rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], "judge"))  # the record's result, as the run gives it
+    from experiments.studies.dera.scorers import gptf1_grades
+
+    gptf1 = {"initial": {"sections": {x: sec(0.5) for x in s.score_sections}, "average": {"f1": 0.5}},
+             "dera": {"sections": {x: sec(1.0) for x in s.score_sections}, "average": {"f1": 1.0}}}
+    rec = {"id": "e", "case_id": "e", "calls": [], "metadata": {"turns": 3, "stop_reason": "researcher_stop", "scratchpad": ["x"],
+                                                                "parse_attempts": 1, "parse_errors": []},
+           "scores": to_disk({f"gptf1/{n}": g for arm, v in gptf1.items() for n, g in gptf1_grades(arm, v, {"model": "judge"}).items()})}
     m = report.dialogue_metrics([rec], s)
     assert m["gptf1"]["initial"]["average"]["f1"] == 0.5 and m["gptf1"]["dera"]["average"]["f1"] == 1.0
     text = report.dialogue_summary(m, s, "dera-corrupt")

@@ -62,7 +62,7 @@ def test_researcher_stop_tag_ends_dialogue():
     log = case_log(ScriptedClient(reply))
     out = run(dialogue.run_dialogue(log, ENC, {s: "x" for s in DialogueSettings().sections}, DialogueSettings()))
     assert out["stop_reason"] == "researcher_stop"
-    assert [m["agent"] for m in out["transcript"]] == ["researcher", "decider", "researcher"]
+    assert [m["role"] for m in out["transcript"]] == ["researcher", "decider", "researcher"]
     assert [m["turn"] for m in out["transcript"]] == [1, 2, 3]
     assert out["scratchpad"] == ["Pertinent Positives: add fever"]
 
@@ -78,10 +78,10 @@ def test_turn_cap_counts_all_messages():
     out = run(dialogue.run_dialogue(log, ENC, {}, DialogueSettings()))
     assert out["stop_reason"] == "turn_cap"
     assert out["turns"] == 15 and len(client.requests) == 15
-    assert out["transcript"][-1]["agent"] == "researcher"  # 8 researcher + 7 decider messages
+    assert out["transcript"][-1]["role"] == "researcher"  # 8 researcher + 7 decider messages
     assert out["scratchpad"] == []  # "none" is not a correction
     out4 = run(dialogue.run_dialogue(case_log(ScriptedClient(reply)), ENC, {}, DialogueSettings(max_turns=4)))
-    assert out4["turns"] == 4 and out4["transcript"][-1]["agent"] == "decider"
+    assert out4["turns"] == 4 and out4["transcript"][-1]["role"] == "decider"
 
 
 def test_scratchpad_accumulates_and_reaches_final_rewrite():
@@ -98,13 +98,13 @@ def test_scratchpad_accumulates_and_reaches_final_rewrite():
     client = ScriptedClient(reply)
     settings = DialogueSettings(max_turns=6)
     rec = run(dialogue.make_solver(settings, "m")(case_log(client), ENC))
-    assert rec["scratchpad"] == ["fix 1a", "fix 1b", "fix 2a", "fix 2b", "fix 3a", "fix 3b"]
+    assert rec["metadata"]["scratchpad"] == ["fix 1a", "fix 1b", "fix 2a", "fix 2b", "fix 3a", "fix 3b"]
     final_prompt = [p for r, p, g in client.requests if "Agreed corrections:" in p][0]
-    for line in rec["scratchpad"]:
+    for line in rec["metadata"]["scratchpad"]:
         assert f"- {line}" in final_prompt
-    assert rec["final"]["Pertinent Positives"] == "text about pertinent positives."
-    assert [m["agent"] for m in rec["transcript"]][:2] == ["researcher", "decider"]
-    assert rec["prompt_hashes"]["summarize_decider_final"] and rec["model"] == "m"
+    assert rec["answer"]["dera"]["Pertinent Positives"] == "text about pertinent positives."
+    assert [m["role"] for m in rec["transcript"]][:2] == ["researcher", "decider"]
+    assert rec["metadata"]["prompt_hashes"]["summarize_decider_final"] and rec["metadata"]["model"] == "m"
     # sampling: the paper's summarization settings; the runner's context gives every sampled request its seed
     gens = {g for _, _, g in client.requests if g.max_tokens == 512}
     assert all(g.temperature == 1.0 and g.top_p == 1.0 and g.seed is not None for g in gens)
@@ -128,7 +128,7 @@ def test_both_agents_see_the_scratchpad_as_it_stands_and_the_rewrite_applies_it(
 
     client = ScriptedClient(reply)
     rec = run(dialogue.make_solver(DialogueSettings(max_turns=6), "m")(case_log(client), ENC))
-    assert rec["scratchpad"] == [f"Pertinent Positives: add finding {i}" for i in (1, 2, 3)]
+    assert rec["metadata"]["scratchpad"] == [f"Pertinent Positives: add finding {i}" for i in (1, 2, 3)]
     researcher = [p for r, p, _ in client.requests if r == "researcher"]
     decider = [p for r, p, _ in client.requests if r == "decider" and "Discussion so far" in p]
     assert len(researcher) == 3 and len(decider) == 3
@@ -146,13 +146,13 @@ def test_both_agents_see_the_scratchpad_as_it_stands_and_the_rewrite_applies_it(
     assert "add finding 2" in decider[2]
     # the final rewrite applies them all
     final_prompt = [p for r, p, _ in client.requests if "Agreed corrections:" in p][0]
-    for line in rec["scratchpad"]:
+    for line in rec["metadata"]["scratchpad"]:
         assert f"- {line}" in final_prompt
     assert "applies every agreed correction" in final_prompt
-    assert rec["final"]["Pertinent Positives"] == "text about pertinent positives; finding 1; finding 2; finding 3."
-    assert rec["final"] != rec["initial"] and rec["initial"]["Pertinent Positives"] == "text about pertinent positives."
-    assert {k: v for k, v in rec["final"].items() if k != "Pertinent Positives"} == \
-        {k: v for k, v in rec["initial"].items() if k != "Pertinent Positives"}
+    assert rec["answer"]["dera"]["Pertinent Positives"] == "text about pertinent positives; finding 1; finding 2; finding 3."
+    final, initial = rec["answer"]["dera"], rec["answer"]["initial"]
+    assert final != initial and initial["Pertinent Positives"] == "text about pertinent positives."
+    assert {k: v for k, v in final.items() if k != "Pertinent Positives"} == {k: v for k, v in initial.items() if k != "Pertinent Positives"}
 
 
 def test_careplan_reply_and_final_prompts_carry_the_care_plan_rules():
@@ -172,7 +172,7 @@ def test_careplan_reply_and_final_prompts_carry_the_care_plan_rules():
     client = ScriptedClient(reply)
     log = case_log(client)
     rec = run(dialogue.make_solver(settings, "m")(log, ENC))
-    assert rec["scratchpad"] == ["Medications: drop the antibiotic"]
+    assert rec["metadata"]["scratchpad"] == ["Medications: drop the antibiotic"]
     by_template = {c["template"]: c["messages"][0]["content"] for c in log.ctx.calls}
     for name in ("careplan_researcher", "careplan_decider_reply", "careplan_decider_final"):
         assert "Rules of the care plan" in by_template[name], name
@@ -190,12 +190,12 @@ def test_malformed_tags_are_kept_and_counted():
         return "Sure, fixed it."  # no tags
 
     rec = run(dialogue.make_solver(DialogueSettings(max_turns=2), "m")(case_log(ScriptedClient(reply)), ENC))
-    assert rec["transcript"][0]["content"] == "I think the positives are wrong."
-    assert rec["transcript"][1]["content"] == "Sure, fixed it."
-    steps = [e["step"] for e in rec["parse_errors"]]
+    assert rec["transcript"][0]["text"] == "I think the positives are wrong."
+    assert rec["transcript"][1]["text"] == "Sure, fixed it."
+    steps = [e["step"] for e in rec["metadata"]["parse_errors"]]
     assert "researcher:1" in steps and "decider:2" in steps and "decider:final" in steps and "decider:initial" in steps
     # sections the final rewrite lacks keep the initial text
-    assert set(rec["final_sections_kept_from_initial"]) == set(DialogueSettings().sections)
+    assert set(rec["metadata"]["final_sections_kept_from_initial"]) == set(DialogueSettings().sections)
 
 
 def test_failed_request_fails_the_case():
@@ -264,29 +264,26 @@ def qa_reply(role, prompt, gen):
     return ["Vitamin D", "Vitamin C", "Vitamin D", "Vitamin C", "Vitamin B1"]
 
 
-async def no_scores(log, q, answers):  # a stand-in scorer: its grades are the record's scores
-    return {"llm-exact/dera": Grade(value=1, answer=answers["dera"])}
-
-
 def test_qa_protocol_settings_and_flow():
     client = ScriptedClient(qa_reply)
     settings = QASettings()
-    rec = run(qa.make_solver(settings, "m", no_scores)(case_log(client, "q1"), Q))
-    assert rec["oneshot"]["vote"] == "Vitamin D"  # tie D/C, D first
-    assert rec["oneshot"]["distribution_text"] == "'Vitamin D' 40%, 'Vitamin C' 40%, 'Vitamin B1' 20%"
-    assert rec["answers"] == {"oneshot": "Vitamin D", "dera": "Vitamin C"} and rec["answer_changed"]
-    assert rec["stop_reason"] == "researcher_stop" and rec["turns"] == 2
-    assert [m["agent"] for m in rec["transcript"]] == ["decider", "researcher", "decider", "researcher"]
+    rec = run(qa.make_solver(settings, "m")(case_log(client, "q1"), Q))
+    meta = rec["metadata"]
+    assert meta["oneshot"]["vote"] == "Vitamin D"  # tie D/C, D first
+    assert meta["oneshot"]["distribution_text"] == "'Vitamin D' 40%, 'Vitamin C' 40%, 'Vitamin B1' 20%"
+    assert rec["answer"] == {"oneshot": "Vitamin D", "dera": "Vitamin C"} and meta["answer_changed"]
+    assert meta["stop_reason"] == "researcher_stop" and meta["turns"] == 2
+    assert [m["role"] for m in rec["transcript"]] == ["decider", "researcher", "decider", "researcher"]
     gens = [g for _, _, g in client.requests]
     assert (gens[0].temperature, gens[0].max_tokens, gens[0].n) == (0.7, 50, 5) and gens[0].seed is not None
     assert (gens[1].temperature, gens[1].max_tokens) == (0.0, 400)
     assert all((g.temperature, g.max_tokens, g.frequency_penalty) == (0.3, 250, 0.5) for g in gens[2:5])
     final = gens[5]  # greedy x5: asked once, copied (vLLM refuses n>1 without sampling)
     assert (final.temperature, final.max_tokens, final.n) == (0.0, 100, 1)
-    assert rec["final"]["answers"] == ["Vitamin C"] * 5
+    assert meta["final"]["answers"] == ["Vitamin C"] * 5
     final_prompt = client.requests[5][1]
     assert "Teacher: What does 'scurvy' suggest?" in final_prompt and "Question: What vitamin deficiency" in final_prompt
-    assert rec["scores"] == {"llm-exact/dera": {"value": 1, "answer": "Vitamin C"}} and "correct" not in rec
+    assert rec["scores"] == {} and rec["target"] == Q["answer"]  # solve judges nothing: the study's scorers do, after it
 
 
 def test_qa_turn_cap_three():
@@ -294,15 +291,15 @@ def test_qa_turn_cap_three():
         return "Keep thinking about 'scurvy'." if role == "researcher" else qa_reply(role, prompt, gen)
 
     client = ScriptedClient(reply)
-    rec = run(qa.make_solver(QASettings(), "m", no_scores)(case_log(client, "q1"), Q))
-    assert rec["stop_reason"] == "turn_cap" and rec["turns"] == 3
+    rec = run(qa.make_solver(QASettings(), "m")(case_log(client, "q1"), Q))
+    assert rec["metadata"]["stop_reason"] == "turn_cap" and rec["metadata"]["turns"] == 3
     assert sum(1 for r, _, _ in client.requests if r == "researcher") == 3
-    assert rec["stated_answers"] == ["Vitamin C"] * 3
+    assert rec["metadata"]["stated_answers"] == ["Vitamin C"] * 3
 
 
 def test_sampled_calls_get_per_call_seeds_greedy_ones_none():
     client = ScriptedClient(qa_reply)
-    run(qa.make_solver(QASettings(), "m", no_scores)(case_log(client, "q1"), Q))
+    run(qa.make_solver(QASettings(), "m")(case_log(client, "q1"), Q))
     seeds = [g.seed for _, _, g in client.requests if g.temperature > 0]
     assert seeds and None not in seeds and len(set(seeds)) == len(seeds)  # per (case, step), from the runner
     assert all(g.seed is None for _, _, g in client.requests if g.temperature == 0)
@@ -367,9 +364,14 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     # metrics count the cut comparisons
     from experiments.studies.dera import report
 
-    rec = {"id": "e", "turns": 1, "stop_reason": "researcher_stop", "scratchpad": [], "parse_attempts": 1, "parse_errors": [],
-           "calls": [], "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": {**s, "concepts_cut": {"gt": 2, "pred": 0}}}}}}
-    rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], "judge"))  # the record's result, as the run gives it
+    from experiments.studies.dera.scorers import gptf1_grades
+
+    def scored(arm: dict) -> dict:  # the record's result, as the gptf1 scorer gives it
+        return {"id": "e", "calls": [], "metadata": {"turns": 1, "stop_reason": "researcher_stop", "scratchpad": [], "parse_attempts": 1,
+                                                     "parse_errors": []},
+                "scores": to_disk({f"gptf1/{n}": g for n, g in gptf1_grades("dera_vs_initial", arm, {"model": "judge"}).items()})}
+
+    rec = scored({"sections": {"Pertinent Negatives": {**s, "concepts_cut": {"gt": 2, "pred": 0}}}})
     m = report.dialogue_metrics([rec], DialogueSettings(score_sections=["Pertinent Negatives"]))
     assert m["gptf1_concept_lists_cut"] == 1 and m["gptf1_max_concepts"] == 40
     one = DialogueSettings(score_sections=["Pertinent Negatives"])
@@ -377,8 +379,7 @@ def test_gptf1_extraction_names_the_section_and_the_cap_is_a_reported_setting():
     assert "concept cap (`gptf1.max_concepts`): 40 concepts per list, 1 section comparison(s) cut" in text
     # the cap is stated even when nothing was cut, and "no cap" when there is none
     section = {k: v for k, v in s.items() if k != "concepts_cut"}
-    uncut = {**rec, "gptf1": {"dera_vs_initial": {"sections": {"Pertinent Negatives": section}}}}
-    uncut["scores"] = to_disk(report.gptf1_scores(uncut["gptf1"], "judge"))
+    uncut = scored({"sections": {"Pertinent Negatives": section}})
     text = report.dialogue_summary(report.dialogue_metrics([uncut], one), one, "dera-summarize")
     assert "40 concepts per list, 0 section comparison(s) cut." in text
     none = DialogueSettings(score_sections=["Pertinent Negatives"], gptf1={"max_concepts": None})
@@ -419,7 +420,8 @@ def test_sampling_config_gen():
 
 
 def test_mcq_variant_votes_letters_and_scores_accuracy():
-    from experiments.studies.dera.qa_metrics import make_scorer
+    from experiments.core.scorers import score_record
+    from experiments.studies.dera.scorers import QA
 
     def reply(role, prompt, gen):
         if role == "researcher":
@@ -433,10 +435,12 @@ def test_mcq_variant_votes_letters_and_scores_accuracy():
         return ["A", "B) Vitamin C", "Answer: A", "B", "(A)"]
 
     settings = QASettings(mcq=True)
-    rec = run(qa.make_solver(settings, "m", make_scorer(settings))(case_log(ScriptedClient(reply), "q1"), Q))
-    assert rec["oneshot"]["answers"] == ["A", "B", "A", "B", "A"] and rec["answers"] == {"oneshot": "A", "dera": "B"}
+    log = case_log(ScriptedClient(reply), "q1")
+    rec = run(qa.make_solver(settings, "m")(log, Q))
+    rec = run(score_record([s for s in QA if s.applies(settings)], log.ctx, rec, settings))
+    assert rec["metadata"]["oneshot"]["answers"] == ["A", "B", "A", "B", "A"] and rec["answer"] == {"oneshot": "A", "dera": "B"}
     assert rec["scores"]["accuracy/oneshot"]["value"] == 0 and rec["scores"]["accuracy/dera"]["value"] == 1 and "correct" not in rec
-    assert rec["gold"] == "B"
+    assert rec["target"] == "B" and set(rec["scores"]) == {"accuracy/oneshot", "accuracy/dera"}
 
 
 def test_careplan_prompts_render_with_sections():

@@ -17,7 +17,8 @@ from experiments.core.commands import build_settings
 from experiments.core.config import ConfigError
 from experiments.studies.dera import qa_metrics
 from experiments.studies.dera.settings import CAREPLAN_SECTIONS, SUMMARY_SECTIONS
-from experiments.studies.dera.study import STUDIES, SAMPLE_ENCOUNTERS
+from experiments.core.registry import get
+from experiments.studies.dera.study import SAMPLE_ENCOUNTERS
 from experiments.core.runner import prepare_run, run_study
 from tests.scripted import ScriptedLLM, down
 
@@ -62,7 +63,7 @@ def qa_backend(fail_marker: str | None = None):
 
 
 def settings_for(name: str, tmp_path: Path, *, options: dict | None = None, **common):
-    study = STUDIES[name]()
+    study = get(name).make()
     values = {"model": DEAD, "out": str(tmp_path / name), "set_": ["max_turns=3"], **common}
     flags = {k: values.pop(k) for k in ("model", "role", "config", "set_") if k in values}  # the flags that are not settings
     return study, build_settings(study, flags, {**values, **(options or {})})
@@ -87,12 +88,12 @@ def no_bertscore(monkeypatch):
 
 
 COMMANDS = [
-    # (command, study options, backend(fail_marker), failing case, marker, scored key)
-    ("dera-summarize", {}, lambda m=None: dialogue_backend(SUMMARY_SECTIONS, m), "sample-002", "ankle swelling", "gptf1"),
-    ("dera-careplan", {}, lambda m=None: dialogue_backend(CAREPLAN_SECTIONS, m), "sample-002", "ankle swelling", "gptf1"),
-    ("dera-corrupt", {"corruption_level": 3}, lambda m=None: dialogue_backend(SUMMARY_SECTIONS, m), "sample-002", "ankle swelling", "gptf1"),
-    ("dera-qa", {}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "scores"),
-    ("dera-qa", {"mcq": True}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "scores"),
+    # (command, study options, backend(fail_marker), failing case, marker, a scorer every finished record carries)
+    ("dera-summarize", {}, lambda m=None: dialogue_backend(SUMMARY_SECTIONS, m), "sample-002", "ankle swelling", "gptf1/dera_vs_initial"),
+    ("dera-careplan", {}, lambda m=None: dialogue_backend(CAREPLAN_SECTIONS, m), "sample-002", "ankle swelling", "gptf1/dera_vs_initial"),
+    ("dera-corrupt", {"corruption_level": 3}, lambda m=None: dialogue_backend(SUMMARY_SECTIONS, m), "sample-002", "ankle swelling", "gptf1/initial"),
+    ("dera-qa", {}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "llm-exact/dera"),
+    ("dera-qa", {"mcq": True}, lambda m=None: qa_backend(m), "sample_medqa_open-00002", "lisinopril", "accuracy/dera"),
 ]
 
 
@@ -107,11 +108,11 @@ def test_failed_case_is_failed_not_scored_and_the_rerun_completes_it(tmp_path, n
     recs = records(out)
     bad = recs[failing]
     assert bad["status"] == "failed" and "gave up after" in bad["error"] and "researcher" in bad["error"]
-    assert scored not in bad and "final" not in bad
+    assert not bad.get("scores") and not bad.get("answer")
     assert bad["calls"][-1]["error"] and bad["calls"][-1]["role"] == "researcher"  # answered calls and the failed one are logged
     for cid, r in recs.items():
         if cid != failing:
-            assert r["status"] == "ok" and scored in r and r["parse_attempts"] > 0 and r["prompt_hashes"]
+            assert r["status"] == "ok" and scored in r["scores"] and r["metadata"]["parse_attempts"] > 0 and r["metadata"]["prompt_hashes"]
             assert all(c.get("template") and c["step"] for c in r["calls"])
             steps = [c["step"] for c in r["calls"]]
             assert len(steps) == len(set(steps)), "step names are unique per call within a case"

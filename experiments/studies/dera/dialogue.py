@@ -6,8 +6,7 @@ counted as parse errors.
 
 from __future__ import annotations
 
-from experiments.common.grade import to_disk
-from experiments.studies.dera import gptf1, report
+from experiments.core.record import record
 from experiments.studies.dera.calls import CaseLog
 from experiments.studies.dera.data import format_chat
 from experiments.studies.dera.settings import DialogueSettings
@@ -32,7 +31,7 @@ def render_sections(sections: dict, names: list[str]) -> str:
 def dialogue_text(messages: list[dict], labels: dict = LABELS) -> str:
     if not messages:
         return "(no messages yet)"
-    return "\n".join(f"{labels[m['agent']]}: {m['content']}" for m in messages)
+    return "\n".join(f"{labels[m['role']]}: {m['text']}" for m in messages)
 
 
 def scratchpad_text(lines: list[str], empty: str = "(no corrections were agreed)") -> str:
@@ -92,7 +91,7 @@ async def run_dialogue(log: CaseLog, enc: dict, output: dict, settings: Dialogue
                            **base, summary=summary, review_sections=", ".join(settings.review_sections),
                            scratchpad=scratchpad_text(scratchpad, SCRATCHPAD_EMPTY_DURING))
         msg, stop = parse_researcher(log, f"researcher:{turn}", r.text)
-        transcript.append({"agent": "researcher", "content": msg, "turn": turn, "raw": r.text})
+        transcript.append({"role": "researcher", "text": msg, "turn": turn, "raw": r.text})
         if stop:
             stop_reason = "researcher_stop"
             break
@@ -103,7 +102,7 @@ async def run_dialogue(log: CaseLog, enc: dict, output: dict, settings: Dialogue
                            **base, summary=summary, scratchpad=scratchpad_text(scratchpad, SCRATCHPAD_EMPTY_DURING))
         reply, accepted = parse_decider(log, f"decider:{turn}", d.text)
         scratchpad.extend(accepted)
-        transcript.append({"agent": "decider", "content": reply, "turn": turn, "scratchpad": accepted, "raw": d.text})
+        transcript.append({"role": "decider", "text": reply, "turn": turn, "scratchpad": accepted, "raw": d.text})
     return {"transcript": transcript, "scratchpad": scratchpad, "stop_reason": stop_reason, "turns": len(transcript)}
 
 
@@ -140,35 +139,25 @@ async def corrupt(log: CaseLog, enc: dict, reference: dict, settings: DialogueSe
 
 
 def make_solver(settings: DialogueSettings, model: str):
-    """``solve(log, enc) -> record`` for one encounter; ``log`` wraps the runner's context of the case
-    (a call that gets no answer raises RequestFailed: the runner records the case as failed)."""
+    """``solve(log, enc) -> record`` for one encounter, its typed record: the initial (or corrupted) output and DERA's
+    rewrite its answer, the reference (the corruption study's uncorrupted summary, or the encounter's reference
+    summary) its target; GPT-F1 is the study's scorer, after. ``log`` wraps the runner's context of the case (a call
+    that gets no answer raises RequestFailed: the runner records the case as failed)."""
 
     async def solve(log: CaseLog, enc: dict) -> dict:
-        rec: dict = {"id": enc["id"], "input_id": enc["id"], "task": settings.task, "model": model}
+        meta: dict = {"task": settings.task, "model": model}
+        reference = enc.get("reference_summary") if isinstance(enc.get("reference_summary"), dict) else None
         if settings.task == "corrupt":
             reference, ref_raw = await initial_output(log, enc, settings)
             start, start_raw = await corrupt(log, enc, reference, settings)
-            rec.update({"reference": reference, "reference_raw": ref_raw, "corruption_level": settings.corruption_level})
+            meta.update({"reference_raw": ref_raw, "corruption_level": settings.corruption_level})
         else:
             start, start_raw = await initial_output(log, enc, settings)
         dia = await run_dialogue(log, enc, start, settings)
         final, final_raw, kept = await rewrite(log, enc, start, dia["scratchpad"], settings)
-        rec.update({"initial": start, "initial_raw": start_raw, **dia, "final": final, "final_raw": final_raw,
-                    "final_sections_kept_from_initial": kept})
-        cache: dict = {}
-        if settings.task == "corrupt":
-            rec["gptf1"] = {
-                "initial": await gptf1.score_summary(log, reference, start, settings.score_sections, gptf1.GptF1.of(settings), label="initial", concept_cache=cache),
-                "dera": await gptf1.score_summary(log, reference, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera", concept_cache=cache),
-            }
-        else:
-            rec["gptf1"] = {"dera_vs_initial": await gptf1.score_summary(log, start, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera_vs_initial", concept_cache=cache)}
-            ref = enc.get("reference_summary")
-            if isinstance(ref, dict):
-                rec["gptf1"]["initial"] = await gptf1.score_summary(log, ref, start, settings.score_sections, gptf1.GptF1.of(settings), label="initial", concept_cache=cache)
-                rec["gptf1"]["dera"] = await gptf1.score_summary(log, ref, final, settings.score_sections, gptf1.GptF1.of(settings), label="dera", concept_cache=cache)
-        rec["scores"] = to_disk(report.gptf1_scores(rec["gptf1"], settings.roles.get("judge")))
-        rec.update(log.fields())
-        return rec
+        meta.update({"initial_raw": start_raw, "scratchpad": dia["scratchpad"], "stop_reason": dia["stop_reason"], "turns": dia["turns"],
+                     "final_raw": final_raw, "final_sections_kept_from_initial": kept, **log.fields()})
+        return record(enc["id"], inputs={k: enc.get(k) for k in ("age", "sex", "chief_complaint", "chat")}, target=reference,
+                      transcript=dia["transcript"], answer={"initial": start, "dera": final}, metadata=meta)
 
     return solve

@@ -12,7 +12,7 @@ from experiments.studies.dera.dialogue import dialogue_text
 from experiments.studies.dera.prompts import render
 from experiments.studies.dera.settings import QASettings
 from experiments.common.choice import pick_letter
-from experiments.common.grade import to_disk
+from experiments.core.record import record
 from experiments.common.parsing import extract_after, has_marker
 
 LABELS = {"researcher": "Teacher", "decider": "Student"}
@@ -90,7 +90,7 @@ async def sample_answers(log: CaseLog, step: str, template: str, sampling, setti
 
 async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QASettings) -> dict:
     question = q["question_open"] if not settings.mcq else (q.get("question") or q["question_open"])
-    transcript = [{"agent": "decider", "content": explanation, "turn": 1}]
+    transcript = [{"role": "decider", "text": explanation, "turn": 1}]
     stop_reason = "turn_cap"
     opts = _options_block(q, settings)
     decider_template = "qa_decider_mcq" if settings.mcq else "qa_decider"
@@ -104,7 +104,7 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
         r = await log.call(f"researcher:{turn}", "researcher", "qa_researcher", settings.sampling.dialogue, history=transcript, build=history,
                            question=question, options_block=opts)
         stop = has_marker(r.text, "STOP")
-        transcript.append({"agent": "researcher", "content": r.text.strip() or "STOP", "turn": turn})
+        transcript.append({"role": "researcher", "text": r.text.strip() or "STOP", "turn": turn})
         if stop:
             stop_reason = "researcher_stop"
             break
@@ -116,15 +116,15 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
             said = pick_letter(said, "ABCDE", loose=True)
         log.parsed(f"decider:{turn}", bool(said), "no 'Answer: ...' line", d.text)
         stated.append(said)
-        transcript.append({"agent": "decider", "content": d.text.strip(), "turn": turn, "answer": said})
+        transcript.append({"role": "decider", "text": d.text.strip(), "turn": turn, "answer": said})
     return {"transcript": transcript, "stop_reason": stop_reason, "stated_answers": stated,
-            "turns": sum(1 for m in transcript if m["agent"] == "researcher")}
+            "turns": sum(1 for m in transcript if m["role"] == "researcher")}
 
 
-def make_solver(settings: QASettings, model: str, scorer):
-    """``solve(log, q) -> record`` for one question; ``log`` wraps the runner's context of the case (a call
-    that gets no answer raises RequestFailed: the case is failed, never scored).
-    ``scorer(log, q, answers: dict[arm, str|None]) -> {name: Grade}`` gives the record's typed ``scores``."""
+def make_solver(settings: QASettings, model: str):
+    """``solve(log, q) -> record`` for one question, its typed record, the arms' answers unjudged (the study's scorers
+    judge them after); ``log`` wraps the runner's context of the case (a call that gets no answer raises
+    RequestFailed: the case is failed, never scored)."""
 
     async def solve(log: CaseLog, q: dict) -> dict:
         template, values = _oneshot(q, settings)
@@ -142,16 +142,11 @@ def make_solver(settings: QASettings, model: str, scorer):
 
         final = await sample_answers_with_history(log, settings, dia["transcript"], final_history, template, letter_values(q))
         answers = {"oneshot": base["vote"], "dera": final["vote"]}
-        rec = {
-            "id": q["id"], "input_id": q["id"], "model": model, "mcq": settings.mcq,
-            "question": question, "gold": q["answer_idx"] if settings.mcq else q["answer"],
-            "gold_text": q["answer"], "options": q.get("options"),
-            "oneshot": base, "explanation": explanation, **dia, "final": final,
-            "answers": answers, "answer_changed": answers["oneshot"] != answers["dera"],
-        }
-        rec["scores"] = to_disk(await scorer(log, q, answers))
-        rec.update(log.fields())
-        return rec
+        return record(q["id"], inputs={"question": question, "options": q.get("options"), "mcq": settings.mcq},
+                      target=q["answer_idx"] if settings.mcq else q["answer"], transcript=dia["transcript"], answer=answers,
+                      metadata={"model": model, "gold_text": q["answer"], "oneshot": base, "explanation": explanation,
+                                "stop_reason": dia["stop_reason"], "stated_answers": dia["stated_answers"], "turns": dia["turns"],
+                                "final": final, "answer_changed": answers["oneshot"] != answers["dera"], **log.fields()})
 
     return solve
 

@@ -1,14 +1,14 @@
-"""Scores of QA answers against the gold answer: per case (LLM judges, BERTScore) and per run (experiments/studies/dera/README.md,
-Metrics). An unparseable verdict is unscored (None) and counted. They are the record's typed ``scores``
-(:func:`arm_grades`; names in experiments/studies/dera/results.py); the run's metrics and the paper tables read them by name
-(:func:`arm_values`). A missing answer (every sample unusable or the request failed) scores 0 everywhere.
+"""The pieces of DERA-QA's scorers (experiments/studies/dera/scorers.py): the judges' two requests, BERTScore, the
+similarity's run-level rule, and the grades an older record's per-arm values become (:func:`arm_grades`). An
+unparseable verdict is unscored (None) and counted; a missing answer (every sample unusable or the request failed)
+scores 0 everywhere (experiments/studies/dera/README.md, Metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from experiments.common.grade import Grade, grades
+from experiments.common.grade import Grade
 from experiments.studies.dera.calls import CaseLog
 from experiments.studies.dera.prompts import PROMPTS
 from experiments.studies.dera.settings import QASettings
@@ -40,13 +40,6 @@ def arm_grades(arm: str, s: dict, mcq: bool, judge, bertscore: dict) -> dict[str
                                   judge={"rule": "bertscore F1" if asked else "no answer"}, metadata=bertscore if asked else {})}
 
 
-def arm_values(records: list[dict], name: str, arm: str) -> list:
-    """Score ``name`` (a key of STEPS) of ``arm`` over the records, None where unscored or absent; the similarity
-    normalized over them (:func:`normalize_similarity`)."""
-    vals = [g.value if (g := grades(r).get(f"{STEPS[name]}/{arm}")) else None for r in records]
-    return normalize_similarity(vals) if name == "similarity" else vals
-
-
 def normalize_similarity(scores: list[float | None]) -> list[float | None]:
     """Out-of-range scores -> 0, unless all (scored) scores are 100, then all -> 1. None stays None."""
     scored = [s for s in scores if s is not None]
@@ -75,36 +68,3 @@ async def ask_similarity(log: CaseLog, question: str, gold: str, pred: str, sett
     score = extract_number(sim.text) if sim.ok else None
     log.parsed(f"judge:similarity:{arm}", score is not None, sim.error or "no number in reply", sim.text)
     return score, sim.text.strip()
-
-
-async def judge_open(log: CaseLog, question: str, gold: str, pred: str | None, settings: QASettings, arm: str) -> dict:
-    if not pred:
-        return {"answer": pred, "bertscore": 0.0, "exact": 0, "exact_explanation": "no answer", "similarity_raw": 0.0}
-    exact, exact_reply = await ask_exact(log, question, gold, pred, settings, arm)
-    score, sim_reply = await ask_similarity(log, question, gold, pred, settings, arm)
-    return {
-        "answer": pred,
-        "bertscore": await bertscore(pred, gold, settings.bertscore_model, settings.bertscore_layer),
-        "exact": exact,
-        "exact_explanation": exact_reply,
-        "similarity_raw": score,
-        "similarity_reply": sim_reply,
-    }
-
-
-def make_scorer(settings: QASettings):
-    """``score(log, q, answers) -> {name: Grade}``: both arms' typed scores."""
-    bert = {"encoder": settings.bertscore_model, "layer": settings.bertscore_layer}
-
-    def judge(template: str) -> dict:
-        return {"model": settings.roles.get("judge"), "prompt_hash": PROMPTS.hash(template)}
-
-    async def score(log: CaseLog, q: dict, answers: dict) -> dict[str, Grade]:
-        out: dict[str, Grade] = {}
-        for arm in ARMS:
-            s = ({"answer": answers[arm], "accuracy": int(answers[arm] == q["answer_idx"])} if settings.mcq
-                 else await judge_open(log, q["question_open"], q["answer"], answers[arm], settings, arm))
-            out.update(arm_grades(arm, s, settings.mcq, judge, bert))
-        return out
-
-    return score

@@ -6,12 +6,13 @@ from collections import Counter
 from functools import partial
 from statistics import mean
 
-from experiments.common.grade import Grade, grades, split_name
+from experiments.common.grade import Grade, aggregate, grades, split_name, unit_values
 from experiments.common.markdown import md_table, num
-from experiments.common.stats import mean_ci, paired_bootstrap
+from experiments.common.stats import paired_bootstrap
 from experiments.common.text import bertscore_config, bertscore_label
-from experiments.studies.dera.prompts import PROMPTS
-from experiments.studies.dera.qa_metrics import ARMS, arm_values
+from experiments.core.scorers import find
+from experiments.studies.dera.qa_metrics import ARMS, STEPS
+from experiments.studies.dera.scorers import QA
 
 ARM_NAMES = {"oneshot": "1-shot", "dera": "DERA"}
 
@@ -20,10 +21,14 @@ def _ok(records: list[dict]) -> list[dict]:
     return [r for r in records if "error" not in r]
 
 
+def _meta(r: dict) -> dict:
+    return r.get("metadata") or {}
+
+
 def common_metrics(records: list[dict]) -> dict:
     ok = _ok(records)
-    attempts = sum(r.get("parse_attempts", 0) for r in ok)
-    errors = sum(len(r.get("parse_errors", [])) for r in ok)
+    attempts = sum(_meta(r).get("parse_attempts", 0) for r in ok)
+    errors = sum(len(_meta(r).get("parse_errors", [])) for r in ok)
     calls = [c for r in ok for c in r.get("calls", [])]
     return {
         "n_cases": len(records),
@@ -33,8 +38,8 @@ def common_metrics(records: list[dict]) -> dict:
         "parse_error_rate": round(errors / attempts, 4) if attempts else None,
         "failed_calls": sum(1 for c in calls if c["error"]),
         "calls_with_dropped_history": sum(1 for c in calls if c.get("dropped_history")),
-        "stop_reasons": dict(Counter(r.get("stop_reason") for r in ok)),
-        "mean_turns": round(mean(r["turns"] for r in ok), 2) if ok else None,
+        "stop_reasons": dict(Counter(_meta(r).get("stop_reason") for r in ok)),
+        "mean_turns": round(mean(_meta(r)["turns"] for r in ok), 2) if ok else None,
     }
 
 
@@ -44,20 +49,6 @@ _fmt = partial(num, none="n/a")
 # -- summaries / care plans / corruption ----------------------------------------------------------
 
 PRF = ("precision", "recall", "f1")
-
-
-def gptf1_scores(gptf1: dict, model: str | None) -> dict[str, Grade]:
-    """The typed scores of a record's GPT-F1 comparisons ``gptf1`` (:func:`~experiments.studies.dera.gptf1.score_summary` per
-    arm): ``gptf1/<arm>`` (the average over the scored sections) and ``gptf1/<arm>/<section>`` (P/R/F1, None when
-    unscored; ``concepts_cut`` when the cap cut a list); judge = the judge role's ``model`` and its two templates."""
-    judge = {"model": model, "prompt_hash": PROMPTS.hash("gptf1_extract", "gptf1_verify")}
-    out: dict[str, Grade] = {}
-    for arm, g in gptf1.items():
-        out[f"gptf1/{arm}"] = Grade(value=g.get("average"), source="mean over the scored sections", judge=judge)
-        for s, v in (g.get("sections") or {}).items():
-            out[f"gptf1/{arm}/{s}"] = Grade(value={m: v.get(m) for m in PRF} if v.get("scored") else None, judge=judge,
-                                            metadata={"concepts_cut": v["concepts_cut"]} if v.get("concepts_cut") else {})
-    return out
 
 
 def gptf1_of(record: dict) -> dict[str, tuple[dict[str, Grade], Grade]]:
@@ -89,8 +80,8 @@ def gptf1_table(records: list[dict], key: str, sections: list[str]) -> dict:
 def dialogue_metrics(records: list[dict], settings) -> dict:
     ok = _ok(records)
     m = common_metrics(records)
-    m["mean_scratchpad_lines"] = round(mean(len(r["scratchpad"]) for r in ok), 2) if ok else None
-    m["final_sections_kept_from_initial"] = sum(len(r.get("final_sections_kept_from_initial", [])) for r in ok)
+    m["mean_scratchpad_lines"] = round(mean(len(_meta(r)["scratchpad"]) for r in ok), 2) if ok else None
+    m["final_sections_kept_from_initial"] = sum(len(_meta(r).get("final_sections_kept_from_initial", [])) for r in ok)
     keys = sorted({k for r in ok for k in gptf1_of(r)})
     m["gptf1"] = {k: gptf1_table(records, k, settings.score_sections) for k in keys}
     # the concept-list cap is a setting; say how often it cut (case x section x comparison)
@@ -143,7 +134,7 @@ PAPER_MCQ_OPTIONS = 4  # the paper's MCQ figures (GPT-4 0-shot 0.834, DERA 0.840
 
 def mcq_option_counts(records: list[dict]) -> dict[int, int]:
     """{number of options: questions} over the records (the released open-ended file has 5, A-E)."""
-    return dict(sorted(Counter(len(r.get("options") or {}) for r in _ok(records)).items()))
+    return dict(sorted(Counter(len((r.get("inputs") or {}).get("options") or {}) for r in _ok(records)).items()))
 
 
 def options_label(counts: dict) -> str:
@@ -163,15 +154,20 @@ def qa_metrics(records: list[dict], settings) -> dict:
         m["mcq_options"] = {str(k): v for k, v in mcq_option_counts(records).items()}
     else:
         m["bertscore"] = bertscore_config(settings.bertscore_model, settings.bertscore_layer)
-    m["answer_changed_rate"] = round(mean(int(r["answer_changed"]) for r in ok), 4) if ok else None
+    m["answer_changed_rate"] = round(mean(int(_meta(r)["answer_changed"]) for r in ok), 4) if ok else None
     names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
-    per_arm = {arm: {name: arm_values(ok, name, arm) for name in names} for arm in ARMS}
-    m["arms"] = {arm: {name: {**mean_ci([v for v in vals if v is not None]).to_dict(), "unscored": vals.count(None)}
-                       for name, vals in per_arm[arm].items()} for arm in ARMS}
+
+    def figure(name: str, arm: str) -> dict:  # the scorer's figure: the one aggregation (the similarity normalised over the run)
+        f = aggregate(ok, f"{STEPS[name]}/{arm}", scale=find(QA, STEPS[name]).scale)
+        return {"mean": f.value, "low": f.low, "high": f.high, "n": f.n, "unscored": f.unscored}
+
+    m["arms"] = {arm: {name: figure(name, arm) for name in names} for arm in ARMS}
     m["dera_minus_oneshot"] = {}
     for name in names:
-        pairs = [(d, o) for d, o in zip(per_arm["dera"][name], per_arm["oneshot"][name]) if d is not None and o is not None]
-        m["dera_minus_oneshot"][name] = paired_bootstrap([d for d, _ in pairs], [o for _, o in pairs]).to_dict() if pairs else None
+        scale = find(QA, STEPS[name]).scale
+        d, o = (unit_values(ok, f"{STEPS[name]}/{arm}", scale) for arm in ("dera", "oneshot"))
+        both = [q for q in d if q in o]
+        m["dera_minus_oneshot"][name] = paired_bootstrap([d[q] for q in both], [o[q] for q in both]).to_dict() if both else None
     return m
 
 

@@ -99,7 +99,6 @@ class DialogueSettings(RunSettings):
         "gptf1.max_concepts": Unpaired("a bound the paper did not need; each request it cuts is counted as a protocol deviation"),
     }
 
-    experiment: str = "dera-summarize"
     moved_keys: ClassVar[dict] = DIALOGUE_MOVES  # older spellings (flat sampling, gptf1.extraction / .verification)
     task: Literal["summarize", "careplan", "corrupt"] = Field("summarize", description="Which of the paper's tasks the run is.",
                                                               json_schema_extra=NO_FLAG)
@@ -117,7 +116,6 @@ class DialogueSettings(RunSettings):
 
 
 class CareplanSettings(DialogueSettings):
-    experiment: str = "dera-careplan"
     task: Literal["summarize", "careplan", "corrupt"] = "careplan"
     sections: list[str] = CAREPLAN_SECTIONS
     review_sections: list[str] = CAREPLAN_SECTIONS
@@ -127,7 +125,6 @@ class CareplanSettings(DialogueSettings):
 class CorruptSettings(DialogueSettings):
     """dera-corrupt: --level is required on its command line."""
 
-    experiment: str = "dera-corrupt"
     out: str | None = Field(None, description="Results directory (default runs/dera-corrupt-<decider model>-level<L>); "
                             "re-running the same command resumes.")
     task: Literal["summarize", "careplan", "corrupt"] = "corrupt"
@@ -155,7 +152,6 @@ class QASettings(RunSettings):
         "bertscore_layer": Unpaired("follows the encoder (bert_score's own table for a known one)"),
     }
 
-    experiment: str = "dera-qa"
     moved_keys: ClassVar[dict] = QA_MOVES  # older spellings (answer, explain, ... as top-level keys)
     out: str | None = Field(None, description="Results directory (default runs/dera-qa-<decider model>, with -mcq after it under --mcq); "
                             "re-running the same command resumes.")

@@ -1,8 +1,8 @@
 """The DERA studies as the runner sees them: `run dera-summarize | dera-careplan | dera-corrupt | dera-qa`.
 
 Roles: ``decider`` (the model under test), ``researcher``, ``judge`` (GPT-F1, QA judges). The protocol lives in
-``dialogue`` / ``qa``; the scores in ``gptf1`` / ``qa_metrics``; metrics and summary tables in ``report``; typed
-scores and judges in ``results``. Everything else is the runner's.
+``dialogue`` / ``qa``; the scorers in ``scorers`` (with ``gptf1`` / ``qa_metrics``); metrics and summary tables in
+``report``; older records in today's shape in ``results``. Everything else is the runner's.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from experiments.core.config import ConfigError, config_dir
-from experiments.studies.dera import dialogue, qa, qa_metrics, report
+from experiments.studies.dera import dialogue, qa, report
 from experiments.studies.dera.calls import CaseLog
 from experiments.studies.dera.data import load_encounters, load_medqa, resolve_qa_path
 from experiments.studies.dera.prompts import PROMPTS
-from experiments.studies.dera.results import DIALOGUE_RESULTS, QA_RESULTS
+from experiments.studies.dera.results import upgrade_dialogue, upgrade_qa
+from experiments.studies.dera.scorers import GPTF1, QA
 from experiments.studies.dera.settings import CareplanSettings, CorruptSettings, DialogueSettings, QASettings
 from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
@@ -40,7 +41,7 @@ class DeraDialogueStudy(Study):
     primary_role = "decider"
     prompts = PROMPTS
     sweep_roles = ("decider", "researcher")  # both agents are the model under test; the GPT-F1 judge stays fixed
-    judge_roles = ("judge",)  # a judge that is the decider's own model: a caveat in summary.md
+    scorers = (GPTF1,)
 
     def fixed_roles(self, s: DialogueSettings) -> tuple[str, ...]:
         return ("judge",)
@@ -61,41 +62,38 @@ class DeraDialogueStudy(Study):
         return s.model_copy(update=update)
 
     def load_cases(self, s: DialogueSettings) -> list[dict]:
-        return self.select(load_encounters(s.data), s)
+        return load_encounters(s.data)
 
     async def solve(self, ctx: CaseContext, case: dict, s: DialogueSettings) -> dict:
         return await dialogue.make_solver(s, model_name(s.roles["decider"]))(CaseLog(ctx), case)
+
+    def upgrade(self, r: dict, s) -> dict:
+        return upgrade_dialogue(r, s)
 
     def metrics(self, records: list[dict], s: DialogueSettings) -> dict:
         return report.dialogue_metrics(records, s)
 
     def summary(self, metrics: dict, s: DialogueSettings, run) -> str:
-        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
+        return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(run, self)
 
 
 class SummarizeStudy(DeraDialogueStudy):
     """`medstack run dera-summarize` (its help: __init__.py)."""
 
-    name = "dera-summarize"
     task = "summarize"
-    results = DIALOGUE_RESULTS["dera-summarize"]
 
 
 class CareplanStudy(DeraDialogueStudy):
     """`medstack run dera-careplan` (its help: __init__.py)."""
 
-    name = "dera-careplan"
     task = "careplan"
-    results = DIALOGUE_RESULTS["dera-careplan"]
     settings_cls = CareplanSettings
 
 
 class CorruptStudy(DeraDialogueStudy):
     """`medstack run dera-corrupt` (its help: __init__.py)."""
 
-    name = "dera-corrupt"
     task = "corrupt"
-    results = DIALOGUE_RESULTS["dera-corrupt"]
     settings_cls = CorruptSettings
 
     def out_suffix(self, s: DialogueSettings) -> str:
@@ -110,14 +108,12 @@ class CorruptStudy(DeraDialogueStudy):
 class QAStudy(Study):
     """`medstack run dera-qa` (its help: __init__.py)."""
 
-    name = "dera-qa"
     settings_cls = QASettings
-    results = QA_RESULTS  # typed scores, the old records' upgrade, the LLM judges (experiments/studies/dera/results.py)
     roles = ROLES
     primary_role = "decider"
     prompts = PROMPTS
     sweep_roles = ("decider", "researcher")
-    judge_roles = ("judge",)
+    scorers = QA
 
     def fixed_roles(self, s: QASettings) -> tuple[str, ...]:
         return () if s.mcq else ("judge",)  # open-ended answers are judged against the gold; MCQ needs no judge
@@ -132,17 +128,16 @@ class QAStudy(Study):
         return s.model_copy(update=update)
 
     def load_cases(self, s: QASettings) -> list[dict]:
-        return self.select(load_medqa(s.data, mcq=s.mcq), s)
+        return load_medqa(s.data, mcq=s.mcq)
 
     async def solve(self, ctx: CaseContext, case: dict, s: QASettings) -> dict:
-        solve = qa.make_solver(s, model_name(s.roles["decider"]), qa_metrics.make_scorer(s))
-        return await solve(CaseLog(ctx), case)
+        return await qa.make_solver(s, model_name(s.roles["decider"]))(CaseLog(ctx), case)
+
+    def upgrade(self, r: dict, s) -> dict:
+        return upgrade_qa(r, s)
 
     def metrics(self, records: list[dict], s: QASettings) -> dict:
         return report.qa_metrics(records, s)
 
     def summary(self, metrics: dict, s: QASettings, run) -> str:
-        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(run)
-
-
-STUDIES = {c.name: c for c in (SummarizeStudy, CareplanStudy, CorruptStudy, QAStudy)}
+        return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(run, self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.common.text import bertscore_config, bertscore_f1, known_layer
+from experiments.core.record import record
 
 
 def test_default_layers_come_from_bert_score_own_table():
@@ -64,7 +65,7 @@ def test_meditod_bertscore_encoder_is_its_own_setting(monkeypatch):
     seen = {}
     monkeypatch.setattr(M, "score", lambda task, golds, preds, **kw: seen.update(kw) or {})
     s = run_mod.MeditodSettings(task="nlg", encoder="/retrieval/enc", bertscore_encoder="/bs/roberta-large", bertscore_layer=17)
-    run_mod.score_records(s, [{"target": "a", "prediction": "a", "dialog_id": "1"}])
+    run_mod.score_records(s, [record("1/1", "1", target="a", answer="a")])
     assert seen["bertscore_encoder"] == "/bs/roberta-large" and seen["bertscore_layer"] == 17 and "encoder" not in seen
     assert run_mod.MeditodSettings().bertscore_encoder is None  # the local MiniLM default
     for mode in ("icl", "supervised"):
@@ -88,13 +89,13 @@ def test_meditod_table_names_encoder_and_layer_and_warns_on_mixed_columns():
 
 def _qa_records(n_options: int, mcq: bool):
     opts = {chr(ord("A") + i): f"option {i}" for i in range(n_options)}
-    base = {"turns": 1, "stop_reason": "researcher_stop", "parse_attempts": 1, "parse_errors": [], "answer_changed": False,
-            "options": opts}
+    meta = {"turns": 1, "stop_reason": "researcher_stop", "parse_attempts": 1, "parse_errors": [], "answer_changed": False}
     if mcq:
-        return [{**base, "id": f"q{i}", "scores": {"accuracy/oneshot": {"value": i % 2}, "accuracy/dera": {"value": 1}}} for i in range(4)]
-    return [{**base, "id": f"q{i}", "scores": {f"{step}/{a}": {"value": v} for a in ("oneshot", "dera")
-                                                  for step, v in (("bertscore", 0.5), ("llm-exact", 1), ("llm-similarity", 0.5))}}
-            for i in range(4)]
+        scores = lambda i: {"accuracy/oneshot": {"value": i % 2}, "accuracy/dera": {"value": 1}}  # noqa: E731
+    else:
+        scores = lambda i: {f"{step}/{a}": {"value": v} for a in ("oneshot", "dera")  # noqa: E731
+                            for step, v in (("bertscore", 0.5), ("llm-exact", 1), ("llm-similarity", 0.5))}
+    return [record(f"q{i}", inputs={"options": opts}, metadata=meta, scores=scores(i)) for i in range(4)]
 
 
 def test_mcq_tables_state_the_options_and_never_show_4_option_figures_beside_5():

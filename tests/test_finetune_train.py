@@ -88,7 +88,7 @@ def test_two_process_adapter_is_served_and_scored(trained_2proc, cli, embedded_s
             "--out", str(run), "--no-cache")
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
-    assert recs and all(x["status"] == "ok" and x["lora"] == name and x["usage"]["total"]["completion_tokens"] > 0 for x in recs)
+    assert recs and all(x["status"] == "ok" and x["metadata"]["lora"] == name and x["usage"]["total"]["completion_tokens"] > 0 for x in recs)
     m = json.loads((run / "metrics.json").read_text())
     assert m["case_status"]["failed"] == 0 and 0.0 <= m["f1"] <= 1.0
 

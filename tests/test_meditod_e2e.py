@@ -28,15 +28,16 @@ def test_run_icl_each_task(cli, embedded_server, tmp_path, task, max_tokens):
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    assert len(recs) == 2 and m["turns"] == sum(r["scored"] for r in recs) and m["case_status"]["failed"] == 0
+    assert len(recs) == 2 and m["turns"] == sum(r["metadata"]["scored"] for r in recs) and m["case_status"]["failed"] == 0
     assert m["turns"] == (2 if task == "nlu" else 1)          # POL/NLG: utterance 0 is sent but not scored (the authors')
-    assert all(r["messages"][0]["role"] == "system" and r["messages"][-1]["role"] == "user" for r in recs)
-    assert all(r["status"] == "ok" and r["usage"]["total"]["completion_tokens"] > 0 and r["exemplars_kept"] >= 1 and r["model"] == "embedded" for r in recs)
+    assert all(r["inputs"]["messages"][0]["role"] == "system" and r["inputs"]["messages"][-1]["role"] == "user" for r in recs)
+    assert all(r["status"] == "ok" and r["usage"]["total"]["completion_tokens"] > 0 and r["metadata"]["exemplars_kept"] >= 1
+               and r["metadata"]["model"] == "embedded" for r in recs)
     assert m["run"]["output_tokens_per_s"] > 0
     key = "bleu2" if task == "nlg" else "f1"
     assert 0.0 <= m[key] <= (100.0 if task == "nlg" else 1.0)
     if task != "nlg":   # unparseable output is counted, never fatal
-        assert m["format_errors"] == sum(r["parse_error"] for r in recs if r["scored"] and r["target"] != [{"intent": "inform"}])
+        assert m["format_errors"] == sum(r["metadata"]["parse_error"] for r in recs if r["metadata"]["scored"] and r["target"] != [{"intent": "inform"}])
     assert f"# MediTOD {task.upper()}" in r.stdout
     assert (out / "summary.md").read_text().startswith(f"# MediTOD {task.upper()}")
     if task != "nlu":
@@ -55,7 +56,8 @@ def test_run_supervised_with_lora_adapter(cli, embedded_server, lora_adapter, tm
             "--model", _model(embedded_server), "--limit", "2", "--max-tokens", "24", "--out", str(out), "--no-cache")
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    assert len(recs) == 2 and all(r["status"] == "ok" and r["prompt"].endswith("[output]\n[answer]") and r["lora"] == "test-lora" for r in recs)
+    assert len(recs) == 2 and all(r["status"] == "ok" and r["inputs"]["prompt"].endswith("[output]\n[answer]") and r["metadata"]["lora"] == "test-lora"
+                                  for r in recs)
     ident = json.loads((out / "identity.json").read_text())
     assert "test-lora" in json.dumps(ident)
 

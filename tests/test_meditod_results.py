@@ -1,6 +1,7 @@
-"""MediTOD and MELD on the results contract: each turn's typed rule scores are its result and agree with the run's
-metrics, the grader's adjudications are judge scores, and a folder written before typed scores (``correct``, ``f1``
-and ``adjudications`` beside the prediction) reads the same through ``registry.open_run``."""
+"""MediTOD and MELD on their scorers: each turn's rule grades agree with the run's metrics, the grader's
+adjudications are a model scorer's grades, and a folder written before typed records (the turn's own fields, and
+before typed scores ``correct``, ``f1`` and ``adjudications`` beside the prediction) reads the same through
+``registry.open_run``."""
 
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from experiments.common.grade import grades
+from experiments.common.grade import grades, to_disk
 from experiments.core import registry
+from experiments.core.record import FIELDS
 from experiments.core.results import ConfigView
-from experiments.studies.craftmd.meld import meld_scores
+from experiments.studies.craftmd.meld import SCORERS as MELD
 from experiments.studies.meditod.prompts import prompt_hash
-from experiments.studies.meditod.results import adjudications
+from experiments.studies.meditod.scorers import adjudications
 from tests.scripted import ScriptedLLM
 from tests.test_meditod_runner import adjudication_backend, gold_backend, no_tokenizer, records, run, settings  # noqa: F401
 
 
 def older(r: dict) -> dict:
-    """A record as the code before typed scores wrote it."""
-    g, old = grades(r), {k: v for k, v in r.items() if k != "scores"}
+    """A record as the code before typed records and typed scores wrote it: the turn's own fields."""
+    g = grades(r)
+    old = {k: v for k, v in r.items() if k not in ("scores", "inputs", "metadata", "answer", "case_id", "trial", "transcript")}
+    old.update({**r["inputs"], **r["metadata"], "prediction": r["answer"],
+                "transcript": [{"agent": t["role"], "content": t["text"], "turn": i} for i, t in enumerate(r["transcript"])]})
     if "joint" in g:
         old.update(correct=g["joint"].value, f1=g["prf"].named("f1"))
     if judged := adjudications(r):
@@ -46,8 +51,8 @@ def test_turn_scores_agree_with_the_records_and_the_metrics(tmp_path, task):
     m = outcome.metrics
     out = Path(s.out)
     new = as_before(out)
-    scored = [r for r in new.values() if r["scored"]]
-    assert all(not r["scores"] for r in new.values() if not r["scored"])  # sent, not scored: no scores
+    scored = [r for r in new.values() if r["metadata"]["scored"]]
+    assert all(not r["scores"] for r in new.values() if not r["metadata"]["scored"])  # sent, not scored: no scores
     if task == "nlg":
         rouge = [grades(r)["rouge"].value for r in scored]
         assert sum(x["rouge1"] for x in rouge) / len(rouge) == pytest.approx(m["rouge1"])
@@ -62,7 +67,8 @@ def test_turn_scores_agree_with_the_records_and_the_metrics(tmp_path, task):
         assert sum(joint) / len(joint) == pytest.approx(m["joint_accuracy"])
         assert sum(grades(r)["format"].value or 0 for r in scored) == m["format_errors"] > 0
     old = registry.open_run(out)
-    assert old.schema == 1 and {r["id"]: r["scores"] for r in old.finished} == {i: r["scores"] for i, r in new.items()}
+    typed = lambda r: {k: r[k] for k in FIELDS}  # noqa: E731
+    assert old.schema == 1 and {r["id"]: typed(r) for r in old.finished} == {i: typed(r) for i, r in new.items()}  # as written today
 
 
 def test_adjudications_are_judge_scores(tmp_path):
@@ -78,7 +84,10 @@ def test_adjudications_are_judge_scores(tmp_path):
     assert registry.open_run(s.out).finished[0]["scores"] == rec["scores"]
 
 
-def test_meld_scores():
-    rec = {"similarity": 0.97, "memorized": 1, "generation_cut": "a b c"}
-    g = meld_scores(rec, ConfigView(threshold=0.95))
-    assert (g["similarity"].value, g["memorized"].value, g["memorized"].judge) == (0.97, 1, {"rule": "similarity >= 0.95"})
+def test_meld_scorers():
+    rec = {"answer": "a b c d", "target": "a b c e", "scores": {}}
+    s = ConfigView(threshold=0.7)
+    for sc in MELD:
+        rec["scores"].update(to_disk(sc.rule(rec, s)))
+    g = grades(rec)
+    assert (g["similarity"].value, g["memorized"].value, g["memorized"].judge) == (pytest.approx(6 / 7), 1, {"rule": "similarity >= 0.7"})  # one edit in 7 characters

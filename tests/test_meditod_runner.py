@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from experiments.studies.meditod.prompts import icl_assistant, icl_user, sft_user
-from experiments.studies.meditod.study import MeditodSettings, MeditodStudy, load_samples
+from experiments.core import registry
+from experiments.studies.meditod.study import MeditodSettings, load_samples, with_exemplars
 from experiments.core.runner import prepare_run, run_study
 from models.errors import MedstackError
 from tests.scripted import ScriptedLLM, down
@@ -35,8 +36,12 @@ def settings(tmp_path: Path, task: str, **kw) -> MeditodSettings:
     return MeditodSettings(**{**base, **kw})
 
 
+def study_of(task: str):
+    return registry.get(f"meditod-{task}").make()
+
+
 def run(task: str, s: MeditodSettings, client):
-    study = MeditodStudy(task)
+    study = study_of(task)
     s, cases = prepare_run(study, s)
     return asyncio.run(run_study(study, s, cases, client=client, log=lambda m: None))
 
@@ -111,13 +116,17 @@ def test_record_shape_prompt_and_format_errors(tmp_path):
     assert outcome.exit_code == 0
     recs = records(s.out)
     r = recs["301/2"]
-    assert r["scores"]["joint"]["value"] == 1 and "correct" not in r and r["model"] == "embedded" and r["prompt_hash"] and r["prediction"] == r["target"]
-    assert r["transcript"][0] == {"agent": "doctor", "content": "Hello, what brings you here today?", "turn": 0}
+    meta = r["metadata"]
+    assert r["scores"]["joint"]["value"] == 1 and meta["model"] == "embedded" and meta["prompt_hash"] and r["answer"] == r["target"]
+    assert r["case_id"] == "301" and r["inputs"]["dialog_id"] == "301" and r["inputs"]["uttr_id"] == 2
+    assert r["transcript"][0] == {"role": "doctor", "text": "Hello, what brings you here today?"}
     assert [c["step"] for c in r["calls"]] == ["predict"] and r["calls"][0]["gen"]["temperature"] == 0.0
     assert r["calls"][0]["kind"] == "chat" and r["calls"][0]["gen"]["stop"] is None
-    assert r["messages"][0]["role"] == "system" and r["messages"][-1]["content"].startswith("[dialog state]\n```\n{")
+    msgs = r["inputs"]["messages"]
+    assert msgs[0]["role"] == "system" and msgs[-1]["content"].startswith("[dialog state]\n```\n{")
     junk = recs["301/4"]   # unparseable output: a format error, scored as empty, never a failure
-    assert junk["status"] == "ok" and junk["parse_error"] is True and junk["prediction"] is None
+    assert junk["status"] == "ok" and junk["metadata"]["parse_error"] is True and junk["answer"] is None
+    assert junk["scores"]["format"]["value"] == 1
     m = outcome.metrics
     assert m["format_errors"] == 1 and m["turns"] == 3 and m["settings"]["mode"] == "icl"
 
@@ -135,7 +144,7 @@ def test_icl_exemplars_and_side_by_side_summary(tmp_path, monkeypatch):
     s = settings(tmp_path, "pol", k=2, out=str(tmp_path / "runs" / "pol-icl"))
     run("pol", s, ScriptedLLM(respond, roles=("model", "grader")))
     assert len(sent) == 4 and all([m["role"] for m in p].count("assistant") == 2 for p in sent)
-    assert all(r["exemplars_kept"] == 2 and len(r["exemplar_ids"]) == 2 for r in records(s.out).values())
+    assert all(r["metadata"]["exemplars_kept"] == 2 and len(r["inputs"]["exemplar_ids"]) == 2 for r in records(s.out).values())
     s2 = s.model_copy(update={"mode": "supervised", "k": 0, "out": str(tmp_path / "runs" / "pol-supervised")})
     run("pol", s2, ScriptedLLM(gold_backend("pol", mode="supervised"), roles=("model", "grader")))
     summary = (Path(s2.out) / "summary.md").read_text()
@@ -144,7 +153,8 @@ def test_icl_exemplars_and_side_by_side_summary(tmp_path, monkeypatch):
     paper = summary.split("as in the paper", 1)[1]
     assert "| F1 (all) | 1.0000 |" in paper and "| P@1 | 1.0000 |" in paper
     rec = next(iter(records(s2.out).values()))
-    assert rec["prompt_format"] == "completion" and rec["prompt"].endswith("[output]\n[answer]") and rec["scores"]["prf"]["value"]["f1"] == 1.0
+    assert rec["metadata"]["prompt_format"] == "completion" and rec["inputs"]["prompt"].endswith("[output]\n[answer]")
+    assert rec["scores"]["prf"]["value"]["f1"] == 1.0
 
 
 def test_nlg_summary_counts_gold_utterances_over_the_token_cap(tmp_path):
@@ -194,7 +204,7 @@ def test_failed_adjudication_fails_the_turn(tmp_path):
 
 
 def test_grader_role_is_the_model_without_adjudication(tmp_path):
-    study = MeditodStudy("nlu")
+    study = study_of("nlu")
     s, _ = prepare_run(study, settings(tmp_path, "nlu", limit=1, roles={"model": "embedded@http://127.0.0.1:9/v1"}))
     assert s.roles == {"model": "embedded@http://127.0.0.1:9/v1", "grader": "embedded@http://127.0.0.1:9/v1"}
     s, _ = prepare_run(study, settings(tmp_path, "nlu", limit=1, adjudicate_model="judge-model"))
@@ -209,7 +219,7 @@ def test_grader_role_is_the_model_without_adjudication(tmp_path):
 ])
 def test_prepare_refuses(tmp_path, kw, message):
     with pytest.raises(MedstackError, match=message):
-        prepare_run(MeditodStudy("nlu"), settings(tmp_path, "nlu", **kw))
+        prepare_run(study_of("nlu"), settings(tmp_path, "nlu", **kw))
 
 
 # ------------------------------------------------------------------ bad input: exit 2, before any server starts
@@ -278,7 +288,8 @@ def test_exemplars_left_out_to_fit_are_counted_and_said_everywhere(tmp_path, mon
     from experiments.studies.meditod import study as run_mod
     from experiments.studies.meditod.prompts import estimate_message_tokens, icl_messages
 
-    cases = load_samples(settings(tmp_path, "nlu", k=2))
+    s = settings(tmp_path, "nlu", k=2)
+    cases = with_exemplars(load_samples(s), s)
     with_one = [estimate_message_tokens(icl_messages("nlu", c["sample"], c["exemplars"][:1])) for c in cases]
     with_two = [estimate_message_tokens(icl_messages("nlu", c["sample"], c["exemplars"][:2])) for c in cases]
     budget = sorted(with_one)[len(with_one) // 2]  # about half the requests keep one exemplar, the others none
@@ -287,8 +298,8 @@ def test_exemplars_left_out_to_fit_are_counted_and_said_everywhere(tmp_path, mon
     s = settings(tmp_path, "nlu", k=2)
     run("nlu", s, ScriptedLLM(gold_backend("nlu"), roles=("model", "grader")))
     recs = list(records(s.out).values())
-    kept = [r["exemplars_kept"] for r in recs]
-    assert all(r["protocol"]["exemplars"]["asked"] == 2 and r["protocol"]["exemplars"]["sent_min"] == r["exemplars_kept"] for r in recs)
+    kept = [r["metadata"]["exemplars_kept"] for r in recs]
+    assert all(r["protocol"]["exemplars"]["asked"] == 2 and r["protocol"]["exemplars"]["sent_min"] == k for r, k in zip(recs, kept))
     m = json.loads((Path(s.out) / "metrics.json").read_text())["protocol"]["exemplars"]
     assert m["requests"] == len(recs) and m["requests_below"] == len(recs) == sum(k < 2 for k in kept)
     assert m["sent_min"] == min(kept) and m["sent_mean"] == round(sum(kept) / len(kept), 3)

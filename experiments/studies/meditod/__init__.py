@@ -12,11 +12,11 @@ MORE = """
 STUDY = StudyDeclaration(
     commands=(
         Command("meditod-nlu", "MediTOD NLU: dialog history + last turn -> the patient turn's intents/slots (JSON); P/R/F1, joint accuracy.",
-                "study:NLU", more=MORE, fixed={"task": "nlu"}),
+                "study:MeditodStudy", more=MORE, fixed={"task": "nlu"}),
         Command("meditod-pol", "MediTOD POL: dialog state + last turn -> the doctor's next actions (JSON); P/R/F1, Precision@K.",
-                "study:POL", more=MORE, fixed={"task": "pol"}),
+                "study:MeditodStudy", more=MORE, fixed={"task": "pol"}),
         Command("meditod-nlg", "MediTOD NLG: doctor actions + last turn -> the doctor's utterance; BLEU-2/4, ROUGE-1/L, BERTScore.",
-                "study:NLG", more=MORE, fixed={"task": "nlg"}),
+                "study:MeditodStudy", more=MORE, fixed={"task": "nlg"}),
     ),
     tables="paper_tables.yaml", adapter="paper_values:ADAPTER",
     cli={"score meditod-nlu": "cli:score_nlu", "score meditod-pol": "cli:score_pol", "score meditod-nlg": "cli:score_nlg",

@@ -16,7 +16,7 @@ class MeditodPaper(PaperAdapter):
 
     def attrs(self, run: dict, records: list[dict]) -> dict:
         cfg, m = run.get("config") or {}, run.get("metrics") or {}
-        return {"answers": cfg.get("answers") or "free", "dialogs": len({r.get("dialog_id") for r in records}),
+        return {"answers": cfg.get("answers") or "free", "dialogs": len({r.get("case_id") for r in records}),
                 "retrieval_encoder": cfg.get("encoder") or "all-MiniLM-L6-v2",
                 "adjudicated": bool(cfg.get("adjudicate_model")),
                 "bertscore_encoder": m.get("bertscore_encoder"), "bertscore_layer": m.get("bertscore_layer")}

@@ -1,7 +1,8 @@
 """`medstack run meditod-nlu|meditod-pol|meditod-nlg` through the study runner (declared in __init__.py, with its paper tables).
 
-One case per sample (tasks.py), one request per sample (step "predict"), with ``--adjudicate-model`` the grader's
-verdicts (steps ``adjudicate:<i>``), then the metrics and summary.md: the run is described in
+One case per test turn (tasks.py), one request per turn (step "predict"): ``solve`` makes the typed record (the
+prediction is its ``answer``), the scorers (scorers.py) grade it after, the grader's verdicts among them with
+``--adjudicate-model`` (steps ``adjudicate:<i>``); then the corpus metrics and summary.md: the run is described in
 experiments/studies/meditod/README.md. A failed request is never a format error: the runner records the turn as failed,
 leaves it out of every metric and asks it again on the next run. Unparseable model output is a format error.
 """
@@ -9,24 +10,22 @@ leaves it out of every metric and asks it again on the next run. Unparseable mod
 from __future__ import annotations
 
 import json
-from functools import lru_cache, partial
+from functools import lru_cache
 from pathlib import Path
-from string import Template
-from experiments.common.grade import to_disk
 from experiments.common.markdown import md_table
-from experiments.common.parsing import extract_verdict
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.constraints import Constraint
+from experiments.core.record import record
 from experiments.core.results import strict_json
 from experiments.studies.meditod import metrics as M
 from experiments.studies.meditod.constraints import nlu_schema, pol_schema
 from experiments.studies.meditod.data import load_dialogs, load_split_ids
 from experiments.studies.meditod.ontology import load_ontology
-from experiments.studies.meditod.results import RESULTS, adjudications, turn_scores
+from experiments.studies.meditod.results import upgrade_turn
+from experiments.studies.meditod.scorers import SCORERS, adjudications
 from experiments.studies.meditod.settings import MeditodSettings
 from experiments.studies.meditod.prompts import (PROMPTS, fit_icl_messages, load_tokenizer, make_message_counter, make_token_counter,
-                                         parse_icl, parse_sft, prompt_hash, sft_messages, template,
-                                         templates_used)
+                                         parse_icl, parse_sft, prompt_hash, sft_messages, templates_used)
 from experiments.studies.meditod.retrieval import load_encoder, retrieve_exemplars
 from experiments.studies.meditod.tasks import TASKS, build_samples
 from experiments.common.text import bertscore_label
@@ -81,41 +80,50 @@ def tokenizer_of(alias: str):
 
 def transcript(sample: dict) -> list[dict]:
     turns = sample["history"] + sample["last_turn"]
-    return [{"agent": t.split(": ", 1)[0], "content": t.split(": ", 1)[-1], "turn": i} for i, t in enumerate(turns)]
+    return [{"role": t.split(": ", 1)[0], "text": t.split(": ", 1)[-1]} for t in turns]
 
 
-def load_samples(s: MeditodSettings, select=lambda samples, s: samples) -> list[dict]:
-    """Cases: one per test turn, ``{"id", "sample", "exemplars"}`` (exemplars retrieved in in-context mode); ``select``
-    (the study's: --limit / --sample) picks the test turns before their exemplars are retrieved."""
+def load_samples(s: MeditodSettings) -> list[dict]:
+    """Every test turn of the split, ``{"id", "dialog_id", "sample"}``."""
     data_path = Path(s.data)
     dialogs = load_dialogs(data_path)
-    splits_dir = Path(s.splits_dir) if s.splits_dir else data_path.parent
-    test_ids = load_split_ids(splits_dir, s.split, dialogs=dialogs)
+    test_ids = load_split_ids(Path(s.splits_dir) if s.splits_dir else data_path.parent, s.split, dialogs=dialogs)
     samples = build_samples(dialogs, test_ids, s.task, mode=s.mode, history_size=s.history_size)
-    samples = select(samples, s)
-    found: list[list[dict]] = [[] for _ in samples]
-    if s.mode == "icl" and s.k > 0 and samples:  # after the cheap checks: the encoder takes seconds to load
+    return [{"id": smp["id"], "dialog_id": smp["dialog_id"], "sample": smp} for smp in samples]
 
-        train_ids = load_split_ids(splits_dir, s.train_split, dialogs=dialogs)
+
+def with_exemplars(cases: list[dict], s: MeditodSettings) -> list[dict]:
+    """The turns a run takes, each with its retrieved exemplars in in-context mode (retrieved after --limit / --sample:
+    the encoder takes seconds to load)."""
+    found: list[list[dict]] = [[] for _ in cases]
+    if s.mode == "icl" and s.k > 0 and cases:
+        data_path = Path(s.data)
+        dialogs = load_dialogs(data_path)
+        train_ids = load_split_ids(Path(s.splits_dir) if s.splits_dir else data_path.parent, s.train_split, dialogs=dialogs)
         train = build_samples(dialogs, train_ids, s.task, mode="icl", history_size=s.history_size)
-        found = retrieve_exemplars(samples, train, s.k, load_encoder(s.encoder))
-    return [{"id": smp["id"], "sample": smp, "exemplars": ex} for smp, ex in zip(samples, found)]
+        found = retrieve_exemplars([c["sample"] for c in cases], train, s.k, load_encoder(s.encoder))
+    return [{**c, "exemplars": ex} for c, ex in zip(cases, found)]
 
 
 class MeditodStudy(Study):
+    """One class for the three commands (meditod-nlu, -pol, -nlg): the task is the command's."""
+
     settings_cls = MeditodSettings
     roles = ("model", "grader")
     primary_role = "model"
     prompts = PROMPTS
+    scorers = SCORERS
+    case_noun = "turn"
 
-    def __init__(self, task: str = "nlu"):
-        if task not in TASKS:
-            raise ConfigError(f"unknown MediTOD task {task!r}; valid tasks: {', '.join(TASKS)}")
-        self.task = task
-        self.name = f"meditod-{task}"
-        self.results = RESULTS[task]  # each turn's typed scores (experiments/studies/meditod/results.py)
+    def __init__(self):
+        self.task = self.name.removeprefix("meditod-")
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown MediTOD task {self.task!r}; valid tasks: {', '.join(TASKS)}")
         self._counter = None
         self._budget: int | None = None
+
+    def upgrade(self, r: dict, s) -> dict:
+        return upgrade_turn(r, s)
 
     def default_config(self, overrides: dict) -> Path:
         mode = overrides.get("mode") or "icl"
@@ -158,7 +166,10 @@ class MeditodStudy(Study):
         return fmt
 
     def load_cases(self, s: MeditodSettings) -> list[dict]:
-        return load_samples(s, self.select)
+        return load_samples(s)
+
+    def expand(self, cases: list[dict], s: MeditodSettings) -> list[dict]:
+        return with_exemplars(cases, s)
 
     async def setup(self, client, s: MeditodSettings, cases: list[dict], out: Path) -> None:
         alias = model_name(s.roles["model"])
@@ -195,19 +206,14 @@ class MeditodStudy(Study):
             gen = s.sampling.turn.gen(stop=[DONE])
             res = await ctx.complete(content, role="model", gen=gen, step="predict")
             pred = parse_sft(s.task, res.text)
-        rec = {
-            "dialog_id": sample["dialog_id"], "uttr_id": sample["uttr_id"], "task": s.task, "mode": s.mode,
-            "model": model_name(s.roles["model"]), "lora": next(iter(s.lora), None),
-            "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)),
-            ("messages" if kind == "chat" else "prompt"): content, "prompt_format": s.prompt_format if kind == "completion" else "chat",
-            "exemplar_ids": [e["id"] for e in ex[:kept]], "exemplars_retrieved": len(ex), "exemplars_kept": kept,
-            "transcript": transcript(sample), "scored": sample["scored"],
-            "output": res.text, "finish_reason": (res.finish_reasons or [None])[0],
-            "prediction": pred, "target": sample["target"], "parse_error": pred is None and s.task != "nlg",
-        }
-        judged = await adjudicate_turn(ctx, s, sample["target"], pred) if s.adjudicate_model and sample["scored"] and s.task != "nlg" else []
-        rec["scores"] = to_disk(turn_scores(rec, s.task, s.roles.get("grader"), judged))
-        return rec
+        inputs = {"dialog_id": sample["dialog_id"], "uttr_id": sample["uttr_id"], ("messages" if kind == "chat" else "prompt"): content,
+                  "exemplar_ids": [e["id"] for e in ex[:kept]]}
+        meta = {"task": s.task, "mode": s.mode, "model": model_name(s.roles["model"]), "lora": next(iter(s.lora), None),
+                "prompt_hash": prompt_hash(*templates_used(s.task, s.mode)), "prompt_format": s.prompt_format if kind == "completion" else "chat",
+                "exemplars_retrieved": len(ex), "exemplars_kept": kept, "scored": sample["scored"], "output": res.text,
+                "finish_reason": (res.finish_reasons or [None])[0], "parse_error": pred is None and s.task != "nlg"}
+        return record(sample["id"], sample["dialog_id"], inputs=inputs, target=sample["target"], transcript=transcript(sample),
+                      answer=pred, metadata=meta)
 
     def metrics(self, records: list[dict], s: MeditodSettings) -> dict:
         m = score_records(s, records, self._counter)
@@ -219,7 +225,7 @@ class MeditodStudy(Study):
         return m
 
     def summary(self, metrics: dict, s: MeditodSettings, run) -> str:
-        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(run)
+        return summary_markdown(s, metrics, _other_mode_metrics(s, Path(s.out))) + "\n" + run_paper_tables(run, self)
 
 
 # ------------------------------------------------------------------ scoring and adjudication
@@ -227,31 +233,19 @@ class MeditodStudy(Study):
 def score_records(s: MeditodSettings, records: list[dict], count_tokens=None) -> dict:
     """Metrics over the scored turns (POL/NLG in-context requests at utterance 0 are sent but not scored, as the authors do)."""
     sent = len(records)
-    records = [r for r in records if r.get("scored", True)]
+    records = [r for r in records if r["metadata"].get("scored", True)]
     if not records:
         return {"turns": 0, "scored_turns": 0, "mean_exemplars_kept": 0.0}
     golds = [r["target"] for r in records]
-    preds = [r.get("prediction") for r in records]
+    preds = [r.get("answer") for r in records]
     if s.task == "nlg":
         preds = [p if isinstance(p, str) else "" for p in preds]
-    m = M.score(s.task, golds, preds, dialog_ids=[r["dialog_id"] for r in records], bertscore=s.bertscore,
+    m = M.score(s.task, golds, preds, dialog_ids=[r["case_id"] for r in records], bertscore=s.bertscore,
                 bertscore_encoder=s.bertscore_encoder, bertscore_layer=s.bertscore_layer, max_tokens=s.sampling.turn.max_tokens if s.task == "nlg" else None,
                 count_tokens=count_tokens if s.task == "nlg" else None)
-    m["mean_exemplars_kept"] = sum(r.get("exemplars_kept", 0) for r in records) / len(records)
+    m["mean_exemplars_kept"] = sum(r["metadata"].get("exemplars_kept", 0) for r in records) / len(records)
     m["requests_not_scored"] = sent - len(records)
     return m
-
-
-async def adjudicate_turn(ctx: CaseContext, s: MeditodSettings, gold, pred) -> list[dict]:
-    """The grader judges each non-canonical (gold value, predicted value) pair of one turn (docs/protocols.md, MediTOD: adjudication)."""
-    tmpl = Template(template("adjudicate.txt"))
-    gen = s.sampling.adjudicate.gen()
-    out = []
-    for i, (a, b) in enumerate(M.adjudication_pairs(s.task, [gold], [pred])):
-        res = await ctx.complete(tmpl.substitute(a=a.lower(), b=b.lower()), role="grader", gen=gen, step=f"adjudicate:{i}")
-        verdict = extract_verdict(res.text, ("positive",), ("negative",), anywhere=True)
-        out.append({"gold": a, "pred": b, "reply": res.text, "same": bool(verdict), "parsed": verdict is not None})
-    return out
 
 
 def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
@@ -264,11 +258,11 @@ def adjudicated_scores(s: MeditodSettings, records: list[dict]) -> dict:
             for r in records:
                 for j in judged[r["id"]]:
                     f.write(strict_json({"id": r["id"], **j, "prompt_hash": h}, ensure_ascii=False) + "\n")
-    records = [r for r in records if r.get("scored", True)]
+    records = [r for r in records if r["metadata"].get("scored", True)]
     if not records:
         return {"turns": 0, "scored_turns": 0, "pairs_judged": 0, "unparsed_verdicts": 0}
-    out = M.score(s.task, [r["target"] for r in records], [r.get("prediction") for r in records],
-                  dialog_ids=[r["dialog_id"] for r in records], judgments=judgments)
+    out = M.score(s.task, [r["target"] for r in records], [r.get("answer") for r in records],
+                  dialog_ids=[r["case_id"] for r in records], judgments=judgments)
     out["pairs_judged"] = len(judgments)
     out["unparsed_verdicts"] = sum(1 for js in judged.values() for j in js if not j["parsed"])
     return out
@@ -335,5 +329,3 @@ def summary_markdown(s: MeditodSettings, m: dict, other: tuple[str, dict] | None
         text += f"\nGold utterances longer than max_tokens={gl['max_tokens']}: {gl['golds_over_cap']} of {gl['golds']}.\n"
     return text
 
-
-NLU, POL, NLG = (partial(MeditodStudy, task) for task in ("nlu", "pol", "nlg"))  # one study command each (__init__.py)

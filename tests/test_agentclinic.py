@@ -12,7 +12,9 @@ import pytest
 from experiments.studies.agentclinic.protocol import NO_DIAGNOSIS, PROMPTS, bias_text, solve, verdict
 from experiments.studies.agentclinic.settings import DOCTOR_BIASES, PATIENT_BIASES, AgentClinicSettings
 from experiments.studies.agentclinic.study import AgentClinicStudy, load_cases, run_metrics
-from experiments.common.grade import grades
+from experiments.common.grade import aggregate, grades
+from experiments.core.registry import named
+from experiments.core.scorers import score_record
 from experiments.core.study import CaseContext
 from models.errors import DataError
 from tests.scripted import ScriptedLLM
@@ -33,8 +35,11 @@ def run(case, doctor_lines, moderator="Yes", **settings):
 
     s = AgentClinicSettings(data="-", roles={r: "scripted" for r in ROLES}, **settings)
     ctx = CaseContext(ScriptedLLM(respond, roles=ROLES), case["id"], answers=s.answers)
-    record = asyncio.run(solve(ctx, case, s))
-    return record, ctx.calls
+
+    async def solve_and_score():  # as the runner does: the loop, then the study's scorers over its record
+        return await score_record(named(AgentClinicStudy)().scorers_for(s), ctx, await solve(ctx, case, s), s)
+
+    return asyncio.run(solve_and_score()), ctx.calls
 
 
 def test_the_budget_ends_a_case_without_a_diagnosis_which_is_wrong_unmoderated():
@@ -48,7 +53,8 @@ def test_the_budget_ends_a_case_without_a_diagnosis_which_is_wrong_unmoderated()
     assert [notice in d["messages"][1]["content"] for d in doctor] == [False, False, True]  # only the last request
     g = grades(record)["diagnosis"]
     assert (g.value, g.source, g.judge) == (0, NO_DIAGNOSIS, {"rule": NO_DIAGNOSIS})
-    assert record["stop_reason"] == "budget" and record["diagnosis"] is None and record["doctor_inferences"] == 3
+    meta = record["metadata"]
+    assert meta["stop_reason"] == "budget" and record["answer"] is None and meta["doctor_inferences"] == 3
 
 
 def test_request_test_goes_to_the_measurement_agent_and_its_result_to_both_histories():
@@ -61,7 +67,7 @@ def test_request_test_goes_to_the_measurement_agent_and_its_result_to_both_histo
     patient = calls[5]["messages"]
     assert "RESULTS: glucose 412 mg/dL" in patient[1]["content"] and "REQUEST TEST" not in patient[1]["content"]
     assert "412" not in patient[0]["content"] and "Type 1 diabetes" not in json.dumps([c["messages"] for c in calls if c["role"] != "measurement"])
-    assert record["tests_requested"] == 1 and [t["agent"] for t in record["transcript"]][:4] == ["doctor", "patient", "doctor", "measurement"]
+    assert record["metadata"]["tests_requested"] == 1 and [t["role"] for t in record["transcript"]][:4] == ["doctor", "patient", "doctor", "measurement"]
 
 
 def test_diagnosis_ready_ends_the_loop_and_the_moderator_sees_the_whole_line_and_the_answer():
@@ -72,9 +78,9 @@ def test_diagnosis_ready_ends_the_loop_and_the_moderator_sees_the_whole_line_and
     assert line in user and "Migraine" in user
     g = grades(record)["diagnosis"]
     assert g.value == 1 and g.answer == line and g.explanation == "Yes" and g.judge["model"] == "scripted" and g.judge["rule"] == "exact"
-    assert record["diagnosis"] == line and record["stop_reason"] == "diagnosis" and record["correct_diagnosis"] == "Migraine"
-    assert record["patient_facts"]["Demographics"] == "28-year-old woman" and [t["agent"] for t in record["transcript"]] == ["doctor", "patient", "doctor"]
-    assert set(record["scores"]) == {"diagnosis"} and "correct" not in record  # the loop's own; the runner adds the patient checks
+    assert record["answer"] == line and record["metadata"]["stop_reason"] == "diagnosis" and record["target"] == "Migraine"
+    assert '"Demographics": "28-year-old woman"' in record["inputs"]["facts"] and [t["role"] for t in record["transcript"]] == ["doctor", "patient", "doctor"]
+    assert {n.split("/")[0] for n in record["scores"]} == {"diagnosis", "patient-check"}  # the moderator and the patient checks
 
 
 @pytest.mark.parametrize("reply, exact, first_word", [("yes", 1, 1), ("Yes", 1, 1), ("Yes.", 0, 1), (" yes", 0, 1), ("No", 0, 0),
@@ -90,7 +96,8 @@ def test_an_unreadable_moderator_reply_is_unscored_and_counted_not_fatal():
                run(CASES[2], [], inferences=2, verdict_rule="first_word")[0]]
     assert [grades(r)["diagnosis"].value for r in records] == [None, 1, 0]
     m = run_metrics(records, s)
-    assert m["accuracy"]["n"] == 2 and m["accuracy"]["accuracy"] == 0.5  # the unscored reply is left out, the no-diagnosis counted wrong
+    acc = aggregate(records, "diagnosis")
+    assert (acc.n, acc.value, acc.unscored) == (2, 0.5, 1)  # the unscored reply is left out, the no-diagnosis counted wrong
     assert (m["diagnosed"], m["no_diagnosis"], m["moderator_unscored"], m["rules_disagree"]) == (2, 1, 1, 2)  # 'Yes.': no / yes; 'Perhaps': no / unscored
     exact = run(CASES[1], ["DIAGNOSIS READY: pneumonia"], moderator="Yes.")[0]
     assert grades(exact)["diagnosis"].value == 0  # the authors' rule: only exactly 'yes'

@@ -60,7 +60,7 @@ def settings(out: Path, **kw) -> AutoevalSettings:
 
 
 def run(s: AutoevalSettings, judge: Judge):
-    study = AutoevalStudy()
+    study = named(AutoevalStudy)()
     s, cases = prepare_run(study, s)
     return asyncio.run(run_study(study, s, cases, client=ScriptedLLM(judge, roles=("judge",)), log=lambda m: None))
 

@@ -31,7 +31,7 @@ import typer
 from typer.testing import CliRunner
 
 from experiments.tools.calibrate import cli as calibrate_cli
-from experiments.core import registry
+from experiments.core import commands
 from experiments.studies.autoeval.calibrate import calibrate_autoeval
 from experiments.studies.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader, published_counts, read_labels, trivial_kind
 from experiments.common.stats import count_agreement, kendall, spearman, weighted_kappa
@@ -107,7 +107,7 @@ def test_calibrate_grader_rule_zero_hand_worked(labels, tmp_path):
     # exact normalized equality is the only thing that skips the judge; a concurrent list under zero is 0 unasked
     assert ("plaque psoriasis", "plaque psoriasis") not in judge.asked and not any("tinea manuum" in g for _, g in judge.asked)
     recs = {r["id"]: r for r in map(json.loads, (tmp_path / "cal" / "records.jsonl").read_text().splitlines())}
-    assert [r["judge"] for r in recs.values()] == [2, 3, 2, 5]
+    assert [r["scores"]["grader"]["value"] for r in recs.values()] == [2, 3, 2, 5]
     for f in ("config.yaml", "metrics.json", "summary.md", "confusion_judge.png"):
         assert (tmp_path / "cal" / f).exists()
     assert (tmp_path / "cal" / "confusion_judge.png").read_bytes()[:4] == b"\x89PNG"
@@ -127,12 +127,13 @@ def test_calibrate_grader_rule_any_and_published(labels, fixtures_dir, tmp_path)
     assert abs(pv["trial_agreement_bound"] - (0.8 + 1 + 1) / 3) < 1e-12
     assert pv["weighted_kappa_linear"] == weighted_kappa([2, 5, 3], [3, 5, 3], categories=range(6))
     recs = {r["id"]: r for r in map(json.loads, (tmp_path / "cal" / "records.jsonl").read_text().splitlines())}
-    assert recs["case_1"]["published"]["order"] == "multiset" and recs["case_2"]["published"]["count"] == 3  # -1 is wrong
+    pub = {i: r["scores"]["published"] for i, r in recs.items() if "published" in r["scores"]}
+    assert pub["case_1"]["metadata"]["order"] == "multiset" and pub["case_2"]["value"] == 3  # -1 is wrong
     assert (tmp_path / "cal" / "confusion_published.png").exists()
     md = (tmp_path / "cal" / "summary.md").read_text()
     assert "3 of 4 cases matched" in md
     # cases 0-2 mix right, wrong and None/Multiple extractions: none of the matched cases is trivial
-    assert p["matched_trivial"] == {"all_gold": 0, "all_none_or_multiple": 0} and recs["case_0"]["published"]["trivial"] is None
+    assert p["matched_trivial"] == {"all_gold": 0, "all_none_or_multiple": 0} and pub["case_0"]["metadata"]["trivial"] is None
     assert "0 of the matched cases are trivial" in md
 
 
@@ -161,7 +162,7 @@ def test_failed_request_is_never_scored(labels, tmp_path):
     m = json.loads((tmp_path / "cal" / "metrics.json").read_text())
     assert m["trials_failed"] == 1 and m["failed_cases"] == ["case_0"] and m["judge_vs_dermatologist"]["n"] == 3
     recs = {r["id"]: r for r in map(json.loads, (tmp_path / "cal" / "records.jsonl").read_text().splitlines())}
-    assert recs["case_0"]["status"] == "failed" and "judge" not in recs["case_0"]
+    assert recs["case_0"]["status"] == "failed" and "grader" not in recs["case_0"]["scores"]
 
 
 def test_stats_helpers_by_hand():
@@ -205,7 +206,7 @@ def test_cli_registers_both_commands(labels, tmp_path):
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
+    commands.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     runner = CliRunner()
     for cmd in (["calibrate", "craftmd-grader", "--help"], ["calibrate", "autoeval", "--help"]):
         assert runner.invoke(app, cmd).exit_code == 0
@@ -252,5 +253,5 @@ def _app():
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
+    commands.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     return app

@@ -11,6 +11,7 @@ import pytest
 
 from experiments.studies.craftmd.calibrate_conversations import (ConversationCalibration, ConversationCalibrationSettings, agreement,
                                                  calibration_metrics, interleaved)
+from experiments.core.registry import named
 from experiments.core.runner import prepare_run, run_study
 from experiments.studies.craftmd.assess import conversation_text
 from experiments.core.record import turns
@@ -68,7 +69,7 @@ def test_calibration_through_the_runner_by_hand_and_resume(convs, fixtures_dir, 
     plan = {cid: {"Q2": v} for cid, v in Q2.items()}
     respond, sent = scripted(convs, plan)
     cache = ResponseCache(tmp_path / "cache.sqlite")
-    study = ConversationCalibration()
+    study = named(ConversationCalibration)()
     s, cases = prepare_run(study, settings(tmp_path, fixtures_dir, limit=4))
     assert [c["id"] for c in cases] == ["gpt-4/case_1", "gpt-3.5/case_1", "gpt-4/case_2", "gpt-3.5/case_2"]  # models in turn
     o = asyncio.run(run_study(study, s, cases, client=ScriptedLLM(respond, roles=("assessor",), cache=cache), log=lambda m: None))
@@ -103,13 +104,14 @@ def test_calibration_through_the_runner_by_hand_and_resume(convs, fixtures_dir, 
     assert d1["n"] == 6 and d1["confusion"] == [[1, 3], [1, 1]] and (d1["sensitivity"], d1["specificity"]) == (0.5, 0.25)
     # the records carry the experts' labels beside the assessor's verdicts, for the report's case browser
     rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[0])
-    assert rec["experts"] and rec["assessment"]["Q1"]["verdict"] is True and rec["transcript"]
+    assert rec["scores"]["assess-Q1@experts"]["judge"]["model"] == "dermatologists" and rec["scores"]["assess-Q1"]["value"] == 1 and rec["transcript"]
     # the report: beside the grader calibration (judge-calibration table), and each conversation's verdicts beside the experts'
     from experiments.tools.report.build import build_report
 
     html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
     assert "CRAFT-MD conversation assessors vs the paper&#39;s dermatologists" in html
-    assert "confusion [[0, 3], [2, 1]]" in html and "no; experts: yes" in html
+    assert "confusion [[0, 3], [2, 1]]" in html
+    assert html.count("<td>assess-Q2@experts (") == 8 and html.count("<td>assess-Q2 (") == 8  # per conversation: the assessor's grade beside the experts'
 
 
 def test_interleaved_and_bad_labels(convs, tmp_path):
@@ -118,7 +120,7 @@ def test_interleaved_and_bad_labels(convs, tmp_path):
     from models.errors import DataError
 
     with pytest.raises(DataError):
-        prepare_run(ConversationCalibration(), ConversationCalibrationSettings(data=str(tmp_path), out=str(tmp_path / "o")))
+        prepare_run(named(ConversationCalibration)(), ConversationCalibrationSettings(data=str(tmp_path), out=str(tmp_path / "o")))
 
 
 def test_cli_help_and_metrics_without_labels(tmp_path):
@@ -126,12 +128,12 @@ def test_cli_help_and_metrics_without_labels(tmp_path):
     from typer.testing import CliRunner
 
     from experiments.tools.calibrate import cli as calibrate_cli
-    from experiments.core import registry
+    from experiments.core import commands
 
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
+    commands.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     r = CliRunner().invoke(app, ["calibrate", "conversations", "--help"])
     assert r.exit_code == 0 and "--labels" in r.output and "--limit" in r.output
     assert calibration_metrics([])["raters"]["Q1"]["n"] == 0 and calibration_metrics([])["questions"] == {}
@@ -164,7 +166,7 @@ def test_clinicians_review_the_assessor_on_the_same_blind_page_and_calibrate_rea
     from experiments.tools.review.labels import append_label, write_sample
 
     respond, _ = scripted(convs, {"case_1": {"Q1": "Verdict: No"}, "case_4": {"Q1": "unsure"}})
-    study = ConversationCalibration()
+    study = named(ConversationCalibration)()
     s, cases = prepare_run(study, settings(tmp_path, fixtures_dir))
     asyncio.run(run_study(study, s, cases, client=ScriptedLLM(respond, roles=("assessor",)), log=lambda m: None))
     run = tmp_path / "cal"
@@ -195,12 +197,12 @@ def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_p
     from typer.testing import CliRunner
 
     from experiments.tools.calibrate import cli as calibrate_cli
-    from experiments.core import registry
+    from experiments.core import commands
 
     app = typer.Typer()
     apps = dict(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(), finetune_app=typer.Typer(),
                 calibrate_app=calibrate_cli.calibrate_app)
-    registry.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
+    commands.register_all(**apps)  # the tools' commands and the studies' calibrations, from their declarations
     r = CliRunner().invoke(app, ["calibrate", "conversations", "--labels", str(fixtures_dir / "craftmd" / "experts"), "--out", str(tmp_path / "cal"),
                                  "--n-boot", "200"])
     assert r.exit_code == 0, r.output
@@ -212,7 +214,8 @@ def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_p
     assert m["raters"]["Q3"]["n"] == 4 and m["raters"]["Q3"]["kappa"] == pytest.approx(0.5) and m["questions"] == {}
     assert "| terminology check | Q3 | rater d1 | 6 | 0.833 [" in r.output and "| rater d2 (the ceiling) | Q3 | rater d1 | 4 | 0.750 [" in r.output
     rec = json.loads((tmp_path / "cal" / "records.jsonl").read_text().splitlines()[2])
-    assert rec["id"] == "gpt-4/case_3" and rec["terminology"] == {"verdict": True, "terms": ["papule", "telangiectasia"]}
+    g = rec["scores"]["terminology"]
+    assert rec["id"] == "gpt-4/case_3" and (g["value"], g["answer"]) == (1, ["papule", "telangiectasia"])
     from experiments.tools.report.build import build_report
 
     html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()

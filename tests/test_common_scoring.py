@@ -6,13 +6,15 @@ import pytest
 
 from experiments.core.results import ConfigView
 from experiments.common.choice import LETTERS, map_choice, pick_letter
-from experiments.common.grade import Grade, to_disk
+from experiments.common.grade import Grade, aggregate, to_disk
 from experiments.common.parsing import extract_verdict
 from experiments.common.stats import prf
 from experiments.studies.craftmd import metrics as craft_metrics
 from experiments.studies.craftmd.data import answer_index
-from experiments.studies.craftmd.scores import MCQ_RULE, scores as craft_scores
+from experiments.studies.craftmd.scorers import MCQ_RULE
+from experiments.studies.craftmd.study import old_scores
 from experiments.studies.dera import report as dera_report
+from experiments.studies.dera.scorers import gptf1_grades
 
 CHOICES = ["Melanoma", "Psoriasis", "Lichen planus", "Tinea corporis"]
 
@@ -79,17 +81,17 @@ def test_typed_grades_read_the_record_shapes():
     rec = {"case_id": "c1", "answers": {"vignette": {"mcq": {"answer": "B", "choice": 1, "correct": 1, "parsed_by": "letter"},
                                                      "frq": {"answer": "x", "correct": None, "grade_source": "unscored_verdict",
                                                              "extraction_status": "ok", "grader_reasks": 2}}}}
-    g = craft_metrics.grades({"case_id": "c1", "scores": to_disk(craft_scores(rec, ConfigView({})))})  # an old record, upgraded
-    rec = {"case_id": "c1", "scores": to_disk(craft_scores(rec, ConfigView({})))}
+    rec = {"case_id": "c1", "scores": to_disk(old_scores(rec, ConfigView({})))}  # an old record, upgraded
+    g = craft_metrics.grades(rec)
     assert list(g) == [("vignette", "mcq"), ("vignette", "frq")]
-    assert g["vignette", "mcq"] == Grade(value=1, answer="B", source="letter", metadata={"extraction_status": None, "grader_reasks": 0}, judge={"rule": MCQ_RULE})
+    assert g["vignette", "mcq"] == Grade(value=1, answer="B", source="letter", metadata={"choice": 1}, judge={"rule": MCQ_RULE})
     assert not g["vignette", "frq"].scored and g["vignette", "frq"].metadata["grader_reasks"] == 2
-    acc = craft_metrics.accuracy([rec], "vignette", "frq")
-    assert acc["n"] == 0 and acc["unscored"] == 1 and acc["n_answers"] == 1
+    acc = aggregate([rec], "frq/vignette")
+    assert acc.n == 0 and acc.unscored == 1 and acc.value is None
     sec = {"scored": True, "precision": 0.5, "recall": 1.0, "f1": 2 / 3, "concepts_cut": {"gt": 1, "pred": 0}}
-    dera = {"gptf1": {"dera": {"sections": {"Plan": sec, "Assessment": {"scored": False, "precision": None, "recall": None, "f1": None}},
-                               "average": {"precision": 0.5, "recall": 1.0, "f1": 2 / 3}}}}
-    dera = {"scores": to_disk(dera_report.gptf1_scores(dera["gptf1"], "judge-model"))}  # the record's typed scores
+    gptf1 = {"sections": {"Plan": sec, "Assessment": {"scored": False, "precision": None, "recall": None, "f1": None}},
+             "average": {"precision": 0.5, "recall": 1.0, "f1": 2 / 3}}
+    dera = {"status": "ok", "scores": to_disk({f"gptf1/{n}": g for n, g in gptf1_grades("dera", gptf1, {"model": "judge-model"}).items()})}
     sections, average = dera_report.gptf1_of(dera)["dera"]
     assert sections["Plan"].named("f1") == pytest.approx(2 / 3) and sections["Plan"].metadata["concepts_cut"]
     assert not sections["Assessment"].scored and sections["Assessment"].named("f1") is None

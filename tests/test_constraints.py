@@ -344,6 +344,7 @@ def test_old_results_without_the_setting_resume_as_free(tmp_path):
 
 
 def test_compare_warns_when_modes_differ(tmp_path):
+    from experiments.core import registry
     from experiments.studies.craftmd.compare import run_compare
     from tests.test_craftmd_compare import make_run
 
@@ -351,13 +352,14 @@ def test_compare_warns_when_modes_differ(tmp_path):
     b = make_run(tmp_path / "b", "constrained-run", {("vignette", "mcq"): {"c1": [1], "c2": [1]}})
     cfg = yaml.safe_load((b / "config.yaml").read_text())
     (b / "config.yaml").write_text(yaml.safe_dump({**cfg, "answers": "constrained"}))
-    res = run_compare([str(a), str(b)], tmp_path / "cmp")
+    study = registry.get("craftmd").make()
+    res = run_compare([str(a), str(b)], tmp_path / "cmp", study)
     assert [r["answers"] for r in res["runs"]] == ["free", "constrained"]
     assert any("different modes" in w for w in res["warnings"])
     md = (tmp_path / "cmp" / "summary.md").read_text()
     assert "answers: constrained" in md and "**Warning:**" in md
     c = make_run(tmp_path / "c", "free-run-2", {("vignette", "mcq"): {"c1": [0], "c2": [0]}})
-    assert not any("different modes" in w for w in run_compare([str(a), str(c)], tmp_path / "cmp2")["warnings"])
+    assert not any("different modes" in w for w in run_compare([str(a), str(c)], tmp_path / "cmp2", study)["warnings"])
 
 
 # ------------------------------------------------------------------ free text bounded by the step's budget

@@ -83,7 +83,7 @@ def test_settings_assessor_follows_the_grader_and_is_named_as_an_addition():
     assert s.roles["assessor"] == "g" and s.sampling["assessor"] == s.sampling["grader"]
     assert "assessor" not in CraftSettings().roles and "assessor" not in CraftSettings().sampling  # off: nothing added
     assert additions(s)[0].startswith("assess_conversations") and additions(CraftSettings(patient_checks=False)) == []
-    prepared = CraftmdStudy().prepare(CraftSettings(data="x.csv", roles={"clinical": "a", "assessor": "embedded"}))
+    prepared = named(CraftmdStudy)().prepare(CraftSettings(data="x.csv", roles={"clinical": "a", "assessor": "embedded"}))
     assert "assessor" not in prepared.roles  # off: not a role of the run
 
 
@@ -129,7 +129,7 @@ def settings(tmp_path, **kw):
 def scored(client, s, answers="free"):
     """solve() and the study's scorers, as the runner runs them, through one CaseContext."""
     ctx = CaseContext(client, "case_x/t0", answers=answers)
-    study = CraftmdStudy()
+    study = named(CraftmdStudy)()
 
     async def both():
         rec = await study.solve(ctx, {"id": "case_x/t0", "case": CASE, "trial": 0}, s)
@@ -152,7 +152,7 @@ def test_the_scorers_add_five_assessor_requests_and_the_patient_checks(tmp_path)
     assert g["patient-check/leaks_diagnosis"].value == 1 and g["patient-check/leaks_diagnosis"].answer[0]["named"] == "Plaque psoriasis"
     figs = {(f.score, f.metric): f for f in figures([rec], CraftmdStudy.scorers)}
     assert figs[("assess-Q3", "mean")].unscored == 1 and figs[("assess-Q3", "mean")].value is None
-    assert figs[("patient-check/leaks_diagnosis", "per conversation")].value == 1 and CraftmdStudy().metrics([rec], s)["additions"]
+    assert figs[("patient-check/leaks_diagnosis", "per conversation")].value == 1 and named(CraftmdStudy)().metrics([rec], s)["additions"]
     md = scores_markdown([f.json() for f in figs.values()], CraftmdStudy.scorers)
     assert "### patient-check" in md and md.count("(authors' release): per conversation") == 4  # beside the authors' four released patients
     off, _ = scored(ScriptedLLM(backend()[0], roles=ROLES), s.model_copy(update={"patient_checks": False}))
@@ -180,11 +180,11 @@ def test_assessor_step_resumes_from_the_cache(tmp_path):
     cache = ResponseCache(tmp_path / "cache.sqlite")
     s = settings(tmp_path)
     respond, _ = backend(fail_assessor=True)
-    o = asyncio.run(run_study(CraftmdStudy(), s, cases, client=ScriptedLLM(respond, roles=ROLES, cache=cache), log=lambda m: None))
+    o = asyncio.run(run_study(named(CraftmdStudy)(), s, cases, client=ScriptedLLM(respond, roles=ROLES, cache=cache), log=lambda m: None))
     assert o.failed == 2 and o.finished == 0
     respond, state = backend()
     client = ScriptedLLM(respond, roles=ROLES, cache=cache)
-    o = asyncio.run(run_study(CraftmdStudy(), s, cases, client=client, log=lambda m: None))
+    o = asyncio.run(run_study(named(CraftmdStudy)(), s, cases, client=client, log=lambda m: None))
     assert o.finished == 2 and o.failed == 0
     fresh = [role for role, _ in client.sent]
     assert set(fresh) == {"assessor"} and len(fresh) == 10  # 5 per conversation; everything else came from the cache
@@ -194,7 +194,7 @@ def test_assessor_step_resumes_from_the_cache(tmp_path):
     assert "## Conversation quality" in (tmp_path / "run" / "summary.md").read_text()
     # a third run resumes: nothing is sent
     client = ScriptedLLM(respond, roles=ROLES, cache=cache)
-    asyncio.run(run_study(CraftmdStudy(), s, cases, client=client, log=lambda m: None))
+    asyncio.run(run_study(named(CraftmdStudy)(), s, cases, client=client, log=lambda m: None))
     assert client.sent == []
 
 
@@ -203,7 +203,7 @@ def test_review_of_a_live_runs_assessor(tmp_path):
 
     respond, _ = backend(lambda text: "Terms: None" if "medical terminology" in text else "Verdict: Yes")
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
-    asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
+    asyncio.run(run_study(named(CraftmdStudy)(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
     j = load_judge(tmp_path / "run", "assess-Q3")
     assert [i["verdict"] for i in j["items"]] == [0, 0] and j["items"][0]["show"]["case notes"] == VIGNETTE
     conv = j["items"][0]["show"]["conversation"]
@@ -215,7 +215,7 @@ def test_report_shows_the_rates_the_checks_and_each_cases_checks(tmp_path):
 
     respond, _ = backend(lambda text: "Verdict: No. Invented: a fever" if "grounded in the case notes" in text else "Verdict: Yes")
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
-    asyncio.run(run_study(CraftmdStudy(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
+    asyncio.run(run_study(named(CraftmdStudy)(), settings(tmp_path), cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
     html = build_report([str(tmp_path / "run")], tmp_path / "report.html").read_text()
     assert "<tr><td>assess-Q1</td><td>mean</td><td>1.000 [1.000, 1.000] (n=2)</td></tr>" in html  # the run's figures
     assert "<tr><td>patient-check/leaks_diagnosis</td><td>per patient turn</td>" in html

@@ -1,5 +1,6 @@
 """MELD pieces: halves, truncation and similarity = 1 - normalized Levenshtein (hand-worked)."""
 
+from experiments.core.registry import named
 from experiments.common.grade import to_disk
 from experiments.studies.craftmd.meld import meld_grades, meld_metrics, similarity, split_halves, truncate_words
 
@@ -35,7 +36,7 @@ def test_meld_failed_request_is_a_failed_case_never_a_zero_similarity(tmp_path):
     from tests.scripted import ScriptedLLM, down
 
     cases = Path(__file__).parent / "fixtures" / "craftmd" / "cases.csv"
-    study, out = MeldStudy(), tmp_path / "meld"
+    study, out = named(MeldStudy)(), tmp_path / "meld"
 
     def respond(role, messages, gen):  # the second case's request never gets an answer, retries included
         if "crushing chest pain" in messages[-1]["content"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from experiments.core.registry import named
 from experiments.studies.craftmd.metrics import grades, run_metrics
 from experiments.studies.craftmd.protocol import context_turns, converse, solve, stop_reason_for
 from experiments.studies.craftmd.study import CraftmdStudy, units_for
@@ -71,7 +72,7 @@ def run(client, s=None, case=CASE, unit_id="case_x/t0"):
 
     async def both():
         rec = await solve(ctx, {"id": unit_id, "case": case, "trial": 0}, s)
-        return await score_record(CraftmdStudy().scorers_for(s), ctx, rec, s)
+        return await score_record(named(CraftmdStudy)().scorers_for(s), ctx, rec, s)
 
     return {**asyncio.run(both()), "usage": ctx.usage()}
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from experiments.core.registry import named
 from experiments.core.config import load_settings
 from experiments.core.dryrun import dry_run
 from experiments.core.runner import prepare_run, with_answers_line
@@ -70,7 +71,7 @@ def calls_of(case: dict, s: CraftSettings, client=None) -> tuple[dict, dict]:
 
     async def both():  # solve, then the scorers, as the runner runs them
         rec = await solve(ctx, {"id": f"{case['case_id']}/t0", "case": case, "trial": 0}, s)
-        return await score_record(CraftmdStudy().scorers_for(s), ctx, rec, s)
+        return await score_record(named(CraftmdStudy)().scorers_for(s), ctx, rec, s)
 
     rec = asyncio.run(both())
     by_step: dict = {}
@@ -223,7 +224,7 @@ def test_question_split_and_where_it_is_asked():
 
 
 def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
-    study = CraftmdStudy()
+    study = named(CraftmdStudy)()
     lines: list[str] = []
     for name in ("paper.yaml", "embedded-small.yaml"):
         s = load_settings(CraftSettings, CONFIGS / name, {"data": str(FX / "requests_cases.csv"), "limit": 1, "trials": 1,
@@ -255,7 +256,7 @@ def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
 def test_summary_md_names_the_loop_and_every_deviation(tmp_path):
     emb = load_settings(CraftSettings, CONFIGS / "embedded-small.yaml", {})
     rec, _ = calls_of(OTHER, emb)
-    metrics = CraftmdStudy().metrics([rec], emb)
+    metrics = named(CraftmdStudy)().metrics([rec], emb)
     metrics.update(cases=1, deviations=deviations(emb))  # the runner's: every setting against the authors' table
     md = with_answers_line(summary_markdown("embedded", metrics), metrics)
     assert "open-model loop (craftmd_opensource)" in md and f"**Settings unlike the authors' (docs/protocols.md): {len(deviations(emb))} — " in md

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 
+from experiments.core.registry import named
 from experiments.common.grade import grades
 from experiments.core import registry
 from experiments.core.record import is_typed
@@ -25,7 +26,7 @@ def run_two_cases(tmp_path):
     respond, _ = backend(lambda text: "Terms: None" if "medical terminology" in text else "Verdict: Yes")
     cases = [{"id": f"case_{i}/t0", "case": {**CASE, "case_id": f"case_{i}"}, "trial": 0} for i in range(2)]
     s = settings(tmp_path)
-    asyncio.run(run_study(CraftmdStudy(), s, cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
+    asyncio.run(run_study(named(CraftmdStudy)(), s, cases, client=ScriptedLLM(respond, roles=ROLES), log=lambda m: None))
     return s, tmp_path / "run"
 
 

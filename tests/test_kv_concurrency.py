@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.core.registry import named
 from experiments.core.concurrency import TOKENS_PER_CASE, kv_bound
 from serving.launcher import kv_cache_tokens, server_identity
 
@@ -63,6 +64,6 @@ def test_a_run_records_auto_and_the_number_it_took(tmp_path, monkeypatch):
                                                                         "concurrency": "auto", "limit": 2})
     llm = ScriptedLLM(lambda role, content, gen: "**Final Diagnosis:** Gout" if role == "clinical" else "Yes",
                       roles=("clinical", "patient", "grader", "summarizer", "assessor"))
-    asyncio.run(run_study(CraftmdStudy(), s, client=llm, log=lambda m: None))
+    asyncio.run(run_study(named(CraftmdStudy)(), s, client=llm, log=lambda m: None))
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["concurrency"] == "auto"  # as asked
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["run"]["concurrency"] == AUTO_CPU  # as taken

@@ -26,9 +26,16 @@ MACHINE = {"path", "context_budget"}
 
 
 def _same(a, b) -> bool:
-    """Equal as JSON (a NaN mean over no cases equals NaN), without the machine's own values."""
+    """Equal as JSON, without the machine's own values: a mean over no cases (NaN then, null now) equals either, and a
+    figure (experiments/common/grade.py, ``Figure``) equals the accuracy dict it replaced (value, CI, n, unscored)."""
     def plain(v):
-        return {k: plain(x) for k, x in v.items() if k not in MACHINE} if isinstance(v, dict) else v
+        if isinstance(v, dict) and "score" in v and "metric" in v:  # a figure, as today's per-specialty tables hold it
+            v = {"mean": v["value"], "low": v["low"], "high": v["high"], "n": v["n"], "unscored": v["unscored"]}
+        elif isinstance(v, dict) and "accuracy" in v and "ci_low" in v:  # the accuracy dict of that time
+            v = {"mean": v["accuracy"], "low": v["ci_low"], "high": v["ci_high"], "n": v["n"], "unscored": v["unscored"]}
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items() if k not in MACHINE}
+        return None if isinstance(v, float) and v != v else v
     return json.dumps(plain(a), sort_keys=True) == json.dumps(plain(b), sort_keys=True)
 
 
@@ -38,7 +45,7 @@ def test_an_old_folder_reads_with_typed_scores_and_its_metrics_recompute_unchang
     assert run.schema == 1 and run.finished and not run.failed  # written before the records had a schema number
     for r in run.finished:
         assert grades(r), f"{name} record {r['id']} has no typed scores after the upgrade"
-    study = registry.study_of(run.experiment)
+    study = registry.study_of(run)
     config = {k: v for k, v in run.config.items() if k != "prompt_files"}  # the prompts' hashes: the run folder's, not a setting
     settings = study.settings_cls.model_validate(config)  # the old config's flat sampling keys read into sampling.STEP
     old = json.loads((OLD / name / "metrics.json").read_text())
@@ -50,11 +57,13 @@ def test_an_old_folder_reads_with_typed_scores_and_its_metrics_recompute_unchang
 def test_old_craftmd_records_score_as_their_answers():
     run = registry.open_run(OLD / "craftmd")
     seen = 0
+    raw = {r["id"]: r for r in map(json.loads, (OLD / "craftmd" / "records.jsonl").read_text().splitlines())}
     for r in run.finished:
         g = grades(r)
-        for fmt, modes in r["answers"].items():
+        for fmt, modes in raw[r["id"]]["answers"].items():
             if "frq" in modes:
                 assert g[f"frq/{fmt}"].value == modes["frq"]["correct"] and g[f"frq/{fmt}"].judge["model"] == "embedded"
+                assert r["answer"][fmt]["frq"] == modes["frq"]["answer"]
                 seen += 1
     assert seen >= 2
     items = load_judge(OLD / "craftmd", "frq")["items"]

@@ -8,12 +8,32 @@ import math
 import pytest
 
 from experiments.common.grade import to_disk
-from experiments.studies.dera.report import gptf1_scores
-from experiments.tables.build import dig, matches, study_tables
-from experiments.tables.declare import declarations, load_declaration
+from experiments.core import registry
+from experiments.core.record import record
+from experiments.studies.dera.scorers import gptf1_grades
+from experiments.tables import build, render
+from experiments.tables.build import dig, matches
+from experiments.tables.declare import load_declaration
 from experiments.tables.plots import figure_png
-from experiments.tables.render import paper_tables_markdown, table_view
+from experiments.tables.render import table_view
 from tests.standalone import citations
+
+
+def study_tables(runs):
+    return build.study_tables(runs, registry.table_sources())
+
+
+def paper_tables_markdown(runs):
+    return render.paper_tables_markdown(runs, registry.table_sources())
+
+
+def declarations():
+    return build.declarations(registry.table_sources())
+
+
+def gptf1_scores(arms: dict, judge: str) -> dict:
+    """A DERA record's GPT-F1 grades, as its scorer names them."""
+    return {f"gptf1/{n}": g for arm, v in arms.items() for n, g in gptf1_grades(arm, v, {"model": judge}).items()}
 
 B = 10_000  # experiments.common.stats' bootstrap resamples
 
@@ -42,21 +62,21 @@ def test_craftmd_table_hand_worked():
     mcq = next(t for t in st.tables if t.id == "mcq")
     g = mcq.groups[0]
     assert g.label == "gpt-3.5-local" and g.kind == "run" and g.published_model == "GPT-3.5"
-    v = g.cells["vignette.mcq"]
+    v = g.cells["mcq/vignette"]
     # constant values: the bootstrap CI collapses onto the mean; the failed case is not counted
     assert (v.value, v.low, v.high, v.n) == (1.0, 1.0, 1.0, 2)
     assert v.published == 0.657 and v.diff == pytest.approx(1 - 0.657)
-    assert g.cells["singleturn.mcq"].published is None and g.cells["singleturn.mcq"].diff is None
+    assert g.cells["mcq/singleturn"].published is None and g.cells["mcq/singleturn"].diff is None
     # paired tests (b - a per case): multi-turn vs vignette = -1 on every case -> no resample reaches 0: p = 1/(B+1);
     # single-turn vs multi-turn = 0 on every case -> every resample is as extreme: p = 1; summarized vs multi-turn: p = 1/(B+1)
-    t1, t2, t3 = (g.cells[k].test for k in ("multiturn.mcq", "singleturn.mcq", "summarized.mcq"))
-    assert (t1["vs"], t1["diff"], t1["n"]) == ("vignette.mcq", -1.0, 2) and t1["p"] == pytest.approx(1 / (B + 1))
+    t1, t2, t3 = (g.cells[k].test for k in ("mcq/multiturn", "mcq/singleturn", "mcq/summarized"))
+    assert (t1["vs"], t1["diff"], t1["n"]) == ("mcq/vignette", -1.0, 2) and t1["p"] == pytest.approx(1 / (B + 1))
     assert t2["diff"] == 0.0 and t2["p"] == pytest.approx(1.0)
     assert t3["diff"] == 1.0 and t3["p"] == pytest.approx(1 / (B + 1))
     # Holm over the table's three tests: sorted p (a, a, 1) -> (3a, max(3a, 2a), max(.., 1)) in input order
     assert t1["p_holm"] == pytest.approx(3 / (B + 1)) and t3["p_holm"] == pytest.approx(3 / (B + 1)) and t2["p_holm"] == pytest.approx(1.0)
     # FRQ: values 0 and 1 -> resampled means 0, .5, 1 -> the 95% CI spans [0, 1]
-    f = next(t for t in st.tables if t.id == "frq").groups[0].cells["vignette.frq"]
+    f = next(t for t in st.tables if t.id == "frq").groups[0].cells["frq/vignette"]
     assert (f.value, f.low, f.high, f.n) == (0.5, 0.0, 1.0, 2) and f.diff == pytest.approx(0.5 - 0.375)
     # the paper's other models: their published figures alone, only the rows the paper gives
     paper_only = [x for x in mcq.groups if x.kind == "paper"]
@@ -90,16 +110,16 @@ def test_craftmd_markdown_and_published_run():
 
 def test_ci_from_metrics_is_used_when_the_study_wrote_it():
     run = _craft_run("/x/a", "gpt-4-local", HAND)
-    run["metrics"] = {"accuracy": {"vignette.mcq": {"accuracy": 0.5, "ci_low": 0.25, "ci_high": 0.75, "n": 40}}}
+    run["metrics"] = {"scores": [{"score": "mcq/vignette", "metric": "mean", "value": 0.5, "low": 0.25, "high": 0.75, "n": 40}]}
     [st] = study_tables([run])
-    c = st.tables[0].groups[0].cells["vignette.mcq"]
+    c = st.tables[0].groups[0].cells["mcq/vignette"]
     assert (c.value, c.low, c.high, c.n, c.published) == (0.5, 0.25, 0.75, 40, 0.820)
     assert c.diff == pytest.approx(0.5 - 0.82)
 
 
 def test_meditod_corpus_rows_and_paper_only_models():
     run = {"path": "/x/nlu", "config": {"experiment": "meditod-nlu", "task": "nlu", "mode": "supervised", "encoder": None},
-           "identity": {"experiment": "meditod-nlu"}, "records": [{"id": "1", "dialog_id": "d1"}, {"id": "2", "dialog_id": "d1"}],
+           "identity": {"experiment": "meditod-nlu"}, "records": [{"id": "1", "case_id": "d1"}, {"id": "2", "case_id": "d1"}],
            "metrics": {"f1": 0.5, "medical_f1": 0.6, "non_medical_f1": 0.25, "scored_turns": 2, "turns": 2,
                        "settings": {"task": "nlu", "mode": "supervised", "model": "embedded", "lora": {"nlu": "/a"}}}}
     [st] = study_tables([run])
@@ -123,22 +143,21 @@ def test_dera_and_autoeval_tables():
                        "gptf1": {"max_concepts": 40}},
             "records": [rec(1, 0.5, 0.75), rec(2, 0.5, 0.75)]}
     ae = {"path": "/x/ae", "identity": {"experiment": "autoeval"}, "metrics": {}, "config": {"experiment": "autoeval", "roles": {"judge": "embedded"}},
-          "records": [{"id": "a::empathy", "source_id": "a", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 4}}, "model": "m"},
-                      {"id": "b::empathy", "source_id": "b", "criterion": "empathy", "scores": {"rubric/empathy": {"value": 2}}, "model": "m"},
-                      {"id": "b::welfare", "source_id": "b", "criterion": "welfare", "scores": {"rubric/welfare": {"value": None}}, "model": "m"}]}
+          "records": [record(f"{d}::{c}", d, inputs={"criterion": c}, metadata={"model": "m"}, scores={f"rubric/{c}": {"value": v}})
+                      for d, c, v in (("a", "empathy", 4), ("b", "empathy", 2), ("b", "welfare", None))]}
     sts = {st.decl.study: st for st in study_tables([ae, dera])}
     assert list(sts) == ["dera", "autoeval"]  # the report's order, whatever the order given
     t = sts["dera"].tables[0]
     g = t.groups[0]
     assert t.id == "corrupt" and g.label == "embedded, level 5"
-    avg = g.cells["f1.dera.average"]
+    avg = g.cells["gptf1/dera[f1]"]
     assert avg.value == 0.75 and avg.published == 0.9597 and avg.diff == pytest.approx(0.75 - 0.9597)
     assert avg.test["diff"] == pytest.approx(0.25) and avg.test["p"] == pytest.approx(1 / (B + 1))
     assert {x.label for x in t.groups if x.kind == "paper"} == {"GPT-4, level 3 (low)", "GPT-4, level 7 (high)"}
     r = sts["autoeval"].tables[0]
-    emp = r.groups[0].cells["empathy"]
+    emp = r.groups[0].cells["rubric/empathy"]
     assert r.groups[0].label == "m rated by embedded" and (emp.value, emp.n) == (3.0, 2)
-    assert r.groups[0].cells["welfare"].n == 0  # an unparsed rating is left out, never 0
+    assert r.groups[0].cells["rubric/welfare"].n == 0  # an unparsed rating is left out, never 0
     assert table_view(r)["groups"][0]["rows"][0][:2] == ["Showing Empathy", "3.00 [2.00, 4.00]"]
     png = figure_png(r)
     assert png and png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -182,14 +201,16 @@ def test_a_runs_summary_tables_come_from_the_run_in_memory(tmp_path):
     from experiments.core.results import Run
     from experiments.tables.render import run_paper_tables
 
-    records = [{"id": i, "dialog_id": "d1", "status": "ok"} for i in "12"]
+    records = [{"id": i, "case_id": "d1", "status": "ok"} for i in "12"]
     metrics = {"f1": 0.5, "medical_f1": 0.6, "non_medical_f1": 0.25, "scored_turns": 2, "turns": 2,
                "settings": {"task": "nlu", "mode": "supervised", "model": "embedded"}}
     run = Run(tmp_path / "never-written", records, [], {"experiment": "meditod-nlu", "task": "nlu", "mode": "supervised"},
               metrics=metrics, identity={"experiment": "meditod-nlu"})
-    fresh = run_paper_tables(run)
+    study = registry.get("meditod-nlu").make()
+    fresh = run_paper_tables(run, study)
     assert "0.500" in fresh and "0.600" in fresh and not (tmp_path / "never-written").exists()
     (tmp_path / "never-written").mkdir()
     (tmp_path / "never-written" / "metrics.json").write_text(json.dumps({**metrics, "f1": 0.125}))  # a stale file from an earlier run
-    assert run_paper_tables(run) == fresh
-    assert run_paper_tables(Run(tmp_path, records, [], {"experiment": "nothing-declared"}, metrics=metrics)) == ""
+    assert run_paper_tables(run, study) == fresh
+    kind = registry.kinds()["calibrate-craftmd-grader"]  # a kind that declares no tables
+    assert run_paper_tables(Run(tmp_path, records, [], {"experiment": "calibrate-craftmd-grader"}, metrics=metrics), kind()) == ""

@@ -34,12 +34,14 @@ def test_outcome_from_typed_scores_only():
 
 def test_case_view_for_any_study():
     c = case_view({"id": 7, "transcript": [{"agent": "doctor", "content": "hi", "turn": 0}, {"role": "patient", "text": "ok"}],
-                   "prediction": {"intent": "x"}, "gold": "y", "extracted_diagnosis": "flu", "odd": [1, {"z": None}],
+                   "inputs": {"question": "Q?"}, "answer": {"intent": "x"}, "target": "y",
+                   "metadata": {"extracted_diagnosis": "flu", "odd": [1, {"z": None}]}, "calls": [{"step": "ask", "messages": []}],
                    "scores": {"frq": {"value": 1, "answer": "flu", "judge": {"model": "m", "prompt_hash": "abc"}}}}, "m")
-    assert c["id"] == "7" and c["model"] == "m" and [t["agent"] for t in c["turns"]] == ["doctor", "patient"]
-    assert '"intent": "x"' in c["prediction"] and c["gold"] == "y" and c["outcome"] == "correct"
+    assert c["id"] == "7" and c["model"] == "m" and [t["agent"] for t in c["turns"]] == ["doctor", "patient"]  # either spelling of a turn
+    assert '"intent": "x"' in c["answer"] and c["target"] == "y" and c["outcome"] == "correct" and c["inputs"] == [["question", "Q?"]]
     assert c["scores"] == [["frq", "1", "m prompt abc", "flu"]]
     assert '"extracted_diagnosis": "flu"' in c["rest"] and '"odd"' in c["rest"] and "transcript" not in c["rest"] and "scores" not in c["rest"]
+    assert c["n_calls"] == 1 and '"step": "ask"' in c["calls"]
 
 
 def test_report_escapes_model_output(fixtures_dir, tmp_path):

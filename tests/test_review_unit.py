@@ -353,7 +353,7 @@ async def test_server_takes_writes_only_from_its_own_page(run):
 
 def test_cli_bad_input_and_environment(run, cli, fixtures_dir, tmp_path):
     p = cli("review", str(run), "--judge", "rubric", "--sample", "3")
-    assert p.returncode == 2 and "--judge rubric: a craftmd run's judge steps are frq, frq-count" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "--judge rubric: a craftmd run's judge steps are mcq, frq, frq-count, assess-Q1" in p.stderr and "Traceback" not in p.stderr
     p = cli("review", str(fixtures_dir / "report" / "dera_run"), "--judge", "frq", "--sample", "3")
     assert p.returncode == 2 and "has no judge to review" in p.stderr
     p = cli("review", str(run), "--judge", "frq", "--sample", "3", "--host", "0.0.0.0", env={"MEDSTACK_API_KEY": ""})

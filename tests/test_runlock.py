@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.core.registry import named
 from experiments.core.results import RunDir, read_jsonl
 from experiments.core import runlock
 from experiments.core.runlock import LOCK_NAME, LockUnsupported, RunDirInUse, RunLock
@@ -131,7 +132,7 @@ def test_refused_before_any_client_is_opened(tmp_path, monkeypatch):
 
     opened = []
     monkeypatch.setattr(runner, "open_client", lambda *a, **k: opened.append(a) or pytest.fail("a client was opened"))
-    study, out = CraftmdStudy(), tmp_path / "out"
+    study, out = named(CraftmdStudy)(), tmp_path / "out"
     settings, cases = runner.prepare_run(study, build_settings(study, {"model": "embedded@http://127.0.0.1:9/v1"},
                                                                        {"out": str(out), "data": str(CASES)}))
     with RunLock(out):

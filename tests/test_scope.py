@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from experiments.core.registry import named
 from experiments.core.config import ConfigError
 from experiments.core.runner import prepare_run, run_study
 from experiments.core.scope import allocate, stratified_sample
@@ -52,13 +53,13 @@ def test_one_seed_draws_the_same_cases_another_seed_others():
                                     ("dermatology_private", "Dermatology"): 1}
         assert ids(drawn) == [i for i in ids(cases) if i in ids(drawn)]
     # --limit is the first N: here every one of them dermatology
-    s, units = prepare_run(CraftmdStudy(), CraftSettings(data=str(CASES), limit=4, trials=1, out="x"))
+    s, units = prepare_run(named(CraftmdStudy)(), CraftSettings(data=str(CASES), limit=4, trials=1, out="x"))
     assert {u["case"]["dataset"] for u in units} == {"dermatology_public", "dermatology_private"}
 
 
 def test_limit_and_sample_together_are_refused():
     with pytest.raises(ConfigError, match="give one of them"):
-        prepare_run(CraftmdStudy(), CraftSettings(data=str(CASES), limit=4, sample=4, out="x"))
+        prepare_run(named(CraftmdStudy)(), CraftSettings(data=str(CASES), limit=4, sample=4, out="x"))
 
 
 def respond(role, content, gen):
@@ -71,7 +72,7 @@ def respond(role, content, gen):
 def run(tmp_path, **kw):
     s = CraftSettings(**{"data": str(CASES), "out": str(tmp_path / "run"), "trials": 1, "formats": ["vignette"], "concurrency": 4,
                          "roles": {r: "other-model" if r in ("grader", "summarizer", "patient") else "model-under-test" for r in ROLES}, **kw})
-    study = CraftmdStudy()
+    study = named(CraftmdStudy)()
     s, units = prepare_run(study, s)
     client = ScriptedLLM(respond, roles=ROLES)
     return asyncio.run(run_study(study, s, units, client=client, log=lambda *_: None)), client

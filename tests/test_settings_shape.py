@@ -97,7 +97,7 @@ def test_a_run_folder_written_with_the_flat_keys_resumes_under_the_new_shape(tmp
         out.mkdir(exist_ok=True)
         (out / "config.yaml").write_text((FIXTURES / f"{name}.config.yaml").read_text().replace("OUT", str(out)))
         (out / "records.jsonl").write_text('{"id": "c1"}\n')
-        s = load_settings(cls, config, {**fixed, "out": str(out), "roles": roles, **over})
+        s = load_settings(cls, config, {**fixed, "experiment": name, "out": str(out), "roles": roles, **over})  # as the runner sets it
         return RunDir(out, s.model_dump(mode="json"), settings_cls=cls)
 
     assert opened().latest()  # resumes: its one record is kept

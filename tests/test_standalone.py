@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.core.registry import named
 from experiments.core.config import load_settings
 from experiments.core.runner import run_study
 from experiments.studies.craftmd.study import CONFIGS, CraftmdStudy
@@ -91,7 +92,7 @@ def craftmd_summary(tmp_path) -> str:
     def respond(role, content, gen):
         return {"patient": "It hurts.", "clinical": "**Final Diagnosis:** Gout", "summarizer": "A man with a sore toe."}.get(role, "Yes")
 
-    asyncio.run(run_study(CraftmdStudy(), s, client=ScriptedLLM(respond, roles=("clinical", "patient", "grader", "summarizer")), log=lambda m: None))
+    asyncio.run(run_study(named(CraftmdStudy)(), s, client=ScriptedLLM(respond, roles=("clinical", "patient", "grader", "summarizer")), log=lambda m: None))
     return (tmp_path / "run" / "summary.md").read_text(encoding="utf-8")
 
 

@@ -37,5 +37,5 @@ def is_typed(r: dict) -> bool:
 
 
 def turns(r: dict) -> list[tuple[str, str]]:
-    """The transcript as ``(role, text)`` pairs."""
-    return [(str(t.get("role")), t.get("text") or "") for t in r.get("transcript") or [] if isinstance(t, dict)]
+    """The transcript as ``(role, text)`` pairs (a record of a kind no study upgrades may still say ``agent`` / ``content``)."""
+    return [(str(t.get("role") or t.get("agent")), t.get("text", t.get("content")) or "") for t in r.get("transcript") or [] if isinstance(t, dict)]

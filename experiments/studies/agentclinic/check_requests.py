@@ -29,8 +29,10 @@ from pathlib import Path
 
 from experiments.studies.agentclinic.protocol import PROMPTS, solve
 from experiments.studies.agentclinic.settings import AgentClinicSettings
-from experiments.studies.agentclinic.study import load_cases
+from experiments.studies.agentclinic.study import AgentClinicStudy, load_cases
 from experiments.core.config import config_dir, load_settings
+from experiments.core.registry import named
+from experiments.core.scorers import score_record
 from experiments.core.study import CaseContext
 from serving.client import ChatResult
 
@@ -121,7 +123,12 @@ class Ours:
 
 def our_shapes(case: dict, plan, s: AgentClinicSettings) -> list[dict]:
     ctx = CaseContext(Ours(Script(plan)), case["id"])
-    asyncio.run(solve(ctx, case, s))
+    study = named(AgentClinicStudy)()
+
+    async def as_the_runner():  # the loop, then its scorers (the moderator's request is the diagnosis scorer's)
+        await score_record(study.scorers_for(s), ctx, await solve(ctx, case, s), s)
+
+    asyncio.run(as_the_runner())
     return [shape(c["role"], c["messages"][0]["content"], c["messages"][1]["content"], (c["gen"]["temperature"], c["gen"]["max_tokens"]),
                   case["osce"], OURS) for c in ctx.calls if [m["role"] for m in c["messages"]] == ["system", "user"]]
 

@@ -16,6 +16,7 @@ from serving.bench.measure import FIGURES
 from serving.bench.summary import RATIO_HEADS
 from experiments.tools.calibrate.reviews import COLUMNS, consensus_note, table_rows
 from experiments.common.grade import grades as typed_grades, split_name
+from experiments.core.record import FIELDS, RUNNER_FIELDS, is_typed, turns
 from experiments.core.registry import study_of, table_sources
 from experiments.core.scorers import figure_cell, find
 from experiments.tools.compare.run import run_figures
@@ -145,13 +146,14 @@ def case_view(rec: dict, run_model: str, scorers=()) -> dict:
     error, o = rec.get("error") or rec.get("request_error"), outcome(rec)
     inputs = rec.get("inputs") if isinstance(rec.get("inputs"), dict) else {}
     meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
+    if not is_typed(rec):  # a kind no study upgrades: its own fields, whatever they are
+        meta = {k: v for k, v in rec.items() if k not in (*FIELDS, *RUNNER_FIELDS, "request_error")}
     return {
         "id": str(rec.get("id", "?")),
         "model": str(meta.get("model") or run_model or "?"),
         "outcome": o,
         "badge": "rated " + ", ".join(fmt(v) for v in own_values(rec) if not isinstance(v, dict)) if o == "rated" else o,
-        "turns": [{"agent": str(t.get("role") or "?"), "turn": i, "content": _text(t.get("text", ""))}
-                  for i, t in enumerate(rec.get("transcript") or []) if isinstance(t, dict)],
+        "turns": [{"agent": role, "turn": i, "content": _text(text)} for i, (role, text) in enumerate(turns(rec))],
         "scores": score_rows(rec, scorers),
         "inputs": [[str(k), fmt(_short(v, 400)) if not isinstance(v, str) else _short(v, 400)] for k, v in inputs.items()] or None,
         "answer": _text(rec["answer"]) if rec.get("answer") is not None else None,
@@ -159,6 +161,8 @@ def case_view(rec: dict, run_model: str, scorers=()) -> dict:
         "error": _text(error) if error else None,
         "traceback": rec.get("traceback"),
         "rest": json.dumps(meta, indent=2, ensure_ascii=False, default=str) if meta else None,
+        "calls": json.dumps(rec["calls"], indent=2, ensure_ascii=False, default=str) if rec.get("calls") else None,
+        "n_calls": len(rec.get("calls") or []),
     }
 
 

@@ -12,7 +12,8 @@ Each run starts a vLLM server of its own, even when every call is a cache hit (w
 where other jobs start servers). A HOME without the embedded model gets the default home's prepared one linked
 in (the same weights hash, which keys the cache) instead of converting it again.
 
-`diff` matches each run's records.jsonl by id (the file's order follows which case finished first) and compares
+`diff` reads BEFORE's records in today's typed shape (each through its study's upgrade, as the one reader does),
+matches each run's records.jsonl by id (the file's order follows which case finished first) and compares
 them key by key, and metrics.json likewise, after dropping what differs between two runs of one commit from one
 cache, the first answered by the server and the second all cache hits (calibrated so; the key names are dropped
 at any depth):
@@ -24,7 +25,9 @@ at any depth):
   finish at once);
 - metrics.json: its `run` section, the run's statistics, not its results: wall time, requests sent and tokens
   sent (0 when every call is a cache hit), cache hits, tokens/s, the server's own metrics, cases run and resumed;
-  `wall_seconds` wherever it is (a set-up step's wall time). NaN (a mean over no cases) equals NaN.
+  `wall_seconds` wherever it is (a set-up step's wall time). NaN (a mean over no cases) equals NaN and null. A key only
+  in BEFORE each of whose numbers AFTER's metrics hold (a figure now among the scorers' `scores`), and a key only in
+  AFTER (a new figure), are listed, not counted as differences.
 
 A record's typed `scores` are its result: a field of a BEFORE record that the AFTER record lacks, at any depth, each
 of whose values (but None) is among the values of the AFTER record's `scores` or names one of them (`mcq/multiturn`,
@@ -187,20 +190,66 @@ def read(path: Path, lines: bool = False):
         fail(f"{path}: cannot read ({type(e).__name__}: {e})")
 
 
+def as_today(folder: Path, records: dict) -> dict:
+    """BEFORE's records in today's typed shape, through their study's own upgrade (the one reader's, call logs kept):
+    a record of an older shape compares field by field with the record the AFTER run wrote."""
+    from experiments.core.record import is_typed
+    from experiments.core.registry import study_of
+    from experiments.core.results import read_run, settings_of
+
+    run = read_run(folder)
+    study = study_of(run)
+    if study is None:
+        return records
+    settings = settings_of(run.config, study.settings_cls)
+    return {i: r if is_typed(r) or r.get("status") == "failed" else study.upgrade(dict(r), settings) for i, r in records.items()}
+
+
+def plain_numbers(value) -> list:
+    """The numbers among a value's leaves (NaN and None left out: a mean over nothing)."""
+    return [v for v in leaves(value) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+
+
+def reshaped(a: dict, b: dict) -> tuple[list[str], list[str]]:
+    """metrics.json keys only in BEFORE whose every number AFTER's metrics hold (a figure restated: ``scores``), gone from
+    ``a`` on return, and keys only in AFTER (new figures), gone from ``b``."""
+    held = set(plain_numbers(b))
+    gone = [k for k in sorted(set(a) - set(b)) if all(v in held for v in plain_numbers(a[k]))]
+    new = sorted(set(b) - set(a))
+    for k in gone:
+        del a[k]
+    for k in new:
+        del b[k]
+    return gone, new
+
+
+def nan_as_none(value):
+    if isinstance(value, dict):
+        return {k: nan_as_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nan_as_none(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
+
+
 def diff(before: Path, after: Path) -> int:
-    unexpected, expected = [], {}
+    unexpected, expected, metrics_moved = [], {}, {}
     for name in RUNS:
         ra, rb = before / name, after / name
-        a, b = read(ra / "records.jsonl", lines=True), read(rb / "records.jsonl", lines=True)
+        a, b = as_today(ra, read(ra / "records.jsonl", lines=True)), read(rb / "records.jsonl", lines=True)
         unexpected += [f"{name}: id {i} only in {before if i in a else after}" for i in sorted(set(a) ^ set(b))]
         fields = expected[name] = {}
         for i in sorted(set(a) & set(b)):
             compare(f"{name} {i}", a[i], b[i], VOLATILE_RECORD, unexpected, fields)
-        compare(f"{name} metrics.json", read(ra / "metrics.json"), read(rb / "metrics.json"), VOLATILE_METRICS, unexpected)
+        ma, mb = (nan_as_none(strip(read(r / "metrics.json"), VOLATILE_METRICS)) for r in (ra, rb))
+        metrics_moved[name] = reshaped(ma, mb)
+        compare(f"{name} metrics.json", ma, mb, VOLATILE_METRICS, unexpected)
         print(f"{name}: {len(a)} / {len(b)} records compared")
     print("expected differences (fields only in BEFORE, their values in AFTER's scores):")
     for name, fields in expected.items():
         print(f"  {name}: " + (", ".join(f"{k} ({n} records)" for k, n in fields.items()) or "none"))
+    print("metrics.json: keys only in BEFORE whose every number AFTER's metrics hold / keys only in AFTER:")
+    for name, (gone, new) in metrics_moved.items():
+        print(f"  {name}: {', '.join(gone) or 'none'} / {', '.join(new) or 'none'}")
     print(f"unexpected differences: {len(unexpected)}")
     for line in unexpected[:50]:
         print("  " + line)

@@ -99,12 +99,11 @@ def test_rescore_the_toy_study_on_the_real_server(embedded_server, monkeypatch, 
 
     from typer.testing import CliRunner
 
-    from experiments.core import registry, runner
-    from test_rescore import PARTS, JudgedToy, ToySettings, app_with_rescore
+    from experiments.core import runner
+    from test_rescore import PARTS, JudgedToy, ToySettings, app_with_rescore, register_toy
 
     ref = f"embedded@{embedded_server['base_url']}"
-    monkeypatch.setitem(registry.loaded().studies, "toy-judged", registry.Command("toy-judged", "toy", JudgedToy))
-    monkeypatch.setitem(registry.loaded().results, "toy-judged", JudgedToy.results)
+    register_toy(monkeypatch)
     src = tmp_path / "run"
     settings, cases = runner.prepare_run(JudgedToy(), ToySettings(out=str(src), roles={"answerer": ref, "judge": ref}, concurrency=3))
     assert asyncio.run(runner.run_study(JudgedToy(), settings, cases, log=lambda *_: None)).exit_code == 0

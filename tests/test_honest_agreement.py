@@ -140,17 +140,21 @@ def test_a_rescore_says_how_many_items_no_judge_decided(toy, tmp_path):  # noqa:
     assert "the items no judge decided (a rule on both sides, e.g. 0 for no answer): other 0." in (tmp_path / "r2" / "summary.md").read_text()
 
 
-def test_deras_metrics_json_of_arms_with_nothing_scored_is_strict(tmp_path):
-    """DERA-QA over no finished question: each arm's mean and CI are NaN in memory (a mean over nothing); metrics.json
-    holds null for each and counts them (3 figures x 2 arms)."""
+def test_deras_metrics_json_of_scores_with_nothing_scored_is_strict(tmp_path):
+    """DERA-QA over no finished question: every figure of its scores is null (a mean over nothing, n = 0), never NaN,
+    and metrics.json is strict JSON; a NaN that does reach it (a paired difference over nothing) is written null and counted."""
+    from experiments.core.scorers import figures
     from experiments.studies.dera.report import qa_metrics
+    from experiments.studies.dera.scorers import QA
     from experiments.studies.dera.settings import QASettings
 
-    m = qa_metrics([], QASettings(mcq=True))
-    assert "NaN" in json.dumps(m)  # what a plain json.dumps wrote before
+    m = {**qa_metrics([], QASettings(mcq=True)), "scores": [f.json() for f in figures([], QA, names=["accuracy/oneshot", "accuracy/dera"])]}
+    assert "NaN" not in json.dumps(m) and [(f["value"], f["low"], f["n"]) for f in m["scores"]] == [(None, None, 0)] * 2
+    assert m["dera_minus_oneshot"] == {"accuracy": None}
+    m["dera_minus_oneshot"]["accuracy"] = {"mean_diff": float("nan"), "n": 0}
     d = RunDir(tmp_path / "run", {"experiment": "dera-qa"})
     d.write_metrics(m)
     text = (tmp_path / "run" / "metrics.json").read_text()
     written = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    assert written["arms"]["dera"]["accuracy"] == {"mean": None, "low": None, "high": None, "n": 0, "unscored": 0}
-    assert written["null_metrics"]["count"] == 6 and "arms.oneshot.accuracy.mean" in written["null_metrics"]["where"]
+    assert written["scores"][1] == m["scores"][1] and written["dera_minus_oneshot"]["accuracy"]["mean_diff"] is None
+    assert written["null_metrics"] == {"count": 1, "where": ["dera_minus_oneshot.accuracy.mean_diff"]}

@@ -98,7 +98,7 @@ def test_a_run_folder_written_with_the_flat_keys_resumes_under_the_new_shape(tmp
         (out / "config.yaml").write_text((FIXTURES / f"{name}.config.yaml").read_text().replace("OUT", str(out)))
         (out / "records.jsonl").write_text('{"id": "c1"}\n')
         s = load_settings(cls, config, {**fixed, "out": str(out), "roles": roles, **over})
-        return RunDir(out, s.model_dump(mode="json"), settings_cls=cls)
+        return RunDir(out, {**s.model_dump(mode="json"), "experiment": name}, settings_cls=cls)  # the runner names the kind
 
     assert opened().latest()  # resumes: its one record is kept
     step = {"dera-qa": "answer", "dera-summarize": "dialogue", "meditod-pol": "turn"}[name]

@@ -19,7 +19,7 @@ from experiments.common.grade import grades
 from experiments.core import registry, runner
 from experiments.core.config import ConfigError
 from experiments.core.results import settings_of
-from experiments.core.scorers import figure_cell, figures, review_items
+from experiments.core.scorers import figure_cell, figures
 from experiments.core.study import CaseContext
 from experiments.studies.dera import qa_metrics
 from experiments.studies.dera.prompts import PROMPTS

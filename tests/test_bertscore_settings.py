@@ -95,7 +95,8 @@ def _qa_records(n_options: int, mcq: bool):
     else:
         scores = lambda i: {f"{step}/{a}": {"value": v} for a in ("oneshot", "dera")  # noqa: E731
                             for step, v in (("bertscore", 0.5), ("llm-exact", 1), ("llm-similarity", 0.5))}
-    return [record(f"q{i}", inputs={"options": opts}, metadata=meta, scores=scores(i)) for i in range(4)]
+    return [record(f"q{i}", inputs={"question": "q?", "choices": list(opts.values()), "answer_index": 0}, metadata=meta, scores=scores(i))
+            for i in range(4)]
 
 
 def test_mcq_tables_state_the_options_and_never_show_4_option_figures_beside_5():

@@ -6,15 +6,15 @@ import pytest
 
 from experiments.core.results import ConfigView
 from experiments.common.choice import LETTERS, map_choice, pick_letter
-from experiments.common.grade import Grade, aggregate, to_disk
+from experiments.common.grade import Grade, aggregate, grades, to_disk
 from experiments.common.parsing import extract_verdict
 from experiments.common.stats import prf
 from experiments.studies.craftmd import metrics as craft_metrics
 from experiments.studies.craftmd.data import answer_index
+from experiments.core.scorers import figures
 from experiments.studies.craftmd.scorers import MCQ_RULE
 from experiments.studies.craftmd.study import old_scores
-from experiments.studies.dera import report as dera_report
-from experiments.studies.dera.scorers import gptf1_grades
+from experiments.studies.dera.scorers import GPTF1, gptf1_grades
 
 CHOICES = ["Melanoma", "Psoriasis", "Lichen planus", "Tinea corporis"]
 
@@ -89,12 +89,12 @@ def test_typed_grades_read_the_record_shapes():
     acc = aggregate([rec], "frq/vignette")
     assert acc.n == 0 and acc.unscored == 1 and acc.value is None
     sec = {"scored": True, "precision": 0.5, "recall": 1.0, "f1": 2 / 3, "concepts_cut": {"gt": 1, "pred": 0}}
-    gptf1 = {"sections": {"Plan": sec, "Assessment": {"scored": False, "precision": None, "recall": None, "f1": None}},
-             "average": {"precision": 0.5, "recall": 1.0, "f1": 2 / 3}}
-    dera = {"status": "ok", "scores": to_disk({f"gptf1/{n}": g for n, g in gptf1_grades("dera", gptf1, {"model": "judge-model"}).items()})}
-    sections, average = dera_report.gptf1_of(dera)["dera"]
-    assert sections["Plan"].named("f1") == pytest.approx(2 / 3) and sections["Plan"].metadata["concepts_cut"]
-    assert not sections["Assessment"].scored and sections["Assessment"].named("f1") is None
-    assert average.named("recall") == 1.0 and average.judge["model"] == "judge-model"
-    table = dera_report.gptf1_table([dera], "dera", ["Plan", "Assessment"])
-    assert table["Plan"]["n"] == 1 and table["Assessment"] == {"precision": None, "recall": None, "f1": None, "n": 0, "unscored": 1}
+    dera = {"gptf1": {"dera": {"sections": {"Plan": sec, "Assessment": {"scored": False, "precision": None, "recall": None, "f1": None}},
+                               "average": {"precision": 0.5, "recall": 1.0, "f1": 2 / 3}}}}
+    dera = {"id": "e1", "scores": to_disk({f"gptf1/{n}": x for n, x in gptf1_grades("dera", dera["gptf1"]["dera"], {"model": "judge-model"}).items()})}
+    g = grades(dera)  # the record's typed scores, as DERA's gptf1 scorer gives them
+    assert g["gptf1/dera/Plan"].named("f1") == pytest.approx(2 / 3) and g["gptf1/dera/Plan"].metadata["concepts_cut"]
+    assert not g["gptf1/dera/Assessment"].scored and g["gptf1/dera/Assessment"].named("f1") is None
+    assert g["gptf1/dera"].named("recall") == 1.0 and g["gptf1/dera"].judge["model"] == "judge-model"
+    f = {x.score: x for x in figures([dera], (GPTF1,))}
+    assert f["gptf1/dera/Plan[f1]"].n == 1 and (f["gptf1/dera/Assessment"].n, f["gptf1/dera/Assessment"].unscored) == (0, 1)  # never scored: one unscored row

@@ -7,9 +7,11 @@ import json
 import pytest
 
 from experiments.common.grade import to_disk
+from experiments.core.scorers import figure_cell, figures
 from experiments.studies.dera import report
 from experiments.studies.dera.data import load_encounters, load_medqa
 from experiments.studies.dera.qa_metrics import normalize_similarity
+from experiments.studies.dera.scorers import GPTF1, QA
 from experiments.studies.dera.settings import DialogueSettings, QASettings
 from models.errors import DataError
 
@@ -73,34 +75,62 @@ def _qa_record(i, o_bs, d_bs, o_ex, d_ex, o_sim, d_sim):
                        for step, v in zip(("bertscore", "llm-exact", "llm-similarity"), vals)}}
 
 
+def with_scores(metrics: dict, records: list[dict], scorers) -> dict:
+    """The study's metrics with the scores' figures, as the runner adds them (experiments/core/runner.py)."""
+    return {**metrics, "scores": [f.json() for f in figures([r for r in records if "error" not in r], scorers)]}
+
+
 def test_qa_metrics_and_table():
     recs = [_qa_record(1, 0.5, 0.7, 0, 1, 0.2, 0.9), _qa_record(2, 0.6, 0.6, 1, None, 7, 0.5), {"id": "q3", "error": "boom"}]
-    m = report.qa_metrics(recs, QASettings())
+    m = with_scores(report.qa_metrics(recs, QASettings()), recs, QA)
     assert m["n_cases"] == 3 and m["case_errors"] == 1 and m["parse_error_rate"] == 0.25
-    assert m["arms"]["oneshot"]["bertscore"]["mean"] == pytest.approx(0.55)
-    assert m["arms"]["dera"]["exact"]["mean"] == 1.0 and m["arms"]["dera"]["exact"]["unscored"] == 1
-    assert m["arms"]["oneshot"]["similarity"]["mean"] == pytest.approx(0.1)  # 7 -> 0
+    assert "arms" not in m  # the scores' figures are the runner's, not the study's
+    fig = {f["score"]: f for f in m["scores"]}
+    assert fig["bertscore/oneshot"]["value"] == pytest.approx(0.55)
+    assert fig["llm-exact/dera"]["value"] == 1.0 and fig["llm-exact/dera"]["unscored"] == 1
+    assert fig["llm-similarity/oneshot"]["value"] == pytest.approx(0.1)  # 7 -> 0, by the similarity's scale
     assert m["dera_minus_oneshot"]["bertscore"]["mean_diff"] == pytest.approx(0.1)
     assert m["dera_minus_oneshot"]["exact"]["n"] == 1
+    assert m["dera_minus_oneshot"]["similarity"]["mean_diff"] == pytest.approx((0.9 - 0.2 + 0.5 - 0.0) / 2)  # normalised, paired
     table = report.qa_summary(m, QASettings(), "dera-qa")
-    assert "| 1-shot | 0.550" in table and "| DERA | 0.650" in table and "DERA − 1-shot" in table
+    assert f"| 1-shot | {figure_cell(fig['bertscore/oneshot'])} |" in table and "| DERA | 0.650 [" in table and "DERA − 1-shot" in table
+    assert figure_cell(fig["llm-exact/dera"]) in table and "1 unscored" in figure_cell(fig["llm-exact/dera"])
+
+
+def _dialogue_record(i, arms: dict) -> dict:
+    """A corruption study's record: ``arms`` = {arm: {section: f1 or None (unscored)}}, their grades as the gptf1 scorer gives them."""
+    from experiments.studies.dera.scorers import gptf1_grades
+
+    def arm(sections):
+        scored = [f for f in sections.values() if f is not None]
+        return {"sections": {x: {"scored": f is not None, "precision": f, "recall": f, "f1": f} for x, f in sections.items()},
+                "average": {m: sum(scored) / len(scored) if scored else None for m in ("precision", "recall", "f1")}}
+
+    return {"id": f"e{i}", "case_id": f"e{i}", "calls": [], "metadata": {"turns": 3, "stop_reason": "researcher_stop", "scratchpad": ["x"],
+                                                                         "parse_attempts": 1, "parse_errors": []},
+            "scores": to_disk({f"gptf1/{n}": g for a, v in arms.items() for n, g in gptf1_grades(a, arm(v), {"model": "judge"}).items()})}
 
 
 def test_corruption_table():
     s = DialogueSettings(task="corrupt", corruption_level=7)
-
-    def sec(f1):
-        return {"scored": True, "precision": f1, "recall": f1, "f1": f1}
-
-    from experiments.studies.dera.scorers import gptf1_grades
-
-    gptf1 = {"initial": {"sections": {x: sec(0.5) for x in s.score_sections}, "average": {"f1": 0.5}},
-             "dera": {"sections": {x: sec(1.0) for x in s.score_sections}, "average": {"f1": 1.0}}}
-    rec = {"id": "e", "case_id": "e", "calls": [], "metadata": {"turns": 3, "stop_reason": "researcher_stop", "scratchpad": ["x"],
-                                                                "parse_attempts": 1, "parse_errors": []},
-           "scores": to_disk({f"gptf1/{n}": g for arm, v in gptf1.items() for n, g in gptf1_grades(arm, v, {"model": "judge"}).items()})}
-    m = report.dialogue_metrics([rec], s)
-    assert m["gptf1"]["initial"]["average"]["f1"] == 0.5 and m["gptf1"]["dera"]["average"]["f1"] == 1.0
+    rec = _dialogue_record(1, {"initial": dict.fromkeys(s.score_sections, 0.5), "dera": dict.fromkeys(s.score_sections, 1.0)})
+    m = with_scores(report.dialogue_metrics([rec], s), [rec], (GPTF1,))
+    assert "gptf1" not in m and m["dera_minus_initial_f1"]["mean_diff"] == 0.5
     text = report.dialogue_summary(m, s, "dera-corrupt")
-    assert "corruption level 7/10" in text and "| 7 | **Average** | 0.500" in text
+    assert "corruption level 7/10" in text and "| 7 | **Average** | 0.500 | 0.500 | 0.500 [0.500, 0.500] (n=1) | 1.000 |" in text
 
+
+def test_gptf1_average_is_each_encounters_mean_over_its_scored_sections():
+    """Hand-worked: e1 scores A 1.0 and B not at all (average 1.0), e2 A 0.0 and B 0.5 (average 0.25). The average row
+    is the mean of the encounters' averages, 0.625 (resampled by encounter), not the mean of the section means (0.5)."""
+    s = DialogueSettings(task="corrupt", corruption_level=5, score_sections=["A", "B"])
+    recs = [_dialogue_record(1, {"initial": {"A": 1.0, "B": None}, "dera": {"A": 1.0, "B": None}}),
+            _dialogue_record(2, {"initial": {"A": 0.0, "B": 0.5}, "dera": {"A": 0.0, "B": 0.5}})]
+    m = with_scores(report.dialogue_metrics(recs, s), recs, (GPTF1,))
+    fig = {f["score"]: f for f in m["scores"]}
+    assert fig["gptf1/dera[f1]"]["value"] == pytest.approx(0.625) and fig["gptf1/dera[f1]"]["n"] == 2
+    assert (fig["gptf1/dera/A[f1]"]["value"], fig["gptf1/dera/B[f1]"]["value"]) == (0.5, 0.5) and fig["gptf1/dera/B[f1]"]["unscored"] == 1
+    assert "gptf1/dera/B" not in fig  # e1's unscored B is counted by B's P, R and F1 figures, not a row of its own
+    text = report.dialogue_summary(m, s, "dera-corrupt")
+    assert f"| **Average** | 0.625 | 0.625 | {figure_cell(fig['gptf1/initial[f1]'])} |" in text
+    assert "| B | 0.500 | 0.500 | 0.500 [0.500, 0.500] (n=1; 1 unscored) |" in text

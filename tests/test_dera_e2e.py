@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.studies.dera.prompts import PROMPTS
+from experiments.core.scorers import figure_cell
 
 CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "studies" / "dera" / "configs"
 
@@ -42,15 +42,16 @@ def test_summarize_one_case(cli, embedded_server, fixtures_dir, tmp_path):
     assert meta["model"] == "embedded" and 1 <= meta["turns"] <= 2 and meta["stop_reason"] in ("researcher_stop", "turn_cap")
     assert r["transcript"][0]["role"] == "researcher" and all(m["role"] in ("researcher", "decider") for m in r["transcript"])
     assert set(r["answer"]["dera"]) == set(r["answer"]["initial"]) and r["calls"][0]["completion_tokens"] > 0
-    assert any(n.startswith("gptf1/dera_vs_initial/") for n in r["scores"])  # the GPT-F1 scorer's grades, per section
-    # the runner's call log, with DERA's template per call; step names unique within the case
+    # the runner's call log, with DERA's template per call; step names unique within the case; the judge after solve
     assert r["calls"][0]["step"] == "decider:initial" and r["calls"][0]["template"] == "summarize_decider_initial"
     assert len({c["step"] for c in r["calls"]}) == len(r["calls"]) and r["usage"]["total"]["calls"] == len(r["calls"])
     assert all(c["gen"]["seed"] is not None for c in r["calls"] if c["gen"]["temperature"] > 0)
+    roles = [c["role"] for c in r["calls"]]
+    assert "judge" not in roles or set(roles[roles.index("judge"):]) == {"judge"}
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["n_cases"] == 1 and "parse_error_rate" in metrics and metrics["run"]["completion_tokens"] > 0
     assert metrics["case_status"] == {"total": 1, "finished": 1, "failed": 0, "not_started": 0}
-    assert "Pertinent Positives" in metrics["gptf1"]["dera_vs_initial"]
+    assert any(f["score"].startswith("gptf1/dera_vs_initial/Pertinent Positives") for f in metrics["scores"])
     assert (out / "summary.md").exists() and (out / "identity.json").exists()
     if "log" in embedded_server:  # the KV cache the server logged at start, what `concurrency: auto` is bounded by
         models = json.loads((out / "identity.json").read_text())["models"]
@@ -70,17 +71,20 @@ def test_qa_one_case_and_resume(cli, embedded_server, fixtures_dir, tmp_path):
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert len(recs) == 1 and recs[0]["status"] == "ok"
     r = recs[0]
-    meta = r["metadata"]
-    assert len(meta["oneshot"]["completions"]) == 5 and len(meta["final"]["completions"]) == 5
-    assert r["transcript"][0]["role"] == "decider" and meta["turns"] <= 1
-    # the scorers' grades are the result; the judge named by its model and prompt, a missing answer 0 by rule
-    assert {n.split("/")[1] for n in r["scores"]} == {"oneshot", "dera"} and 0.0 <= r["scores"]["bertscore/oneshot"]["value"] <= 1.0
+    assert len(r["metadata"]["oneshot"]["completions"]) == 5 and len(r["metadata"]["final"]["completions"]) == 5
+    assert r["transcript"][0]["role"] == "decider" and r["metadata"]["turns"] <= 1
+    # the scorers' typed grades are the result; the judge named by its model and prompt, a missing answer 0 by rule
+    assert "correct" not in r and {n.split("/")[1] for n in r["scores"]} == {"oneshot", "dera"}
+    assert 0.0 <= r["scores"]["bertscore/oneshot"]["value"] <= 1.0
     for arm in ("oneshot", "dera"):
         exact = r["scores"][f"llm-exact/{arm}"]
         assert exact["value"] in (0, 1, None) and exact.get("answer") == r["answer"][arm]
-        assert exact["judge"] == ({"model": r["roles"]["judge"], "prompt_hash": PROMPTS.hash("judge_exact")} if r["answer"][arm] else {"rule": "no answer"})
+        asked = [c for c in r["calls"] if c["step"] == f"judge:exact:{arm}"]
+        assert exact["judge"] == ({"model": r["roles"]["judge"], "prompt_hash": asked[0]["template_hash"]} if r["answer"][arm] else {"rule": "no answer"})
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics["arms"]) == {"oneshot", "dera"} and "bertscore" in metrics["dera_minus_oneshot"]
+    fig = next(f for f in metrics["scores"] if f["score"] == "bertscore/dera")
+    assert fig["n"] == 1 and "bertscore" in metrics["dera_minus_oneshot"]
+    assert (out / "summary.md").read_text().count(figure_cell(fig)) >= 2  # the study's table and the Scores section: one figure
     # resume: the finished question is not redone, the next one is added
     proc = cli(*args, "--limit", "2", check=True)
     recs2 = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]

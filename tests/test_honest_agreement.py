@@ -140,16 +140,21 @@ def test_a_rescore_says_how_many_items_no_judge_decided(toy, tmp_path):  # noqa:
     assert "the items no judge decided (a rule on both sides, e.g. 0 for no answer): other 0." in (tmp_path / "r2" / "summary.md").read_text()
 
 
-def test_metrics_json_of_a_mean_over_nothing_is_strict(tmp_path):
-    """A mean over no finished case is NaN in memory (its CI too); metrics.json holds null for each, never the
-    non-strict NaN a plain json.dumps writes."""
-    from experiments.common.stats import mean_ci
+def test_deras_metrics_json_of_scores_with_nothing_scored_is_strict(tmp_path):
+    """DERA-QA over no finished question: every figure of its scores is null (a mean over nothing, n = 0), never NaN,
+    and metrics.json is strict JSON; a NaN that does reach it (a paired difference over nothing) is written null and counted."""
+    from experiments.core.scorers import figures
+    from experiments.studies.dera.report import qa_metrics
+    from experiments.studies.dera.scorers import QA
+    from experiments.studies.dera.settings import QASettings
 
-    ci = mean_ci([])
-    m = {"arms": {"dera": {"accuracy": {"mean": ci.mean, "low": ci.low, "high": ci.high, "n": ci.n}}}}
-    assert "NaN" in json.dumps(m)  # what a plain json.dumps writes
+    m = {**qa_metrics([], QASettings(mcq=True)), "scores": [f.json() for f in figures([], QA, names=["accuracy/oneshot", "accuracy/dera"])]}
+    assert "NaN" not in json.dumps(m) and [(f["value"], f["low"], f["n"]) for f in m["scores"]] == [(None, None, 0)] * 2
+    assert m["dera_minus_oneshot"] == {"accuracy": None}
+    m["dera_minus_oneshot"]["accuracy"] = {"mean_diff": float("nan"), "n": 0}
     d = RunDir(tmp_path / "run", {"experiment": "dera-qa"})
     d.write_metrics(m)
     text = (tmp_path / "run" / "metrics.json").read_text()
     written = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    assert written["arms"]["dera"]["accuracy"] == {"mean": None, "low": None, "high": None, "n": 0}
+    assert written["scores"][1] == m["scores"][1] and written["dera_minus_oneshot"]["accuracy"]["mean_diff"] is None
+    assert written["null_metrics"] == {"count": 1, "where": ["dera_minus_oneshot.accuracy.mean_diff"]}

@@ -13,6 +13,8 @@ import pytest
 
 from experiments.common.grade import grades
 from experiments.core import registry
+from experiments.core.scorers import figures
+from experiments.studies.dera.qa_metrics import STEPS
 from experiments.tools.review.judges import load_judge
 from tests.conftest import FIXTURES, run_cli
 
@@ -84,6 +86,15 @@ def test_old_dera_qa_records_read_their_per_arm_values_as_typed_scores():
             assert g[f"llm-exact/{arm}"].answer == s["answer"] and g[f"llm-exact/{arm}"].explanation == s["exact_explanation"]
         assert g["llm-exact/dera"].value == old["correct"]
     assert load_judge(OLD / "dera-qa", "llm-exact")["items"]
+    # today's one aggregation gives the figures that run wrote, intervals included: a DERA record is one case, so
+    # resampling cases resamples the same units (the similarity normalised over the run then as now)
+    written = json.loads((OLD / "dera-qa" / "metrics.json").read_text())["arms"]
+    figs = {f.score: f for f in figures(run.finished, registry.study_of(run).scorers)}
+    for arm, by in written.items():
+        for name, w in by.items():
+            f = figs[f"{STEPS[name]}/{arm}"]
+            then = [None if x != x else x for x in (w["mean"], w["low"], w["high"])]  # a mean over nothing: NaN then, null now
+            assert [f.value, f.low, f.high, f.n, f.unscored] == [*then, w["n"], w["unscored"]], (arm, name)
 
 
 def test_old_folders_report_and_rescore_dry_run(tmp_path):

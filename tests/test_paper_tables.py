@@ -10,7 +10,7 @@ import pytest
 from experiments.common.grade import to_disk
 from experiments.core import registry
 from experiments.core.record import record
-from experiments.studies.dera.scorers import gptf1_grades
+from experiments.studies.dera.scorers import GPTF1, gptf1_grades
 from experiments.tables import build, render
 from experiments.tables.build import dig, matches
 from experiments.tables.declare import load_declaration
@@ -30,10 +30,6 @@ def paper_tables_markdown(runs):
 def declarations():
     return build.declarations(registry.table_sources())
 
-
-def gptf1_scores(arms: dict, judge: str) -> dict:
-    """A DERA record's GPT-F1 grades, as its scorer names them."""
-    return {f"gptf1/{n}": g for arm, v in arms.items() for n, g in gptf1_grades(arm, v, {"model": judge}).items()}
 
 B = 10_000  # experiments.common.stats' bootstrap resamples
 
@@ -135,10 +131,10 @@ def test_meditod_corpus_rows_and_paper_only_models():
 
 
 def test_dera_and_autoeval_tables():
-    def rec(i, init, final):  # GPT-F1 of the initial and DERA summaries, as the run's typed scores
-        return {"id": str(i), "scores": to_disk(gptf1_scores({arm: {"sections": {"Pertinent Positives": {"f1": f1, "scored": True}}, "average": {"f1": f1}}
-                                                              for arm, f1 in (("initial", init), ("dera", final))}, "embedded"))}
-    dera = {"path": "/x/c", "identity": {"experiment": "dera-corrupt"}, "metrics": {},
+    def rec(i, init, final):  # GPT-F1 of the initial and DERA summaries, as the gptf1 scorer grades them
+        arms = {arm: {"sections": {"Pertinent Positives": {"f1": f1, "scored": True}}, "average": {"f1": f1}} for arm, f1 in (("initial", init), ("dera", final))}
+        return {"id": str(i), "case_id": str(i), "scores": to_disk({f"gptf1/{n}": g for a, v in arms.items() for n, g in gptf1_grades(a, v, {"model": "embedded"}).items()})}
+    dera = {"path": "/x/c", "identity": {"experiment": "dera-corrupt"}, "metrics": {}, "scorers": (GPTF1,),
             "config": {"experiment": "dera-corrupt", "task": "corrupt", "corruption_level": 5, "roles": {"decider": "embedded", "judge": "embedded"},
                        "gptf1": {"max_concepts": 40}},
             "records": [rec(1, 0.5, 0.75), rec(2, 0.5, 0.75)]}
@@ -150,7 +146,7 @@ def test_dera_and_autoeval_tables():
     t = sts["dera"].tables[0]
     g = t.groups[0]
     assert t.id == "corrupt" and g.label == "embedded, level 5"
-    avg = g.cells["gptf1/dera[f1]"]
+    avg = g.cells["gptf1/dera[f1]"]  # the score's figure: the one aggregation, resampled by case
     assert avg.value == 0.75 and avg.published == 0.9597 and avg.diff == pytest.approx(0.75 - 0.9597)
     assert avg.test["diff"] == pytest.approx(0.25) and avg.test["p"] == pytest.approx(1 / (B + 1))
     assert {x.label for x in t.groups if x.kind == "paper"} == {"GPT-4, level 3 (low)", "GPT-4, level 7 (high)"}

@@ -95,7 +95,8 @@ def figures(records: list[dict], scorers=(), names: list[str] | None = None) -> 
             for n, g in grades(r).items():
                 keys = [f"{n}[{k}]" for k in g.value] if isinstance(g.value, Mapping) else [n]
                 found.update(dict.fromkeys(keys))
-        names = sorted(found)
+        # a score of named values: a record's unscored grade (None) is counted by each named figure, not a figure of its own
+        names = sorted(n for n in found if not any(k.startswith(n + "[") for k in found))
     out = []
     for n in names:
         sc = find(scorers, n)

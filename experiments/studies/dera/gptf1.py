@@ -114,7 +114,4 @@ async def score_summary(log: CaseLog, gt: dict, pred: dict, sections: list[str],
     for s in sections:
         per[s] = await score_section(log, gt.get(s, ""), pred.get(s, ""), settings, label=f"{label}:{s}", concept_cache=cache, section=s, role=role)
     scored = [v for v in per.values() if v["scored"]]
-    avg = {k: (sum(v[k] for v in scored) / len(scored) if scored else None) for k in ("precision", "recall", "f1")}
-    cut = sum(1 for v in per.values() if v.get("concepts_cut"))
-    return {"sections": per, "average": avg, "unscored_sections": len(per) - len(scored),
-            "max_concepts": settings.max_concepts, "sections_with_concepts_cut": cut}
+    return {"sections": per, "average": {k: (sum(v[k] for v in scored) / len(scored) if scored else None) for k in ("precision", "recall", "f1")}}

@@ -121,6 +121,13 @@ async def run_qa_dialogue(log: CaseLog, q: dict, explanation: str, settings: QAS
             "turns": sum(1 for m in transcript if m["role"] == "researcher")}
 
 
+def qa_inputs(question: str, options: dict | None, answer_idx: str | None) -> dict:
+    """What a question gave the agents: the question and, in a multiple-choice run, the options in letter order
+    (``choices``) and the correct one's place (``answer_index``)."""
+    letters = list(options or {})
+    return {"question": question, **({"choices": [options[k] for k in letters], "answer_index": letters.index(answer_idx)} if letters else {})}
+
+
 def make_solver(settings: QASettings, model: str):
     """``solve(log, q) -> record`` for one question, its typed record, the arms' answers unjudged (the study's scorers
     judge them after); ``log`` wraps the runner's context of the case (a call that gets no answer raises
@@ -142,11 +149,11 @@ def make_solver(settings: QASettings, model: str):
 
         final = await sample_answers_with_history(log, settings, dia["transcript"], final_history, template, letter_values(q))
         answers = {"oneshot": base["vote"], "dera": final["vote"]}
-        return record(q["id"], inputs={"question": question, "options": q.get("options"), "mcq": settings.mcq},
+        return record(q["id"], inputs=qa_inputs(question, q.get("options") if settings.mcq else None, q.get("answer_idx")),
                       target=q["answer_idx"] if settings.mcq else q["answer"], transcript=dia["transcript"], answer=answers,
-                      metadata={"model": model, "gold_text": q["answer"], "oneshot": base, "explanation": explanation,
-                                "stop_reason": dia["stop_reason"], "stated_answers": dia["stated_answers"], "turns": dia["turns"],
-                                "final": final, "answer_changed": answers["oneshot"] != answers["dera"], **log.fields()})
+                      metadata={"model": model, **({"gold_text": q["answer"]} if settings.mcq else {}), "oneshot": base,
+                                "explanation": explanation, "stop_reason": dia["stop_reason"], "stated_answers": dia["stated_answers"],
+                                "turns": dia["turns"], "final": final, "answer_changed": answers["oneshot"] != answers["dera"], **log.fields()})
 
     return solve
 

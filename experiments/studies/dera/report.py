@@ -1,4 +1,5 @@
-"""Run metrics (pure functions of the records) and summary.md tables shaped like the paper's."""
+"""Run metrics of what is not a score (pure functions of the records) and summary.md tables shaped like the paper's,
+whose cells are the scores' figures the runner computed (metrics.json ``scores``: experiments/core/scorers.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from collections import Counter
 from functools import partial
 from statistics import mean
 
-from experiments.common.grade import Grade, aggregate, grades, split_name, unit_values
+from experiments.common.grade import grades, split_name, unit_values
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import paired_bootstrap
 from experiments.common.text import bertscore_config, bertscore_label
-from experiments.core.scorers import find
+from experiments.core.scorers import figure_cell, find
 from experiments.studies.dera.qa_metrics import ARMS, STEPS
 from experiments.studies.dera.scorers import QA
 
@@ -48,53 +49,47 @@ _fmt = partial(num, none="n/a")
 
 # -- summaries / care plans / corruption ----------------------------------------------------------
 
-PRF = ("precision", "recall", "f1")
+def figure(metrics: dict, score: str, metric: str = "mean") -> dict | None:
+    """The runner's figure of ``score`` (metrics.json ``scores``: the one aggregation, resampled by case), or None."""
+    return next((f for f in metrics.get("scores") or [] if f["score"] == score and f["metric"] == metric), None)
 
 
-def gptf1_of(record: dict) -> dict[str, tuple[dict[str, Grade], Grade]]:
-    """{arm: ({section: grade}, the average's grade)} of a record's GPT-F1 scores (the run's, not a rescore's)."""
-    out: dict[str, tuple[dict, Grade]] = {}
-    for name, g in grades(record).items():
-        step, part, by = split_name(name)
-        if step == "gptf1" and part and not by:
-            arm, _, section = part.partition("/")
-            sections, average = out.get(arm, ({}, Grade(value=None)))
-            out[arm] = ({**sections, section: g}, average) if section else (sections, g)
-    return out
-
-
-def gptf1_table(records: list[dict], key: str, sections: list[str]) -> dict:
-    """Per-section mean P/R/F1 over the cases where that section was scored, and their average."""
-    out = {}
-    per_case = [g[key][0] for r in _ok(records) if key in (g := gptf1_of(r))]
-    for s in sections:
-        vals = [g[s] for g in per_case]
-        scored = [v for v in vals if v.scored]
-        out[s] = {m: (mean(v.named(m) for v in scored) if scored else None) for m in PRF}
-        out[s].update({"n": len(scored), "unscored": len(vals) - len(scored)})
-    have = [out[s] for s in sections if out[s]["n"]]
-    out["average"] = {m: (mean(v[m] for v in have) if have else None) for m in PRF}
-    return out
+def _paired(records: list[dict], a: str, b: str, scale=None) -> dict | None:
+    """``b - a`` per case over the cases both scores scored: the paired bootstrap (mean difference, 95 % CI, p)."""
+    va, vb = unit_values(records, a, scale), unit_values(records, b, scale)
+    both = [c for c in vb if c in va]
+    return paired_bootstrap([vb[c] for c in both], [va[c] for c in both]).to_dict() if both else None
 
 
 def dialogue_metrics(records: list[dict], settings) -> dict:
+    """What the loop did and how often the concept cap cut, beside the GPT-F1 figures (the runner's ``scores``), and
+    the paired difference DERA − initial of each case's average F1."""
     ok = _ok(records)
     m = common_metrics(records)
     m["mean_scratchpad_lines"] = round(mean(len(_meta(r)["scratchpad"]) for r in ok), 2) if ok else None
     m["final_sections_kept_from_initial"] = sum(len(_meta(r).get("final_sections_kept_from_initial", [])) for r in ok)
-    keys = sorted({k for r in ok for k in gptf1_of(r)})
-    m["gptf1"] = {k: gptf1_table(records, k, settings.score_sections) for k in keys}
     # the concept-list cap is a setting; say how often it cut (case x section x comparison)
     m["gptf1_max_concepts"] = settings.gptf1.max_concepts
-    m["gptf1_concept_lists_cut"] = sum(1 for r in ok for secs, _ in gptf1_of(r).values()
-                                       for g in secs.values() if g.metadata.get("concepts_cut"))
-    if "initial" in keys and "dera" in keys:
-        pairs = [(g["dera"][1].named("f1"), g["initial"][1].named("f1")) for r in ok if "dera" in (g := gptf1_of(r))]
-        pairs = [p for p in pairs if None not in p]
-        m["dera_minus_initial_f1"] = paired_bootstrap([a for a, _ in pairs], [b for _, b in pairs]).to_dict() if pairs else None
+    m["gptf1_concept_lists_cut"] = sum(1 for r in ok for name, g in grades(r).items()
+                                       if split_name(name)[0] == "gptf1" and not split_name(name)[2] and g.metadata.get("concepts_cut"))
+    if any("gptf1/initial" in r.get("scores", {}) for r in ok):
+        m["dera_minus_initial_f1"] = _paired(ok, "gptf1/initial[f1]", "gptf1/dera[f1]")
     if settings.corruption_level is not None and settings.task == "corrupt":
         m["corruption_level"] = settings.corruption_level
     return m
+
+
+def _section_rows(metrics: dict, arms: tuple[str, ...], sections: list[str], lead: list) -> list[list]:
+    """One row per section and the average: each arm's P and R, and its F1 with its interval (the runner's figures)."""
+    rows = []
+    for sec in [*sections, None]:
+        row = [*lead, sec or "**Average**"]
+        for arm in arms:
+            name = f"gptf1/{arm}" + (f"/{sec}" if sec else "")
+            p, r, f1 = (figure(metrics, f"{name}[{m}]") for m in ("precision", "recall", "f1"))
+            row += [num(p and p["value"]), num(r and r["value"]), figure_cell(f1) if f1 else "–"]
+        rows.append(row)
+    return rows
 
 
 def dialogue_summary(metrics: dict, settings, command: str) -> str:
@@ -104,26 +99,27 @@ def dialogue_summary(metrics: dict, settings, command: str) -> str:
     cap, cut = metrics.get("gptf1_max_concepts"), metrics.get("gptf1_concept_lists_cut", 0)
     note = "no cap" if cap is None else f"{cap} concepts per list, {cut} section comparison(s) cut"
     if cut:
-        note += " (see `concepts_cut` in the records)"
+        note += " (see `concepts_cut` in the scores' metadata)"
     lines += [f"GPT-F1 concept cap (`gptf1.max_concepts`): {note}.", ""]
-    g = metrics["gptf1"]
-    if "initial" in g and "dera" in g:
+    head_lines = len(lines)
+    cells = ("Cells: the figures of the `gptf1` scores (the Scores section below): the mean over encounters of P, R and F1, "
+             "F1 with its 95 % CI from resampling whole encounters; the average: each encounter's mean over its scored "
+             "sections, averaged over encounters.")
+    if figure(metrics, "gptf1/initial[f1]") and figure(metrics, "gptf1/dera[f1]"):
         level = metrics.get("corruption_level")
         title = f"GPT-F1 against the uncorrupted summary, corruption level {level}/10" if level else "GPT-F1 against the reference"
-        rows = [[level or "-", s if s != "average" else "**Average**", *(_fmt(g[arm][s][k]) for arm in ("initial", "dera") for k in PRF),
-                 g["dera"][s].get("n", "")] for s in [*settings.score_sections, "average"]]
-        lines += [f"## {title}", "", *md_table(["Level", "Section", *(f"{a} {k}" for a in ("Initial", "DERA") for k in ("P", "R", "F1")), "n"], rows)]
+        head = ["Level", "Section", *(f"{a} {k}" for a in ("Initial", "DERA") for k in ("P", "R", "F1 [95% CI]"))]
+        lines += [f"## {title}", "", *md_table(head, _section_rows(metrics, ("initial", "dera"), settings.score_sections, [level or "-"]))]
         diff = metrics.get("dera_minus_initial_f1")
         if diff:
             lines += ["", f"DERA − initial, average F1 per case: {diff['mean_diff']:+.3f} "
                           f"(95% CI {diff['low']:+.3f} to {diff['high']:+.3f}, paired bootstrap p = {diff['p_value']:.3f}, n = {diff['n']})."]
         lines.append("")
-    if "dera_vs_initial" in g:
-        t = g["dera_vs_initial"]
-        lines += ["## GPT-F1 of the DERA output against the initial output (how much the dialogue changed)", "", *md_table(
-            ["Section", "P", "R", "F1", "n"], [[s if s != "average" else "**Average**", *(_fmt(t[s][k]) for k in PRF), t[s].get("n", "")]
-                                               for s in [*settings.score_sections, "average"]])]
-        lines.append("")
+    if figure(metrics, "gptf1/dera_vs_initial[f1]"):
+        lines += ["## GPT-F1 of the DERA output against the initial output (how much the dialogue changed)", "",
+                  *md_table(["Section", "P", "R", "F1 [95% CI]"], _section_rows(metrics, ("dera_vs_initial",), settings.score_sections, [])), ""]
+    if len(lines) > head_lines:
+        lines += [cells, ""]
     return "\n".join(lines)
 
 
@@ -134,7 +130,7 @@ PAPER_MCQ_OPTIONS = 4  # the paper's MCQ figures (GPT-4 0-shot 0.834, DERA 0.840
 
 def mcq_option_counts(records: list[dict]) -> dict[int, int]:
     """{number of options: questions} over the records (the released open-ended file has 5, A-E)."""
-    return dict(sorted(Counter(len((r.get("inputs") or {}).get("options") or {}) for r in _ok(records)).items()))
+    return dict(sorted(Counter(len((r.get("inputs") or {}).get("choices") or []) for r in _ok(records)).items()))
 
 
 def options_label(counts: dict) -> str:
@@ -148,6 +144,8 @@ def options_label(counts: dict) -> str:
 
 
 def qa_metrics(records: list[dict], settings) -> dict:
+    """What the loop did, the encoder or the options behind the scores, and DERA − 1-shot per question of each score
+    (paired; the similarity normalised over the run as its scale says), beside the scores' figures (the runner's)."""
     ok = _ok(records)
     m = common_metrics(records)
     if settings.mcq:
@@ -155,24 +153,17 @@ def qa_metrics(records: list[dict], settings) -> dict:
     else:
         m["bertscore"] = bertscore_config(settings.bertscore_model, settings.bertscore_layer)
     m["answer_changed_rate"] = round(mean(int(_meta(r)["answer_changed"]) for r in ok), 4) if ok else None
-    names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
-
-    def figure(name: str, arm: str) -> dict:  # the scorer's figure: the one aggregation (the similarity normalised over the run)
-        f = aggregate(ok, f"{STEPS[name]}/{arm}", scale=find(QA, STEPS[name]).scale)
-        return {"mean": f.value, "low": f.low, "high": f.high, "n": f.n, "unscored": f.unscored}
-
-    m["arms"] = {arm: {name: figure(name, arm) for name in names} for arm in ARMS}
-    m["dera_minus_oneshot"] = {}
-    for name in names:
-        scale = find(QA, STEPS[name]).scale
-        d, o = (unit_values(ok, f"{STEPS[name]}/{arm}", scale) for arm in ("dera", "oneshot"))
-        both = [q for q in d if q in o]
-        m["dera_minus_oneshot"][name] = paired_bootstrap([d[q] for q in both], [o[q] for q in both]).to_dict() if both else None
+    m["dera_minus_oneshot"] = {name: _paired(ok, f"{STEPS[name]}/oneshot", f"{STEPS[name]}/dera", find(QA, STEPS[name]).scale)
+                               for name in qa_names(settings)}
     return m
 
 
+def qa_names(settings) -> list[str]:
+    return ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
+
+
 def qa_summary(metrics: dict, settings, command: str) -> str:
-    names = ["accuracy"] if settings.mcq else ["bertscore", "exact", "similarity"]
+    names = qa_names(settings)
     opt_counts = {int(k): v for k, v in (metrics.get("mcq_options") or {}).items()}
     opts = options_label(opt_counts)
     bs = metrics.get("bertscore")
@@ -182,12 +173,12 @@ def qa_summary(metrics: dict, settings, command: str) -> str:
              f"Questions: {metrics['n_cases']} (errors {metrics['case_errors']}); parse-error rate {_fmt(metrics['parse_error_rate'])}; "
              f"stop reasons {metrics['stop_reasons']}; mean turns {metrics['mean_turns']}; answer changed by DERA in "
              f"{_fmt(metrics['answer_changed_rate'], 2)} of questions.", ""]
-    rows = [[ARM_NAMES[arm], *(f"{_fmt(a['mean'])} [{_fmt(a['low'], 2)}, {_fmt(a['high'], 2)}]" + (f" ({a['unscored']} unscored)" if a["unscored"] else "")
-                               for a in (metrics["arms"][arm][n] for n in names))] for arm in ARMS]
+    rows = [[ARM_NAMES[arm], *(figure_cell(f) if (f := figure(metrics, f"{STEPS[n]}/{arm}")) else "–" for n in names)] for arm in ARMS]
     rows.append(["DERA − 1-shot (paired bootstrap 95% CI)", *("n/a" if not d else f"{d['mean_diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] p={d['p_value']:.3f}"
                                                              for d in (metrics["dera_minus_oneshot"][n] for n in names))])
     lines += md_table(["Method", *(heads[n] for n in names)], rows)
-    lines += ["", "Cells: mean [95% bootstrap CI] over questions."]
+    lines += ["", "Cells: the scores' figures (the Scores section below): the mean over questions [95% CI from resampling "
+              "whole questions] (n questions; unscored: an unreadable verdict); the similarity normalised over the run."]
     if not settings.mcq:
         lines += [f"BERTScore: {bs['encoder']}, layer {bs['layer']} ({bs['layer_source']}); no baseline rescaling. "
                   "Scores from different encoders or layers are not comparable." if bs else "",

@@ -9,7 +9,7 @@ The names and what each holds: experiments/studies/dera/README.md, Records and r
 
 from __future__ import annotations
 
-from experiments.common.grade import BINARY, UNIT, Grade, Scale
+from experiments.common.grade import BINARY, UNIT, Grade, Scale, grades, split_name
 from experiments.core.scorers import Scorer
 from experiments.studies.dera import gptf1
 from experiments.studies.dera.calls import CaseLog
@@ -30,13 +30,28 @@ def _judge(s, role: str, template: str) -> dict:
     return {"model": (s.roles or {}).get(role), "prompt_hash": PROMPTS.hash(template)}
 
 
+SOURCES = {"llm-exact": "first line True/False", "llm-similarity": "first number", "bertscore": "bertscore F1"}
+
+
+def accuracy_grade(pred: str | None, value: int | None) -> Grade:
+    return Grade(value=value, answer=pred, source="letter", judge={"rule": "the voted letter is answer_idx"})
+
+
+def arm_grade(step: str, pred: str | None, value=None, reply: str | None = None, judge: dict | None = None, metadata: dict | None = None) -> Grade:
+    """One arm's grade of an open-ended QA scorer: ``value`` as decided, or, for an arm without an answer (every sample
+    unusable), 0 by the rule "no answer", nothing asked."""
+    if not pred:
+        return Grade(value=0 if step == "llm-exact" else 0.0, answer=pred, source="no answer", judge=NO_ANSWER,
+                     explanation="no answer" if step == "llm-exact" else None)
+    return Grade(value=value, answer=pred, source=SOURCES[step], explanation=reply, judge=judge or {}, metadata=metadata or {})
+
+
 def decide_accuracy(ctx, r: dict, s, role) -> dict:
-    return {arm: Grade(value=int(r["answer"].get(arm) == r["target"]), answer=r["answer"].get(arm), source="letter",
-                       judge={"rule": "the voted letter is answer_idx"}) for arm in ARMS}
+    return {arm: accuracy_grade(r["answer"].get(arm), int(r["answer"].get(arm) == r["target"])) for arm in ARMS}
 
 
 def judged(step: str):
-    """``llm-exact`` / ``llm-similarity``: the judge asked about each arm's answer (none: 0 by rule, nothing asked)."""
+    """``llm-exact`` / ``llm-similarity``: the judge asked about each arm's answer."""
     exact = step == "llm-exact"
     template = "judge_exact" if exact else "judge_similarity"
 
@@ -45,27 +60,19 @@ def judged(step: str):
         question, gold = (r.get("inputs") or {}).get("question"), r.get("target")
         for arm in ARMS:
             pred = (r.get("answer") or {}).get(arm)
-            if not pred:
-                out[arm] = Grade(value=0 if exact else 0.0, answer=pred, source="no answer", judge=NO_ANSWER)
-                continue
-            value, reply = await (ask_exact if exact else ask_similarity)(log, question, gold, pred, s, arm, role)
-            out[arm] = Grade(value=value, answer=pred, source="first line True/False" if exact else "first number", explanation=reply,
-                             judge=_judge(s, role, template))
+            value, reply = await (ask_exact if exact else ask_similarity)(log, question, gold, pred, s, arm, role) if pred else (None, None)
+            out[arm] = arm_grade(step, pred, value, reply, _judge(s, role, template), None if exact else {"normalized": "over the run"})
         return out
 
     return decide
 
 
 async def decide_bertscore(ctx, r: dict, s, role) -> dict:
-    bert = {"encoder": s.bertscore_model, "layer": s.bertscore_layer}
     out = {}
     for arm in ARMS:
         pred = (r.get("answer") or {}).get(arm)
-        if not pred:
-            out[arm] = Grade(value=0.0, answer=pred, source="no answer", judge={"rule": "no answer"})
-            continue
-        out[arm] = Grade(value=await qa_metrics.bertscore(pred, r["target"], s.bertscore_model, s.bertscore_layer), answer=pred, source="bertscore F1",
-                         judge={"rule": "bertscore F1"}, metadata=bert)
+        value = await qa_metrics.bertscore(pred, r["target"], s.bertscore_model, s.bertscore_layer) if pred else None
+        out[arm] = arm_grade("bertscore", pred, value, judge={"rule": "bertscore F1"}, metadata={"encoder": s.bertscore_model, "layer": s.bertscore_layer})
     return out
 
 
@@ -73,15 +80,19 @@ def mcq(s) -> bool:
     return bool(getattr(s, "mcq", False))
 
 
+def open_ended(s) -> bool:
+    return not mcq(s)
+
+
 ARM_PARTS = {"oneshot": "the 1-shot self-consistency answer", "dera": "the DERA answer"}
 QA = (Scorer("accuracy", BINARY, "Is the voted letter the correct option?", decide=decide_accuracy, parts=ARM_PARTS, applies=mcq),
       Scorer("llm-exact", BINARY, "Does the prediction give the same answer as the gold answer?", decide=judged("llm-exact"), role="judge",
-             show=show, parts=ARM_PARTS, applies=lambda s: not mcq(s)),
+             show=show, parts=ARM_PARTS, applies=open_ended),
       Scorer("llm-similarity", Scale("unit", normalise=normalize_similarity),
              "How close is the prediction to the gold answer, from 0 (unrelated) to 1 (the same answer)?", decide=judged("llm-similarity"),
-             role="judge", show=show, parts=ARM_PARTS, applies=lambda s: not mcq(s)),
+             role="judge", show=show, parts=ARM_PARTS, applies=open_ended),
       Scorer("bertscore", UNIT, "BERTScore F1 of the prediction against the gold answer (the run's local encoder and layer).",
-             decide=decide_bertscore, parts=ARM_PARTS, applies=lambda s: not mcq(s)))
+             decide=decide_bertscore, parts=ARM_PARTS, applies=open_ended))
 
 
 # ------------------------------------------------------------------ GPT-F1 of summaries and care plans
@@ -117,6 +128,30 @@ async def decide_gptf1(ctx, r: dict, s, role: str) -> dict:
     return out
 
 
-GPTF1 = Scorer("gptf1", Scale("unit"), "GPT-F1: how many of the reference section's medical concepts the prediction holds, and of its "
+def show_gptf1(record: dict, part: str | None) -> dict:
+    """What the judge compared for ``part`` (``arm/section``): the section's text in the reference and in the prediction."""
+    arm, _, section = (part or "").partition("/")
+    gt, pred = next(((g, p) for a, g, p in comparisons(record, (record.get("metadata") or {}).get("task")) if a == arm), ({}, {}))
+    return {"reference": gt.get(section, ""), "prediction": pred.get(section, "")}
+
+
+def gptf1_items(records: list[dict], config: dict) -> tuple[Scale, list[dict]]:
+    """Review items: one per scored section of each comparison (``arm/section``), its F1 the verdict, the two texts
+    the judge compared what a reviewer sees (an arm's average is no decision of the judge's)."""
+    items = []
+    for r in records:
+        for name, g in grades(r).items():
+            step, part, by = split_name(name)
+            if step == "gptf1" and by is None and part and "/" in part and g.named("f1") is not None:
+                f1 = float(g.named("f1"))
+                items.append({"id": f"{r['id']}|{part}", "verdict": f1, "show": show_gptf1(r, part),
+                              "stratum": f"{'high' if f1 >= 0.5 else 'low'}|{part}|{(r.get('metadata') or {}).get('model') or ''}"})
+    return UNIT, items
+
+
+GPTF1 = Scorer("gptf1", UNIT, "GPT-F1: how many of the reference section's medical concepts the prediction holds, and of its "
                "concepts the reference (precision, recall, F1 per section; the average over the scored sections).",
-               decide=decide_gptf1, role="judge")
+               decide=decide_gptf1, role="judge", show=show_gptf1, items=gptf1_items,
+               parts={"initial": "the initial output (the corruption study: the corrupted summary) against the reference",
+                      "dera": "the DERA output against the reference",
+                      "dera_vs_initial": "the DERA output against the initial output (how much the dialogue changed it)"})

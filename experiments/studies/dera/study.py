@@ -67,11 +67,8 @@ class DeraDialogueStudy(Study):
     async def solve(self, ctx: CaseContext, case: dict, s: DialogueSettings) -> dict:
         return await dialogue.make_solver(s, model_name(s.roles["decider"]))(CaseLog(ctx), case)
 
-    def upgrade(self, r: dict, s) -> dict:
-        return upgrade_dialogue(r, s)
-
-    def metrics(self, records: list[dict], s: DialogueSettings) -> dict:
-        return report.dialogue_metrics(records, s)
+    upgrade = staticmethod(upgrade_dialogue)  # an older record in today's shape (results.py)
+    metrics = staticmethod(report.dialogue_metrics)  # what is not a score (the runner adds the scores' figures)
 
     def summary(self, metrics: dict, s: DialogueSettings, run) -> str:
         return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(run, self)
@@ -133,11 +130,8 @@ class QAStudy(Study):
     async def solve(self, ctx: CaseContext, case: dict, s: QASettings) -> dict:
         return await qa.make_solver(s, model_name(s.roles["decider"]))(CaseLog(ctx), case)
 
-    def upgrade(self, r: dict, s) -> dict:
-        return upgrade_qa(r, s)
-
-    def metrics(self, records: list[dict], s: QASettings) -> dict:
-        return report.qa_metrics(records, s)
+    upgrade = staticmethod(upgrade_qa)
+    metrics = staticmethod(report.qa_metrics)
 
     def summary(self, metrics: dict, s: QASettings, run) -> str:
         return report.qa_summary(metrics, s, self.name) + "\n" + run_paper_tables(run, self)

@@ -38,7 +38,7 @@ def test_an_old_folder_reads_with_typed_scores_and_its_metrics_recompute_unchang
     assert run.schema == 1 and run.finished and not run.failed  # written before the records had a schema number
     for r in run.finished:
         assert grades(r), f"{name} record {r['id']} has no typed scores after the upgrade"
-    study = registry.study_of(run.experiment)
+    study = registry.study_of(run)
     config = {k: v for k, v in run.config.items() if k != "prompt_files"}  # the prompts' hashes: the run folder's, not a setting
     settings = study.settings_cls.model_validate(config)  # the old config's flat sampling keys read into sampling.STEP
     old = json.loads((OLD / name / "metrics.json").read_text())

@@ -65,6 +65,11 @@ def run(s: AutoevalSettings, judge: Judge):
     return asyncio.run(run_study(study, s, cases, client=ScriptedLLM(judge, roles=("judge",)), log=lambda m: None))
 
 
+def figure(metrics: dict, score: str, metric: str = "mean") -> dict:
+    """The runner's figure of ``score`` (metrics.json ``scores``)."""
+    return next(f for f in metrics["scores"] if f["score"] == score and f["metric"] == metric)
+
+
 def records(out: Path) -> dict[str, dict]:
     return {r["id"]: r for r in map(json.loads, (out / "records.jsonl").read_text().splitlines())}
 
@@ -82,9 +87,12 @@ def test_scripted_run_records_metrics_and_resume(tmp_path):
     assert not {"rating", "scored", "explanation", "raw", "parse_error"} & set(r) and r["status"] == "ok"
     assert g.value == 4 and g.metadata["notes"] == {"good": "warm", "bad": "brief", "summary": "kind"} and g.explanation == SCRIPT["burning feeling"]
     assert g.metadata["dialogue_truncated"] is False and g.metadata["dialogue_chars"] > 0
-    # the typed record: the dialogue rated is its transcript, its case the dialogue; the criterion its input
-    assert r["case_id"] == "case-001/trial-0" and r["inputs"]["criterion"] == "empathy" and r["transcript"][0]["role"] == "doctor"
-    assert r["metadata"]["model"] == "embedded" and r["metadata"]["examples_used"][0] == "empathy-1"
+    # the typed record: the dialogue rated is its transcript, its case the dialogue's case; the criterion and the rated
+    # record its inputs, the reference rating its target
+    assert r["case_id"] == "case-001" and r["inputs"]["criterion"] == "empathy" and r["inputs"]["source_id"] == "case-001/trial-0"
+    assert r["transcript"][0] == {"role": "doctor", "text": "Hello, I'm Dr. Lee. What brings you in today?"} and r["target"] == 4.0
+    assert recs["case-001/trial-0::welfare"]["target"] == 3.0 and recs["case-004/trial-0::welfare"]["target"] == 4.0
+    assert r["metadata"]["model"] == "embedded" and r["metadata"]["examples_used"][0] == "empathy-1" and r["answer"] is None
     assert [c["step"] for c in r["calls"]] == ["rate"] and r["calls"][0]["role"] == "judge"
     bad = recs["case-004/trial-0::welfare"]
     g = grades(bad)["rubric/welfare"]
@@ -92,7 +100,8 @@ def test_scripted_run_records_metrics_and_resume(tmp_path):
     rate_prompt = next(p for p in judge.prompts if "=== New dialogue ===" in p)
     assert "Good: g3\nBad: b3\nSummary: s3\nRating: 3" in rate_prompt   # the judge's own step-(a) notes, known rating
     m = json.loads((out / "metrics.json").read_text())
-    assert m["criteria"]["empathy"]["mean"] == 2.5 and m["criteria"]["empathy"]["n"] == 2 and m["criteria"]["empathy"]["unscored"] == 1
+    emp = figure(m, "rubric/empathy")
+    assert (emp["value"], emp["n"], emp["unscored"]) == (2.5, 2, 1) and m["criteria"]["empathy"]["unscored"] == 1
     assert m["unscored"] == 2 and m["parse_errors"] == 2 and m["dialogues"]["skipped_no_transcript"] == 1
     assert m["agreement"]["empathy"]["n"] == 2 and m["agreement"]["welfare"]["reference_unmatched"] == 1
     assert m["examples"]["explained"] == 10 and m["examples"]["from_cache_file"] == 0
@@ -104,6 +113,7 @@ def test_scripted_run_records_metrics_and_resume(tmp_path):
     assert judge2.calls == {"explain": 0, "rate": 0}
     m2 = json.loads((out / "metrics.json").read_text())
     assert m2["examples"]["from_cache_file"] == 10 and m2["run"]["cases_resumed"] == 6 and m2["criteria"] == m["criteria"]
+    assert m2["scores"] == m["scores"] and m2["agreement"] == m["agreement"]
 
 
 def test_explanations_generated_once_per_judge(tmp_path):
@@ -125,8 +135,8 @@ def test_failed_rating_is_a_failed_case_then_resumed(tmp_path):
     failed = recs["case-002/trial-0::empathy"]
     assert failed["status"] == "failed" and "gave up" in failed["error"] and "scores" not in failed
     m = json.loads((out / "metrics.json").read_text())
-    e = m["criteria"]["empathy"]
-    assert e["n"] == 1 and e["unscored"] == 1 and e["request_errors"] == 0 and m["ratings"] == 2   # the failed case is in no metric
+    e = figure(m, "rubric/empathy")
+    assert e["n"] == 1 and e["unscored"] == 1 and m["criteria"]["empathy"]["unscored"] == 1 and m["ratings"] == 2   # the failed case is in no metric
     assert m["case_status"]["failed"] == 1
     summary = (out / "summary.md").read_text()
     assert "1 failed cases" in summary and "case-002/trial-0::empathy" in summary
@@ -134,8 +144,8 @@ def test_failed_rating_is_a_failed_case_then_resumed(tmp_path):
     judge = Judge()
     again = run(settings(out, criteria=["empathy"]), judge)
     assert again.exit_code == 0 and judge.calls == {"explain": 0, "rate": 1}
-    e = json.loads((out / "metrics.json").read_text())["criteria"]["empathy"]
-    assert e["n"] == 2 and e["mean"] == 2.5 and e["unscored"] == 1
+    e = figure(json.loads((out / "metrics.json").read_text()), "rubric/empathy")
+    assert e["n"] == 2 and e["value"] == 2.5 and e["unscored"] == 1
     assert len((out / "records.jsonl").read_text().splitlines()) == 4   # append-only: the newest line per case wins
 
 
@@ -169,3 +179,26 @@ def test_cli_help_lists_common_options(cli):
     r = cli("autoeval", "--help")
     for opt in ("--data", "--model", "--role", "--set", "--limit", "--concurrency", "--api-key", "--judge-model", "--criteria", "--reference", "--api"):
         assert opt in r.stdout, opt
+
+
+def test_the_table_and_the_scores_section_show_one_interval_resampled_by_case(tmp_path):
+    """Two dialogues of one case (a CRAFT-MD case's trials): the mean rating is the mean over cases of each case's mean,
+    its interval resamples cases, and summary.md's own table shows the very figure the Scores section shows."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = [json.loads(x) for x in (FIX / "results" / "records.jsonl").read_text().splitlines()]
+    rows.append({**rows[0], "id": "case-001/trial-1", "trial": 1})  # a second trial of case-001 (rated 4, as the first)
+    (src / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "ae"
+    assert run(settings(out, data=str(src), criteria=["empathy"]), Judge()).exit_code == 0
+    recs = records(out)
+    assert recs["case-001/trial-1::empathy"]["case_id"] == recs["case-001/trial-0::empathy"]["case_id"] == "case-001"
+    f = figure(json.loads((out / "metrics.json").read_text()), "rubric/empathy")
+    # ratings 4, 4 (case-001), 1 (case-002), unscored (case-004): (4 + 1) / 2 over the 2 cases, not (4 + 4 + 1) / 3 over dialogues
+    assert (f["value"], f["n"], f["values"], f["unscored"]) == (2.5, 2, 3, 1) and (f["low"], f["high"]) == (1.0, 4.0)
+    summary = (out / "summary.md").read_text()
+    table, scores = summary.split("## Scores", 1)
+    cell = "2.500 [1.000, 4.000]"
+    assert f"| Showing Empathy | 2 | 1 | {cell} | 1 | 0 | 0 | 2 | 0 |" in table
+    assert "| Showing Empathy | 2.50 [1.00, 4.00] | 2 |" in table  # the paper table's row: the same figure (2 digits)
+    assert f"| rubric/empathy: Showing Empathy | {cell} (n=2; 1 unscored) |" in scores

@@ -11,6 +11,7 @@ import pytest
 
 from experiments.studies.autoeval import judge as J
 from experiments.studies.autoeval.metrics import agreement_metrics, load_reference, rank_agreement, rating_metrics
+from experiments.studies.autoeval.scorers import RUBRIC
 from experiments.studies.autoeval.study import load_dialogues
 from experiments.common.parsing import extract_rating
 from models.errors import DataError, MedstackError
@@ -95,17 +96,38 @@ def test_render_dialogue_cuts_and_marks():
 
 
 def test_load_dialogues_fixture_and_errors(tmp_path):
-    dialogues, counts = load_dialogues(FIX / "results")
-    assert [d["source_id"] for d in dialogues] == ["case-001/trial-0", "case-002/trial-0", "case-004/trial-0"]
-    assert counts == {"records_in_results": 4, "with_transcript": 3, "skipped_no_transcript": 1, "skipped_empty_transcript": 0}
+    dialogues, counts = load_dialogues(FIX / "results")  # typed records of no study's folder
+    assert [(d["source_id"], d["case_id"], d["model"]) for d in dialogues] == \
+        [("case-001/trial-0", "case-001", "embedded"), ("case-002/trial-0", "case-002", "embedded"), ("case-004/trial-0", "case-004", "embedded")]
+    assert dialogues[0]["transcript"][0] == {"role": "doctor", "text": "Hello, I'm Dr. Lee. What brings you in today?"}
+    assert counts == {"records_in_results": 4, "with_transcript": 3, "skipped_no_transcript": 1}
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "records.jsonl").write_text('{"id": "a", "transcript": []}\n{"id": "b", "transcript": "Doctor: hi"}\n')
+    typed = {"case_id": "a", "inputs": {}, "metadata": {}}
+    (bad / "records.jsonl").write_text(json.dumps({"id": "a", **typed, "transcript": []}) + "\n" + json.dumps({"id": "b", **typed, "transcript": "Doctor: hi"}) + "\n")
     with pytest.raises(DataError, match=r"records\.jsonl \(record 'b'\): 'transcript' must be a list"):
         load_dialogues(bad)
-    (bad / "records.jsonl").write_text('{"id": "a", "transcript": [{"agent": "doctor", "content": "hi"}]}\n{"transcript": []}\n')
+    # a record of no study's shape (the transcript under a name a study chose) is bad input naming it, never guessed at
+    (bad / "records.jsonl").write_text('{"id": "a", "transcript": [{"agent": "doctor", "content": "hi"}]}\n')
+    with pytest.raises(DataError, match=r"records\.jsonl \(record 'a'\): not a typed record"):
+        load_dialogues(bad)
+    (bad / "records.jsonl").write_text(json.dumps({"id": "a", **typed, "transcript": [{"role": "doctor", "text": "hi"}]}) + "\n{\"transcript\": []}\n")
     with pytest.raises(MedstackError, match=r"records\.jsonl:2: record without an 'id'"):
         load_dialogues(bad)
+
+
+def test_load_dialogues_of_a_study_run_read_through_its_upgrade():
+    """An older CRAFT-MD folder (tests/fixtures/old_runs: records before the typed shape) is read through CRAFT-MD's
+    upgrade: its transcripts as [{role, text}] (the doctor's fixed greeting, which those records left out, first), its
+    cases the CRAFT-MD cases, the model the one its study tests."""
+    dialogues, counts = load_dialogues(FIX.parent / "old_runs" / "craftmd")
+    raw = {r["id"]: r for r in map(json.loads, (FIX.parent / "old_runs" / "craftmd" / "records.jsonl").read_text().splitlines())}
+    assert counts["with_transcript"] == len(dialogues) == 2
+    for d in dialogues:
+        old = raw[d["source_id"]]
+        assert d["case_id"] == old["case_id"] and d["model"] == "embedded"
+        said = [(t["role"], t["text"]) for t in d["transcript"]]
+        assert said[0][0] == "doctor" and said[1:] == [(t["agent"], t["content"]) for t in old["transcript"]]
 
 
 # ------------------------------------------------------------------ the few-shot prompt
@@ -161,9 +183,10 @@ def test_rank_agreement_undefined_cases():
 
 def test_agreement_matches_ids_and_counts_unscored(tmp_path):
     ref = load_reference(FIX / "reference.csv", CRITERIA)
-    assert {"id": "case-001/trial-0", "criterion": "welfare", "rating": 3.0} in ref  # full name mapped to key
-    def rated(case, crit, value):
-        return {"id": f"{case}::{crit}", "case_id": case, "inputs": {"criterion": crit}, "scores": {f"rubric/{crit}": {"value": value}}}
+    assert ref[("case-001/trial-0", "welfare")] == 3.0  # full name mapped to key
+    def rated(dialogue, crit, value):  # a record's target is the reference rating of its dialogue on its criterion
+        return {"id": f"{dialogue}::{crit}", "case_id": dialogue.split("/")[0], "inputs": {"criterion": crit, "source_id": dialogue},
+                "target": ref.get((dialogue, crit)), "scores": {f"rubric/{crit}": {"value": value}}}
 
     recs = [rated("case-001/trial-0", "empathy", 5), rated("case-002/trial-0", "empathy", 1), rated("case-004/trial-0", "empathy", 3),
             rated("case-001/trial-0", "welfare", None), rated("case-002/trial-0", "welfare", 2), rated("case-004/trial-0", "welfare", 5)]
@@ -182,20 +205,25 @@ def test_reference_errors_name_file_and_line(tmp_path):
     p.write_text("id,score\na,4\n")
     with pytest.raises(DataError, match="missing column\\(s\\) criterion, rating"):
         load_reference(p, CRITERIA)
+    p.write_text("id,criterion,rating\na,empathy,4\na,Showing Empathy,2\n")
+    with pytest.raises(DataError, match=r"r\.csv:3: a second rating of 'a' on empathy"):
+        load_reference(p, CRITERIA)
 
 
 def test_rating_metrics_counts_unscored_never_zero():
     def rated(value, **grade):
         return {"rubric/empathy": {"value": value, **grade}}
 
-    recs = [{"id": f"d{i}", "case_id": f"d{i}", "inputs": {"criterion": "empathy"}, "metadata": {"model": "m"}, "scores": sc, **extra}
-            for i, (sc, extra) in enumerate([(rated(4), {}), (rated(2), {}), (rated(None, metadata={"parse_error": "x"}), {}),
-                                              (rated(None), {"error": "HTTP 400"})])]
-    m = rating_metrics(recs, CRITERIA[:1])
+    recs = [{"id": f"d{i}", "case_id": f"d{i}", "inputs": {"criterion": "empathy"}, "metadata": {"model": m}, "scores": sc}
+            for i, (sc, m) in enumerate([(rated(4), "m"), (rated(2), "m"), (rated(None, metadata={"parse_error": "x"}), "m"), (rated(None), "m"),
+                                         (rated(5), "other")])]
+    m = rating_metrics(recs, CRITERIA[:1], (RUBRIC,))
     e = m["criteria"]["empathy"]
-    assert e["mean"] == 3.0 and e["n"] == 2 and e["unscored"] == 2 and e["parse_errors"] == 1 and e["request_errors"] == 1
-    assert e["low"] <= 3.0 <= e["high"] and e["distribution"] == {"1": 0, "2": 1, "3": 0, "4": 1, "5": 0}
-    assert m["unscored_rate"] == 0.5
+    assert e == {"name": "Showing Empathy", "unscored": 2, "parse_errors": 1, "distribution": {"1": 0, "2": 1, "3": 0, "4": 1, "5": 1}}
+    assert m["unscored_rate"] == 0.4 and m["ratings"] == 5
+    # the mean per rated model is the one aggregation over that model's records (unscored ones left out, never 0)
+    by = {k: next(f for f in v if f["metric"] == "mean") for k, v in m["by_model"].items()}
+    assert (by["m"]["value"], by["m"]["n"], by["m"]["unscored"]) == (3.0, 2, 2) and (by["other"]["value"], by["other"]["n"]) == (5.0, 1)
 
 
 # ------------------------------------------------------------------ command line (the scripted-judge runs: tests/test_autoeval_runner.py)

@@ -31,7 +31,7 @@ import typer
 from typer.testing import CliRunner
 
 from experiments.tools.calibrate import cli as calibrate_cli
-from experiments.core import commands
+from experiments.core import commands, registry
 from experiments.studies.autoeval.calibrate import calibrate_autoeval
 from experiments.studies.craftmd.calibrate_grader import CalibrationFailed, calibrate_grader, published_counts, read_labels, trivial_kind
 from experiments.common.stats import count_agreement, kendall, spearman, weighted_kappa
@@ -195,6 +195,15 @@ def test_calibrate_autoeval_rank_agreement(tmp_path):
             {"id": "d5::empathy", "source_id": "d5", "criterion": "empathy", "scores": {"rubric/empathy": {"value": None}}}]
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert calibrate_autoeval(str(run), str(ref), tmp_path / "cal2")["overall"] == o
+    # its records are typed: one per item, the judge's rating its grade, the reference rating its target; an older
+    # calibration's records (item, criterion, reference, judge) read the same through the one reader
+    cal = registry.open_run(tmp_path / "cal")
+    typed = {r["id"]: (r["case_id"], r["inputs"]["criterion"], r["target"], r["scores"]["rubric/empathy"]["value"]) for r in cal.finished}
+    assert typed == {"d1|empathy": ("d1", "empathy", 1, 2), "d2|empathy": ("d2", "empathy", 2, 1), "d3|empathy": ("d3", "empathy", 4, 4),
+                     "d4|empathy": ("d4", "empathy", 5, 5)}
+    (tmp_path / "cal" / "records.jsonl").write_text("".join(json.dumps({"id": i, "item": c, "criterion": k, "reference": t, "judge": v}) + "\n"
+                                                            for i, (c, k, t, v) in typed.items()))
+    assert {r["id"]: r for r in registry.open_run(tmp_path / "cal").finished} == {r["id"]: r for r in cal.finished}
     # the report draws the run's table through the study's hook, not by itself
     from experiments.tools.report.build import build_report
 

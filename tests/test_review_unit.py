@@ -273,7 +273,8 @@ def test_dera_and_autoeval_judges(tmp_path):
 
     src = tmp_path / "src"
     src.mkdir()
-    (src / "records.jsonl").write_text(json.dumps({"id": "d1", "transcript": [{"agent": "doctor", "content": "Hello"}, {"agent": "patient", "content": "Hi"}]}) + "\n")
+    (src / "records.jsonl").write_text(json.dumps({"id": "d1", "case_id": "d1", "inputs": {}, "metadata": {},  # a typed record
+                                                   "transcript": [{"role": "doctor", "text": "Hello"}, {"role": "patient", "text": "Hi"}]}) + "\n")
     ae = tmp_path / "ae"
     ae.mkdir()
     (ae / "config.yaml").write_text(f"experiment: autoeval\ndata: {src}\n")

@@ -9,12 +9,14 @@ import csv
 import io
 from pathlib import Path
 
-from experiments.common.grade import grades, split_name
+from experiments.common.grade import Grade, grades, score_name, split_name, to_disk
 from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.registry import open_run
+from experiments.core.record import is_typed, record
 from experiments.core.results import RunDir
 from experiments.core.study import Study
+from experiments.studies.autoeval.scorers import RATINGS_ONLY
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
 
@@ -41,14 +43,14 @@ def _read_ratings_csv(path: Path) -> dict[tuple[str, str], int]:
 
 
 def _read_autoeval_dir(path: Path) -> dict[tuple[str, str], int]:
-    """An autoeval results folder's ratings: its records' typed scores ``rubric/<criterion>`` (read by the one reader)."""
+    """An autoeval results folder's ratings: its records' typed scores ``rubric/<criterion>`` (read by the one reader),
+    each keyed by the rated dialogue's id."""
     out = {}
     for r in open_run(path).finished:
         for name, g in grades(r).items():
             step, criterion, by = split_name(name)
             if step == "rubric" and by is None and g.scored:
-                key = str(r.get("case_id") or str(r.get("id")).split("::")[0])
-                out[(key, (criterion or "").strip().lower())] = int(g.value)
+                out[(str((r.get("inputs") or {}).get("source_id")), (criterion or "").strip().lower())] = int(g.value)
     return out
 
 
@@ -61,6 +63,12 @@ def read_ratings(path: str | Path) -> dict[tuple[str, str], int]:
     if not p.exists():
         raise DataError(f"{p}: no such file")
     return _read_ratings_csv(p)
+
+
+def item_record(item: str, criterion: str, reference, judge, ratings: str | None) -> dict:
+    """One (dialogue, criterion) item as a typed record: the judge's rating its grade, the reference rating its target."""
+    return record(f"{item}|{criterion}", item, inputs={"criterion": criterion or None, "source_id": item}, target=reference,
+                  scores=to_disk({score_name(RATINGS_ONLY.name, criterion or None): Grade(value=judge, answer=item, source=ratings)}))
 
 
 def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int = 1, hi: int = 5) -> dict:
@@ -99,7 +107,7 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
         (outp / "records.jsonl").unlink()
     rundir = RunDir(outp, config)
     for (k, rk) in keys:
-        rundir.append({"id": f"{k[0]}|{k[1]}", "item": k[0], "criterion": k[1], "reference": ref[rk], "judge": judge[k]})
+        rundir.append(item_record(k[0], k[1], ref[rk], judge[k], str(ratings)))
     metrics = {"items_judge": len(judge), "items_reference": len(ref), "items_matched": len(keys), "overall": overall, "per_criterion": per, "kappa_weights": "linear"}
     confusion_png(cm, rundir.path / "confusion_autoeval.png", f"rubric judge vs reference, n={len(keys)}", "judge rating", "reference rating", labels=cats)
     rundir.write_metrics(metrics)
@@ -125,7 +133,15 @@ def report_tables(run: dict) -> list[dict]:
 
 
 class Calibration(Study):
-    """The kind ``calibrate-autoeval`` (`medstack calibrate autoeval`): the judge's ratings against the reference's."""
+    """The kind ``calibrate-autoeval`` (`medstack calibrate autoeval`): the judge's ratings (its records' grades
+    ``rubric/<criterion>``, read from a CSV or an autoeval run, never asked again) against the reference's (their target)."""
+
+    scorers = (RATINGS_ONLY,)
+
+    def upgrade(self, r: dict, s) -> dict:
+        """A record written before typed records: ``item``, ``criterion``, ``reference``, ``judge``."""
+        return r if is_typed(r) else item_record(str(r["item"]), str(r.get("criterion") or ""), r.get("reference"), r.get("judge"),
+                                                 getattr(s, "ratings", None))
 
     def report_run(self, run: dict) -> list[dict]:
         return report_tables(run)

@@ -1,7 +1,7 @@
 """The self-CoT rubric judge (docs/protocols.md, Auto-evaluation): criteria, example dialogues, prompts, and the two judge
 steps, (a) ``explain_example`` and (b) ``rate_dialogue`` (experiments/studies/autoeval/README.md). A reply without a parseable
 whole rating 1..5 is *unscored*; a call that gets no answer raises :class:`~experiments.core.study.RequestFailed` and
-never becomes a rating. Every record stores the hash of the exact prompt sent.
+never becomes a rating. The call log keeps every prompt sent.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from experiments.core.config import Sampling
 from experiments.core.results import iter_jsonl
 from models.errors import DataError
 from serving.client import ChatResult, GenConfig
+from serving.refs import model_name
 
 HERE = Path(__file__).parent
 PROMPTS = PromptSet(HERE / "prompts")
@@ -92,28 +93,36 @@ def check_transcript(transcript, where: str) -> list[dict]:
 
 
 def load_dialogues(results: str | Path) -> tuple[list[dict], dict]:
-    """The conversations of a results directory: its records read by the one reader (``registry.open_run``: every
-    study's records in the typed shape) that carry a transcript. Returns (dialogues, counts); a failed case has no
-    dialogue; a record without a transcript is skipped and counted; a malformed transcript is bad input naming it."""
-    from experiments.core.registry import open_run
+    """The conversations of a results directory, read by the one reader (``registry.open_run``: every study's records in
+    the typed shape, older ones upgraded by their study): ``{source_id, case_id, transcript, model}`` of each finished
+    record with a transcript; ``model`` the model its study tests (the record's model of that study's primary role, else
+    its metadata's ``model``: an imported release). Returns (dialogues, counts); a record without a transcript is
+    skipped and counted, a failed case has none; a record not in the typed shape, or a malformed transcript, is bad
+    input naming it."""
+    from experiments.core.record import is_typed
+    from experiments.core.registry import open_run, study_of
 
     p = Path(results)
     p = p.parent if p.name == "records.jsonl" and p.is_file() else p  # the folder's records file named: its folder
     if not (p / "records.jsonl").exists():
         raise DataError(f"{p} is not a results directory (no records.jsonl)")
     run = open_run(p)
-    dialogues = []
-    skipped = empty = 0
+    study = study_of(run)
+    primary = study.primary_role if study is not None else None
+    dialogues, skipped = [], 0
     for rec in run.finished:
-        if not rec.get("transcript"):
-            skipped += rec.get("transcript") is None
-            empty += rec.get("transcript") == []
+        where = f"{p / 'records.jsonl'} (record '{rec['id']}')"
+        if not is_typed(rec):
+            raise DataError(f"{where}: not a typed record (id, case_id, inputs, transcript [{{role, text}}], metadata: "
+                            "docs/layout.md, Records), and no study of ours wrote the folder to read it as one")
+        transcript = check_transcript(rec["transcript"], where)
+        if not transcript:
+            skipped += 1
             continue
-        transcript = check_transcript(rec["transcript"], f"{p / 'records.jsonl'} (record '{rec['id']}')")
-        meta = rec.get("metadata") or {}
-        dialogues.append({"source_id": str(rec["id"]), "transcript": transcript, "model": meta.get("model", rec.get("model"))})
-    counts = {"records_in_results": len(run.records), "with_transcript": len(dialogues),
-              "skipped_no_transcript": skipped, "skipped_empty_transcript": empty}
+        ref = (rec.get("roles") or {}).get(primary)
+        dialogues.append({"source_id": str(rec["id"]), "case_id": str(rec["case_id"]), "transcript": transcript,
+                          "model": model_name(ref) if ref else rec["metadata"].get("model")})
+    counts = {"records_in_results": len(run.records), "with_transcript": len(dialogues), "skipped_no_transcript": skipped}
     if run.failed:
         counts["skipped_failed"] = len(run.failed)
     return dialogues, counts

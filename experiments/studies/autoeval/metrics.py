@@ -1,7 +1,9 @@
-"""Pure functions over autoeval records: mean rating per criterion with CIs, and judge-vs-reference agreement.
+"""Pure functions over autoeval records: what is not a score (the rating histogram, unscored and parse-error counts),
+the mean rating per rated model, judge-vs-reference agreement, and summary.md's tables.
 
-The ratings are the records' typed scores ``rubric/<criterion>`` (:func:`rating_of`). Unscored ratings (unparseable
-replies, failed requests) are counted and left out of means; they are never treated as 0.
+The ratings are the records' typed scores ``rubric/<criterion>`` (experiments/studies/autoeval/scorers.py, ``rating``);
+every mean and interval is the runner's one aggregation of them (metrics.json ``scores``, resampled by case). Unscored
+ratings (unparseable replies) are counted and left out of means; they are never treated as 0.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from experiments.common.grade import Grade, aggregate, grades
+from experiments.common.grade import Figure
 from experiments.common.markdown import md_table, num
+from experiments.core.scorers import figures
 from models.errors import DataError, read_utf8
 
 from experiments.studies.autoeval.judge import RATINGS, Criterion
+from experiments.studies.autoeval.scorers import rating
 
 
 def _num(x):
@@ -28,36 +32,27 @@ def criterion_of(record: dict) -> str | None:
     return (record.get("inputs") or {}).get("criterion")
 
 
-def rating_of(record: dict) -> Grade:
-    """A record's typed score ``rubric/<criterion>`` (value None when it has none)."""
-    return grades(record).get(f"rubric/{criterion_of(record)}") or Grade(value=None)
+def criterion_counts(records: list[dict]) -> dict:
+    """One criterion's unscored ratings, parse errors and histogram of ratings 1..5."""
+    scored = [g.value for r in records if (g := rating(r)).scored]
+    return {"unscored": len(records) - len(scored),
+            "parse_errors": sum(1 for r in records if rating(r).metadata.get("parse_error")),
+            "distribution": {str(k): Counter(scored).get(k, 0) for k in RATINGS}}
 
 
-def criterion_stats(records: list[dict], key: str) -> dict:
-    """The mean rating of ``rubric/<key>`` with its 95% CI (the one aggregation, dialogues resampled), plus n, unscored
-    and the rating histogram."""
-    scored = [v for r in records if (v := rating_of(r).value) is not None]
-    f = aggregate(records, f"rubric/{key}")
-    return {
-        "mean": _num(f.value), "low": _num(f.low), "high": _num(f.high), "n": f.n,
-        "unscored": len(records) - len(scored),
-        "parse_errors": sum(1 for r in records if rating_of(r).metadata.get("parse_error")),
-        "request_errors": sum(1 for r in records if r.get("error")),
-        "distribution": {str(k): Counter(scored).get(k, 0) for k in RATINGS},
-    }
-
-
-def rating_metrics(records: list[dict], criteria: list[Criterion]) -> dict:
-    """Per criterion (and per rated model, when the results mix models) rating statistics."""
+def rating_metrics(records: list[dict], criteria: list[Criterion], scorers) -> dict:
+    """Per criterion its counts; the mean rating per rated model (the one aggregation over that model's records) when the
+    results mix models."""
     by_crit: dict[str, list[dict]] = defaultdict(list)
-    by_model: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    by_model: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_crit[criterion_of(r)].append(r)
-        by_model[str((r.get("metadata") or {}).get("model"))][criterion_of(r)].append(r)
-    out = {c.key: {"name": c.name, **criterion_stats(by_crit.get(c.key, []), c.key)} for c in criteria}
+        by_model[str((r.get("metadata") or {}).get("model"))].append(r)
+    out = {c.key: {"name": c.name, **criterion_counts(by_crit.get(c.key, []))} for c in criteria}
     total = len(records)
     unscored = sum(v["unscored"] for v in out.values())
     parse_errors = sum(v["parse_errors"] for v in out.values())
+    names = [f"rubric/{c.key}" for c in criteria]
     return {
         "criteria": out,
         "ratings": total,
@@ -65,20 +60,17 @@ def rating_metrics(records: list[dict], criteria: list[Criterion]) -> dict:
         "unscored_rate": round(unscored / total, 4) if total else None,
         "parse_errors": parse_errors,
         "parse_error_rate": round(parse_errors / total, 4) if total else None,
-        "by_model": {
-            m: {c.key: criterion_stats(per.get(c.key, []), c.key) for c in criteria}
-            for m, per in sorted(by_model.items())
-        } if len(by_model) > 1 else {},
+        "by_model": {m: [f.json() for f in figures(per, scorers, names)] for m, per in sorted(by_model.items())} if len(by_model) > 1 else {},
     }
 
 
 # ------------------------------------------------------------------ reference agreement
 
-def load_reference(path: str | Path, criteria: list[Criterion]) -> list[dict]:
-    """Rows {id, criterion (key), rating} from a CSV with columns id, criterion, rating.
+def load_reference(path: str | Path, criteria: list[Criterion]) -> dict[tuple[str, str], float]:
+    """{(id, criterion key): rating} from a CSV with columns id, criterion, rating.
 
-    ``criterion`` may be the key (``empathy``) or the full name (``Showing Empathy``). Rows for
-    criteria not being rated are dropped. Bad rows raise naming file and line.
+    ``criterion`` may be the key (``empathy``) or the full name (``Showing Empathy``). Rows for criteria not being
+    rated are dropped. Bad rows (a rating that is no number, an item given twice) raise naming file and line.
     """
     p = Path(path)
     if not p.exists():
@@ -87,7 +79,7 @@ def load_reference(path: str | Path, criteria: list[Criterion]) -> list[dict]:
     for c in criteria:
         lookup[c.key.lower()] = c.key
         lookup[c.name.lower()] = c.key
-    rows = []
+    rows: dict[tuple[str, str], float] = {}
     with io.StringIO(read_utf8(p), newline="") as f:  # not UTF-8: one line naming the file, line and byte
         reader = csv.DictReader(f)
         cols = [c.strip().lower() for c in (reader.fieldnames or [])]
@@ -97,13 +89,15 @@ def load_reference(path: str | Path, criteria: list[Criterion]) -> list[dict]:
         for lineno, raw in enumerate(reader, 2):
             row = {(k or "").strip().lower(): (v or "").strip() for k, v in raw.items()}
             try:
-                rating = float(row["rating"])
+                value = float(row["rating"])
             except ValueError:
                 raise DataError(f"{p}:{lineno}: rating {row['rating']!r} is not a number") from None
             key = lookup.get(row["criterion"].lower())
             if key is None:
                 continue
-            rows.append({"id": row["id"], "criterion": key, "rating": rating})
+            if (row["id"], key) in rows:
+                raise DataError(f"{p}:{lineno}: a second rating of {row['id']!r} on {key}; one per item")
+            rows[(row["id"], key)] = value
     return rows
 
 
@@ -123,20 +117,22 @@ def rank_agreement(judge: list[float], reference: list[float]) -> dict:
     return out
 
 
-def agreement_metrics(records: list[dict], reference: list[dict], criteria: list[Criterion]) -> dict:
-    """Judge vs reference per criterion and pooled over criteria, on (dialogue id, criterion) pairs both rated."""
-    judged = {(str(r.get("case_id")), criterion_of(r)): r for r in records}
+def agreement_metrics(records: list[dict], reference: dict[tuple[str, str], float], criteria: list[Criterion]) -> dict:
+    """Judge vs reference per criterion and pooled over criteria, on the (dialogue, criterion) pairs both rated: each
+    record's rating against its target (the reference rating); reference rows without a rated record are counted."""
     pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    unmatched = Counter()
     judge_unscored = Counter()
-    for row in reference:
-        rec = judged.get((row["id"], row["criterion"]))
-        if rec is None:
-            unmatched[row["criterion"]] += 1
-        elif rating_of(rec).value is None:
-            judge_unscored[row["criterion"]] += 1
+    judged = set()
+    for r in records:
+        key = criterion_of(r)
+        judged.add(((r.get("inputs") or {}).get("source_id"), key))
+        if r.get("target") is None:
+            continue
+        if rating(r).scored:
+            pairs[key].append((float(rating(r).value), float(r["target"])))
         else:
-            pairs[row["criterion"]].append((float(rating_of(rec).value), row["rating"]))
+            judge_unscored[key] += 1
+    unmatched = Counter(key for item, key in reference if (item, key) not in judged)
     out = {}
     for c in criteria:
         p = pairs.get(c.key, [])
@@ -150,27 +146,30 @@ def agreement_metrics(records: list[dict], reference: list[dict], criteria: list
 
 # ------------------------------------------------------------------ summary
 
+def _mean(figs: list[dict], name: str) -> Figure:
+    """The runner's figure of score ``name`` (metrics.json ``scores``): the mean rating over cases."""
+    f = next((f for f in figs if f["score"] == name and f["metric"] == "mean"), None)
+    return Figure(**f) if f else Figure(name, "mean", None, None, None, 0, 0, 0, 0)
+
+
 def summary_markdown(metrics: dict, title: str) -> str:
+    """The study's tables; every mean and interval is the runner's figure (the Scores section shows the same)."""
+    crit, scores = metrics["criteria"], metrics.get("scores") or []
     lines = [f"# {title}", "", f"Judge: `{metrics.get('judge')}`; dialogues rated: {metrics['dialogues']['rated']} "
-             f"(skipped without transcript: {metrics['dialogues']['skipped_no_transcript']}).", "",
-             *md_table(["criterion", "n", "unscored", "mean rating", "95% CI", *map(str, RATINGS)],
-                       [[v["name"], v["n"], v["unscored"], num(v["mean"], 2), f"[{num(v['low'], 2)}, {num(v['high'], 2)}]",
-                         *(v["distribution"][str(k)] for k in RATINGS)] for v in metrics["criteria"].values()])]
+             f"(skipped without transcript: {metrics['dialogues']['skipped_no_transcript']}). Mean rating [95 % CI]: over "
+             "the dialogues' cases, resampled by case (the Scores section below).", "",
+             *md_table(["criterion", "cases", "unscored", "mean rating [95 % CI]", *map(str, RATINGS)],
+                       [[v["name"], (f := _mean(scores, f"rubric/{key}")).n, v["unscored"], f.text(),
+                         *(v["distribution"][str(k)] for k in RATINGS)] for key, v in crit.items()])]
     if metrics.get("by_model"):
         lines += ["", "## Mean rating per rated model", "", *md_table(
-            ["model", "criterion", "n", "unscored", "mean", "95% CI"],
-            [[m, metrics["criteria"][key]["name"], v["n"], v["unscored"], num(v["mean"], 2), f"[{num(v['low'], 2)}, {num(v['high'], 2)}]"]
-             for m, per in metrics["by_model"].items() for key, v in per.items()])]
+            ["model", "criterion", "cases", "unscored", "mean rating [95 % CI]"],
+            [[m, crit[key]["name"], (f := _mean(figs, f"rubric/{key}")).n, f.unscored, f.text()]
+             for m, figs in metrics["by_model"].items() for key in crit])]
     if metrics.get("agreement"):
         lines += ["", "## Agreement with reference ratings", "", *md_table(
             ["criterion", "n pairs", "Kendall tau", "p", "Spearman rho", "p", "ref. unmatched", "judge unscored"],
-            [["all criteria" if key == "all" else metrics["criteria"][key]["name"], v["n"], num(v["kendall_tau"]), num(v["kendall_p"]),
+            [["all criteria" if key == "all" else crit[key]["name"], v["n"], num(v["kendall_tau"]), num(v["kendall_p"]),
               num(v["spearman_rho"]), num(v["spearman_p"]), v["reference_unmatched"], v["judge_unscored"]]
              for key, v in metrics["agreement"].items()])]
-    run = metrics.get("run") or {}
-    if run:
-        lines += ["", f"Run: {run.get('cases_run')} ratings in {run.get('rating_wall_seconds')} s "
-                  f"(+ {(metrics.get('examples') or {}).get('wall_seconds')} s explaining examples), "
-                  f"{run.get('completion_tokens')} output tokens ({run.get('output_tokens_per_s')} tok/s), "
-                  f"{run.get('cache_hits')} cache hits, {run.get('cases_resumed')} resumed."]
     return "\n".join(lines) + "\n"

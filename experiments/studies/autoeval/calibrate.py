@@ -14,6 +14,7 @@ from experiments.common.markdown import md_table, num
 from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.registry import open_run
 from experiments.core.results import RunDir
+from experiments.core.runlock import RunLock
 from experiments.core.study import Study
 from experiments.tables.plots import confusion_png
 from models.errors import DataError, read_utf8
@@ -94,10 +95,14 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     from experiments.core.registry import named
 
     config = {"experiment": named(Calibration).name, "ratings": str(ratings), "reference": str(reference), "scale": [lo, hi], "kappa_weights": "linear"}
-    outp = Path(out)
-    if (outp / "records.jsonl").exists():
-        (outp / "records.jsonl").unlink()
-    rundir = RunDir(outp, config)
+    lock = RunLock(out, config["experiment"]).acquire()  # computed whole: the old result stays until commit()
+    try:
+        return _write_whole(RunDir(out, config, whole=True), keys, judge, ref, ratings, reference, overall, per, cm, cats)
+    finally:
+        lock.release()
+
+
+def _write_whole(rundir: RunDir, keys, judge, ref, ratings, reference, overall, per, cm, cats) -> dict:
     for (k, rk) in keys:
         rundir.append({"id": f"{k[0]}|{k[1]}", "item": k[0], "criterion": k[1], "reference": ref[rk], "judge": judge[k]})
     metrics = {"items_judge": len(judge), "items_reference": len(ref), "items_matched": len(keys), "overall": overall, "per_criterion": per, "kappa_weights": "linear"}
@@ -110,6 +115,7 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
                     for crit, m in [("all", overall)] + list(per.items())])]
     L += ["", f"mean absolute difference: {num(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
     rundir.write_summary("\n".join(L) + "\n")
+    rundir.commit()
     return metrics
 
 

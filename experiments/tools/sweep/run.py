@@ -61,12 +61,15 @@ def parse_models(text: str) -> list[str]:
 
 
 def labels_for(models: list[str]) -> list[str]:
-    """One folder name per model: its alias (a repeated alias gets -2, -3, ...)."""
-    out, seen = [], {}
-    for m in models:
-        base = re.sub(r"[^A-Za-z0-9._-]+", "_", ModelRef.parse(m).alias)
-        seen[base] = seen.get(base, 0) + 1
-        out.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    """One folder name per model, unique by construction: its alias, and where that is taken (the same alias again,
+    at this or another endpoint, or a name another model's alias holds: ``m-2``) the first free ``<alias>-2``,
+    ``-3``, ... Entry i runs models[i] into labels[i], always."""
+    bases = [re.sub(r"[^A-Za-z0-9._-]+", "_", ModelRef.parse(m).alias) for m in models]
+    taken, out = set(bases), []
+    for i, base in enumerate(bases):
+        label = base if base not in out else next(f"{base}-{n}" for n in range(2, len(models) + 2)
+                                                  if f"{base}-{n}" not in taken and f"{base}-{n}" not in out)
+        out.append(label)
     return out
 
 

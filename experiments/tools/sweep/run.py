@@ -18,7 +18,7 @@ from experiments.core import registry
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
 from experiments.core.results import latest_records, make_results_dir
-from experiments.core.runlock import RunLock
+from experiments.core.runlock import RunDirInUse, RunLock
 from experiments.core.runner import prepare_run
 from experiments.datasets.registry import resolve_data
 from experiments.tools.report.build import build_report
@@ -32,7 +32,7 @@ class ModelRun:
     label: str
     model: str
     out: Path
-    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error | dry run (nothing sent)
+    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error | in use | dry run (nothing sent)
     message: str = ""
     roles: dict[str, str] = field(default_factory=dict)  # role -> model reference of this run
 
@@ -229,6 +229,9 @@ def run_entry(plan: Plan, r: ModelRun, common: dict, given: dict, case_ids: list
     try:
         run_command(plan.study_factory(), common, given)  # the study command's own body: the one runner
         r.status, r.message = ("dry run", f"requests written to {r.out / 'dry-run.jsonl'}; nothing was sent") if common.get("dry_run") else ("finished", "")
+    except RunDirInUse as e:  # another process (a duplicate of this entry's job) holds its folder: its run, not ours
+        r.status, r.message = "in use", str(e)
+        log(f"sweep: {r.label}: {e}")
     except MedstackError as e:  # e.g. its server would not start (weights missing): report, go on
         r.status, r.message = "error", str(e)
         log(f"sweep: [red]{r.label}: {study.name} with model {r.model} stopped: {e}[/red] — going on to the next model")

@@ -38,6 +38,9 @@ WRITERS = {
     "calibrate autoeval": ("calibrate-autoeval", ["calibrate", "autoeval", "--ratings", str(FIXTURES / "autoeval" / "reference.csv"),
                                                   "--reference", str(FIXTURES / "autoeval" / "reference.csv"), "--out", "OUT"]),
     "compare": ("compare", ["compare", str(FIXTURES / "old_runs" / "dera-qa"), "--out", "OUT"]),
+    "autoeval": ("autoeval", ["autoeval", str(FIXTURES / "autoeval" / "results"), "--limit", "1", "--model", DEAD, "--out", "OUT"]),
+    "sweep": ("sweep", ["sweep", "dera-qa", "--models", DEAD, "--data", "experiments/studies/dera/data/sample_medqa_open.jsonl",
+                        "--limit", "1", "--out", "OUT"]),
     "rescore": ("rescore", ["rescore", str(FIXTURES / "old_runs" / "dera-qa"), "--judge", "llm-exact", "--judge-model", DEAD, "--out", "OUT"]),
 }
 

@@ -17,7 +17,7 @@ from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
-from experiments.core.results import latest_records, make_results_dir
+from experiments.core.results import check_owner, claim_dir, latest_records, make_results_dir
 from experiments.core.runlock import RunDirInUse, RunLock
 from experiments.core.runner import prepare_run
 from experiments.datasets.registry import resolve_data
@@ -155,6 +155,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
                           f"of --models; name only the fixed roles (or choose the varied ones with --vary)")
     on_cli, named = named, {**{k: v for k, v in in_config.items() if k not in roles_varied}, **named}
     sweep_dir = Path(sweep_dir)
+    check_owner(sweep_dir, "sweep")  # a sweep folder is a sweep's: never a results folder of another command
     runs = [ModelRun(lbl, m, sweep_dir / lbl) for lbl, m in zip(labels_for(models), models)]
 
     def plan(r: ModelRun, idle: tuple[str, ...]):
@@ -188,6 +189,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
             check_gpu_fit(settings)
     pub_dirs = _published_plan(published or [], sweep_dir, study.name)
     outcome = SweepOutcome(runs, varied=roles_varied, idle=idle)
+    claim_dir(sweep_dir, "sweep", {"study": study.name, "models": models})
     if executor is not None:  # another executor (experiments/tools/sweep/slurm.py) takes the checked plan from here
         return executor(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check

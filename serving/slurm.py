@@ -174,14 +174,47 @@ def slurm_command(argv: list[str], *, cwd: Path | None = None, retry_timeout: bo
 
 
 def submit(script: Path, *, cwd: Path, args: list[str] = ()) -> str:
-    """``sbatch --parsable [ARGS] SCRIPT`` -> the job id (an array's id without a task)."""
+    """``sbatch --parsable --comment=TOKEN [ARGS] SCRIPT`` -> the job id (an array's id without a task). Exactly one
+    job: ``TOKEN`` is unique to this submission, and after any failure of ``sbatch`` (an exit that may follow a queued
+    job: "Socket timed out", a timeout) the queue is asked for it before ``sbatch`` is run again; a job found is the
+    one. A queue that cannot be read then: :class:`SlurmError`, nothing run again."""
     require_slurm()
+    token = f"medstack-{os.urandom(6).hex()}"
+    argv = ["sbatch", "--parsable", f"--comment={token}", *args, str(script)]
+    reason = ""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
+            if p.returncode == 0:
+                return p.stdout.strip().split(";")[0]
+            reason = (p.stderr.strip() or p.stdout.strip() or f"exit {p.returncode}").splitlines()[-1]
+        except subprocess.TimeoutExpired:
+            reason = f"no answer within {TIMEOUT_S} s"
+        except OSError as e:  # not on PATH
+            raise SlurmError(f"sbatch {script} did not submit the job: {e.strerror or e}") from None
+        try:
+            queued = job_with_comment(token)
+        except QueueUnknown as e:
+            raise SlurmError(f"sbatch {script} did not answer cleanly ({reason}) and the queue cannot be read ({e}): the job may be "
+                             f"queued (its comment is {token}); look with `squeue --me -o '%i %k'` before running the command again") from None
+        if queued:
+            return queued  # sbatch queued it, then failed to say so
+        if delay is not None:
+            time.sleep(delay)
+    raise SlurmError(f"sbatch {script} did not submit the job: sbatch: {reason}")
+
+
+def job_with_comment(token: str) -> str | None:
+    """The id of the queued job whose comment is ``token`` (an array's id without a task), or None."""
     try:
-        p = slurm_command(["sbatch", "--parsable", *args, str(script)], cwd=cwd, retry_timeout=False)
+        p = slurm_command(["squeue", "-h", "--me", "-o", "%i %k"])
     except SlurmError as e:
-        raise SlurmError(f"sbatch {script} did not submit the job: {e}" + (
-            "; it may be queued all the same: look with `squeue --me` before running the command again" if "no answer" in str(e) else "")) from None
-    return p.stdout.strip().split(";")[0]
+        raise QueueUnknown(str(e).removeprefix("squeue: ")) from None
+    for line in p.stdout.splitlines() if p.returncode == 0 else []:
+        job, _, comment = line.strip().partition(" ")
+        if comment.strip() == token:
+            return job.split("_")[0]
+    return None
 
 
 def queue_states(job_ids: list[str]) -> dict[str, str]:

@@ -220,3 +220,26 @@ def test_without_a_model_the_terminology_check_alone_by_hand(fixtures_dir, tmp_p
 
     html = build_report([str(tmp_path / "cal")], tmp_path / "report.html").read_text()
     assert "terminology check (no model)" in html and "confusion [[6, 1], [0, 1]]" in html
+
+
+def test_without_a_model_the_assessors_options_are_refused_and_with_one_the_summary_says_the_answers_used(fixtures_dir, tmp_path):
+    """An option that sets how the assessor is asked does nothing without --assessor-model: refused in one line (exit 2),
+    nothing written; with it, the settings line printed is the one the requests were built from (--answers)."""
+    from experiments.core.config import ConfigError
+    from experiments.studies.craftmd.calibrate_grader import settings_line, study_settings
+    import typer
+    from typer.testing import CliRunner
+
+    from experiments.tools.calibrate import cli as calibrate_cli
+    from experiments.core import commands
+
+    app = typer.Typer()
+    commands.register_all(app=app, run_app=typer.Typer(), score_app=typer.Typer(), import_app=typer.Typer(), data_app=typer.Typer(),
+                          finetune_app=typer.Typer(), calibrate_app=calibrate_cli.calibrate_app)
+    for extra in (["--limit", "2"], ["--answers", "constrained"], ["--chat"], ["--config", "experiments/studies/craftmd/configs/embedded-small.yaml"]):
+        r = CliRunner().invoke(app, ["calibrate", "conversations", "--labels", str(fixtures_dir / "craftmd" / "experts"),
+                                     "--out", str(tmp_path / "cal"), *extra])
+        assert isinstance(r.exception, ConfigError) and extra[0].split("/")[0] in str(r.exception) and "--assessor-model" in str(r.exception)
+        assert not (tmp_path / "cal").exists()
+    run = study_settings(None, {"assessor": "embedded"}, step="assessor").model_copy(update={"answers": "constrained"})
+    assert settings_line(run, "assessor", None).endswith("answers constrained")

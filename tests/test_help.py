@@ -200,6 +200,7 @@ def test_every_help_fits_80_columns_and_cuts_no_name(app):
     """At 80 columns the help column wraps; no option name, choice or usage line is cut ("…") or runs past the edge."""
     paths = every_command(app)
     assert ["run", "craftmd"] in paths and ["sweep"] in paths and ["calibrate", "craftmd-grader"] in paths and len(paths) > 40
+    paths += [["sweep", name] for name in registry.studies()]  # `sweep STUDY --help`: the sweep's help, then the study's options
     bad = {}
     for path in paths:
         r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
@@ -259,3 +260,4 @@ def test_models_list_at_80_columns_tells_every_alias_apart(app):
     r = CliRunner().invoke(app, ["models", "list"], env={"COLUMNS": "80"}, terminal_width=80)
     assert r.exit_code == 0 and "…" not in r.output and max(map(len, r.output.splitlines())) <= 80, r.output
     assert all(f"│ {alias} " in r.output for alias in load_registry()), r.output  # mistral-7b-instruct-v0.1 and -v0.2
+

@@ -144,11 +144,54 @@ def test_slurm_commands_retried_and_an_unanswered_queue_is_unknown(monkeypatch):
         argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n"))
     assert slurm.queue_states(["8_0"]) == {}  # every job asked about has left the queue: an answer
     calls.clear()
-    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: calls.append(1) or (_ for _ in ()).throw(subprocess.TimeoutExpired(argv, 30)))
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: calls.append(argv[0]) or (_ for _ in ()).throw(subprocess.TimeoutExpired(argv, 30)))
     monkeypatch.setattr(slurm, "require_slurm", lambda: None)
-    with pytest.raises(slurm.SlurmError, match="may be queued all the same"):
+    with pytest.raises(slurm.SlurmError, match="the job may be queued"):
         slurm.submit(Path("x.sbatch"), cwd=Path("."))
-    assert len(calls) == 1  # an sbatch that timed out may have submitted: never run twice
+    assert calls.count("sbatch") == 1 and calls[1:] == ["squeue"] * 4  # it may have submitted: the queue asked (no answer), never run twice
+
+
+def test_one_job_per_submission_whatever_sbatch_says(monkeypatch):
+    """Each submission carries a unique comment; after a failed sbatch the queue is asked for it before sbatch runs
+    again. An sbatch that queues and then exits 1 ("Socket timed out"): its job is the one, no second sbatch. One that
+    queued nothing: run again, one job."""
+    queue: list[tuple[str, str]] = []
+    sbatch_calls: list[list[str]] = []
+
+    def fake_run(argv, **kw):
+        if argv[0] == "sbatch":
+            sbatch_calls.append(argv)
+            comment = next(a.split("=", 1)[1] for a in argv if a.startswith("--comment="))
+            job = str(500 + len(queue))
+            if behaviour.pop(0) == "queue then fail":
+                queue.append((job, comment))
+                return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: Socket timed out on send/recv operation\n")
+            if behaviour and behaviour[0] == "never":  # fails without queuing
+                return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: Batch job submission failed\n")
+            queue.append((job, comment))
+            return subprocess.CompletedProcess(argv, 0, f"{job}\n", "")
+        assert argv[:2] == ["squeue", "-h"] and "--me" in argv
+        return subprocess.CompletedProcess(argv, 0, "".join(f"{j} {c}\n" for j, c in queue), "")
+
+    monkeypatch.setattr(slurm, "RETRY_DELAYS", (0, 0, 0))
+    monkeypatch.setattr(slurm, "require_slurm", lambda: None)
+    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
+    behaviour = ["queue then fail"]
+    assert slurm.submit(Path("x.sbatch"), cwd=Path(".")) == "500" and len(sbatch_calls) == 1 and len(queue) == 1
+    behaviour = ["fail", "ok"]
+    sbatch_calls.clear()
+
+    def fail_once(argv, **kw):
+        if argv[0] == "sbatch" and len(sbatch_calls) == 0:
+            sbatch_calls.append(argv)
+            return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: Batch job submission failed\n")
+        return fake_run(argv, **kw)
+
+    monkeypatch.setattr(slurm.subprocess, "run", fail_once)
+    behaviour = ["ok"]
+    assert slurm.submit(Path("x.sbatch"), cwd=Path(".")) == "501" and len(sbatch_calls) == 2 and len(queue) == 2
+    tokens = {a for call in sbatch_calls for a in call if a.startswith("--comment=")}
+    assert len(tokens) == 1  # the retry carries the same token: asked for it, never a second job under another
 
 
 def test_status_from_state_files(tmp_path, monkeypatch):
@@ -196,15 +239,16 @@ def test_dry_run_writes_the_scripts_and_runs_no_slurm_command(tmp_path):
     p = run_cli(*args, "--dry-run", env=env)
     assert p.returncode == 0, p.stderr
     assert not calls.exists(), calls.read_text()
-    script = (sweep / "slurm" / "entries-0.sbatch").read_text()
+    script = (sweep / "slurm" / "dry-run" / "entries-0.sbatch").read_text()
     assert f"#SBATCH --output='{sweep}/slurm/entries-%A_%a.out'" in script and "#SBATCH --mail-type=BEGIN,END" in script
     assert "#SBATCH --array=0-1%1" in script and "#SBATCH --dependency" not in script
-    plan = json.loads((sweep / "slurm" / "sweep.json").read_text())
+    assert not (sweep / "slurm" / "sweep.json").exists()  # the live plan: only a submission writes it
+    plan = json.loads((sweep / "slurm" / "dry-run" / "sweep.json").read_text())
     assert "--dry-run" not in plan["spec"]["args"] and not any(e.get("job") for e in plan["entries"].values())
     said = " ".join(p.stderr.split())
     assert "no Slurm command was run, nothing submitted" in said and "JOB0=$(sbatch --parsable" in said
     assert "--dependency=afterany:$JOB0 " in said and "join.sbatch" in said and p.stdout.count("| dry run: task ") == 2
-    assert subprocess.run(["bash", "-n", str(sweep / "slurm" / "entries-0.sbatch")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(sweep / "slurm" / "dry-run" / "entries-0.sbatch")]).returncode == 0
     bad = run_cli(*args[:-2], "--out", str(tmp_path / "other"), "--slurm-partition", "gpu\n#SBATCH --requeue", "--dry-run", env=env)
     assert bad.returncode == 2 and "--slurm-partition" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "other").exists() and not calls.exists()
@@ -222,3 +266,44 @@ def test_bad_options_and_missing_slurm(tmp_path):
                 "--out", str(tmp_path / "s"), env=bare)
     assert p.returncode == 3 and "sbatch, squeue, scontrol not found on PATH" in " ".join(p.stderr.split()), p.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_plan_cannot_change_under_its_queued_jobs(tmp_path):
+    """Submitted with --limit 2 --trials 1 (fake sbatch and squeue: the jobs stay PENDING), then: the same sweep with
+    --limit 1 --trials 3 --dry-run leaves the live plan and its scripts byte for byte; submitted for real, it is refused
+    (exit 2) naming the queued jobs and the scancel that frees them; the original command still joins its jobs."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "slurm-calls"
+    bin_dir.mkdir()
+    scripts = {"sbatch": f'echo "sbatch $*" >> {calls}\necho 77\n',
+               "squeue": f'echo "squeue $*" >> {calls}\nprintf "77_0 PENDING\\n77_1 PENDING\\n"\n',
+               "scontrol": "exit 0\n", "scancel": f'echo "scancel $*" >> {calls}\n'}
+    for name, body in scripts.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o700)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    sweep = tmp_path / "sweep"
+    base = ["sweep", "craftmd", "--models", "embedded,embedded", "--data", str(FIXTURES / "craftmd" / "cases.csv"), "--formats", "vignette",
+            "--no-frq", "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--executor", "slurm", "--out", str(sweep)]
+    p = run_cli(*base, "--limit", "2", "--trials", "1", env=env)
+    assert p.returncode == 0, p.stderr
+    live = {f.name: f.read_bytes() for f in (sweep / "slurm").iterdir() if f.is_file()}
+    assert "sweep.json" in live and json.loads(live["sweep.json"])["entries"]["embedded"]["job"] == "77_0"
+    p = run_cli(*base, "--limit", "1", "--trials", "3", "--dry-run", env=env)
+    assert p.returncode == 0, p.stderr
+    assert {f.name: f.read_bytes() for f in (sweep / "slurm").iterdir() if f.is_file()} == live  # the plan the jobs read, unchanged
+    assert "--trials" in json.loads((sweep / "slurm" / "dry-run" / "sweep.json").read_text())["spec"]["args"]
+    n_sbatch = calls.read_text().count("sbatch ")
+    p = run_cli(*base, "--limit", "1", "--trials", "3", env=env)
+    said = " ".join(p.stderr.split())
+    assert p.returncode == 2 and "cannot change while its jobs are queued" in said and "embedded: job 77_0" in said and "scancel 77" in said
+    assert calls.read_text().count("sbatch ") == n_sbatch and {f.name: f.read_bytes() for f in (sweep / "slurm").iterdir() if f.is_file()} == live
+    # a second job of one entry (an sbatch that queued twice): the folder is held by the tracked job, so it leaves
+    # without touching the entry's state
+    from experiments.core.runlock import RunLock
+
+    state = sweep / "embedded" / "slurm-job.json"
+    slurm.write_state(state, state="running", job_id="77_0")
+    before = state.read_bytes()
+    with RunLock(sweep / "embedded"):
+        p = run_cli("sweep", "slurm-job", str(sweep), "embedded", env=env)
+    assert state.read_bytes() == before and "in use by another medstack process" in " ".join(p.stderr.split()), p.stderr[-2000:]

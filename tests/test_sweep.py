@@ -34,6 +34,8 @@ def _finished_run(d, case_ids: list[str]) -> None:
 
 def test_labels_and_models():
     assert labels_for(["embedded", "embedded", "llama3-8b-instruct@http://127.0.0.1:9/v1"]) == ["embedded", "embedded-2", "llama3-8b-instruct"]
+    # two endpoints of one model and a model whose own alias is m-2: three entries, three folders, each its own model
+    assert labels_for(["m@http://127.0.0.1:8001/v1", "m@http://127.0.0.1:8002/v1", "m-2@http://127.0.0.1:8003/v1"]) == ["m", "m-3", "m-2"]
     assert parse_models(" embedded , llama2-7b-chat ") == ["embedded", "llama2-7b-chat"]
     from experiments.core.config import ConfigError
 

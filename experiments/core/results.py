@@ -167,17 +167,75 @@ def make_results_dir(path: str | Path) -> Path:
     return path
 
 
+RESULT_FILES = ("config.yaml", "records.jsonl", "metrics.json", "identity.json", "summary.md")
+
+
+def kind_of(path: str | Path) -> str | None:
+    """The kind of results a folder holds: its config.yaml's ``experiment``, else identity.json's (None: neither says)."""
+    for name, read in (("config.yaml", yaml.safe_load), ("identity.json", json.loads)):
+        try:
+            d = read((Path(path) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if isinstance(d, dict) and d.get("experiment"):
+            return str(d["experiment"])
+    return None
+
+
+def check_owner(path: str | Path, kind: str | None, formerly: tuple[str, ...] = ()) -> None:
+    """Every command that writes a results folder owns it: a folder that holds results of another kind (another
+    command's, or files of a results folder without a readable config.yaml) is refused before anything is read or
+    written (ResultsError, exit 2), naming what is there. A missing or empty folder, or one of ``kind``, is ours."""
+    p = Path(path)
+    if not kind or not p.is_dir():
+        return
+    there = kind_of(p)
+    held = [n for n in RESULT_FILES if (p / n).exists()]
+    if there is None and "config.yaml" in held:
+        return  # a folder from before its kind was written down: its settings decide (RunDir's resume check)
+    if held and there != kind and there not in formerly:
+        what = f"results of `{there}`" if there else f"results files ({', '.join(held)}) of an unknown kind"
+        raise ResultsError(f"--out {p} holds {what}; this command writes `{kind}` results and never into another "
+                           f"command's folder: choose another --out (docs/running-studies.md, \"Whose folder\")")
+
+
+def claim_dir(path: str | Path, kind: str, config: dict) -> Path:
+    """A folder a tool writes whole outside a RunDir (``compare``): refused if another command's (:func:`check_owner`),
+    made private, its config.yaml naming its kind (so the same command may write it again, and no other)."""
+    check_owner(path, kind)
+    p = make_results_dir(path)
+    write_private(p / "config.yaml", yaml.safe_dump({"experiment": kind, **config}, sort_keys=False, allow_unicode=True))
+    return p
+
+
 class RunDir:
     def __init__(self, path: str | Path, config: dict, *, id_key: str = "id", prompt_files: dict[str, str] | None = None,
-                 settings_cls: type | None = None, formerly: tuple[str, ...] = ()):
+                 settings_cls: type | None = None, formerly: tuple[str, ...] = (), whole: bool = False):
+        """``whole``: the result is computed whole each time (a calibration, an import): every file is written beside
+        its old one (``NAME.new``) and :meth:`commit` puts them all in place at the end, so the old result stays until
+        the new one is complete; a killed command leaves the old files (and ``.new`` ones the next opening removes)."""
+        check_owner(path, config.get("experiment"), formerly)
         self.path = make_results_dir(path)
         self.settings_cls = settings_cls  # the run's settings class: its resume rules, and how it reads an older config.yaml
         self.formerly = formerly  # older names of the run's kind: a folder written under one is resumed as this kind
         self.id_key = id_key
-        self.records_path = self.path / "records.jsonl"
+        self.whole = whole
+        self.records_path = self.path / ("records.jsonl.new" if whole else "records.jsonl")
         self.notes: list[str] = []  # what opening the folder repaired, for the screen
-        self._check_config({**config, **({"prompt_files": prompt_files} if prompt_files else {})})
-        self._repair()
+        if whole:
+            for stale in self.path.glob("*.new"):
+                stale.unlink(missing_ok=True)
+            self._write(self.path / "config.yaml", yaml.safe_dump({**config, **({"prompt_files": prompt_files} if prompt_files else {})},
+                                                                  sort_keys=False, allow_unicode=True))
+        else:
+            self._check_config({**config, **({"prompt_files": prompt_files} if prompt_files else {})})
+            self._repair()
+
+    def commit(self) -> None:
+        """A whole result: its files put in place of the old ones (config.yaml last: it names what the folder holds)."""
+        news = sorted(self.path.glob("*.new"), key=lambda p: p.name == "config.yaml.new")
+        for new in news:
+            new.replace(new.with_suffix(""))
 
     # -- config ---------------------------------------------------------------
     def _check_config(self, config: dict) -> None:
@@ -205,6 +263,8 @@ class RunDir:
         self._write(cfg_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
     def _write(self, path: Path, text: str) -> None:
+        if self.whole and path.parent == self.path and path.suffix != ".new":
+            path = path.with_name(path.name + ".new")  # put in place by commit()
         write_private(path, text, f"finished records in {self.records_path} are kept")
 
     # -- records --------------------------------------------------------------
@@ -293,6 +353,9 @@ class RunDir:
         clean = finite(metrics, empty)
         if empty:
             clean["null_metrics"] = {"count": len(empty), "where": empty}
+        if self.whole:
+            self._write(self.path / "metrics.json", strict_json(clean, indent=2))
+            return
         tmp = self.path / "metrics.json.tmp"
         self._write(tmp, strict_json(clean, indent=2))
         tmp.replace(self.path / "metrics.json")

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.core.results import ResultsError, make_results_dir
+from experiments.core.results import ResultsError, check_owner, make_results_dir
 
 LOCK_NAME = ".medstack.lock"
 
@@ -40,12 +40,16 @@ def _holder(path: Path) -> dict:
 class RunLock:
     """An exclusive, non-blocking lock on a results directory; released on exit (and by the kernel on death)."""
 
-    def __init__(self, out: str | Path):
+    def __init__(self, out: str | Path, kind: str | None = None, formerly: tuple[str, ...] = ()):
+        """``kind``: the results the holder writes; a folder holding another kind's is refused before the lock file
+        is made in it (experiments.core.results.check_owner: nothing of another command's folder changes)."""
         self.dir = Path(out)
         self.path = self.dir / LOCK_NAME
+        self.kind, self.formerly = kind, formerly
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
+        check_owner(self.dir, self.kind, self.formerly)
         make_results_dir(self.dir)
         # first through a read-only descriptor, so a local run keeps no file open for writing between writes (a file
         # system can then be remounted read-only under it: a fault the tests provoke); where the file system emulates

@@ -132,7 +132,7 @@ async def run_study(study: Study, settings: RunSettings, cases: list[dict] | Non
                     resume_command: str | None = None, client=None, log=print) -> RunOutcome:
     if cases is None:
         settings, cases = prepare_run(study, settings)
-    with RunLock(settings.out):  # one process per results directory; a second one is refused at once (exit 2)
+    with RunLock(settings.out, settings.experiment, study.formerly):  # one process per results directory, of this study's kind (exit 2)
         return await _run_locked(study, settings, cases, api_key=api_key, resume_command=resume_command, client=client, log=log)
 
 

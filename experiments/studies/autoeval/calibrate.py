@@ -15,6 +15,7 @@ from experiments.common.stats import kendall, spearman, weighted_kappa
 from experiments.core.registry import open_run
 from experiments.core.record import is_typed, record
 from experiments.core.results import RunDir
+from experiments.core.runlock import RunLock
 from experiments.core.study import Study
 from experiments.studies.autoeval.scorers import RATINGS_ONLY
 from experiments.tables.plots import confusion_png
@@ -102,10 +103,14 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
     from experiments.core.registry import named
 
     config = {"experiment": named(Calibration).name, "ratings": str(ratings), "reference": str(reference), "scale": [lo, hi], "kappa_weights": "linear"}
-    outp = Path(out)
-    if (outp / "records.jsonl").exists():
-        (outp / "records.jsonl").unlink()
-    rundir = RunDir(outp, config)
+    lock = RunLock(out, config["experiment"]).acquire()  # computed whole: the old result stays until commit()
+    try:
+        return _write_whole(RunDir(out, config, whole=True), keys, judge, ref, ratings, reference, overall, per, cm, cats)
+    finally:
+        lock.release()
+
+
+def _write_whole(rundir: RunDir, keys, judge, ref, ratings, reference, overall, per, cm, cats) -> dict:
     for (k, rk) in keys:
         rundir.append(item_record(k[0], k[1], ref[rk], judge[k], str(ratings)))
     metrics = {"items_judge": len(judge), "items_reference": len(ref), "items_matched": len(keys), "overall": overall, "per_criterion": per, "kappa_weights": "linear"}
@@ -118,6 +123,7 @@ def calibrate_autoeval(ratings: str, reference: str, out: str | Path, *, lo: int
                     for crit, m in [("all", overall)] + list(per.items())])]
     L += ["", f"mean absolute difference: {num(overall['mean_abs_diff'])}; confusion matrix: confusion_autoeval.png (rows: reference)"]
     rundir.write_summary("\n".join(L) + "\n")
+    rundir.commit()
     return metrics
 
 

@@ -17,6 +17,7 @@ from experiments.common.stats import cluster_bootstrap, rater_agreement
 from experiments.core.config import ConfigError, RunSettings, Sampling
 from experiments.core.record import turns
 from experiments.core.results import RunDir
+from experiments.core.runlock import RunLock
 from experiments.core.scorers import Scorer, always
 from experiments.core.study import CaseContext, Study
 from experiments.studies.craftmd import paper_values
@@ -243,12 +244,12 @@ def calibrate_without_model(labels: str, out: str | Path, *, n_boot: int = N_BOO
         r.pop("roles", None)
         r["scores"].update(to_disk(TERMINOLOGY.rule(r, None)))
         records.append(r)
-    outp = Path(out)
-    if (outp / "records.jsonl").exists():
-        (outp / "records.jsonl").unlink()  # recomputed whole: no request is made
-    rundir = RunDir(outp, {"experiment": named(ConversationCalibration).name, "data": str(labels), "roles": {}, "n_boot": n_boot})
-    rundir.append_many(records)
-    metrics = calibration_metrics(records, n_boot=n_boot)
-    rundir.write_metrics(metrics)
-    rundir.write_summary(calibration_summary(metrics, ""))
+    kind = named(ConversationCalibration).name
+    with RunLock(out, kind):  # recomputed whole (no request is made): the old result stays until the new one is in place
+        rundir = RunDir(out, {"experiment": kind, "data": str(labels), "roles": {}, "n_boot": n_boot}, whole=True)
+        rundir.append_many(records)
+        metrics = calibration_metrics(records, n_boot=n_boot)
+        rundir.write_metrics(metrics)
+        rundir.write_summary(calibration_summary(metrics, ""))
+        rundir.commit()
     return metrics

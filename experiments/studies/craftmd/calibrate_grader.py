@@ -19,7 +19,8 @@ from experiments.common.markdown import md_table, num
 from experiments.common.stats import count_agreement
 from experiments.core.dryrun import RecordingClient, request_line, write_requests
 from experiments.core.record import record
-from experiments.core.results import RunDir
+from experiments.core.results import RunDir, check_owner
+from experiments.core.runlock import RunLock
 from experiments.core.scorers import Scorer
 from experiments.core.study import CaseContext, RequestFailed, Study
 from experiments.studies.craftmd import grading
@@ -279,6 +280,10 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: 
     study runner: its items are the release's fixed answers, graded in one pass whose every request is cached, so a
     rerun replays what was answered (the runner's per-case resume would add nothing). ``client`` (tests) replaces
     open_client. ``dry_run``: every request recorded, none sent, ``OUT/dry-run.jsonl`` written, no results."""
+    from experiments.core.registry import named
+
+    kind = named(CalibrateGrader).name
+    check_owner(out, kind)  # before a request is made: never another command's folder
     s = study_settings(config, {"grader": judge}, concurrent_rule=rule, completion=completion)
     data = read_labels(labels)
     cases = data["cases"]
@@ -305,18 +310,27 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: 
 
     rule = s.concurrent_rule
     pub = published_counts(published, cases) if published else {}
-    from experiments.core.registry import named
-
-    config_out = {"experiment": named(CalibrateGrader).name, "judge": judge, "labels": str(labels), "concurrent_rule": rule,
+    config_out = {"experiment": kind, "judge": judge, "labels": str(labels), "concurrent_rule": rule,
                   "published": str(published) if published else None, "mode": "completion" if "grader" in s.completion_steps else "chat",
                   "grader_prompt": "experiments/studies/craftmd/prompts/grader_match.txt", "prompt_hash": PROMPTS.hash("grader_match"),
                   "kappa_weights": "linear", "roles": {"grader": judge}, "study_config": str(config or "experiments/studies/craftmd/configs/paper.yaml"),
                   "sampling": {"grader": s.sampling["grader"].model_dump(mode="json")}, "grader_reasks": s.grader_reasks,
                   "verdict_rule": s.verdict_rule, "lone_system_as_user": s.lone_system_as_user, "answers": s.answers}
-    outp = Path(out)
-    if (outp / "records.jsonl").exists():
-        (outp / "records.jsonl").unlink()  # a calibration is recomputed whole (answered requests come from the cache)
-    rundir = RunDir(outp, config_out)
+    lock = RunLock(out, kind).acquire()  # recomputed whole (answered requests come from the cache): the old result stays until commit()
+    try:
+        metrics, failed = _write_whole(RunDir(out, config_out, whole=True), cases, graded, pub, data, judge, alias, published, s, config,
+                                       identities, usage, wall)
+    finally:
+        lock.release()
+    if failed:
+        raise CalibrationFailed(f"{metrics['trials_failed']} trial(s) got no grading answer; {len(failed)} case(s) left out: {', '.join(failed[:10])}"
+                                f"{' ...' if len(failed) > 10 else ''} (results in {out})")
+    return metrics
+
+
+def _write_whole(rundir: RunDir, cases, graded, pub, data, judge, alias, published, s, config, identities, usage, wall) -> tuple[dict, list]:
+    """The calibration's folder, written whole (records, identity, metrics, plots, summary) and put in place."""
+    rule = s.concurrent_rule
     judge_who = {"model": judge, "prompt_hash": PROMPTS.hash("grader_match"), "rule": rule}
     records = [case_record(c, graded[c["id"]], pub.get(c["id"]), judge_who) for c in cases]
     rundir.append_many(records)
@@ -360,10 +374,8 @@ async def calibrate_grader(judge: str, labels: str, out: str | Path, *, config: 
                       "authors' grader: correct trials of 5", "dermatologist: correct trials of 5")
     rundir.write_metrics(metrics)
     rundir.write_summary(grader_summary(metrics))
-    if failed:
-        raise CalibrationFailed(f"{metrics['trials_failed']} trial(s) got no grading answer; {len(failed)} case(s) left out: {', '.join(failed[:10])}"
-                                f"{' ...' if len(failed) > 10 else ''} (results in {out})")
-    return metrics
+    rundir.commit()
+    return metrics, failed
 
 
 def grader_summary(m: dict) -> str:

@@ -119,15 +119,25 @@ def calibrate_conversations_cmd(
     if answers not in (None, "free", "constrained"):
         raise typer.BadParameter("--answers must be free or constrained")
     model = model or old_model
-    if model is None:
+    if model is None:  # the terminology check alone: an option of the assessor's would be silently unused
+        given = [flag for flag, value in (("--config", config), ("--limit", limit), ("--answers", answers), ("--completion/--chat", completion),
+                                          ("--concurrency", concurrency != 16 or None), ("--no-cache", no_cache or None),
+                                          ("--allow-remote", allow_remote or None), ("--api-key", api_key)) if value is not None]
+        if given:
+            from experiments.core.config import ConfigError
+
+            raise ConfigError(f"{', '.join(given)}: only with --assessor-model (they set how the assessor is asked); without it "
+                              "only the terminology check runs, over every conversation, with no model")
         calibrate_without_model(resolve_data(labels), out, n_boot=n_boot)
         _print((out / "summary.md").read_text())
         log(f"results in {out}")
         return
     run = study_settings(config, {"assessor": model}, completion=completion, step="assessor")
+    if answers:  # the summary's settings line is the one the requests are built from
+        run = run.model_copy(update={"answers": answers})
     study = named(ConversationCalibration)()
     settings = ConversationCalibrationSettings(
-        data=resolve_data(labels), out=str(out), limit=limit, roles={"assessor": model}, answers=answers or run.answers, concurrency=concurrency,
+        data=resolve_data(labels), out=str(out), limit=limit, roles={"assessor": model}, answers=run.answers, concurrency=concurrency,
         use_cache=not no_cache, allow_remote=allow_remote, n_boot=n_boot, sampling={"assessor": run.sampling["assessor"]},
         completion_steps=["assessor"] if "assessor" in run.completion_steps else [], lone_system_as_user=run.lone_system_as_user,
         study_config=str(config or "experiments/studies/craftmd/configs/paper.yaml"), settings_line=settings_line(run, "assessor", config))

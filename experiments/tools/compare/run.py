@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.core.registry import open_run, study_of
-from experiments.core.results import Run, make_results_dir, strict_json, write_private
+from experiments.core.results import Run, claim_dir, strict_json, write_private
 from experiments.core.scorers import figures, scores_markdown
 from models.errors import MedstackError
 
@@ -31,7 +31,7 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     studies = [study_of(r) for r in runs]
     kinds = {(st.name if st else r.experiment) for st, r in zip(studies, runs)}
     study = studies[0] if len(kinds) == 1 else None
-    out = make_results_dir(out)
+    out = claim_dir(out, "compare", {"runs": [str(p) for p in paths]})
     own = None
     head = ""
     if study is not None:

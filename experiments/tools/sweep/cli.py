@@ -101,8 +101,11 @@ def show_help(ctx: typer.Context, study: str | None) -> None:
     if study is None or study in ("status", "slurm-job", "slurm-join"):
         return
     _, cmd, _ = study_parser(study)
-    typer.echo(f"\nThe options of {study}, given after the sweep's own as to `medstack run {study}` (the sweep sets each run's --out "
-               "and --model itself: give --models, and --out for the sweep folder):")
+    import textwrap
+
+    typer.echo("\n" + textwrap.fill(f"The options of {study}, given after the sweep's own as to `medstack run {study}` (the sweep sets "
+                                    "each run's --out and --model itself: give --models, and --out for the sweep folder):", width=78,
+                                    break_on_hyphens=False, break_long_words=False))
     cmd.get_help(cmd.make_context(f"{ctx.command_path} {study}", [], resilient_parsing=True))
 
 

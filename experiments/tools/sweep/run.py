@@ -17,8 +17,8 @@ from experiments.common.markdown import md_table
 from experiments.core import registry
 from experiments.core.commands import COMMON, build_settings, parse_role_items, run_command
 from experiments.core.config import ConfigError, parse_set, read_yaml_mapping
-from experiments.core.results import latest_records, make_results_dir
-from experiments.core.runlock import RunLock
+from experiments.core.results import check_owner, claim_dir, latest_records, make_results_dir
+from experiments.core.runlock import RunDirInUse, RunLock
 from experiments.core.runner import prepare_run
 from experiments.datasets.registry import resolve_data
 from experiments.tools.report.build import build_report
@@ -32,7 +32,7 @@ class ModelRun:
     label: str
     model: str
     out: Path
-    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error | dry run (nothing sent)
+    status: str = "pending"  # finished | skipped (finished earlier) | incomplete (failed cases) | error | in use | dry run (nothing sent)
     message: str = ""
     roles: dict[str, str] = field(default_factory=dict)  # role -> model reference of this run
 
@@ -61,12 +61,15 @@ def parse_models(text: str) -> list[str]:
 
 
 def labels_for(models: list[str]) -> list[str]:
-    """One folder name per model: its alias (a repeated alias gets -2, -3, ...)."""
-    out, seen = [], {}
-    for m in models:
-        base = re.sub(r"[^A-Za-z0-9._-]+", "_", ModelRef.parse(m).alias)
-        seen[base] = seen.get(base, 0) + 1
-        out.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    """One folder name per model, unique by construction: its alias, and where that is taken (the same alias again,
+    at this or another endpoint, or a name another model's alias holds: ``m-2``) the first free ``<alias>-2``,
+    ``-3``, ... Entry i runs models[i] into labels[i], always."""
+    bases = [re.sub(r"[^A-Za-z0-9._-]+", "_", ModelRef.parse(m).alias) for m in models]
+    taken, out = set(bases), []
+    for i, base in enumerate(bases):
+        label = base if base not in out else next(f"{base}-{n}" for n in range(2, len(models) + 2)
+                                                  if f"{base}-{n}" not in taken and f"{base}-{n}" not in out)
+        out.append(label)
     return out
 
 
@@ -152,6 +155,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
                           f"of --models; name only the fixed roles (or choose the varied ones with --vary)")
     on_cli, named = named, {**{k: v for k, v in in_config.items() if k not in roles_varied}, **named}
     sweep_dir = Path(sweep_dir)
+    check_owner(sweep_dir, "sweep")  # a sweep folder is a sweep's: never a results folder of another command
     runs = [ModelRun(lbl, m, sweep_dir / lbl) for lbl, m in zip(labels_for(models), models)]
 
     def plan(r: ModelRun, idle: tuple[str, ...]):
@@ -185,6 +189,7 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
             check_gpu_fit(settings)
     pub_dirs = _published_plan(published or [], sweep_dir, study.name)
     outcome = SweepOutcome(runs, varied=roles_varied, idle=idle)
+    claim_dir(sweep_dir, "sweep", {"study": study.name, "models": models})
     if executor is not None:  # another executor (experiments/tools/sweep/slurm.py) takes the checked plan from here
         return executor(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
     with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
@@ -226,6 +231,9 @@ def run_entry(plan: Plan, r: ModelRun, common: dict, given: dict, case_ids: list
     try:
         run_command(plan.study_factory(), common, given)  # the study command's own body: the one runner
         r.status, r.message = ("dry run", f"requests written to {r.out / 'dry-run.jsonl'}; nothing was sent") if common.get("dry_run") else ("finished", "")
+    except RunDirInUse as e:  # another process (a duplicate of this entry's job) holds its folder: its run, not ours
+        r.status, r.message = "in use", str(e)
+        log(f"sweep: {r.label}: {e}")
     except MedstackError as e:  # e.g. its server would not start (weights missing): report, go on
         r.status, r.message = "error", str(e)
         log(f"sweep: [red]{r.label}: {study.name} with model {r.model} stopped: {e}[/red] — going on to the next model")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from experiments.common.markdown import md_table
 from experiments.core.config import ConfigError
 from experiments.core.results import make_results_dir
-from experiments.core.runlock import RunLock
+from experiments.core.runlock import RunDirInUse, RunLock
 from experiments.tools.sweep.run import Plan, SweepOutcome, check_gpu_fit, finished_ids, is_finished, join, run_entry
 from models.errors import MedstackError
 from models.paths import USER_HOME_ENV, medstack_home, private_dir
@@ -95,9 +96,13 @@ class SlurmSubmit:
             entries = old.get("entries", {})
             queued = {} if dry else self._queued(plan, entries, old)
             in_queue = {lbl for lbl, e in entries.items() if e.get("job") in queued}
-            if in_queue and old.get("spec") != self.spec:
-                raise ConfigError(f"{sweep_dir}: jobs of this sweep are still queued ({', '.join(sorted(in_queue))}) with other arguments; "
-                                  f"wait for them (`medstack sweep status {sweep_dir}`) or cancel them (scancel) first")
+            if in_queue and old.get("spec") != self.spec:  # the plan is what they run: it cannot change under them
+                jobs = sorted({entries[lbl]["job"].split("_")[0] for lbl in in_queue})
+                live = ", ".join(f"{lbl}: job {entries[lbl]['job']}" for lbl in sorted(in_queue))
+                raise ConfigError(f"{sweep_dir}: its plan cannot change while its jobs are queued or running with other arguments "
+                                  f"({live}); "
+                                  f"wait for them (`medstack sweep status {sweep_dir}`), or cancel them (`scancel {' '.join(jobs)}`) and run "
+                                  "this command again; --dry-run shows the new plan without touching it")
             todo = []
             for r, _common, _given, _settings, case_ids in plan.planned:
                 e = entries.setdefault(r.label, {})
@@ -156,31 +161,36 @@ class SlurmSubmit:
             return {}
 
     def _dry_run(self, plan: Plan, plan_doc: dict, todo: list) -> SweepOutcome:
+        """The scripts and the plan a submission would write, in a folder of their own (``slurm/dry-run``): the live
+        plan, which queued jobs re-read when they start, is never touched."""
         sweep_dir, log = plan.sweep_dir, plan.log
-        _write_plan(sweep_dir, plan_doc)
+        where = slurm_dir(sweep_dir) / "dry-run"
+        shutil.rmtree(where, ignore_errors=True)
+        private_dir(where)
+        write_state(where / PLAN_FILE, **plan_doc)
         commands, scripts = [], []
         for k, (group, limit, chained) in enumerate(_arrays(todo, self.opts.max_parallel)):
-            script, labels = self._entry_script(sweep_dir, group, len(list(slurm_dir(sweep_dir).glob("entries-*.sbatch"))), limit)
+            script, labels = self._entry_script(sweep_dir, group, k, limit, where)
             scripts.append(str(script))
             after = [f"--dependency=afterany:$JOB{k - 1}"] if chained and k else []
             commands.append(f"JOB{k}=$(sbatch --parsable {' '.join(after + [shlex.quote(str(script))])})  # {', '.join(labels)}")
             for i, r in enumerate(group):
                 make_results_dir(r.out)  # where the job's log goes, should the script be submitted by hand
                 r.status, r.message = "dry run", f"task {i} of {script}; nothing submitted"
-        join_script = write_join(sweep_dir, plan_doc)
+        join_script = write_join(sweep_dir, plan_doc, where)
         scripts.append(str(join_script))
         deps = ":".join(f"$JOB{k}" for k in range(len(commands)))
         commands.append(f"sbatch --parsable {'--dependency=afterany:' + deps + ' ' if deps else ''}{shlex.quote(str(join_script))}  # the join")
-        log(f"sweep: dry run: no Slurm command was run, nothing submitted. The plan: {slurm_dir(sweep_dir) / PLAN_FILE}; "
-            f"the scripts, to read before submitting: {', '.join(scripts)}")
+        log(f"sweep: dry run: no Slurm command was run, nothing submitted, the live plan untouched. What a submission would write: "
+            f"the plan {where / PLAN_FILE}; the scripts, to read: {', '.join(scripts)}")
         log("sweep: submitting would run:\n" + "\n".join("    " + c for c in commands)
             + "\n(the same command without --dry-run submits them and keeps the job ids for `medstack sweep status`)")
         return plan.outcome
 
-    def _entry_script(self, sweep_dir: Path, group: list, n: int, limit: int | None) -> tuple[Path, list[str]]:
+    def _entry_script(self, sweep_dir: Path, group: list, n: int, limit: int | None, where: Path | None = None) -> tuple[Path, list[str]]:
         gpus, mem = group[0].resources
         labels = [r.label for r in group]
-        script = slurm_dir(sweep_dir) / f"entries-{n}.sbatch"
+        script = (where or slurm_dir(sweep_dir)) / f"entries-{n}.sbatch"
         python = self.opts.python_argv(self.python)
         body = [f"LABELS=({' '.join(shlex.quote(x) for x in labels)})",
                 'LABEL="${LABELS[${SLURM_ARRAY_TASK_ID:-0}]}"',
@@ -251,13 +261,13 @@ def _scancel(job: str) -> None:
         pass  # an earlier join left queued finds the entries again when it runs, and waits for them
 
 
-def write_join(sweep_dir: Path, plan_doc: dict) -> Path:
+def write_join(sweep_dir: Path, plan_doc: dict, where: Path | None = None) -> Path:
     opts = SlurmOptions(**{**plan_doc["options"], "cpus": 1, "max_parallel": None})
     opts.extra = {k: v for k, v in opts.extra.items() if not k.startswith(("gres", "gpu", "mem", "cpu", "constraint"))}  # no GPU for the join
     python = opts.python_argv(plan_doc["python"])
     body = ["exec " + shlex.join([*python, "-m", "scripts.cli", "sweep", "slurm-join", str(sweep_dir)])]
     hdr = header("medstack-sweep-join", opts, gpus=0, mem_gb=4, output=sweep_dir / "slurm" / "join.log", requeue=False)
-    return write_script(slurm_dir(sweep_dir) / "join.sbatch",
+    return write_script((where or slurm_dir(sweep_dir)) / "join.sbatch",
                         sbatch_script(hdr, body, chdir=Path(plan_doc["cwd"]), opts=opts, comment=f"medstack sweep: the join of {sweep_dir}"))
 
 
@@ -283,6 +293,12 @@ class EntryJob:
                               f"({', '.join(p[0].label for p in plan.planned)})")
         r, common, given, settings, case_ids = match[0]
         state = r.out / JOB_STATE
+        try:  # a second job of this entry (an sbatch that queued it twice) finds its folder held: it leaves the state alone
+            RunLock(r.out).acquire().release()
+        except RunDirInUse as e:
+            plan.log(f"sweep slurm-job: {self.label}: {e}; this job ends, the entry's state is the holder's")
+            r.status, r.message = "in use", str(e)
+            return plan.outcome
         write_state(state, state="running", started=time.time(), **job_identity())
         os.environ.update(gpu_plan(r.roles, os.environ.get("CUDA_VISIBLE_DEVICES", "")))
         check_gpu_fit(settings)  # on the GPUs this job was given, each server on its own where the plan split them
@@ -291,6 +307,8 @@ class EntryJob:
         except BaseException:  # SIGTERM from Slurm (preemption, requeue, scancel), Ctrl-C: requeued jobs resume
             write_state(state, state="interrupted", ended=time.time())
             raise
+        if r.status == "in use":  # took the folder's lock between our look and the run: the holder's state stays
+            return plan.outcome
         if r.status in ("finished", "skipped"):
             write_state(state, state="done", ended=time.time(), exit_code=0, message="")
         else:

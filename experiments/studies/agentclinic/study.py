@@ -119,6 +119,12 @@ class AgentClinicStudy(Study):
     sweep_roles = ("doctor",)  # the paper varies the doctor; patient, measurement and moderator stay one model
     strata = ("sex",)  # --sample keeps the set's mix of female and male patients (the cases have no specialty)
     scorers = (moderator("diagnosis"), patient_checks(), moderator("diagnosis-first-word", "first_word", optional=True))
+    # a dry run's doctor asks, requests a test and diagnoses, so the patient, the measurement agent and the moderator
+    # each get their request (experiments/core/dryrun.py)
+    standins = {"doctor": ("(dry run) Where does it hurt, and since when?", "REQUEST TEST: Complete_Blood_Count",
+                           "DIAGNOSIS READY: (dry run) a stand-in diagnosis"),
+                "patient": ("(dry run) It started two days ago.",), "measurement": ("RESULTS: (dry run) NORMAL READINGS",),
+                "moderator": ("Yes",)}
 
     def upgrade(self, r: dict, s) -> dict:
         """A record written before the typed record (its loop's own fields) in today's shape; its scores as written."""

@@ -141,6 +141,9 @@ class AgentClinicStudy(Study):
         return CONFIGS / "paper.yaml"
 
     def prepare(self, s: AgentClinicSettings) -> AgentClinicSettings:
+        if s.doctor_actions and s.answers != "constrained":
+            raise ConfigError("doctor_actions holds each doctor reply to an action by its reply format: it needs answers: constrained "
+                              "(--set answers=constrained)")
         if not s.data:
             raise ConfigError("no case file: pass --data OSCE.jsonl or a registered name (agentclinic-medqa, agentclinic-medqa-ext)")
         return s.model_copy(update={"name": s.name or model_name(s.roles["doctor"])})

@@ -80,7 +80,7 @@ def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_pat
     proc = cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--sample", "2", "--dry-run",
                "--out", str(tmp_path / "dry"), check=True)
     said = proc.stdout + proc.stderr
-    assert "stratified by sex" in said and "1 female, 1 male" in said and "dry run: 80 request(s) of 2 case(s)" in said
+    assert "stratified by sex" in said and "1 female, 1 male" in said and "dry run: 12 request(s) of 2 case(s)" in said  # the stand-ins: a question, a test, a diagnosis, its verdict
 
 
 class _Polite(_Clinic):
@@ -134,4 +134,4 @@ def test_the_extended_set_is_listed_and_read_by_name(cli, fixtures_dir, tmp_path
     shutil.copy(fixtures_dir / "agentclinic" / "cases.jsonl", folder / "agentclinic_medqa_extended.jsonl")
     (folder / MARKER).write_text("{}")
     r = cli(*args, env=env, check=True)
-    assert "dry run: 120 request(s) of 3 case(s)" in r.stdout + r.stderr
+    assert "dry run: 18 request(s) of 3 case(s)" in r.stdout + r.stderr

@@ -20,10 +20,10 @@ FX = Path(__file__).parent / "fixtures"
 
 # study -> (argv before the common options, requests per dry run, a step of the first case that has a declared format)
 STUDIES = {
-    "craftmd": (["run", "craftmd", "--data", str(FX / "craftmd" / "cases.csv"), "--limit", "1"], 55, "vignette_mcq"),
+    "craftmd": (["run", "craftmd", "--data", str(FX / "craftmd" / "cases.csv"), "--limit", "1"], 105, "vignette_mcq"),
     "dera-summarize": (["run", "dera-summarize", "--data", str(FX / "dera" / "encounters.jsonl"), "--limit", "1"], None, "researcher:1"),
     "dera-careplan": (["run", "dera-careplan", "--data", str(FX / "dera" / "encounters.jsonl"), "--limit", "1"], None, "researcher:1"),
-    "dera-qa": (["run", "dera-qa", "--data", str(FX / "dera" / "medqa_open.jsonl"), "--limit", "2"], 18, "oneshot"),
+    "dera-qa": (["run", "dera-qa", "--data", str(FX / "dera" / "medqa_open.jsonl"), "--limit", "2"], 20, "oneshot"),
     "meditod-nlu-icl": (["run", "meditod-nlu", "--data", str(FX / "meditod" / "dialogs.json"), "--mode", "icl", "--k", "2", "--limit", "3"], 3, "predict"),
     "meditod-pol-icl": (["run", "meditod-pol", "--data", str(FX / "meditod" / "dialogs.json"), "--mode", "icl", "--k", "2", "--limit", "3"], 3, "predict"),
     "meditod-nlg-icl": (["run", "meditod-nlg", "--data", str(FX / "meditod" / "dialogs.json"), "--mode", "icl", "--k", "2", "--limit", "3"], 3, None),
@@ -86,6 +86,41 @@ def test_dry_run_free_and_constrained_write_the_same_requests(invoke, tmp_path, 
     assert free_one["constraint"]["applied"] is False and "structured" not in free_one["gen"]
     if one["constraint"]["kind"] == "regex":  # free text ends inside the step's budget: $words filled from max_tokens
         assert "$words" not in one["gen"]["structured"]["regex"]
+
+
+# study -> (argv, the kinds of request (role: step, a step's running number left out) its dry run must show)
+KINDS = {
+    "agentclinic": (["run", "agentclinic", "--data", str(FX / "agentclinic" / "cases.jsonl"), "--sample", "3", "--seed", "0"],
+                    {"doctor: doctor", "patient: patient", "measurement: measurement", "moderator: moderator"}),
+    "craftmd": (["run", "craftmd", "--data", str(FX / "craftmd" / "cases.csv"), "--limit", "1", "--trials", "1", "--set", "assess_conversations=true"],
+                {"patient: patient_opening", "clinical: doctor_turn", "patient: patient_turn", "summarizer: summary", "clinical: vignette_mcq",
+                 "clinical: multiturn_frq", "grader: vignette_extract", "grader: vignette_match", "assessor: assess_Q1", "assessor: assess_complete"}),
+    "dera-summarize": (["run", "dera-summarize", "--data", str(FX / "dera" / "encounters.jsonl"), "--limit", "1"],
+                       {"decider: decider:initial", "researcher: researcher", "decider: decider", "decider: decider:final",
+                        "judge: gptf1:dera_vs_initial:Pertinent Positives:extract_gt", "judge: gptf1:dera_vs_initial:Pertinent Positives:precision"}),
+    "dera-qa": (["run", "dera-qa", "--data", str(FX / "dera" / "medqa_open.jsonl"), "--limit", "1"],
+                {"decider: oneshot", "decider: decider:explain", "researcher: researcher", "decider: decider", "decider: decider:final",
+                 "judge: judge:exact:dera", "judge: judge:similarity:dera"}),
+    "meditod-nlu": (["run", "meditod-nlu", "--data", str(FX / "meditod" / "dialogs.json"), "--k", "0", "--limit", "2"], {"model: predict"}),
+}
+
+
+@pytest.mark.parametrize("study", sorted(KINDS))
+def test_a_dry_run_shows_every_kind_of_request_and_says_which_replies_stood_in(invoke, tmp_path, capsys, study):
+    """The study's stand-in replies (Study.standins) walk each branch its loop takes on a reply: AgentClinic's doctor
+    asks, requests a test and diagnoses, so the measurement agent and the moderator are asked; CRAFT-MD's doctor asks,
+    then diagnoses, and its grader, summarizer and assessor follow; DERA's Researcher makes a point, then stops. The
+    dry run lists each kind with its count and the replies that stood in."""
+    from experiments.core.dryrun import request_kind
+
+    argv, kinds = KINDS[study]
+    r = invoke(*argv, "--dry-run", "--out", str(tmp_path / "dry"))
+    got = {request_kind(row) for row in _rows(tmp_path / "dry")}
+    assert kinds <= got, kinds - got
+    said = " ".join((r.output + capsys.readouterr().err).split())
+    assert "dry run: requests by kind (role: step): " in said and "dry run: replies stood in for the models'" in said
+    if study == "agentclinic":
+        assert "'REQUEST TEST: Complete_Blood_Count'" in said and "moderator: 'Yes'" in said
 
 
 def test_constrained_regex_bound_follows_the_steps_max_tokens(invoke, tmp_path):

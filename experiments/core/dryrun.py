@@ -1,14 +1,18 @@
 """``--dry-run`` for every study command (docs/running-studies.md): the one runner with a :class:`RecordingClient`.
 
-Every call is answered with an empty text so the study's own loop carries on; requests a study makes once per run
-before its cases come first, with ``case_id`` null. A dry run that builds no request for a non-empty case list
-exits 2 naming the cause.
+Every call is answered with the study's stand-in reply for that role (``Study.standins``: the k-th request of a role in
+a case gets the k-th, the last repeats; an empty text where a role has none), so the study's own loop takes each of its
+branches and the requests every branch sends are written; requests a study makes once per run before its cases come
+first, with ``case_id`` null. The dry run says each kind of request (role, step) with its count and which replies stood
+in. A dry run that builds no request for a non-empty case list exits 2 naming the cause.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +20,7 @@ from experiments.core.deviations import protocol_lines, protocol_stats
 from experiments.core.results import read_jsonl
 from experiments.core.runner import run_study
 from experiments.core.scope import scope_line
+from experiments.core.study import CURRENT_CASE
 from models.errors import DataError, MedstackError
 from serving.client import ChatResult, GenConfig
 
@@ -23,20 +28,30 @@ DRY_RUN_FILE = "dry-run.jsonl"
 
 
 class RecordingClient:
-    """Stands in for :class:`serving.client.LLMClient`: records each request, answers with an empty text."""
+    """Stands in for :class:`serving.client.LLMClient`: records each request, answers with the stand-in reply of its
+    role (``standins``: role -> replies in turn, per case; none: an empty text)."""
 
     endpoints: dict = {}
 
-    def __init__(self):
+    def __init__(self, standins: dict[str, tuple[str, ...]] | None = None):
         self.calls: list[dict] = []
+        self.standins = dict(standins or {})
+        self._asked: Counter = Counter()  # (case, role) -> requests so far
+
+    def _reply(self, role: str, gen: GenConfig, request: str) -> ChatResult:
+        replies = self.standins.get(role) or ("",)
+        k = self._asked[(CURRENT_CASE.get(), role)]
+        self._asked[(CURRENT_CASE.get(), role)] += 1
+        text = replies(request) if callable(replies) else replies[min(k, len(replies) - 1)]
+        return ChatResult(texts=[text] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
 
     async def chat(self, messages: list[dict], role: str = "default", gen: GenConfig = GenConfig()) -> ChatResult:
         self.calls.append({"role": role, "kind": "chat", "messages": messages, "gen": _gen(gen)})
-        return ChatResult(texts=[""] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
+        return self._reply(role, gen, str(messages[-1].get("content") if messages else ""))
 
     async def complete(self, prompt: str, role: str = "default", gen: GenConfig = GenConfig()) -> ChatResult:
         self.calls.append({"role": role, "kind": "completion", "prompt": prompt, "gen": _gen(gen)})
-        return ChatResult(texts=[""] * max(gen.n, 1), finish_reasons=["stop"] * max(gen.n, 1))
+        return self._reply(role, gen, prompt)
 
     def endpoint(self, role: str = "default") -> SimpleNamespace:
         """What a study reads of its endpoint (autoeval keys its explained examples on the judge's identity)."""
@@ -86,7 +101,7 @@ async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
     """Run the study against a :class:`RecordingClient`; write ``<settings.out>/dry-run.jsonl``; return its path.
     A dry run that writes no request for its cases is bad input: :class:`DataError` (exit 2) naming the cause."""
     out = Path(settings.out)
-    client = RecordingClient()
+    client = RecordingClient(study.standins)
     cause = None
     with tempfile.TemporaryDirectory(prefix="medstack-dry-run-") as tmp:
         scratch = settings.model_copy(update={"out": tmp, "use_cache": False})
@@ -120,4 +135,23 @@ async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
         + "; nothing was sent")
     for line in protocol_lines(protocol_stats([r for r in records.values() if r.get("status") != "failed"])):
         log(line)
+    for line in request_kinds(rows, study.standins):
+        log(line)
     return path
+
+
+def request_kind(row: dict) -> str:
+    """``role step`` with a step's running number left out (``doctor_turn_3`` -> ``doctor_turn``, ``adjudicate:0`` -> ``adjudicate``)."""
+    return f"{row['role']}: {re.sub(r'[:_/][0-9]+$', '', str(row.get('step')))}"
+
+
+def request_kinds(rows: list[dict], standins: dict) -> list[str]:
+    """The dry run's kinds of request with their counts, and the replies that stood in for each role's."""
+    counts = Counter(request_kind(r) for r in rows)
+    lines = ["dry run: requests by kind (role: step): " + ", ".join(f"{k} x{n}" for k, n in counts.items())]
+    said = {r["role"] for r in rows}
+    stood = [f"{role}: " + (getattr(replies, "__doc__", None) or "by request" if callable(replies) else " / ".join(repr(x) for x in replies))
+             for role, replies in standins.items() if role in said]
+    lines.append("dry run: replies stood in for the models' (each role's in turn, per case): " + ("; ".join(stood) if stood else "none (every reply empty)")
+                 + (f"; empty for {', '.join(sorted(said - set(standins)))}" if said - set(standins) else ""))
+    return lines

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -46,12 +47,16 @@ def call_seed(base: int, case_id: str, key: str) -> int:
     return int(hashlib.sha256(f"{base}:{case_id}:{key}".encode()).hexdigest()[:8], 16) % (2**31 - 1)
 
 
+CURRENT_CASE: ContextVar[str | None] = ContextVar("medstack_case", default=None)  # the case whose task is running (a dry run's stand-ins count per case)
+
+
 class CaseContext:
     """One case's access to the models, and the log of every call it made."""
 
     def __init__(self, client: LLMClient, case_id: str, seed: int = 0, answers: str = "free"):
         self.client = client
         self.case_id = str(case_id)
+        CURRENT_CASE.set(self.case_id)  # each case runs in a task of its own: this names it to what the task calls
         self.seed = seed
         self.answers = answers  # free | constrained (RunSettings.answers)
         self.calls: list[dict] = []
@@ -181,6 +186,10 @@ class Study:
     strata: ClassVar[tuple[str, ...]] = ()
     case_noun: ClassVar[str] = "cases"  # what the runner selects, in summary.md's scope line
     scorers: ClassVar[tuple[Scorer, ...]] = ()  # its judges and checks (experiments/core/scorers.py), run after solve
+    # `--dry-run`: per role, the replies that stand in for the model's, the k-th request of a role in a case answered with
+    # the k-th (the last repeats), or a function of the request's text; chosen so that a dry run walks every branch
+    # the study takes on a reply (an empty reply where a role has none)
+    standins: ClassVar[dict[str, tuple[str, ...] | Callable[[str], str]]] = {}
     tables: ClassVar[tuple] = ()  # where its paper tables are declared (set by the registry: experiments/tables)
     published: ClassVar[tuple[str, ...]] = ()  # data set names of the authors' released runs (import_published reads one)
     runner_scale: ClassVar[Callable | None] = None  # (case_trials, trials, role ref) -> (study, settings): `bench --runner-scale`

@@ -27,6 +27,7 @@ from experiments.studies.agentclinic.settings import IMPLICIT, AgentClinicSettin
 from experiments.common.grade import Grade
 from experiments.core.prompts import PromptSet
 from experiments.core.record import record
+from experiments.core.constraints import Constraint
 from experiments.core.study import CaseContext
 
 PROMPTS = PromptSet(Path(__file__).with_name("prompts"))
@@ -63,9 +64,22 @@ def verdict(reply: str, rule: str) -> int | None:
     return {"yes": 1, "no": 0}.get(first.group(1) if first else "")
 
 
-async def ask(ctx: CaseContext, agent: str, system: str, user: str, s: AgentClinicSettings) -> str:
+# the demo's doctor actions (settings ``doctor_actions``): the reply held to one branch of the loop by its format
+ACTIONS = {"ask": r"[^\s?]+( [^\s?]+){0,24}\?", "test": TEST + r": [A-Za-z_-]+( [A-Za-z_-]+){0,3}",
+           "diagnose": DIAGNOSIS + r": [^\s]+( [^\s]+){0,8}"}
+
+
+def doctor_action(s: AgentClinicSettings, i: int) -> Constraint | None:
+    """The format the doctor's ``i``-th reply is held to (``doctor_actions``, the last repeating), or None (the authors')."""
+    if not s.doctor_actions:
+        return None
+    action = s.doctor_actions[min(i, len(s.doctor_actions) - 1)]
+    return Constraint.make("regex", ACTIONS[action], f"agentclinic doctor_actions: {action}")
+
+
+async def ask(ctx: CaseContext, agent: str, system: str, user: str, s: AgentClinicSettings, constraint: Constraint | None = None) -> str:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    r = await ctx.chat(messages, role=agent, gen=getattr(s.sampling, agent).gen(), step=agent)
+    r = await ctx.chat(messages, role=agent, gen=getattr(s.sampling, agent).gen(), step=agent, constraint=constraint)
     return re.sub(r"\s+", " ", r.text or "")
 
 
@@ -104,7 +118,7 @@ async def solve(ctx: CaseContext, case: dict, s: AgentClinicSettings) -> dict:
             reply += PROMPTS.render("final_notice") + "\n"
         system = PROMPTS.render("doctor_system", budget=s.inferences, asked=i, bias=bias_text("doctor", s.doctor_bias),
                                 objective=facts(osce["Objective_for_Doctor"]))
-        said = await ask(ctx, "doctor", system, PROMPTS.render("doctor_user", history=history["doctor"], reply=reply), s)
+        said = await ask(ctx, "doctor", system, PROMPTS.render("doctor_user", history=history["doctor"], reply=reply), s, doctor_action(s, i))
         history["doctor"] += f"{reply}\n\n{said}\n\n"
         transcript.append({"role": "doctor", "text": said})
         if DIAGNOSIS in said:

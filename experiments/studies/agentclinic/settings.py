@@ -33,6 +33,8 @@ class AgentClinicSettings(RunSettings):
         "inferences": Authors(20, says="doctor budget {ours} inferences (authors: {authors}, their default)"),
         **dict.fromkeys(("doctor_bias", "patient_bias"), Unpaired("the condition a bias run measures (the authors' own variants)")),
         "verdict_rule": Authors("exact", says="moderator verdict read by rule {ours} (authors: the whole reply lower-cased must equal 'yes')"),
+        "doctor_actions": Authors([], says="the doctor's action per turn fixed to {ours} by a reply format (a demo deviation, so a small "
+                                           "model reaches every branch; authors: the doctor chooses)"),
         **{f"sampling.{agent}.{f}": Authors(getattr(AUTHORS_SAMPLING, f), says=f"{agent} {f} {{ours}} (authors: {{authors}})")
            for agent in AgentSampling.model_fields for f in Sampling.model_fields},
     }
@@ -45,5 +47,9 @@ class AgentClinicSettings(RunSettings):
     patient_bias: Literal[PATIENT_BIASES] = Field("none", description="A cognitive or implicit bias instruction added to the patient's prompt.")
     verdict_rule: Literal["exact", "first_word"] = Field("exact", description="exact: the moderator's reply lower-cased equals 'yes' (the "
                                                          "authors'; 'Yes.' is a no); first_word: its first word yes/no, else unscored.")
+    doctor_actions: list[Literal["ask", "test", "diagnose"]] = Field(
+        [], description="Demo only: the doctor's k-th reply constrained to one action (ask: a question; test: REQUEST TEST: ...; "
+                        "diagnose: DIAGNOSIS READY: ...), the last repeating; needs answers: constrained. Empty: the doctor chooses "
+                        "(the authors').")
     sampling: AgentSampling = Field(AgentSampling(), description="Sampling of each agent (sampling.AGENT.FIELD, e.g. --set "
                                     "sampling.doctor.max_tokens=100).", json_schema_extra=NO_FLAG)

@@ -119,6 +119,12 @@ class AgentClinicStudy(Study):
     sweep_roles = ("doctor",)  # the paper varies the doctor; patient, measurement and moderator stay one model
     strata = ("sex",)  # --sample keeps the set's mix of female and male patients (the cases have no specialty)
     scorers = (moderator("diagnosis"), patient_checks(), moderator("diagnosis-first-word", "first_word", optional=True))
+    # a dry run's doctor asks, requests a test and diagnoses, so the patient, the measurement agent and the moderator
+    # each get their request (experiments/core/dryrun.py)
+    standins = {"doctor": ("(dry run) Where does it hurt, and since when?", "REQUEST TEST: Complete_Blood_Count",
+                           "DIAGNOSIS READY: (dry run) a stand-in diagnosis"),
+                "patient": ("(dry run) It started two days ago.",), "measurement": ("RESULTS: (dry run) NORMAL READINGS",),
+                "moderator": ("Yes",)}
 
     def upgrade(self, r: dict, s) -> dict:
         """A record written before the typed record (its loop's own fields) in today's shape; its scores as written."""
@@ -135,6 +141,9 @@ class AgentClinicStudy(Study):
         return CONFIGS / "paper.yaml"
 
     def prepare(self, s: AgentClinicSettings) -> AgentClinicSettings:
+        if s.doctor_actions and s.answers != "constrained":
+            raise ConfigError("doctor_actions holds each doctor reply to an action by its reply format: it needs answers: constrained "
+                              "(--set answers=constrained)")
         if not s.data:
             raise ConfigError("no case file: pass --data OSCE.jsonl or a registered name (agentclinic-medqa, agentclinic-medqa-ext)")
         return s.model_copy(update={"name": s.name or model_name(s.roles["doctor"])})

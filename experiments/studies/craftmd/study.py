@@ -116,6 +116,13 @@ class CraftmdStudy(Study):
     strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
     scorers = SCORERS
     published = PUBLISHED
+    # a dry run's doctor-AI asks once, then gives its final diagnosis; the grader's extraction and verdict, the summary
+    # and the assessor's questions all follow (experiments/core/dryrun.py)
+    standins = {"patient": ("(dry run) I have had an itchy rash on my arms for a week.",),
+                "clinical": ("(dry run) Have you had a fever?", "Final Diagnosis: (dry run) a stand-in diagnosis", "A",
+                             "(dry run) a stand-in diagnosis"),
+                "summarizer": ("(dry run) a stand-in summary of the conversation.",),
+                "grader": ("Yes",), "assessor": ("Verdict: Yes",)}
 
     @classmethod
     def runner_scale(cls, case_trials: int, trials: int, ref: str):

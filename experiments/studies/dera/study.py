@@ -17,7 +17,7 @@ from experiments.studies.dera.data import load_encounters, load_medqa, resolve_q
 from experiments.studies.dera.prompts import PROMPTS
 from experiments.studies.dera.results import upgrade_dialogue, upgrade_qa
 from experiments.studies.dera.scorers import GPTF1, QA
-from experiments.studies.dera.settings import CareplanSettings, CorruptSettings, DialogueSettings, QASettings
+from experiments.studies.dera.settings import CAREPLAN_SECTIONS, SUMMARY_SECTIONS, CareplanSettings, CorruptSettings, DialogueSettings, QASettings
 from experiments.core.study import CaseContext, Study
 from experiments.tables.render import run_paper_tables
 from serving.refs import model_name
@@ -74,10 +74,26 @@ class DeraDialogueStudy(Study):
         return report.dialogue_summary(metrics, s, self.name) + "\n" + run_paper_tables(run, self)
 
 
+def dialogue_standins(sections: list[str], first: int = 1) -> dict[str, tuple[str, ...]]:
+    """A dry run's replies (experiments/core/dryrun.py): the Decider's ``first`` outputs in sections (the corruption
+    study's: its reference, then the corrupted one), the Researcher one point then [STOP], the Decider's dialogue turn,
+    its rewrite in sections; the judge's concepts and which are found, so GPT-F1's requests follow."""
+    text = "\n".join(f"{s}: (dry run) a stand-in finding." for s in sections)
+    return {"decider": (*[text] * first, '[RESPONSE: "(dry run) Agreed."] [SCRATCHPAD: "(dry run) a stand-in edit"]', text),
+            "researcher": ('[RESPONSE: "(dry run) a stand-in point"]', "[STOP]"),
+            "judge": gptf1_standin}
+
+
+def gptf1_standin(request: str) -> str:
+    """the judge: a concept list to an extraction request (prompts/gptf1_extract.txt), item 1 found to a verification"""
+    return '["(dry run) a stand-in finding"]' if "List the medical concepts" in request else "[1]"
+
+
 class SummarizeStudy(DeraDialogueStudy):
     """`medstack run dera-summarize` (its help: __init__.py)."""
 
     task = "summarize"
+    standins = dialogue_standins(SUMMARY_SECTIONS)
 
 
 class CareplanStudy(DeraDialogueStudy):
@@ -85,6 +101,7 @@ class CareplanStudy(DeraDialogueStudy):
 
     task = "careplan"
     settings_cls = CareplanSettings
+    standins = dialogue_standins(CAREPLAN_SECTIONS)
 
 
 class CorruptStudy(DeraDialogueStudy):
@@ -92,6 +109,7 @@ class CorruptStudy(DeraDialogueStudy):
 
     task = "corrupt"
     settings_cls = CorruptSettings
+    standins = dialogue_standins(SUMMARY_SECTIONS, first=2)
 
     def out_suffix(self, s: DialogueSettings) -> str:
         return f"-level{s.corruption_level}"
@@ -111,6 +129,11 @@ class QAStudy(Study):
     prompts = PROMPTS
     sweep_roles = ("decider", "researcher")
     scorers = QA
+    # a dry run's Researcher makes one point, then stops; the Decider's answer is a letter and a reason; the judge's
+    # replies read as a verdict and a number
+    standins = {"researcher": ("(dry run) Think about the timing of the symptoms.", "STOP"),
+                "decider": ("A", "(dry run) a stand-in explanation.", "Answer: A\nResponse: (dry run) a stand-in reason", "A"),
+                "judge": ("True\n(dry run) the same drug.",)}
 
     def fixed_roles(self, s: QASettings) -> tuple[str, ...]:
         return () if s.mcq else ("judge",)  # open-ended answers are judged against the gold; MCQ needs no judge

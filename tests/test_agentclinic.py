@@ -155,3 +155,22 @@ def test_the_moderator_is_the_one_constrained_step():
     assert all("structured" not in c["gen"] for c in calls if c["role"] != "moderator")
     free = [c for c in run(CASES[0], ["DIAGNOSIS READY: migraine"])[1] if c["role"] == "moderator"][0]
     assert "structured" not in free["gen"] and free["constraint"]["applied"] is False
+
+
+def test_the_figure_code_setting_runs_as_their_code_of_may_2024_did():
+    """figure-code.yaml: no final notice, replies used as written, the moderator at temperature 0, each difference
+    from their HEAD named in the deviations."""
+    from experiments.core.config import load_settings
+    from experiments.core.deviations import settings_deviations
+
+    s = load_settings(AgentClinicSettings, Path("experiments/studies/agentclinic/configs/figure-code.yaml"), {})
+    said = " ".join(settings_deviations(s))
+    for part in ("final-request notice False", "whitespace collapsed False", "moderator temperature 0 (authors: 0.05)", "doctor max_tokens 1024"):
+        assert part in said, part
+    assert "13 May to 1 June 2024" in said and s.inferences == 20
+    head, head_calls = run(CASES[0], [], inferences=2)
+    old, old_calls = run(CASES[0], [], inferences=2, final_notice=False, collapse_whitespace=False)
+    notice = PROMPTS.render("final_notice")
+    assert notice in head_calls[2]["messages"][1]["content"] and not any(notice in c["messages"][1]["content"] for c in old_calls)
+    spaced = run(CASES[0], ["DIAGNOSIS READY:\n  migraine"], collapse_whitespace=False)[0]
+    assert spaced["answer"] == "DIAGNOSIS READY:\n  migraine" and run(CASES[0], ["DIAGNOSIS READY:\n  migraine"])[0]["answer"] == "DIAGNOSIS READY: migraine"

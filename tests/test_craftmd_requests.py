@@ -232,11 +232,15 @@ def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
         s, units = prepare_run(study, s)
         path = asyncio.run(dry_run(study, s, units, log=lines.append))
         rows = [json.loads(x) for x in path.read_text().splitlines()]
-        # empty replies: the patient answers the greeting, the doctor's empty turn ends the talk, the summary, 8 answers,
-        # then (assess_conversations, on in the embedded config only) the assessor's five questions of the conversation
+        # the study's stand-in replies: the patient answers the greeting, the doctor asks a question, the patient answers,
+        # the doctor's diagnosis ends the talk, the summary, 8 answers, the grader's 8 requests, then (assess_conversations, on in the embedded
+        # config only) the assessor's five questions of the conversation
         assess = [f"assess_{q}" for q in ("Q1", "Q2", "Q3", "grounded", "complete")] if name == "embedded-small.yaml" else []
-        assert [r["step"] for r in rows[:3]] == ["patient_opening", "doctor_turn_1", "summary"]
-        assert sorted(r["step"] for r in rows[3:len(rows) - len(assess)]) == sorted(f"{f}_{m}" for f in FORMATS for m in ("mcq", "frq"))
+        talk = ["patient_opening", "doctor_turn_1", "patient_turn_1", "doctor_turn_2", "summary"]
+        assert [r["step"] for r in rows[:5]] == talk
+        answers = sorted(f"{f}_{m}" for f in FORMATS for m in ("mcq", "frq"))  # then the grader's two steps per FRQ answer
+        assert sorted(r["step"] for r in rows[5:13]) == answers and all(r["role"] == "clinical" for r in rows[5:13])
+        assert sorted(r["step"] for r in rows[13:len(rows) - len(assess)]) == sorted(f"{f}_{g}" for f in FORMATS for g in ("extract", "match"))
         assert sorted(r["step"] for r in rows[len(rows) - len(assess):]) == sorted(assess)
         assert all(r["role"] == "assessor" and r["kind"] == "completion" and "Patient-AI: " in r["prompt"] for r in rows[len(rows) - len(assess):])
         doctor = rows[1]
@@ -244,7 +248,7 @@ def test_dry_run_of_the_paper_and_embedded_configs_says_what_is_sent(tmp_path):
             assert [m["role"] for m in doctor["messages"]] == ["user", "assistant", "user"] and all(r["gen"]["stop"] is None for r in rows)
             assert {r["gen"]["max_tokens"] for r in rows if r["role"] == "clinical"} == {250}
         else:  # the base model's answers as text completions, the chat flattened, the question in it
-            assert rows[3]["kind"] == "completion" and rows[1]["gen"]["stop"] == list(TURN_STOPS)
+            assert rows[5]["kind"] == "completion" and rows[1]["gen"]["stop"] == list(TURN_STOPS)
     assert lines[0].startswith("cases: the first 1 of 2 in the input's order (--limit 1: not a sample)")
     assert lines[1] == requests_line(paper()) and "none" in lines[1]
     assert lines[2].startswith("additions to the protocol: patient_checks") and "assess_conversations" not in lines[2]

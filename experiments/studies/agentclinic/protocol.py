@@ -10,7 +10,8 @@ a case whose doctor never gives a diagnosis is wrong, the moderator never called
 Each agent keeps its own history as one text block, sent in a single user message beside its system prompt:
 the doctor's holds every (reply it read, its answer) pair; the patient's holds (doctor line, its answer) pairs and the
 measurement results; the measurement agent's holds (request, result) pairs and the patient's answers. Every reply's
-whitespace runs are collapsed to one space before it is used (their GPT path). Biases: one added instruction each.
+whitespace runs are collapsed to one space before it is used (their GPT path; ``collapse_whitespace``). Biases: one
+added trait each (prompts/biases.yaml). ``final_notice`` off: no notice (their code of 13 May to 1 June 2024).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def doctor_action(s: AgentClinicSettings, i: int) -> Constraint | None:
 async def ask(ctx: CaseContext, agent: str, system: str, user: str, s: AgentClinicSettings, constraint: Constraint | None = None) -> str:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     r = await ctx.chat(messages, role=agent, gen=getattr(s.sampling, agent).gen(), step=agent, constraint=constraint)
-    return re.sub(r"\s+", " ", r.text or "")
+    return re.sub(r"\s+", " ", r.text or "") if s.collapse_whitespace else r.text or ""
 
 
 async def moderate(ctx: CaseContext, line: str, correct: str, s: AgentClinicSettings, role: str = "moderator", rule: str | None = None) -> Grade:
@@ -114,7 +115,7 @@ async def solve(ctx: CaseContext, case: dict, s: AgentClinicSettings) -> dict:
     transcript: list[dict] = []
     reply, line = "", None
     for i in range(s.inferences):
-        if i == s.inferences - 1:
+        if s.final_notice and i == s.inferences - 1:
             reply += PROMPTS.render("final_notice") + "\n"
         system = PROMPTS.render("doctor_system", budget=s.inferences, asked=i, bias=bias_text("doctor", s.doctor_bias),
                                 objective=facts(osce["Objective_for_Doctor"]))

@@ -33,6 +33,10 @@ class AgentClinicSettings(RunSettings):
         "inferences": Authors(20, says="doctor budget {ours} inferences (authors: {authors}, their default)"),
         **dict.fromkeys(("doctor_bias", "patient_bias"), Unpaired("the condition a bias run measures (the authors' own variants)")),
         "verdict_rule": Authors("exact", says="moderator verdict read by rule {ours} (authors: the whole reply lower-cased must equal 'yes')"),
+        "final_notice": Authors(True, says="final-request notice {ours} (authors: on at their HEAD b6570ed; off in their code of "
+                                           "13 May to 1 June 2024)"),
+        "collapse_whitespace": Authors(True, says="replies' whitespace collapsed {ours} (authors: on at their HEAD b6570ed; off "
+                                                  "in their code of 13 May to 1 June 2024)"),
         "doctor_actions": Authors([], says="the doctor's action per turn fixed to {ours} by a reply format (a demo deviation, so a small "
                                            "model reaches every branch; authors: the doctor chooses)"),
         **{f"sampling.{agent}.{f}": Authors(getattr(AUTHORS_SAMPLING, f), says=f"{agent} {f} {{ours}} (authors: {{authors}})")
@@ -47,6 +51,10 @@ class AgentClinicSettings(RunSettings):
     patient_bias: Literal[PATIENT_BIASES] = Field("none", description="A cognitive or implicit bias instruction added to the patient's prompt.")
     verdict_rule: Literal["exact", "first_word"] = Field("exact", description="exact: the moderator's reply lower-cased equals 'yes' (the "
                                                          "authors'; 'Yes.' is a no); first_word: its first word yes/no, else unscored.")
+    final_notice: bool = Field(True, description="Append the final-request notice to the reply the doctor reads on its last "
+                               "inference (their HEAD; their code of 13 May to 1 June 2024 had none).")
+    collapse_whitespace: bool = Field(True, description="Collapse each reply's whitespace runs to one space before it is used "
+                                      "(their HEAD's GPT path; their code of 13 May to 1 June 2024 did not).")
     doctor_actions: list[Literal["ask", "test", "diagnose"]] = Field(
         [], description="Demo only: the doctor's k-th reply constrained to one action (ask: a question; test: REQUEST TEST: ...; "
                         "diagnose: DIAGNOSIS READY: ...), the last repeating; needs answers: constrained. Empty: the doctor chooses "

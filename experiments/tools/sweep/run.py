@@ -189,10 +189,13 @@ def run_sweep(study_factory, to_overrides, values: dict, models: list[str], swee
             check_gpu_fit(settings)
     pub_dirs = _published_plan(published or [], sweep_dir, study.name)
     outcome = SweepOutcome(runs, varied=roles_varied, idle=idle)
-    claim_dir(sweep_dir, "sweep", {"study": study.name, "models": models})
+    claim = {"study": study.name, "models": models}
     if executor is not None:  # another executor (experiments/tools/sweep/slurm.py) takes the checked plan from here
+        RunLock(sweep_dir, "sweep").acquire().release()  # a folder in use is refused before anything is written to it
+        claim_dir(sweep_dir, "sweep", claim)
         return executor(Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome))
-    with RunLock(sweep_dir):  # one process per sweep folder (the runner's lock), taken after every input check
+    with RunLock(sweep_dir, "sweep"):  # one process per sweep folder (the runner's lock), taken after every input check
+        claim_dir(sweep_dir, "sweep", claim)
         plan = Plan(study, study_factory, planned, pub_dirs, sweep_dir, report, log, outcome)
         for r, common, given, _settings, case_ids in planned:
             run_entry(plan, r, common, given, case_ids)

@@ -174,3 +174,18 @@ def test_the_figure_code_setting_runs_as_their_code_of_may_2024_did():
     assert notice in head_calls[2]["messages"][1]["content"] and not any(notice in c["messages"][1]["content"] for c in old_calls)
     spaced = run(CASES[0], ["DIAGNOSIS READY:\n  migraine"], collapse_whitespace=False)[0]
     assert spaced["answer"] == "DIAGNOSIS READY:\n  migraine" and run(CASES[0], ["DIAGNOSIS READY:\n  migraine"])[0]["answer"] == "DIAGNOSIS READY: migraine"
+
+
+def test_the_demo_doctor_actions_are_formats_the_server_accepts_and_bounded():
+    """Each action's format passes the constraint checks (no repetition vLLM cannot compile) and bounds its reply, so
+    a small model's reply ends within the demo's max_tokens; the dry run's stand-in replies take the same branches."""
+    import re
+
+    from experiments.studies.agentclinic.protocol import ACTIONS, doctor_action
+
+    s = AgentClinicSettings(data="-", doctor_actions=["ask", "test", "diagnose"], answers="constrained")
+    assert [doctor_action(s, i).spec for i in range(4)] == [ACTIONS["ask"], ACTIONS["test"], ACTIONS["diagnose"], ACTIONS["diagnose"]]
+    for action, fits, too_long in [("ask", "Where does it hurt, and since when?", "you're" * 30 + "?"),
+                                   ("test", "REQUEST TEST: Chest_X-Ray", "REQUEST TEST: Chest X-Ray " + "_" * 200),
+                                   ("diagnose", "DIAGNOSIS READY: community-acquired pneumonia", "DIAGNOSIS READY: [diagnosis]")]:
+        assert re.fullmatch(ACTIONS[action], fits) and not re.fullmatch(ACTIONS[action], too_long), action

@@ -66,8 +66,12 @@ def verdict(reply: str, rule: str) -> int | None:
 
 
 # the demo's doctor actions (settings ``doctor_actions``): the reply held to one branch of the loop by its format
-ACTIONS = {"ask": r"[^\s?]+( [^\s?]+){0,24}\?", "test": TEST + r": [A-Za-z_-]+( [A-Za-z_-]+){0,3}",
-           "diagnose": DIAGNOSIS + r": [^\s]+( [^\s]+){0,8}"}
+# words and their lengths are bounded, so that a small model's reply ends well within its max_tokens (a reply cut by
+# the cap fails its format and counts as empty): a question of 3-12 words, a test name like Chest_X-Ray, a diagnosis
+# of 1-6 words
+ACTIONS = {"ask": r"[A-Za-z][A-Za-z',-]{0,11}( [A-Za-z',-]{1,12}){2,11}\?",
+           "test": TEST + r": [A-Za-z][A-Za-z-]{1,15}(_[A-Za-z][A-Za-z-]{0,15}){0,2}",
+           "diagnose": DIAGNOSIS + r": [A-Za-z][A-Za-z0-9']{0,14}(-[A-Za-z0-9']{1,15}){0,2}( [A-Za-z0-9'][A-Za-z0-9']{0,14}(-[A-Za-z0-9']{1,15}){0,2}){0,5}"}
 
 
 def doctor_action(s: AgentClinicSettings, i: int) -> Constraint | None:

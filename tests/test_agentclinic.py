@@ -173,6 +173,9 @@ def test_the_figure_code_setting_runs_as_their_code_of_may_2024_did():
     notice = PROMPTS.render("final_notice")
     assert notice in head_calls[2]["messages"][1]["content"] and not any(notice in c["messages"][1]["content"] for c in old_calls)
     spaced = run(CASES[0], ["DIAGNOSIS READY:\n  migraine"], collapse_whitespace=False)[0]
+    raw = run(CASES[0], ["DIAGNOSIS READY: migraine"], moderator="Yes\n\n", collapse_whitespace=False)[0]["scores"]["diagnosis"]
+    assert raw["explanation"] == "Yes\n\n" and raw["value"] == 0  # the moderator's reply as written, read by their rule
+    assert run(CASES[0], ["DIAGNOSIS READY: migraine"], moderator="Yes\n\n")[0]["scores"]["diagnosis"]["explanation"] == "Yes "
     assert spaced["answer"] == "DIAGNOSIS READY:\n  migraine" and run(CASES[0], ["DIAGNOSIS READY:\n  migraine"])[0]["answer"] == "DIAGNOSIS READY: migraine"
 
 

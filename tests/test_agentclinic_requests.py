@@ -122,7 +122,7 @@ MUTATIONS = {
     "moderator inputs swapped": ("correct=correct, diagnosis=line", "correct=line, diagnosis=correct"),
     "a bias dropped": ('bias=bias_text("doctor", s.doctor_bias)', 'bias=""'),
     "every verdict yes": ('return int(said == "yes")', "return 1"),
-    "whitespace kept": ('if s.collapse_whitespace else', 'if not s.collapse_whitespace else'),
+    "whitespace kept": ('return re.sub(r"\\s+", " ", r.text or "") if s.collapse_whitespace', 'return re.sub(r"\\s+", " ", r.text or "") if not s.collapse_whitespace'),
     "measurement history not shared": ('history["measurement"] += f"{reply}\\n\\n"', "pass"),
 }
 

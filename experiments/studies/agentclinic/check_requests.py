@@ -72,7 +72,7 @@ OURS = {"final": PROMPTS.render("final_notice"), "budget": r"make (\d+) requests
                  "never name the illness": r"Never name your illness", "symptoms only when asked": r"only when the doctor asks about them",
                  "results format": r'"RESULTS: \[results\]"', "normal readings fallback": r"not among your findings, answer that the readings are normal",
                  "same disease": r"name the same disease", "yes or no only": r"Answer with Yes or No and nothing else"},
-        "sampling": None, "biases": {agent: {k: bias_text(agent, k).strip() for k in kinds if k != "none"}
+        "biases": {agent: {k: bias_text(agent, k).strip() for k in kinds if k != "none"}
                                      for agent, kinds in (("doctor", DOCTOR_BIASES), ("patient", PATIENT_BIASES))}}
 
 

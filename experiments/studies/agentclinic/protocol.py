@@ -96,7 +96,7 @@ async def moderate(ctx: CaseContext, line: str, correct: str, s: AgentClinicSett
     system, user = PROMPTS.render("moderator_system"), PROMPTS.render("moderator_user", correct=correct, diagnosis=line)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     r = await ctx.chat(messages, role=role, gen=s.sampling.moderator.gen(), step="moderator", constraint=PROMPTS.constraint("moderator_user"))
-    reply = re.sub(r"\s+", " ", r.text or "")
+    reply = re.sub(r"\s+", " ", r.text or "") if s.collapse_whitespace else r.text or ""
     return Grade(value=verdict(reply, rule), answer=line, source=RULES[rule], explanation=reply, judge=judge)
 
 

@@ -47,8 +47,8 @@ class AgentClinicSettings(RunSettings):
     data: str | None = Field("agentclinic-medqa", description="AgentClinic OSCE .jsonl (one OSCE_Examination per line) or a registered data set name "
                              "(agentclinic-medqa, agentclinic-medqa-ext).")
     inferences: int = Field(20, ge=1, description="The doctor's budget of inferences (patient questions and test requests together).")
-    doctor_bias: Literal[DOCTOR_BIASES] = Field("none", description="A cognitive or implicit bias instruction added to the doctor's prompt.")
-    patient_bias: Literal[PATIENT_BIASES] = Field("none", description="A cognitive or implicit bias instruction added to the patient's prompt.")
+    doctor_bias: Literal[DOCTOR_BIASES] = Field("none", description="A cognitive or implicit bias, a trait of the doctor described in its prompt (prompts/biases.yaml).")
+    patient_bias: Literal[PATIENT_BIASES] = Field("none", description="A cognitive or implicit bias, a trait of the patient described in its prompt (prompts/biases.yaml).")
     verdict_rule: Literal["exact", "first_word"] = Field("exact", description="exact: the moderator's reply lower-cased equals 'yes' (the "
                                                          "authors'; 'Yes.' is a no); first_word: its first word yes/no, else unscored.")
     final_notice: bool = Field(True, description="Append the final-request notice to the reply the doctor reads on its last "

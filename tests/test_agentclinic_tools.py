@@ -135,3 +135,54 @@ def test_the_extended_set_is_listed_and_read_by_name(cli, fixtures_dir, tmp_path
     (folder / MARKER).write_text("{}")
     r = cli(*args, env=env, check=True)
     assert "dry run: 18 request(s) of 3 case(s)" in r.stdout + r.stderr
+
+
+class _Swayed(_Clinic):
+    """A doctor told of cancer in its prompt (a doctor bias) diagnoses cancer; the moderator says 'Yes' only where the
+    doctor's line names the correct disease (migraine, case_0's). A patient's bias changes nothing the doctor says."""
+
+    def answer(self, body: dict) -> str:
+        system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+        if "Dr. Agent" in system and "cancer" in system and "REQUEST TEST" in user:
+            return "DIAGNOSIS READY: cancer"
+        if "same disease" in system:
+            correct, _, said = user.partition("What the doctor said:")
+            return "Yes" if "Migraine" in correct and "migraine" in said.lower() else "No"
+        return super().answer(body)
+
+
+def test_compare_tells_bias_runs_apart_computes_the_bias_effect_and_tests_only_shared_cases(cli, fixtures_dir, tmp_path):
+    """Three AgentClinic runs as a user runs them (no bias over 12 cases, a doctor bias over 3 of them, a patient bias
+    over all 12), then `medstack compare`: each run named by its bias, the bias a column, each bias run's accuracy
+    over the unbiased run's with its interval beside the paper's figure, and paired differences only over shared cases,
+    with no p-value below 10 of them."""
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text((fixtures_dir / "agentclinic" / "cases.jsonl").read_text() * 4)  # case_0 .. case_11; every third a migraine
+    srv = serve_stub(_Swayed)
+    model = f"embedded@http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        for out, extra in (("base", []), ("doc", ["--doctor-bias", "recency", "--limit", "3"]), ("pat", ["--patient-bias", "self_diagnosis"])):
+            cli("run", "agentclinic", "--data", str(cases), "--model", model, "--out", str(tmp_path / out), *extra, check=True)
+        assert "# AgentClinic run: embedded doctor_bias=recency" in (tmp_path / "doc" / "summary.md").read_text()
+        proc = cli("compare", *(str(tmp_path / x) for x in ("base", "doc", "pat")), "--out", str(tmp_path / "cmp"), check=True)
+    finally:
+        srv.shutdown()
+    summary = (tmp_path / "cmp" / "summary.md").read_text()
+    assert summary in proc.stdout
+    # the runs told apart: the name and a column per setting that differs
+    assert "| run | cases | doctor_bias | patient_bias | path |" in summary
+    assert f"| embedded doctor_bias=recency | 3 | recency | none | {tmp_path / 'doc'} |" in summary
+    assert f"| embedded patient_bias=self_diagnosis | 12 | none | self_diagnosis | {tmp_path / 'pat'} |" in summary
+    # the bias effects: 0 of case_0's 1 right with the doctor bias (over the 3 shared cases); 4 of 4 with the patient's
+    assert ("| bias effect on diagnostic accuracy | embedded doctor_bias=recency | doctor_bias=recency | embedded | 0.0 [0.0, 0.0] | 3 | "
+            "GPT-4 95.7, Mixtral 74.2 (doctor cognitive biases) |") in summary
+    assert ("| bias effect on diagnostic accuracy | embedded patient_bias=self_diagnosis | patient_bias=self_diagnosis | embedded | "
+            "100.0 [100.0, 100.0] | 12 | GPT-4 93.9, Mixtral 90.0 (patient cognitive biases) |") in summary
+    # paired differences: words, the shared cases, no p-value from 3 of them, one from 12
+    assert ("| diagnostic accuracy (moderator) | embedded | embedded doctor_bias=recency | 3 (only in a: 9; only in b: 0) | "
+            "0.333 [0.000, 1.000] | – (fewer than 10 shared cases) | – |") in summary  # case_0..2: right, wrong, wrong against three wrong
+    assert "| diagnostic accuracy (moderator) | embedded | embedded patient_bias=self_diagnosis | 12 (only in a: 0; only in b: 0) | 0.000 [0.000, 0.000] | 1.0000 |" in summary
+    assert "| patient check: a patient turn is empty | embedded | embedded patient_bias=self_diagnosis | 12 " in summary
+    paired = json.loads((tmp_path / "cmp" / "paired.json").read_text())
+    assert {(e["run"], e["ratio"], e["n_shared"]) for e in paired["effects"]} == {("embedded doctor_bias=recency", 0.0, 3),
+                                                                               ("embedded patient_bias=self_diagnosis", 1.0, 12)}

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments.common.stats import cluster_bootstrap, holm, mcnemar_test, mean_ci, paired_bootstrap, stratified_bootstrap
+from experiments.common.stats import (MIN_SHARED_CASES, cluster_bootstrap, holm, mcnemar_test, mean_ci, paired_bootstrap, paired_over_shared,
+                                      ratio_ci, stratified_bootstrap)
 
 
 def test_holm_known_list():
@@ -84,3 +85,26 @@ def test_cluster_bootstrap_of_singletons_is_the_plain_bootstrap():
     y = [0.1, 0.9, 0.4, 0.3, 0.7]
     mean = lambda idx: {"mean": sum(y[i] for i in idx) / len(idx)}
     assert cluster_bootstrap(mean, range(5), n_boot=500) == stratified_bootstrap(mean, ["all"] * 5, n_boot=500)
+
+
+def test_ratio_ci_of_two_runs_accuracies_by_hand():
+    # cases c1, c2: with a bias 1, 0; without 1, 1 -> ratio (1 + 0) / (1 + 1) = 0.5. A resample of two cases draws
+    # (c1, c1): 2/2 = 1 (p 1/4), one of each: 1/2 (p 1/2), (c2, c2): 0/2 = 0 (p 1/4): the 2.5 % and 97.5 % points 0 and 1
+    r = ratio_ci([1, 0], [1, 1], n_boot=4000, seed=3)
+    assert (r.mean, r.low, r.high, r.n) == (0.5, 0.0, 1.0, 2)
+    # a single pair: its own ratio, every resample alike
+    assert ratio_ci([1], [2]).to_dict() == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 1}
+    # no accuracy without the bias: no ratio
+    assert math.isnan(ratio_ci([1, 0], [0, 0]).mean)
+
+
+def test_paired_over_shared_pairs_by_id_and_withholds_p_below_the_minimum():
+    # only the shared ids c1, c2 are paired: a - b = (1 - 0, 0 - 0) -> mean 0.5; c3 and c9 held by one run only
+    t = paired_over_shared({"c1": 1.0, "c2": 0.0, "c3": 1.0}, {"c2": 0.0, "c1": 0.0, "c9": 1.0})
+    assert (t["n_shared"], t["only_a"], t["only_b"], t["mean_diff"], t["p"], t["too_few"]) == (2, 1, 1, 0.5, None, True)
+    assert MIN_SHARED_CASES == 10
+    # 10 shared cases, a right on all, b on none: the difference 1 in every resample; p = (0 + 1) / (B + 1)
+    big = paired_over_shared({f"c{i}": 1.0 for i in range(10)}, {f"c{i}": 0.0 for i in range(10)}, n_boot=999)
+    assert (big["n_shared"], big["mean_diff"], big["diff_ci"], big["too_few"]) == (10, 1.0, [1.0, 1.0], False)
+    assert big["p"] == pytest.approx(1 / 1000)
+    assert paired_over_shared({"a": 1.0}, {"b": 1.0})["mean_diff"] is None

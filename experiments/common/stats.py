@@ -56,7 +56,8 @@ def mean_ci(values, *, n_boot: int = DEFAULT_B, seed: int = DEFAULT_SEED, level:
 
 
 def ratio_ci(numerators, denominators, *, n_boot: int = DEFAULT_B, seed: int = DEFAULT_SEED, level: float = 0.95) -> MeanCI:
-    """sum(numerators) / sum(denominators) over units (a case's flagged patient turns / its patient turns), with a
+    """sum(numerators) / sum(denominators) over units (a case's flagged patient turns / its patient turns; a case's
+    accuracy with a bias / without, paired by case: the ratio of two runs' accuracies), with a
     percentile bootstrap CI that redraws whole units (fixed seed); ``n`` is the number of units. NaN where the
     denominators sum to 0."""
     num = np.asarray(list(numerators), dtype=float)
@@ -110,6 +111,23 @@ def paired_bootstrap(a, b, *, n_boot: int = DEFAULT_B, seed: int = DEFAULT_SEED,
         float(observed), float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha)),
         (extreme + 1) / (n_boot + 1), int(d.size), n_boot,
     )
+
+
+MIN_SHARED_CASES = 10  # below this many shared cases a paired difference gets its interval but no p-value
+
+
+def paired_over_shared(sa: dict, sb: dict, *, min_shared: int = MIN_SHARED_CASES, n_boot: int = DEFAULT_B,
+                       seed: int = DEFAULT_SEED) -> dict:
+    """Two runs' per-unit values (unit id -> value: a case's mean grade) compared over the units both hold, paired by
+    id: {"n_shared", "only_a", "only_b", "mean_diff" (mean a - b), "diff_ci", "p"}; ``p`` is None (and ``too_few``
+    True) below ``min_shared`` shared units, where a bootstrap p-value of a handful of cases means nothing."""
+    common = sorted(set(sa) & set(sb))
+    out = {"n_shared": len(common), "only_a": len(set(sa) - set(sb)), "only_b": len(set(sb) - set(sa)),
+           "too_few": len(common) < min_shared}
+    if not common:
+        return {**out, "mean_diff": None, "diff_ci": None, "p": None}
+    t = paired_bootstrap([sa[c] for c in common], [sb[c] for c in common], n_boot=n_boot, seed=seed)
+    return {**out, "mean_diff": t.mean_diff, "diff_ci": [t.low, t.high], "p": None if out["too_few"] else t.p_value}
 
 
 def holm(p_values) -> list[float]:

@@ -51,6 +51,7 @@ class Scorer:
     validation: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     reference: Callable[[], Mapping[str, Mapping[str, Mapping]]] | None = None
     optional: bool = False
+    label: str = ""  # what its figure is called in words ("diagnostic accuracy (moderator)"); default: its question
 
     @property
     def rescorable(self) -> bool:
@@ -83,6 +84,23 @@ def find(scorers, name: str) -> Scorer | None:
     """The scorer whose scores ``name`` is (``STEP[/PART][@JUDGE]``), or None."""
     step = split_name(name)[0]
     return next((s for s in scorers if s.name == step), None)
+
+
+def readable(name: str, scorers=()) -> str:
+    """A score's name (``STEP[/PART][@JUDGE][[KEY]]``) in words, as compare's rows say it: its scorer's label (else its
+    question), the part's description, the judge of a rescore; a score no scorer declares keeps its name."""
+    base, _, key = name.partition("[")
+    step, part, judge = split_name(base)
+    sc = find(scorers, base)
+    if sc is None:
+        return name
+    if part and not sc.label:  # a part's own description says what it checks
+        words = f"{step.replace('-', ' ')}: {sc.parts.get(part, part)}"
+    else:
+        words = (sc.label or sc.question.rstrip("?")) + (f", {sc.parts.get(part, part)}" if part else "")
+    if key:
+        words += f": {key.rstrip(']')}"
+    return words + (f" (judge {judge})" if judge else "")
 
 
 def figures(records: list[dict], scorers=(), names: list[str] | None = None) -> list[Figure]:

@@ -186,6 +186,9 @@ class Study:
     strata: ClassVar[tuple[str, ...]] = ()
     case_noun: ClassVar[str] = "cases"  # what the runner selects, in summary.md's scope line
     scorers: ClassVar[tuple[Scorer, ...]] = ()  # its judges and checks (experiments/core/scorers.py), run after solve
+    # effects its paper reports relative to a baseline run (experiments/core/conditions.py Effect): compare and the
+    # report compute each where the baseline run is among the runs they show
+    effects: ClassVar[tuple] = ()
     # `--dry-run`: per role, the replies that stand in for the model's, the k-th request of a role in a case answered with
     # the k-th (the last repeats), or a function of the request's text; chosen so that a dry run walks every branch
     # the study takes on a reply (an empty reply where a role has none)

@@ -43,7 +43,11 @@ class AgentClinicSettings(RunSettings):
            for agent in AgentSampling.model_fields for f in Sampling.model_fields},
     }
 
-    name: str | None = Field(None, description="Run name shown by `compare` (default: the doctor model alias).")
+    # the name is a label: a run named by an older default (the model alone) resumes under today's
+    resume_changeable: ClassVar[frozenset[str]] = frozenset({"name"})
+
+    name: str | None = Field(None, description="Run name shown by `compare` (default: the doctor model alias and every "
+                             "condition set otherwise than the defaults, e.g. `gpt-4 doctor_bias=recency`).")
     data: str | None = Field("agentclinic-medqa", description="AgentClinic OSCE .jsonl (one OSCE_Examination per line) or a registered data set name "
                              "(agentclinic-medqa, agentclinic-medqa-ext).")
     inferences: int = Field(20, ge=1, description="The doctor's budget of inferences (patient questions and test requests together).")

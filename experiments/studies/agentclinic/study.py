@@ -12,10 +12,12 @@ import re
 from pathlib import Path
 
 from experiments.studies.agentclinic.protocol import PROMPTS, RULES, facts, moderate, no_diagnosis, solve, verdict
+from experiments.studies.agentclinic.paper_values import BIAS_EFFECTS
 from experiments.studies.agentclinic.settings import AgentClinicSettings
 from experiments.common.grade import YES_NO, grades
 from experiments.common.markdown import md_table, num
 from experiments.core.patient import patient_checks
+from experiments.core.conditions import run_name
 from experiments.core.config import ConfigError, config_dir
 from experiments.core.record import RUNNER_FIELDS, record
 from experiments.core.results import iter_jsonl
@@ -77,7 +79,8 @@ def moderator(name: str, rule: str | None = None, optional: bool = False) -> Sco
         return {None: await moderate(ctx, record["answer"], record["target"], s, role, rule)}
 
     return Scorer(name, YES_NO, QUESTION + ("" if rule is None else f" (reply read by: {RULES[rule]})"), decide=decide,
-                  role="moderator", show=show_diagnosis, optional=optional)
+                  role="moderator", show=show_diagnosis, optional=optional,
+                  label="diagnostic accuracy (moderator" + ("" if rule is None else f", reply read by: {RULES[rule]}") + ")")
 
 
 # ------------------------------------------------------------------ metrics and summary
@@ -119,6 +122,7 @@ class AgentClinicStudy(Study):
     sweep_roles = ("doctor",)  # the paper varies the doctor; patient, measurement and moderator stay one model
     strata = ("sex",)  # --sample keeps the set's mix of female and male patients (the cases have no specialty)
     scorers = (moderator("diagnosis"), patient_checks(), moderator("diagnosis-first-word", "first_word", optional=True))
+    effects = BIAS_EFFECTS  # the paper's bias effects: accuracy with a bias / without (docs/protocols.md, AgentClinic)
     # a dry run's doctor asks, requests a test and diagnoses, so the patient, the measurement agent and the moderator
     # each get their request (experiments/core/dryrun.py)
     standins = {"doctor": ("(dry run) Where does it hurt, and since when?", "REQUEST TEST: Complete_Blood_Count",
@@ -146,7 +150,7 @@ class AgentClinicStudy(Study):
                               "(--set answers=constrained)")
         if not s.data:
             raise ConfigError("no case file: pass --data OSCE.jsonl or a registered name (agentclinic-medqa, agentclinic-medqa-ext)")
-        return s.model_copy(update={"name": s.name or model_name(s.roles["doctor"])})
+        return s.model_copy(update={"name": s.name or run_name(model_name(s.roles["doctor"]), s)})
 
     def load_cases(self, s: AgentClinicSettings) -> list[dict]:
         return load_cases(s.data)

@@ -10,7 +10,7 @@ import typer
 
 def compare_cmd(
     results: List[Path] = typer.Argument(..., help="Results directories (local runs, imported releases, rescored runs)."),
-    out: Path = typer.Option(Path("compare-out"), "--out", help="Where to write summary.md, scores.json (and the study's own comparison files)."),
+    out: Path = typer.Option(Path("compare-out"), "--out", help="Where to write summary.md, scores.json, paired.json (and the study's own comparison files)."),
 ) -> None:
     """Runs side by side. Where every run is of one study that declares a comparison (e.g. accuracy per
     format x run with 95% bootstrap CIs, paired tests, a bar chart), that comparison first; then for every run and
@@ -22,7 +22,7 @@ def compare_cmd(
     typer.echo((out / "summary.md").read_text(encoding="utf-8").rstrip("\n"))
     for w in result["warnings"]:
         log(f"[yellow]warning:[/yellow] {w}")
-    log(f"wrote {out}/summary.md, scores.json")
+    log(f"wrote {out}/summary.md, scores.json, paired.json")
 
 
 def register(app, **_) -> None:

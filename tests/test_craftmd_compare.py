@@ -35,15 +35,16 @@ def make_run(path, name, scores: dict, trials=1, specialty="Dermatology"):
     return path
 
 
-A_VIG, A_MT = [1, 1, 1, 0], [1, 0, 0, 0]
-B_VIG, B_MT = [0, 0, 1, 0], [0, 0, 0, 0]
-CASES = ["c1", "c2", "c3", "c4"]
+A_VIG, A_MT = [1, 1, 1, 0] * 3, [1, 0, 0, 0] * 3
+B_VIG, B_MT = [0, 0, 1, 0] * 3, [0, 0, 0, 0] * 3
+CASES = [f"c{i:02d}" for i in range(1, 13)]  # sorted as listed: the order a paired test takes the shared cases
+G_VIG = [1] * 10  # gamma holds c01 .. c10 only
 
 
 def _runs(tmp_path):
     a = make_run(tmp_path / "a", "alpha", {("vignette", "mcq"): {c: [v] for c, v in zip(CASES, A_VIG)}, ("multiturn", "mcq"): {c: [v] for c, v in zip(CASES, A_MT)}})
     b = make_run(tmp_path / "b", "beta", {("vignette", "mcq"): {c: [v] for c, v in zip(CASES, B_VIG)}, ("multiturn", "mcq"): {c: [v] for c, v in zip(CASES, B_MT)}})
-    g = make_run(tmp_path / "g", "gamma", {("vignette", "mcq"): {"c1": [1], "c2": [1], "c3": [1]}}, specialty="Neurology")
+    g = make_run(tmp_path / "g", "gamma", {("vignette", "mcq"): {c: [v] for c, v in zip(CASES, G_VIG)}}, specialty="Neurology")
     return a, b, g
 
 
@@ -53,23 +54,23 @@ def test_compare_values_on_hand_made_runs(tmp_path):
     on_disk = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert on_disk["accuracy"] == json.loads(json.dumps(res["accuracy"]))
     acc = {(x["run"], x["format"], x["mode"]): x for x in on_disk["accuracy"]}
-    assert acc[("alpha", "vignette", "mcq")]["value"] == 0.75 and acc[("alpha", "vignette", "mcq")]["n"] == 4
+    assert acc[("alpha", "vignette", "mcq")]["value"] == 0.75 and acc[("alpha", "vignette", "mcq")]["n"] == 12
     assert acc[("beta", "multiturn", "mcq")]["value"] == 0.0
-    assert acc[("gamma", "vignette", "mcq")]["n"] == 3
+    assert acc[("gamma", "vignette", "mcq")]["n"] == 10
     ci = mean_ci(A_VIG)
     assert (acc[("alpha", "vignette", "mcq")]["low"], acc[("alpha", "vignette", "mcq")]["high"]) == (ci.low, ci.high)
 
     tests = {(t["table"], t["a"], t["b"]): t for t in on_disk["tests"]}
     ab = tests[("runs|vignette.mcq", "alpha", "beta")]
-    assert ab["n_paired"] == 4 and ab["mean_diff"] == 0.5
+    assert ab["n_paired"] == 12 and ab["mean_diff"] == 0.5
     assert ab["p"] == paired_bootstrap(A_VIG, B_VIG).p_value
-    # McNemar on the paired binary outcomes: alpha right/beta wrong twice, never the reverse -> exact p = 2 * 0.5**2
-    assert ab["mcnemar_table"] == [[1, 2], [0, 1]] and abs(ab["mcnemar_p"] - 0.5) < 1e-12
-    # gamma is paired on the 3 shared case ids only
+    # McNemar on the paired binary outcomes: alpha right/beta wrong 6 times, never the reverse -> exact p = 2 * 0.5**6
+    assert ab["mcnemar_table"] == [[3, 6], [0, 3]] and abs(ab["mcnemar_p"] - 2 * 0.5 ** 6) < 1e-12
+    # gamma is paired on the 10 shared case ids only
     ag = tests[("runs|vignette.mcq", "alpha", "gamma")]
-    assert ag["n_paired"] == 3 and ag["mean_diff"] == 0.0 and ag["p"] == 1.0
+    assert (ag["n_paired"], ag["only_a"], ag["only_b"]) == (10, 2, 0) and ag["p"] == paired_bootstrap(A_VIG[:10], G_VIG).p_value
     bg = tests[("runs|vignette.mcq", "beta", "gamma")]
-    assert bg["p"] == paired_bootstrap([0, 0, 1], [1, 1, 1]).p_value
+    assert bg["p"] == paired_bootstrap(B_VIG[:10], G_VIG).p_value
     # Holm within the table of three comparisons, by hand: sort, multiply by (m - rank), running max, cap at 1
     ps = [ab["p"], ag["p"], bg["p"]]
     order = sorted(range(3), key=lambda i: ps[i])
@@ -87,7 +88,8 @@ def test_compare_values_on_hand_made_runs(tmp_path):
     png = (tmp_path / "cmp" / "accuracy.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     md = (tmp_path / "cmp" / "summary.md").read_text()
-    assert "| alpha | 0.750" in md and "runs|vignette.mcq" in md
+    assert "| alpha | 0.750" in md and "| vignette MCQ accuracy, between runs | alpha | gamma | 10 (only in a: 2; only in b: 0) |" in md
+    assert "runs|" not in md and "formats|" not in md  # internal keys are no labels
 
 
 def test_trials_are_averaged_per_case_and_mcnemar_needs_binary(tmp_path):
@@ -98,7 +100,9 @@ def test_trials_are_averaged_per_case_and_mcnemar_needs_binary(tmp_path):
     assert acc["a"]["value"] == (0.5 + 1 + 0) / 3
     assert acc["b"]["value"] == (0 + 0.5 + 0) / 3 and acc["b"]["unscored"] == 1  # None left out, counted
     t = res["tests"][0]
-    assert t["p"] == paired_bootstrap([0.5, 1, 0], [0, 0.5, 0]).p_value and t["mcnemar_p"] is None
+    ref = paired_bootstrap([0.5, 1, 0], [0, 0.5, 0])
+    assert (t["mean_diff"], t["diff_ci"]) == (ref.mean_diff, [ref.low, ref.high]) and t["mcnemar_p"] is None
+    assert t["p"] is None and t["too_few"]  # 3 shared cases: an interval, no p-value
 
 
 def test_import_published_folder(fixtures_dir, tmp_path):
@@ -173,7 +177,10 @@ def test_cli_import_then_compare_with_a_local_shaped_run(fixtures_dir, tmp_path)
     res = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert {x["name"] for x in res["runs"]} == {"published-demo", "embedded"}
     t = next(t for t in res["tests"] if t["table"] == "runs|vignette.mcq")
-    assert t["n_paired"] == 2 and t["mean_diff"] == 0.5
+    assert t["n_paired"] == 2 and t["mean_diff"] == 0.5 and t["p"] is None and t["mcnemar_p"] is None
+    # two shared cases: the difference, no p-value (the minimum is 10), as `compare` prints it
+    assert ("| vignette MCQ accuracy, between runs | published-demo | embedded | 2 (only in a: 0; only in b: 0) | 0.500 [0.000, 1.000] | "
+            "– (fewer than 10 shared cases) | – | – |") in r.output
     for cmd in (["run", "craftmd", "--help"], ["import", "craftmd", "--help"], ["compare", "--help"], ["meld", "--help"]):
         assert runner.invoke(app, cmd).exit_code == 0
 

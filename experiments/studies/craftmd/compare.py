@@ -13,7 +13,7 @@ from experiments.studies.craftmd.metrics import formats_modes, per_specialty
 from experiments.studies.craftmd.settings import FORMATS, MODES
 from experiments.core.registry import open_run
 from experiments.common.markdown import md_table, num
-from experiments.common.stats import holm, mcnemar_test, paired_bootstrap
+from experiments.common.stats import MIN_SHARED_CASES, holm, mcnemar_test, paired_over_shared
 from experiments.tables.build import study_tables
 from experiments.tables.plots import write_figures
 from experiments.tables.render import study_markdown
@@ -69,19 +69,28 @@ def load_runs(paths: list[str]) -> list[dict]:
 
 
 def paired_test(sa: dict, sb: dict) -> dict:
+    """Two per-case value maps compared over the cases both hold (``stats.paired_over_shared``): no p-value (and no
+    McNemar) below ``MIN_SHARED_CASES`` shared cases."""
+    t = paired_over_shared(sa, sb)
+    out = {"n_paired": t["n_shared"], "only_a": t["only_a"], "only_b": t["only_b"], "too_few": t["too_few"],
+           "mean_diff": t["mean_diff"], "diff_ci": t["diff_ci"], "p": t["p"], "mcnemar_p": None}
     common = sorted(set(sa) & set(sb))
-    a = [sa[c] for c in common]
-    b = [sb[c] for c in common]
-    out = {"n_paired": len(common)}
-    if not common:
-        return {**out, "mean_diff": None, "p": None, "mcnemar_p": None}
-    t = paired_bootstrap(a, b)
-    out.update(mean_diff=t.mean_diff, diff_ci=[t.low, t.high], p=t.p_value)
-    out["mcnemar_p"] = None  # unless every per-case value is 0/1: trial means are not paired binary outcomes
-    if all(v in (0.0, 1.0) for v in a + b):
+    a, b = [sa[c] for c in common], [sb[c] for c in common]
+    # McNemar only where every per-case value is 0/1 (trial means are not paired binary outcomes), over enough cases
+    if common and not t["too_few"] and all(v in (0.0, 1.0) for v in a + b):
         m = mcnemar_test(a, b)
         out.update(mcnemar_p=m["p_value"], mcnemar_table=m["table"])
     return out
+
+
+MODE_WORDS = {"mcq": "MCQ", "frq": "FRQ"}
+
+
+def comparison_label(t: dict) -> str:
+    """A test's comparison in words: 'vignette MCQ accuracy, between runs' / 'MCQ accuracy of alpha, between formats'."""
+    if t["table"].startswith("runs|"):
+        return f"{t['format']} {MODE_WORDS.get(t['mode'], t['mode'])} accuracy, between runs"
+    return f"{MODE_WORDS.get(t['mode'], t['mode'])} accuracy of {t['run']}, between formats"
 
 
 def _holm_table(tests: list[dict]) -> None:
@@ -147,9 +156,14 @@ def summary_markdown(result: dict) -> str:
             [r["name"], *[f"{r.get('grades', 'local')} / {r.get('concurrent_rule', 'zero')}"] * rule_col,
              *(f"{a['value']:.3f} [{a['low']:.3f}, {a['high']:.3f}] n={a['n']}" if (a := acc.get((r["name"], f))) else "–" for f in fmts)]
             for r in result["runs"]]), ""]
-    L += ["## Paired tests (paired bootstrap on case_id, Holm within each table; McNemar where paired binary)", "",
-          *md_table(["table", "a", "b", "n", "mean diff (a−b)", "p", "p (Holm)", "McNemar p"], [
-              [t["table"], t["a"], t["b"], t["n_paired"], num(t.get("mean_diff")), *(num(t.get(k), 4) for k in ("p", "p_holm", "mcnemar_p"))]
+    L += ["## Paired tests (over the cases both hold, paired by case; Holm within each comparison; McNemar where paired binary)", "",
+          f"A difference is tested only over the cases both runs (or formats) hold, each case's mean over its trials; no p-value "
+          f"below {MIN_SHARED_CASES} shared cases.", "",
+          *md_table(["comparison", "a", "b", "shared cases", "mean diff (a−b) [95% CI]", "p", "p (Holm)", "McNemar p"], [
+              [comparison_label(t), t["a"], t["b"], f"{t['n_paired']} (only in a: {t.get('only_a', 0)}; only in b: {t.get('only_b', 0)})",
+               "–" if t.get("mean_diff") is None else f"{num(t['mean_diff'])} [{num(t['diff_ci'][0])}, {num(t['diff_ci'][1])}]",
+               f"– (fewer than {MIN_SHARED_CASES} shared cases)" if t.get("too_few") else num(t.get("p"), 4),
+               *(num(t.get(k), 4) for k in ("p_holm", "mcnemar_p"))]
               for t in result["tests"]])]
     L += ["", "The patient checks of every run, beside the authors' four released patients, are in the Scores section below."]
     keys = [f"{f}.{m}" for f in FORMATS for m in MODES]

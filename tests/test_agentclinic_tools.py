@@ -183,6 +183,12 @@ def test_compare_tells_bias_runs_apart_computes_the_bias_effect_and_tests_only_s
             "0.333 [0.000, 1.000] | – (fewer than 10 shared cases) | – |") in summary  # case_0..2: right, wrong, wrong against three wrong
     assert "| diagnostic accuracy (moderator) | embedded | embedded patient_bias=self_diagnosis | 12 (only in a: 0; only in b: 0) | 0.000 [0.000, 0.000] | 1.0000 |" in summary
     assert "| patient check: a patient turn is empty | embedded | embedded patient_bias=self_diagnosis | 12 " in summary
+    # the report over the same runs: the same settings columns and the same effects
+    cli("report", *(str(tmp_path / x) for x in ("base", "doc", "pat")), "--out", str(tmp_path / "report.html"), check=True)
+    html = (tmp_path / "report.html").read_text()
+    assert "<thead><tr><th>run</th><th>doctor_bias</th><th>patient_bias</th></tr></thead>" in html
+    assert ("<td>embedded doctor_bias=recency</td><td>doctor_bias=recency</td><td>embedded</td><td>0.0 [0.0, 0.0]</td><td>3</td>"
+            "<td>GPT-4 95.7, Mixtral 74.2 (doctor cognitive biases)</td>") in html
     paired = json.loads((tmp_path / "cmp" / "paired.json").read_text())
     assert {(e["run"], e["ratio"], e["n_shared"]) for e in paired["effects"]} == {("embedded doctor_bias=recency", 0.0, 3),
                                                                                ("embedded patient_bias=self_diagnosis", 1.0, 12)}

@@ -16,6 +16,7 @@ from serving.bench.measure import FIGURES
 from serving.bench.summary import RATIO_HEADS
 from experiments.tools.calibrate.reviews import COLUMNS, consensus_note, table_rows
 from experiments.common.grade import grades as typed_grades, split_name
+from experiments.core.conditions import EFFECT_COLUMNS, EFFECT_NOTE, effect_rows, relative_effects, settings_columns
 from experiments.core.record import FIELDS, RUNNER_FIELDS, is_typed, turns
 from experiments.core.registry import study_of, table_sources
 from experiments.core.scorers import figure_cell, find
@@ -299,6 +300,7 @@ def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
         runs = [v for v, k in zip(views, keys) if k == decl.study]
         if not runs:
             continue
+        told_apart = conditions_view([r for r, k in zip(raw_runs, keys) if k == decl.study], runs)
         st = computed.get(decl.study)
         tables = []
         for t in (st.tables if st else []):
@@ -307,11 +309,30 @@ def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
             tables.append(view)
         warnings = [w for pr in (st.runs if st else []) for w in pr.warnings]
         out.append({"key": decl.study, "title": decl.title, "paper": decl.paper, "tables": tables, "runs": runs, "warnings": warnings,
-                    "roles_note": roles_note(runs)})
+                    "roles_note": roles_note(runs), **told_apart})
     for key in ("finetune", "bench", "other"):
         runs = [v for v, k in zip(views, keys) if k == key]
         if runs:
             out.append({"key": key, "title": SECTION_TITLES[key], "paper": None, "tables": [], "runs": runs, "warnings": []})
+    return out
+
+
+def conditions_view(raw_runs: list[dict], views: list[dict]) -> dict:
+    """A study section's runs told apart: a column per setting that differs among them or from the study's defaults
+    (``settings``), and the effects its paper reports relative to a baseline run where that run is among them
+    (``effects``): the same computation as `medstack compare` (experiments/core/conditions.py)."""
+    studies = [study_of(r["run"]) for r in raw_runs]
+    study = studies[0] if studies and all(type(s) is type(studies[0]) for s in studies) else None
+    cls = study.settings_cls if study is not None else None
+    keys, values = settings_columns([r["config"] for r in raw_runs], cls)
+    labels = [str((r["config"] or {}).get("name") or v["name"]) for r, v in zip(raw_runs, views)]
+    labels = [lbl if labels.count(lbl) == 1 else f"{lbl} ({v['name']})" for lbl, v in zip(labels, views)]
+    out: dict = {"settings": {"columns": ["run", *keys], "rows": [[lbl, *v] for lbl, v in zip(labels, values)]} if keys else None,
+                 "effects": None}
+    if study is not None and study.effects:
+        effects = relative_effects([(lbl, r["config"], r["run"].finished) for lbl, r in zip(labels, raw_runs)], cls, study.effects, study.scorers)
+        if effects:
+            out["effects"] = {"columns": EFFECT_COLUMNS, "rows": effect_rows(effects), "note": EFFECT_NOTE}
     return out
 
 

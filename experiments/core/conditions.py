@@ -78,19 +78,12 @@ def run_name(model: str, settings) -> str:
 
 
 def differing(configs: list[Mapping], settings_cls: type | None = None) -> list[str]:
-    """The settings that tell these runs apart: the conditions (and the data) whose values differ among them, and those
-    any of them sets otherwise than the study's defaults (the model aside: each run's label names it)."""
+    """The settings that tell these runs apart: the conditions, the models of the roles and the data whose values differ
+    among them (a setting all of them share, default or not, is no column: each run's name says what it sets otherwise
+    than the defaults)."""
     rows = [{**conditions(c, settings_cls), "data": (c or {}).get("data")} for c in configs]
-    base = defaults_of(settings_cls)
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    out = []
-    for k in keys:
-        values = [r.get(k) for r in rows]
-        varies = len({repr(v) for v in values}) > 1
-        off_default = k in base and k != "data" and not k.startswith("roles.") and any(v != base[k] for v in values)
-        if varies or off_default:
-            out.append(k)
-    return out
+    return [k for k in keys if len({repr(r.get(k)) for r in rows}) > 1]
 
 
 def settings_columns(configs: list[Mapping], settings_cls: type | None = None) -> tuple[list[str], list[list[str]]]:

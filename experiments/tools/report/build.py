@@ -318,8 +318,7 @@ def paper_sections(raw_runs: list[dict], views: list[dict]) -> list[dict]:
 
 
 def conditions_view(raw_runs: list[dict], views: list[dict]) -> dict:
-    """A study section's runs told apart: a column per setting that differs among them or from the study's defaults
-    (``settings``), and the effects its paper reports relative to a baseline run where that run is among them
+    """A study section's runs told apart: a column per setting that differs among them (``settings``), and the effects its paper reports relative to a baseline run where that run is among them
     (``effects``): the same computation as `medstack compare` (experiments/core/conditions.py)."""
     studies = [study_of(r["run"]) for r in raw_runs]
     study = studies[0] if studies and all(type(s) is type(studies[0]) for s in studies) else None

@@ -14,8 +14,8 @@ def compare_cmd(
 ) -> None:
     """Runs side by side. Where every run is of one study that declares a comparison (e.g. accuracy per
     format x run with 95% bootstrap CIs, paired tests, a bar chart), that comparison first; then the runs with a column
-    per setting that differs among them, the paper's effects relative to a baseline run among them (AgentClinic's
-    biases), for every run and typed score (STEP, STEP/PART, STEP/PART@JUDGE) the mean of the scored values with its
+    per setting that differs among them, the paper's effects relative to a baseline run among them (a bias run over
+    the unbiased run), for every run and typed score (STEP, STEP/PART, STEP/PART@JUDGE) the mean of the scored values with its
     95% bootstrap CI and n, and the paired differences between runs over the cases both hold (no p-value below 10
     shared cases). Exit 2 for a folder that is not a results directory."""
     from experiments.tools.compare.run import run_compare

@@ -98,7 +98,7 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     effects = relative_effects([(lbl, r.config, r.finished) for lbl, r in zip(labels, runs)], settings_cls, study.effects, scorers) \
         if study is not None and study.effects else []
     names = list(dict.fromkeys(f["score"] for t in table for f in t["scores"]))
-    # the study's own comparison tests its own differences (CRAFT-MD's, per format): not tested twice
+    # the study's own comparison tests its own differences: not tested twice
     tests = paired_tests([(lbl, r.finished) for lbl, r in zip(labels, runs)], scorers, names) if len(runs) > 1 and own is None else []
     write_private(out / "scores.json", strict_json(table, indent=1))
     write_private(out / "paired.json", strict_json({"effects": effects, "paired": tests}, indent=1))

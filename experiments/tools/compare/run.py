@@ -72,8 +72,10 @@ def run_figures(run: Run, study=None) -> list[dict]:
 
 
 def run_compare(paths: list[str], out: str | Path) -> dict:
-    """The study's comparison where all runs share one study that declares it, then the typed scores of every run;
-    returns {"study": its result or None, "experiment", "scores": [...], "warnings"}."""
+    """The study's comparison where all runs share one study that declares it, then the runs and the settings that
+    tell them apart, the study's effects relative to a baseline run, the typed scores of every run and the paired
+    differences over shared cases (experiments/tools/compare/README.md); returns {"study": its result or None,
+    "experiment", "scores": [...], "effects", "paired", "warnings"}."""
     if not paths:
         raise MedstackError("give at least one results directory")
     runs = [open_run(p) for p in paths]
@@ -89,7 +91,7 @@ def run_compare(paths: list[str], out: str | Path) -> dict:
     labels = unique_labels(runs)
     settings_cls = study.settings_cls if study is not None else None
     keys, values = settings_columns([r.config for r in runs], settings_cls)
-    table = [{"run": lbl, "path": str(r.path), "experiment": r.experiment, "cases": len({str(x.get("case_id", x.get("id"))) for x in r.finished}),
+    table = [{"run": lbl, "path": str(r.path), "experiment": r.experiment, "cases": len({str(x["case_id"] if x.get("case_id") is not None else x.get("id")) for x in r.finished}),
               "settings": dict(zip(keys, v)), "scores": run_figures(r, st)} for lbl, r, st, v in zip(labels, runs, studies, values)]
     warnings = list((own or {}).get("warnings") or []) if isinstance(own, dict) else []
     if len(kinds) > 1:

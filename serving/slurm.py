@@ -74,11 +74,12 @@ class SlurmOptions:
     extra: dict[str, str] = field(default_factory=dict)  # --slurm-extra KEY=VALUE -> #SBATCH --KEY=VALUE
     setup: list[str] = field(default_factory=list)  # shell lines run before medstack (module load ..., source venv)
     python: str | None = None  # the command that runs Python in the job (default: this interpreter)
+    join_partition: str | None = None  # the sweep's join job (no GPU; default: ``partition``)
 
     def __post_init__(self):
-        for name in ("partition", "account", "time", "python"):
+        for name in ("partition", "account", "time", "python", "join_partition"):
             if getattr(self, name) is not None:
-                check_text(f"--slurm-{name}", getattr(self, name))
+                check_text(f"--slurm-{name.replace('_', '-')}", getattr(self, name))
         for line in self.setup:
             check_text("--slurm-setup", line)
         for key, value in self.extra.items():
@@ -201,7 +202,7 @@ def submit(script: Path, *, cwd: Path, args: list[str] = ()) -> str:
             return queued  # sbatch queued it, then failed to say so
         if delay is not None:
             time.sleep(delay)
-    raise SlurmError(f"sbatch {script} did not submit the job: sbatch: {reason}")
+    raise SlurmError(f"sbatch {script} did not submit the job: {reason if reason.startswith('sbatch:') else 'sbatch: ' + reason}")
 
 
 def job_with_comment(token: str) -> str | None:

@@ -307,3 +307,64 @@ def test_a_plan_cannot_change_under_its_queued_jobs(tmp_path):
     with RunLock(sweep / "embedded"):
         p = run_cli("sweep", "slurm-job", str(sweep), "embedded", env=env)
     assert state.read_bytes() == before and "in use by another medstack process" in " ".join(p.stderr.split()), p.stderr[-2000:]
+
+
+def _recording_slurm(tmp_path: Path, sbatch: str) -> tuple[dict, Path]:
+    """sbatch, squeue, scontrol, scancel on PATH that log each call; ``sbatch``: the body of the fake sbatch."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "slurm-calls"
+    bin_dir.mkdir()
+    bodies = {"sbatch": f'echo "sbatch $*" >> {calls}\n{sbatch}', "squeue": f'echo "squeue $*" >> {calls}\n',
+              "scontrol": "exit 0\n", "scancel": f'echo "scancel $*" >> {calls}\n'}
+    for name, body in bodies.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o700)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls
+
+
+def test_dry_run_without_the_weights_writes_the_scripts_and_the_join_asks_for_little(tmp_path):
+    """A Slurm dry run over two 8B models whose weights are not here: a warning naming the fetch, exit 0, the scripts
+    written (never an empty slurm/ folder); the join asks for no GPU, 30 minutes, on its own partition."""
+    env, calls = _recording_slurm(tmp_path, "exit 1\n")
+    env.update(MEDSTACK_WEIGHTS=str(tmp_path / "no-weights"), HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
+    sweep = tmp_path / "sweep"
+    p = run_cli("sweep", "craftmd", "--models", "llama3-8b-instruct,mistral-7b-instruct-v0.2", "--role", "patient=llama3-8b-instruct",
+                "--role", "grader=llama3-8b-instruct", "--data", str(FIXTURES / "craftmd" / "cases.csv"), "--limit", "2", "--trials", "1",
+                "--formats", "vignette", "--no-frq", "--executor", "slurm", "--slurm-partition", "gpu", "--slurm-time", "6:00:00",
+                "--slurm-join-partition", "cpu", "--out", str(sweep), "--dry-run", env=env)
+    said = " ".join(p.stderr.split())
+    assert p.returncode == 0, p.stderr
+    assert "the weights of llama3-8b-instruct are not here yet" in said and "medstack models fetch mistral-7b-instruct-v0.2" in said
+    assert not calls.exists()
+    entries = (sweep / "slurm" / "dry-run" / "entries-0.sbatch").read_text()
+    assert "#SBATCH --gres=gpu:" in entries and "#SBATCH --partition=gpu" in entries and "#SBATCH --time=6:00:00" in entries
+    join = (sweep / "slurm" / "dry-run" / "join.sbatch").read_text()
+    assert "--gres" not in join and "#SBATCH --partition=cpu" in join and "#SBATCH --time=0:30:00" in join and "#SBATCH --cpus-per-task=1" in join
+
+
+def test_a_refused_submission_says_what_to_check_and_leaves_nothing(tmp_path):
+    """sbatch refuses the partition: one line with sbatch's reason (said once), what to check next; no script, plan
+    or slurm/ folder is left, so the same command again starts clean."""
+    env, calls = _recording_slurm(tmp_path, 'echo "sbatch: fatal: Invalid partition name specified" >&2\nexit 1\n')
+    sweep = tmp_path / "sweep"
+    p = run_cli("sweep", "craftmd", "--models", "embedded", "--data", str(FIXTURES / "craftmd" / "cases.csv"), "--limit", "1", "--trials", "1",
+                "--formats", "vignette", "--no-frq", "--config", "experiments/studies/craftmd/configs/embedded-small.yaml",
+                "--executor", "slurm", "--slurm-partition", "nosuch", "--out", str(sweep), env=env)
+    said = " ".join(p.stderr.split())
+    assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
+    assert "sbatch: fatal: Invalid partition name specified" in said and "sbatch: sbatch:" not in said
+    assert "--partition nosuch" in said and "sinfo" in said and "nothing of it was kept" in said
+    assert calls.read_text().count("sbatch ") >= 1
+    assert not (sweep / "slurm").exists()
+
+
+def test_status_names_case_trials_and_a_join_not_submitted(tmp_path, monkeypatch):
+    sweep = tmp_path / "sweep"
+    (sweep / "slurm").mkdir(parents=True)
+    (sweep / "a").mkdir()
+    plan = {"spec": {"study": "craftmd"}, "unit_noun": "case-trials", "join_job": None,
+            "entries": {"a": {"model": "m1", "out": str(sweep / "a"), "cases": 10, "job": "8_0"}}}
+    (sweep / "slurm" / "sweep.json").write_text(json.dumps(plan))
+    monkeypatch.setattr(sweep_slurm, "queue_states", lambda ids: {"8_0": "PENDING"})
+    text = "\n".join(sweep_slurm.status_lines(sweep))
+    assert "| entry | model | job | state | case-trials | restarts |" in text and "| a | m1 | 8_0 | pending | 0/10 | 0 |" in text
+    assert "join: not submitted yet" in text and "join: job -" not in text

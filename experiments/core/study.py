@@ -185,6 +185,7 @@ class Study:
     # `--sample N`: the case fields whose values define the strata a sample keeps in proportion (experiments/core/scope.py)
     strata: ClassVar[tuple[str, ...]] = ()
     case_noun: ClassVar[str] = "cases"  # what the runner selects, in summary.md's scope line
+    unit_noun: ClassVar[str] = "cases"  # what ``expand`` makes of them, counted by a dry run's plan and `sweep status` (CRAFT-MD: case-trials)
     scorers: ClassVar[tuple[Scorer, ...]] = ()  # its judges and checks (experiments/core/scorers.py), run after solve
     # effects its paper reports relative to a baseline run (experiments/core/conditions.py Effect): compare and the
     # report compute each where the baseline run is among the runs they show

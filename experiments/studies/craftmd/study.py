@@ -114,6 +114,7 @@ class CraftmdStudy(Study):
     sweep_roles = ("clinical",)  # the doctor-AI varies; patient-AI and grader-AI stay fixed (Johri et al.)
     role_follows = {"summarizer": "grader", "assessor": "grader"}
     strata = ("dataset", "specialty")  # --sample keeps the whole set's mix of data sets and specialties
+    unit_noun = "case-trials"  # each case once per trial (expand)
     scorers = SCORERS
     published = PUBLISHED
     # a dry run's doctor-AI asks once, then gives its final diagnosis; the grader's extraction and verdict, the summary

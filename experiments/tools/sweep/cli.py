@@ -35,6 +35,8 @@ def sweep(
     executor: Literal["local", "slurm"] = typer.Option("local", "--executor", help="local: the entries in turn on this machine; slurm: one Slurm job per entry "
                                  "(a job array), then a join job; the command returns once they are submitted."),
     slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help=f"{SLURM_HELP}: the partition."),
+    slurm_join_partition: Optional[str] = typer.Option(None, "--slurm-join-partition", help=f"{SLURM_HELP}: the partition of the join job "
+                                                       "(one CPU, no GPU, 30 minutes; default: --slurm-partition), e.g. a CPU partition."),
     slurm_account: Optional[str] = typer.Option(None, "--slurm-account", help=f"{SLURM_HELP}: the account charged."),
     slurm_time: Optional[str] = typer.Option(None, "--slurm-time", help=f"{SLURM_HELP}: each entry job's time limit (MINUTES, HH:MM:SS or D-HH:MM:SS)."),
     slurm_max_parallel: Optional[int] = typer.Option(None, "--slurm-max-parallel", min=1, help=f"{SLURM_HELP}: at most N of the entry jobs "
@@ -84,7 +86,8 @@ def sweep(
         if "--dry-run" not in ctx.args:  # a dry run writes the scripts and runs no Slurm command
             require_slurm()
         run_exec = SlurmSubmit(SlurmOptions(partition=slurm_partition, account=slurm_account, time=slurm_time, max_parallel=slurm_max_parallel,
-                                            cpus=slurm_cpus, extra=parse_extra(slurm_extra), setup=list(slurm_setup), python=slurm_python), spec)
+                                            cpus=slurm_cpus, extra=parse_extra(slurm_extra), setup=list(slurm_setup), python=slurm_python,
+                                            join_partition=slurm_join_partition), spec)
     parse_models(models)
     outcome = _run(spec, run_exec)
     typer.echo("\n".join(["", f"# sweep {study}: {sweep_dir}", "", *summary_lines(outcome)]))

@@ -22,7 +22,7 @@ from experiments.core.runlock import RunDirInUse, RunLock
 from experiments.tools.sweep.run import Plan, SweepOutcome, check_gpu_fit, finished_ids, is_finished, join, run_entry
 from models.errors import MedstackError
 from models.paths import USER_HOME_ENV, medstack_home, private_dir
-from models.registry import get_spec, resolve_weights
+from models.registry import fetch_command, get_spec, resolve_weights
 from serving.launcher import GPU_PLAN_ENV
 from serving.refs import ModelRef
 from serving.slurm import (QueueUnknown, SlurmError, SlurmOptions, header, job_identity, log_tail, queue_states, read_state,
@@ -91,7 +91,6 @@ class SlurmSubmit:
         sweep_dir, log, out = plan.sweep_dir, plan.log, plan.outcome
         dry = any(common.get("dry_run") for _, common, *_ in plan.planned)
         with RunLock(sweep_dir):  # one submitter (or join) at a time per sweep folder
-            private_dir(slurm_dir(sweep_dir))
             old = _read_plan_or_empty(sweep_dir)
             entries = old.get("entries", {})
             queued = {} if dry else self._queued(plan, entries, old)
@@ -113,20 +112,28 @@ class SlurmSubmit:
                     r.status, r.message = "submitted", f"job {e['job']} {shown_state(queued[e['job']], {})}"
                 else:
                     todo.append(r)
-            check_visible(todo)
+            missing = check_visible(todo, dry)  # a dry run says what is missing and writes the scripts all the same
             plan_doc = {"spec": self.spec, "cwd": str(Path.cwd()), "python": self.python, "home": str(medstack_home().absolute()),
                         "weights": _abs(os.environ.get("MEDSTACK_WEIGHTS")), "options": self.opts.__dict__, "entries": entries,
-                        "join_job": old.get("join_job")}
+                        "join_job": old.get("join_job"), "unit_noun": getattr(plan.study, "unit_noun", "cases")}
             if not todo and not in_queue and not dry:  # every entry finished: the join, here and now
                 _write_plan(sweep_dir, plan_doc)
                 log(f"sweep: every entry of {sweep_dir} is finished; joining")
                 return join(plan)
             if dry:
-                return self._dry_run(plan, plan_doc, todo)
+                return self._dry_run(plan, plan_doc, todo, missing)
+            private_dir(slurm_dir(sweep_dir))
             new_jobs, previous = [], None
             for group, limit, chained in _arrays(todo, self.opts.max_parallel):
                 script, labels = self._entry_script(sweep_dir, group, len(list(slurm_dir(sweep_dir).glob("entries-*.sbatch"))), limit)
-                job = submit(script, cwd=Path.cwd(), args=[f"--dependency=afterany:{previous}"] if chained and previous else [])
+                try:
+                    job = submit(script, cwd=Path.cwd(), args=[f"--dependency=afterany:{previous}"] if chained and previous else [])
+                except SlurmError as e:  # nothing half-made: its script and its entries' plan lines go
+                    for r in group:
+                        if not entries.get(r.label, {}).get("job"):
+                            entries.pop(r.label, None)
+                    _unmade(sweep_dir, script, plan_doc, bool(new_jobs))
+                    raise SlurmError(submit_failed(e, self.opts)) from None
                 previous = job
                 for i, r in enumerate(group):
                     make_results_dir(r.out)
@@ -140,7 +147,12 @@ class SlurmSubmit:
             if new_jobs or not join_queued:  # the join waits for every entry job in the queue (a finished one is gone from it)
                 if join_queued:  # an earlier join waits on earlier jobs only: this one replaces it
                     _scancel(plan_doc["join_job"])
-                plan_doc["join_job"] = submit_join(sweep_dir, plan_doc, new_jobs + [entries[lbl]["job"] for lbl in sorted(in_queue)])
+                try:
+                    plan_doc["join_job"] = submit_join(sweep_dir, plan_doc, new_jobs + [entries[lbl]["job"] for lbl in sorted(in_queue)])
+                except SlurmError as e:  # the entries are queued (their ids kept); the same command again submits the join
+                    (slurm_dir(sweep_dir) / "join.sbatch").unlink(missing_ok=True)
+                    raise SlurmError(submit_failed(e, self.opts, join=True) + "; the entry jobs are queued: the same command again "
+                                     "submits only the join") from None
                 _write_plan(sweep_dir, plan_doc)
             log(f"sweep: the join (compare, summary, report) runs as job {plan_doc['join_job']} when every entry job has ended; "
                 f"`medstack sweep status {sweep_dir}` shows where they are")
@@ -160,7 +172,7 @@ class SlurmSubmit:
                                  f"command again when squeue answers (`medstack sweep status {plan.sweep_dir}` shows the jobs)") from None
             return {}
 
-    def _dry_run(self, plan: Plan, plan_doc: dict, todo: list) -> SweepOutcome:
+    def _dry_run(self, plan: Plan, plan_doc: dict, todo: list, missing: list[str] = ()) -> SweepOutcome:
         """The scripts and the plan a submission would write, in a folder of their own (``slurm/dry-run``): the live
         plan, which queued jobs re-read when they start, is never touched."""
         sweep_dir, log = plan.sweep_dir, plan.log
@@ -183,6 +195,8 @@ class SlurmSubmit:
         commands.append(f"sbatch --parsable {'--dependency=afterany:' + deps + ' ' if deps else ''}{shlex.quote(str(join_script))}  # the join")
         log(f"sweep: dry run: no Slurm command was run, nothing submitted, the live plan untouched. What a submission would write: "
             f"the plan {where / PLAN_FILE}; the scripts, to read: {', '.join(scripts)}")
+        for line in missing:
+            log(f"[yellow]sweep: dry run: {line}[/yellow]")
         log("sweep: submitting would run:\n" + "\n".join("    " + c for c in commands)
             + "\n(the same command without --dry-run submits them and keeps the job ids for `medstack sweep status`)")
         return plan.outcome
@@ -209,15 +223,42 @@ def _abs(path: str | None) -> str | None:
     return os.path.abspath(os.path.expanduser(path)) if path else None
 
 
-def check_visible(runs: list) -> None:
+def check_visible(runs: list, dry: bool = False) -> list[str]:
     """Before anything is submitted: the weights of every model an entry job will serve are where the job looks (the
-    data sets and releases were resolved by the sweep's own checks, in the home the jobs read). One line, exit 2."""
+    data sets and releases were resolved by the sweep's own checks, in the home the jobs read). One line, exit 2.
+    ``dry``: nothing is refused; the lines saying what is missing are returned (a dry run prints them and writes the
+    scripts, to be read before the weights are downloaded)."""
+    said: list[str] = []
     for r in runs:
         for alias in served(r.roles):
             try:
                 resolve_weights(alias)
             except MedstackError as e:
-                raise ConfigError(f"sweep --executor slurm: entry {r.label} would fail in its job: {e}") from None
+                if not dry:
+                    raise ConfigError(f"sweep --executor slurm: entry {r.label} would fail in its job: {e}") from None
+                line = f"the weights of {alias} are not here yet; entry {r.label}'s job would fail until they are ({fetch_command(alias)})"
+                if line not in said:
+                    said.append(line)
+    return said
+
+
+def submit_failed(e: SlurmError, opts: SlurmOptions, join: bool = False) -> str:
+    """A refused submission in one line: sbatch's own reason, then what to check next."""
+    asked = ", ".join(f"--{k} {v}" for k, v in (("partition", opts.join_partition or opts.partition if join else opts.partition),
+                                                  ("account", opts.account), ("time", JOIN_TIME if join else opts.time)) if v)
+    return (f"{e}; nothing of it was kept. Check the partition, account and time limit the job asks for"
+            + (f" ({asked})" if asked else "") + " with `sinfo -s` and `sacctmgr show assoc user=$USER` (or your site's docs), then run the same command again")
+
+
+def _unmade(sweep_dir: Path, script: Path, plan_doc: dict, kept: bool) -> None:
+    """After a refused submission: its script goes; the plan is written only when earlier jobs of this command were
+    submitted (their ids are kept), and a slurm/ folder left with nothing is removed."""
+    script.unlink(missing_ok=True)
+    if kept or any(e.get("job") for e in plan_doc["entries"].values()):
+        _write_plan(sweep_dir, plan_doc)
+    folder = slurm_dir(sweep_dir)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _read_plan_or_empty(sweep_dir: Path) -> dict:
@@ -261,8 +302,14 @@ def _scancel(job: str) -> None:
         pass  # an earlier join left queued finds the entries again when it runs, and waits for them
 
 
+JOIN_TIME = "0:30:00"  # the join's time limit: compare, summary and report over finished folders take minutes
+
+
 def write_join(sweep_dir: Path, plan_doc: dict, where: Path | None = None) -> Path:
-    opts = SlurmOptions(**{**plan_doc["options"], "cpus": 1, "max_parallel": None})
+    """The join's script: one CPU, 4 GB, no GPU, :data:`JOIN_TIME`, on ``--slurm-join-partition`` (default: the entries' partition)."""
+    given = SlurmOptions(**plan_doc["options"])
+    opts = SlurmOptions(**{**plan_doc["options"], "cpus": 1, "max_parallel": None, "time": JOIN_TIME,
+                           "partition": given.join_partition or given.partition})
     opts.extra = {k: v for k, v in opts.extra.items() if not k.startswith(("gres", "gpu", "mem", "cpu", "constraint"))}  # no GPU for the join
     python = opts.python_argv(plan_doc["python"])
     body = ["exec " + shlex.join([*python, "-m", "scripts.cli", "sweep", "slurm-join", str(sweep_dir)])]
@@ -396,15 +443,18 @@ def status_rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
                      "log_tail": st.get("log_tail", "") if state == "failed" else "", "log": str(out / JOB_LOG)})
     join_job = doc.get("join_job")
     join_state = (shown_state(queued.get(join_job), {}) if join_job in queued else "done" if (sweep_dir / "summary.md").exists()
-                  else f"unknown (squeue: {unknown})" if unknown is not None and join_job else "-")
-    return {"join_job": join_job, "join_state": join_state, "study": doc.get("spec", {}).get("study")}, rows
+                  else f"unknown (squeue: {unknown})" if unknown is not None and join_job
+                  else "left the queue without a summary (its log: slurm/join.log)" if join_job else "not submitted yet")
+    return {"join_job": join_job, "join_state": join_state, "study": doc.get("spec", {}).get("study"),
+            "unit_noun": doc.get("unit_noun", "cases")}, rows
 
 
 def status_lines(sweep_dir: Path) -> list[str]:
     head, rows = status_rows(sweep_dir)
     columns = ["entry", "model", "job", "state", "cases", "restarts"]
-    lines = [f"sweep {head['study']}: {sweep_dir}", "", *md_table(columns, [[r[c] for c in columns] for r in rows])]
-    lines += ["", f"join: job {head['join_job'] or '-'} {head['join_state']}"]
+    shown = [head["unit_noun"] if c == "cases" else c for c in columns]  # CRAFT-MD's units are case-trials
+    lines = [f"sweep {head['study']}: {sweep_dir}", "", *md_table(shown, [[r[c] for c in columns] for r in rows])]
+    lines += ["", f"join: job {head['join_job']} {head['join_state']}" if head["join_job"] else f"join: {head['join_state']}"]
     for r in rows:
         if r["state"] == "failed":
             lines += ["", f"{r['entry']} failed: {r['message'] or 'the job left the queue without finishing'} (log: {r['log']})"]

@@ -40,6 +40,10 @@ COMMON: dict[str, tuple[Any, Any]] = {
     "dry_run": (bool, typer.Option(False, "--dry-run", metavar="", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
                                    "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
                                    "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),
+    "gpu_memory": (Optional[int], typer.Option(None, "--gpu-memory", metavar="GB", min=1, help="With --dry-run: plan the full run for one GPU "
+                                               "of GB gigabytes (e.g. 24, 48, 80): cases at once and GPU-hours, computed, not measured (default: 24, 48 and 80).")),
+    "plan_from": (Optional[Path], typer.Option(None, "--plan-from", metavar="RUN", help="With --dry-run: plan from the mean calls and tokens per "
+                                               "case (case-trial) of an earlier run's call log (RUN/records.jsonl) instead of the study's own figures.")),
 }
 _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
@@ -384,10 +388,13 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
         settings, cases = prepare_run(study, settings)  # every input check happens here, before a server starts
     except UnicodeDecodeError as e:
         raise DataError(f"{settings.data}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
-    execute(study, settings, cases, api_key=common.get("api_key"), dry_run=bool(common.get("dry_run")))
+    if (common.get("gpu_memory") or common.get("plan_from")) and not common.get("dry_run"):
+        raise ConfigError("--gpu-memory and --plan-from plan a run: give them with --dry-run")
+    execute(study, settings, cases, api_key=common.get("api_key"), dry_run=bool(common.get("dry_run")),
+            plan={"gpu_memory": common.get("gpu_memory"), "plan_from": str(common["plan_from"]) if common.get("plan_from") else None})
 
 
-def execute(study: Study, settings, cases: list[dict], *, api_key: str | None = None, dry_run: bool = False) -> None:
+def execute(study: Study, settings, cases: list[dict], *, api_key: str | None = None, dry_run: bool = False, plan: dict | None = None) -> None:
     """Run prepared settings and cases through the one runner (or write the dry run), print the summary, and exit with
     the run's code, saying the command that resumes it: the end of every command that runs a study."""
     from experiments.core.runner import run_study
@@ -395,7 +402,7 @@ def execute(study: Study, settings, cases: list[dict], *, api_key: str | None = 
     if dry_run:
         from experiments.core.dryrun import dry_run as write_dry_run
 
-        asyncio.run(write_dry_run(study, settings, cases, log=log))
+        asyncio.run(write_dry_run(study, settings, cases, log=log, **(plan or {})))
         return
     resume = resume_command(sys.argv[1:])
     outcome = run_async(run_study(study, settings, cases, api_key=api_key, resume_command=resume, log=log))

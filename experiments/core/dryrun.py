@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 from experiments.core.deviations import protocol_lines, protocol_stats
 from experiments.core.results import read_jsonl
-from experiments.core.runner import run_study
+from experiments.core.plan import plan_lines
+from experiments.core.runner import context_check, run_study
 from experiments.core.scope import scope_line
 from experiments.core.study import CURRENT_CASE
 from models.errors import DataError, MedstackError
@@ -97,9 +98,15 @@ def write_requests(out: Path, rows: list[dict]) -> Path:
     return path
 
 
-async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
-    """Run the study against a :class:`RecordingClient`; write ``<settings.out>/dry-run.jsonl``; return its path.
+async def dry_run(study, settings, cases: list[dict], *, log=print, gpu_memory: int | None = None, plan_from: str | None = None) -> Path:
+    """Run the study against a :class:`RecordingClient`; write ``<settings.out>/dry-run.jsonl``; return its path; then
+    the plan of the full run (experiments/core/plan.py: the protocol's worst case, a typical unit from ``plan_from``'s
+    call log or the study's own figures, units at once and hours on a GPU of ``gpu_memory`` GB, else 24, 48 and 80).
     A dry run that writes no request for its cases is bad input: :class:`DataError` (exit 2) naming the cause."""
+    from experiments.core.plan import measured
+
+    if plan_from:
+        measured(plan_from)  # a folder without a call log: refused before anything is written
     out = Path(settings.out)
     client = RecordingClient(study.standins)
     cause = None
@@ -136,6 +143,14 @@ async def dry_run(study, settings, cases: list[dict], *, log=print) -> Path:
     for line in protocol_lines(protocol_stats([r for r in records.values() if r.get("status") != "failed"])):
         log(line)
     for line in request_kinds(rows, study.standins):
+        log(line)
+    if study.standins and len(cases) and any(r.get("case_id") is not None for r in rows):
+        log(f"dry run: those replies were stand-ins, not a model's: they end each conversation early, so the {len(rows)} request(s) "
+            "above are this dry run's own count, not a run's (the plan below estimates a run's)")
+    fit = context_check(study, settings, cases)
+    if fit:
+        log(fit)
+    for line in plan_lines(study, settings, cases, gpu_memory=gpu_memory, plan_from=plan_from):
         log(line)
     return path
 

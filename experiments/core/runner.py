@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from experiments.core.concurrency import kv_bound, resolve_concurrency
 
 from experiments.core.config import ConfigError, RunSettings
+from experiments.core.plan import CONTEXT_HINT, fit_warning, is_context_error
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
 from experiments.core.record import is_typed
@@ -144,6 +145,9 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
                     settings_cls=type(settings), formerly=study.formerly)  # its resume rules, how it reads an older config.yaml
     for note in rundir.notes:
         log(note)
+    fit = context_check(study, settings, cases)
+    if fit:  # said before the first request; the run goes on (the user may know better: a server with a longer context)
+        log(f"[yellow]{escape(fit)}[/yellow]")
     case_ids = [str(c["id"]) for c in cases]
     # one pass over the file, without the call logs (the bulk of every record); the end of the run reads only what it appended
     known, offset = rundir.latest(drop=CALL_LOG), rundir.size()
@@ -167,7 +171,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         try:
             identity = rundir.write_identity(identities, {"experiment": study.name, "roles": settings.roles, "answers": answers_identity(study, settings)})
             await study.setup(client, settings, todo, rundir.path)
-            state = await _dispatch(study, settings, todo, rundir, client, identities, log)
+            state = await _dispatch(study, settings, todo, rundir, client, identities, log, fit)
         except RequestFailed as e:  # the study's one-off set-up calls got no answer
             if e.kind == "auth":
                 raise e.auth_error() from None
@@ -239,6 +243,15 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     return metrics, finished, failed
 
 
+def context_check(study: Study, settings: RunSettings, cases: list[dict]) -> str | None:
+    """The warning of a configuration whose longest request may exceed a role's model context (experiments/core/plan.py),
+    or None; a study whose worst case cannot be computed for these cases is not checked."""
+    try:
+        return fit_warning(study, settings, cases)
+    except Exception:  # noqa: BLE001 - an estimate: never the reason a run does not start
+        return None
+
+
 def self_judged(study: Study, settings: RunSettings) -> dict[str, str]:
     """Judging role -> model, for the judging roles this run calls that the model under test plays itself (it grades
     its own answers)."""
@@ -246,7 +259,8 @@ def self_judged(study: Study, settings: RunSettings) -> dict[str, str]:
     return {r: under_test for r in study.judge_roles if r in study.fixed_roles(settings) and settings.roles.get(r) == under_test}
 
 
-async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log) -> LoopState:
+async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundir: RunDir, client, identities: dict, log,
+                    fit: str | None = None) -> LoopState:
     sem = asyncio.Semaphore(settings.concurrency)
     writer = RecordWriter(rundir, getattr(client, "cache", None))  # the record after its answers are committed; grouped fsyncs
     state = LoopState()
@@ -269,6 +283,8 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 if e.kind == "auth":  # a refused key fails every case alike: the whole run stops (exit 2), nothing recorded
                     raise e.auth_error() from None
                 record = {"id": case["id"], "status": "failed", "error": str(e)}
+                if is_context_error(e.error):  # the conversation outgrew the model: say so, and what fits
+                    record["error"] += f" ({CONTEXT_HINT}: " + (fit or "a shorter turn budget or max_tokens (--set), or a model with a longer context, fits it") + ")"
                 state.consecutive = state.consecutive + 1 if e.kind == "transport" else 0
                 state.failed += 1
             except StorageError as e:  # the disk refused a write (the response cache): stop starting cases

@@ -259,6 +259,18 @@ class Study:
         """The study's own figures beyond its scorers' (which the runner adds under ``scores``)."""
         return {}
 
+    def worst_case(self, settings: RunSettings, case: dict):
+        """One unit of work (an ``expand``-ed case) at its protocol's limit under these settings: an
+        :class:`experiments.core.plan.WorstCase` (the turn budget's requests, every reply at its max_tokens, per role the
+        longest request), or None (not declared). The runner warns before the first request when a role's longest
+        exceeds its model's context; a dry run plans the full run from it (experiments/core/plan.py)."""
+        return None
+
+    def typical(self, settings: RunSettings):
+        """A unit as a real run measured it (:class:`experiments.core.plan.Typical`), where the study has such a
+        measurement; None: a dry run plans from the worst case, or from ``--plan-from RUN``."""
+        return None
+
     def describe(self, settings: RunSettings) -> list[str]:
         """Lines saying how the study builds its requests under these settings (printed by --dry-run)."""
         return []

@@ -145,3 +145,30 @@ async def solve(ctx: CaseContext, case: dict, s: AgentClinicSettings) -> dict:
                             "doctor_inferences": sum(t["role"] == "doctor" for t in transcript),
                             "tests_requested": sum(t["role"] == "measurement" for t in transcript),
                             "biases": {"doctor": s.doctor_bias, "patient": s.patient_bias}, "prompt_hashes": prompt_hashes()})
+
+
+def worst_case(case: dict, s: AgentClinicSettings):
+    """A case at the loop's limit (experiments/core/plan.py): every doctor inference of the budget used, each answered,
+    every reply at its max_tokens. Each agent's history grows by a (doctor line, answer) pair a turn, so its longest
+    request is its templates and case text + inferences x (doctor + answer max_tokens). A diagnosis ends the loop
+    sooner, but one that misses its format (``doctor_actions``: cut at max_tokens) does not: the whole budget counts."""
+    from experiments.core.plan import WorstCase, text_tokens
+
+    n = s.inferences
+    d = s.sampling.doctor.max_tokens
+    a = max(s.sampling.patient.max_tokens, s.sampling.measurement.max_tokens)
+    raw = lambda *names: "".join((PROMPTS.folder / f"{x}.txt").read_text(encoding="utf-8") for x in names)  # noqa: E731
+    osce = case.get("osce") or {}
+    bias = max((len(x) for v in biases().values() if isinstance(v, dict) for x in v.values() if isinstance(x, str)), default=0)
+    base = {"doctor": text_tokens(raw("doctor_system", "doctor_user", "final_notice") + facts(osce.get("Objective_for_Doctor", ""))) + bias // 4,
+            "patient": text_tokens(raw("patient_system", "patient_user") + facts(osce.get("Patient_Actor", ""))) + bias // 4,
+            "measurement": text_tokens(raw("measurement_system", "measurement_user") + facts(osce.get("Physical_Examination_Findings", ""))
+                                       + facts(osce.get("Test_Results", "")))}
+    grow = n * (d + a)
+    longest = {role: b + grow for role, b in base.items()}
+    longest["moderator"] = text_tokens(raw(*MODERATOR_TEMPLATES)) + d + s.sampling.moderator.max_tokens
+    answerer = max(base["patient"], base["measurement"])
+    prompt = n * (base["doctor"] + answerer) + n * (n - 1) * (d + a) + longest["moderator"]
+    return WorstCase(longest, calls=2 * n, prompt_tokens=prompt, output_tokens=n * (d + a) + s.sampling.moderator.max_tokens,
+                     budget=f"{n} doctor inference(s), each answered, replies of at most {d} (doctor) and {a} (patient, measurement) tokens")
+

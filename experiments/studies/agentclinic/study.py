@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from experiments.studies.agentclinic.protocol import PROMPTS, RULES, facts, moderate, no_diagnosis, solve, verdict
+from experiments.studies.agentclinic.protocol import PROMPTS, RULES, facts, moderate, no_diagnosis, solve, verdict, worst_case
 from experiments.studies.agentclinic.paper_values import BIAS_EFFECTS
 from experiments.studies.agentclinic.settings import AgentClinicSettings
 from experiments.common.grade import YES_NO, grades
@@ -160,6 +160,9 @@ class AgentClinicStudy(Study):
 
     def metrics(self, records: list[dict], s: AgentClinicSettings) -> dict:
         return run_metrics(records, s)
+
+    def worst_case(self, s: AgentClinicSettings, case: dict):
+        return worst_case(case, s)
 
     def describe(self, s: AgentClinicSettings) -> list[str]:
         return [f"requests: built as the authors' agentclinic.py loop; doctor budget {s.inferences}; "

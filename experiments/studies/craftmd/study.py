@@ -106,6 +106,42 @@ def upgrade_record(r: dict, s, greeting: bool = True) -> dict:
     return {**{k: v for k, v in r.items() if k in RUNNER_FIELDS}, **out}
 
 
+# A paper-protocol case-trial (four formats, MCQ and FRQ) as serving/bench/README.md "Paper scale on a GPU" models it:
+# 10,020 case-trials, 338,876 calls, 168,449,356 prompt tokens (46,568,942 after prefix caching), 14,752,947 output tokens
+PAPER_CASE_TRIAL = {"calls": 338_876 / 10_020, "prompt": 168_449_356 / 10_020, "uncached": 46_568_942 / 10_020, "output": 14_752_947 / 10_020}
+
+
+def worst_case(unit: dict, s: CraftSettings):
+    """A case-trial at the protocol's limit (experiments/core/plan.py): the conversation at its turn cap, every reply at
+    its max_tokens; then the summary, each format's MCQ and FRQ, the grader on each FRQ with every re-ask, the
+    assessors. The conversation grows by a doctor and a patient turn a turn: the doctor's, the patient's and the
+    answers' longest requests carry all of it."""
+    import json
+
+    from experiments.core.plan import WorstCase, text_tokens
+
+    t, sp = s.max_turns, s.sampling
+    d, p, a = sp["doctor"].max_tokens, sp["patient"].max_tokens, sp["answer"].max_tokens
+    raw = lambda *names: "".join((PROMPTS.folder / f"{x}.txt").read_text(encoding="utf-8") for x in names)  # noqa: E731
+    case = text_tokens(json.dumps(unit.get("case") or {}, ensure_ascii=False))
+    talk = p + t * (d + p)  # the patient's opening, then every turn
+    nf = len(s.formats)
+    asked = nf * (int(s.mcq) + int(s.frq))
+    longest = {"clinical": text_tokens(raw("doctor_system", "identity_specialist", "ask_mcq", "ask_frq")) + case + talk + max(d, a),
+               "patient": text_tokens(raw("patient_system", "patient_authors")) + case + talk + p}
+    longest["summarizer"] = text_tokens(raw("summarize")) + talk + sp["summarizer"].max_tokens
+    longest["grader"] = text_tokens(raw("grader_extract", "grader_match")) + case + a + sp["grader"].max_tokens
+    summary = int("summarized" in s.formats)
+    grades = nf * int(s.frq) * (1 + s.grader_reasks) * 2  # extraction and match, each re-asked
+    assessed = 5 if s.assess_conversations else 0
+    calls = 1 + 2 * t + summary + asked + grades + assessed
+    prompt = (t * (longest["clinical"] + longest["patient"] - 2 * talk) + t * t * (d + p)  # each turn's view of the talk so far
+              + summary * longest["summarizer"] + asked * longest["clinical"] + grades * longest["grader"])
+    output = talk + summary * sp["summarizer"].max_tokens + asked * a + grades * sp["grader"].max_tokens
+    return WorstCase(longest, calls, prompt, output,
+                     budget=f"{t} doctor turns, replies of at most {d} (doctor) and {p} (patient) tokens, {nf} format(s)")
+
+
 class CraftmdStudy(Study):
     settings_cls = CraftSettings
     roles = ("clinical", "patient", "grader", "summarizer", "assessor")
@@ -167,6 +203,20 @@ class CraftmdStudy(Study):
 
     def expand(self, cases: list[dict], s: CraftSettings) -> list[dict]:
         return units_for(cases, s.trials)
+
+    def worst_case(self, s: CraftSettings, unit: dict):
+        return worst_case(unit, s)
+
+    def typical(self, s: CraftSettings):
+        """The paper protocol's case-trial as modelled at paper scale (only for its four formats, MCQ and FRQ)."""
+        from experiments.core.plan import Typical
+
+        if sorted(s.formats) != sorted(["vignette", "multiturn", "singleturn", "summarized"]) or not (s.mcq and s.frq):
+            return None
+        f = PAPER_CASE_TRIAL
+        return Typical(f["calls"], f["prompt"], f["output"], f["uncached"],
+                       source="serving/bench/README.md, paper scale on a GPU: 10,020 case-trials modelled from a run's templates "
+                              "and the authors' LLaMA-2-7b conversations")
 
     async def solve(self, ctx: CaseContext, unit: dict, s: CraftSettings) -> dict:
         return await solve(ctx, unit, s)

@@ -217,6 +217,8 @@ def plan_lines(study, settings, cases: list[dict], *, gpu_memory: int | None = N
         lines.append(f"plan: {n:,} {noun}; at most {worst.calls} request(s) per {noun[:-1]} ({worst.budget}): at most {n * worst.calls:,} "
                      f"requests, {n * worst.prompt_tokens:,} prompt and {n * worst.output_tokens:,} output tokens in all")
     typical = measured(plan_from) if plan_from else study.typical(settings)
+    if typical is not None and not plan_from and worst is not None and typical.calls > worst.calls:
+        typical = None  # the study's figures are for another budget than these settings'
     if typical is not None:
         lines.append(f"plan: typical {noun[:-1]}: {typical.calls:.1f} requests, {typical.prompt_tokens:,.0f} prompt and {typical.output_tokens:,.0f} output "
                      f"tokens ({typical.source}): about {n * typical.calls:,.0f} requests in all")

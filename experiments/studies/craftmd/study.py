@@ -208,10 +208,10 @@ class CraftmdStudy(Study):
         return worst_case(unit, s)
 
     def typical(self, s: CraftSettings):
-        """The paper protocol's case-trial as modelled at paper scale (only for its four formats, MCQ and FRQ)."""
+        """The paper protocol's case-trial as modelled at paper scale (only for its four formats, MCQ and FRQ, 14 turns)."""
         from experiments.core.plan import Typical
 
-        if sorted(s.formats) != sorted(["vignette", "multiturn", "singleturn", "summarized"]) or not (s.mcq and s.frq):
+        if sorted(s.formats) != sorted(["vignette", "multiturn", "singleturn", "summarized"]) or not (s.mcq and s.frq) or s.max_turns != 14:
             return None
         f = PAPER_CASE_TRIAL
         return Typical(f["calls"], f["prompt"], f["output"], f["uncached"],

@@ -254,7 +254,7 @@ def plan_lines(study, settings, cases: list[dict], *, gpu_memory: int | None = N
 
 
 def hours(h: float) -> str:
-    return f"{h:.1f} GPU-hours" if h >= 0.1 else f"{max(1, round(h * 60))} GPU-minutes"
+    return f"{h:.1f} GPU-hours" if h >= 1 else f"{h:.2f} GPU-hours" if h >= 0.1 else f"{max(1, round(h * 60))} GPU-minute(s)"
 
 
 def measured(run_dir: str) -> Typical:

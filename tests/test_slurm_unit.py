@@ -323,14 +323,16 @@ def _recording_slurm(tmp_path: Path, sbatch: str) -> tuple[dict, Path]:
 
 def test_dry_run_without_the_weights_writes_the_scripts_and_the_join_asks_for_little(tmp_path):
     """A Slurm dry run over two 8B models whose weights are not here: a warning naming the fetch, exit 0, the scripts
-    written (never an empty slurm/ folder); the join asks for no GPU, 30 minutes, on its own partition."""
+    written (never an empty slurm/ folder); the join asks for no GPU, 30 minutes, on its own partition. Submitted for
+    real, the same sweep is refused (exit 2) before anything is written or any Slurm command runs."""
     env, calls = _recording_slurm(tmp_path, "exit 1\n")
     env.update(MEDSTACK_WEIGHTS=str(tmp_path / "no-weights"), HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
+    argv = ["sweep", "craftmd", "--models", "llama3-8b-instruct,mistral-7b-instruct-v0.2", "--role", "patient=llama3-8b-instruct",
+            "--role", "grader=llama3-8b-instruct", "--data", str(FIXTURES / "craftmd" / "cases.csv"), "--limit", "2", "--trials", "1",
+            "--formats", "vignette", "--no-frq", "--executor", "slurm", "--slurm-partition", "gpu", "--slurm-time", "6:00:00",
+            "--slurm-join-partition", "cpu"]
     sweep = tmp_path / "sweep"
-    p = run_cli("sweep", "craftmd", "--models", "llama3-8b-instruct,mistral-7b-instruct-v0.2", "--role", "patient=llama3-8b-instruct",
-                "--role", "grader=llama3-8b-instruct", "--data", str(FIXTURES / "craftmd" / "cases.csv"), "--limit", "2", "--trials", "1",
-                "--formats", "vignette", "--no-frq", "--executor", "slurm", "--slurm-partition", "gpu", "--slurm-time", "6:00:00",
-                "--slurm-join-partition", "cpu", "--out", str(sweep), "--dry-run", env=env)
+    p = run_cli(*argv, "--out", str(sweep), "--dry-run", env=env)
     said = " ".join(p.stderr.split())
     assert p.returncode == 0, p.stderr
     assert "the weights of llama3-8b-instruct are not here yet" in said and "medstack models fetch mistral-7b-instruct-v0.2" in said
@@ -339,6 +341,9 @@ def test_dry_run_without_the_weights_writes_the_scripts_and_the_join_asks_for_li
     assert "#SBATCH --gres=gpu:" in entries and "#SBATCH --partition=gpu" in entries and "#SBATCH --time=6:00:00" in entries
     join = (sweep / "slurm" / "dry-run" / "join.sbatch").read_text()
     assert "--gres" not in join and "#SBATCH --partition=cpu" in join and "#SBATCH --time=0:30:00" in join and "#SBATCH --cpus-per-task=1" in join
+    refused = run_cli(*argv, "--out", str(tmp_path / "real"), env=env)
+    assert refused.returncode == 2 and "would fail in its job" in " ".join(refused.stderr.split()), refused.stderr
+    assert not (tmp_path / "real" / "slurm").exists() and not calls.exists()
 
 
 def test_a_refused_submission_says_what_to_check_and_leaves_nothing(tmp_path):

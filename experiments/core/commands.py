@@ -39,7 +39,8 @@ COMMON: dict[str, tuple[Any, Any]] = {
                                         "validated as a run validates them before reading data) as YAML and exit; no data is read, nothing runs.")),
     "dry_run": (bool, typer.Option(False, "--dry-run", metavar="", help="Build every request as the run would send it and write them to OUT/dry-run.jsonl "
                                    "(case_id, role, step, messages or prompt); no server, no cache, no model call, no results. "
-                                   "Multi-turn studies go on with empty answers: the first request of each conversation is exact.")),
+                                   "Each reply is a stand-in that ends a conversation early (the first request of each is exact); the plan of the full run "
+                                   "follows: requests, tokens, cases at once and GPU-hours (--gpu-memory, --plan-from).")),
     "gpu_memory": (Optional[int], typer.Option(None, "--gpu-memory", metavar="GB", min=1, help="With --dry-run: plan the full run for one GPU "
                                                "of GB gigabytes (e.g. 24, 48, 80): cases at once and GPU-hours, computed, not measured (default: 24, 48 and 80).")),
     "plan_from": (Optional[Path], typer.Option(None, "--plan-from", metavar="RUN", help="With --dry-run: plan from the mean calls and tokens per "

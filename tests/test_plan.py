@@ -61,7 +61,9 @@ def test_a_case_that_outgrows_the_context_fails_saying_which_config_fits(tmp_pat
     import json
     rec = json.loads((tmp_path / "run" / "records.jsonl").read_text().splitlines()[0])
     assert rec["status"] == "failed" and "maximum context length" in rec["error"]
-    assert f"({plan.CONTEXT_HINT}: this configuration may not fit" in rec["error"] and "embedded-demo.yaml" in rec["error"]
+    assert rec["error"].startswith(f"doctor (doctor): {plan.CONTEXT_HINT} (the config made for this model: --config "
+                                   "experiments/studies/agentclinic/configs/embedded-demo.yaml): HTTP 400"), rec["error"]
+    assert "embedded-demo.yaml" in out.summary  # the summary's line of each failed case keeps it
 
 
 def test_dry_run_plans_a_24_gb_gpu(invoke, tmp_path):  # noqa: F811

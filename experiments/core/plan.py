@@ -105,6 +105,13 @@ def fitting_configs(study, settings, cases: list[dict]) -> list[str]:
     return out
 
 
+def fit_hint(study, settings, cases: list[dict]) -> str:
+    """What fits, in a few words: the study's config made for these models, or the settings to shorten."""
+    fits = fitting_configs(study, settings, cases)
+    return (f"the config made for this model: --config {' or '.join(fits)}" if fits else
+            "a shorter turn budget or max_tokens (--set), or a model with a longer context, fits it")
+
+
 def fit_warning(study, settings, cases: list[dict]) -> str | None:
     """One paragraph when a role's longest request under these settings exceeds its model's context: what, by how much,
     the configs that fit; None when everything fits (or the study declares no worst case)."""
@@ -117,13 +124,10 @@ def fit_warning(study, settings, cases: list[dict]) -> str | None:
         by_model.setdefault((model, ctx), []).append(f"{role} {need:,}")
     parts = [f"{model}'s context is {ctx:,} tokens, and the longest request (prompt and reply) may reach about: {', '.join(needs)}"
              for (model, ctx), needs in by_model.items()]
-    fits = fitting_configs(study, settings, cases)
     return ("this configuration may not fit its model: " + "; ".join(parts)
             + (f" ({worst.budget}, the case text at {CHARS_PER_TOKEN} characters a token)" if worst and worst.budget else "")
             + ". A case whose conversation grows that long fails (HTTP 400 from the server) and is not scored; "
-            + (f"the config made for this model: --config {' or '.join(fits)}" if fits else
-               "a shorter turn budget or max_tokens (--set), or a model with a longer context, fits it")
-            + ". The run goes on.")
+            + fit_hint(study, settings, cases) + ". The run goes on.")
 
 
 def is_context_error(error: str) -> bool:

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from experiments.core.concurrency import kv_bound, resolve_concurrency
 
 from experiments.core.config import ConfigError, RunSettings
-from experiments.core.plan import CONTEXT_HINT, fit_warning, is_context_error
+from experiments.core.plan import CONTEXT_HINT, fit_hint, fit_warning, is_context_error
 from experiments.core.deviations import call_protocol, deviations_line, protocol_lines, protocol_stats, settings_deviations
 from experiments.core.recordwriter import RecordWriter
 from experiments.core.record import is_typed
@@ -148,6 +148,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
     fit = context_check(study, settings, cases)
     if fit:  # said before the first request; the run goes on (the user may know better: a server with a longer context)
         log(f"[yellow]{escape(fit)}[/yellow]")
+        fit = fit_hint(study, settings, cases)  # what a case that fails for its length says
     case_ids = [str(c["id"]) for c in cases]
     # one pass over the file, without the call logs (the bulk of every record); the end of the run reads only what it appended
     known, offset = rundir.latest(drop=CALL_LOG), rundir.size()
@@ -283,8 +284,9 @@ async def _dispatch(study: Study, settings: RunSettings, todo: list[dict], rundi
                 if e.kind == "auth":  # a refused key fails every case alike: the whole run stops (exit 2), nothing recorded
                     raise e.auth_error() from None
                 record = {"id": case["id"], "status": "failed", "error": str(e)}
-                if is_context_error(e.error):  # the conversation outgrew the model: say so, and what fits
-                    record["error"] += f" ({CONTEXT_HINT}: " + (fit or "a shorter turn budget or max_tokens (--set), or a model with a longer context, fits it") + ")"
+                if is_context_error(e.error):  # the conversation outgrew the model: say so first, and what fits
+                    record["error"] = (f"{e.step} ({e.role}): {CONTEXT_HINT} (" + (fit or "a shorter turn budget or max_tokens (--set), "
+                                       "or a model with a longer context, fits it") + f"): {e.error}")
                 state.consecutive = state.consecutive + 1 if e.kind == "transport" else 0
                 state.failed += 1
             except StorageError as e:  # the disk refused a write (the response cache): stop starting cases

@@ -91,3 +91,34 @@ def test_plan_from_an_earlier_run(invoke, tmp_path):  # noqa: F811
     assert "H100 SXM-class" in said
     with pytest.raises(Exception, match="no records.jsonl"):
         plan.measured(str(tmp_path))
+
+
+def test_a_running_server_with_a_longer_context_is_taken_at_its_word(tmp_path, monkeypatch):
+    """A server the run finds running (not started by it) reports its own max_model_len: where that fits, the run
+    says so after the registry's warning, and a case is not told the config it should have used."""
+    from contextlib import nullcontext
+
+    from experiments.core import runner
+    from experiments.core.config import load_settings
+    from experiments.core.registry import studies
+    from experiments.studies.agentclinic.settings import AgentClinicSettings
+
+    study = studies()["agentclinic"].make()
+    s = load_settings(AgentClinicSettings, study.default_config({}), {"data": str(FX / "agentclinic" / "cases.jsonl"), "limit": 1,
+                                                                     "roles": {"default": "embedded"}, "out": str(tmp_path / "run")})
+    s, cases = runner.prepare_run(study, s)
+    roles = ("doctor", "patient", "measurement", "moderator")
+    client = ScriptedLLM(lambda role, m, gen: "DIAGNOSIS READY: flu" if role == "doctor" else "Yes", roles=roles)
+
+    async def long_context(role="default"):
+        return 32768
+
+    monkeypatch.setattr(client, "served_context_length", long_context)
+    found = {r: {"alias": "embedded", "started_by_run": False} for r in roles}
+    monkeypatch.setattr(runner, "_open", lambda *a, **k: nullcontext((client, found)))
+    monkeypatch.setattr(runner.RunDir, "write_identity", lambda self, *a, **k: {})
+    logged: list[str] = []
+    out = asyncio.run(runner.run_study(study, s, cases, log=logged.append))
+    assert out.finished == 1
+    warned = next(i for i, m in enumerate(logged) if "may not fit its model" in m)
+    assert any("the servers' own context lengths fit this configuration" in m for m in logged[warned:])

@@ -73,15 +73,16 @@ def context_of(ref: str) -> int | None:
         return None
 
 
-def overflows(study, settings, cases: list[dict]) -> list[tuple[str, str, int, int]]:
-    """(role, model, longest request, context) for each role whose longest request exceeds its model's context."""
+def overflows(study, settings, cases: list[dict], served: dict[str, int] | None = None) -> list[tuple[str, str, int, int]]:
+    """(role, model, longest request, context) for each role whose longest request exceeds its model's context
+    (``served``: role -> the context its server reports, where known; else the registry's)."""
     worst = worst_of(study, settings, cases)
     if worst is None:
         return []
     out = []
     for role, need in worst.longest.items():
         ref = settings.roles.get(role)
-        ctx = context_of(ref) if ref else None
+        ctx = (served or {}).get(role) or (context_of(ref) if ref else None)
         if ctx and need > ctx:
             out.append((role, ref, need, ctx))
     return out
@@ -112,10 +113,10 @@ def fit_hint(study, settings, cases: list[dict]) -> str:
             "a shorter turn budget or max_tokens (--set), or a model with a longer context, fits it")
 
 
-def fit_warning(study, settings, cases: list[dict]) -> str | None:
+def fit_warning(study, settings, cases: list[dict], served: dict[str, int] | None = None) -> str | None:
     """One paragraph when a role's longest request under these settings exceeds its model's context: what, by how much,
     the configs that fit; None when everything fits (or the study declares no worst case)."""
-    over = overflows(study, settings, cases)
+    over = overflows(study, settings, cases, served)
     if not over:
         return None
     worst = worst_of(study, settings, cases)

@@ -145,10 +145,9 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
                     settings_cls=type(settings), formerly=study.formerly)  # its resume rules, how it reads an older config.yaml
     for note in rundir.notes:
         log(note)
-    fit = context_check(study, settings, cases)
-    if fit:  # said before the first request; the run goes on (the user may know better: a server with a longer context)
-        log(f"[yellow]{escape(fit)}[/yellow]")
-        fit = fit_hint(study, settings, cases)  # what a case that fails for its length says
+    warning = context_check(study, settings, cases)  # by the registry's context lengths, before any server starts
+    if warning:  # said before the first request; the run goes on (the user may know better: a server with a longer context)
+        log(f"[yellow]{escape(warning)}[/yellow]")
     case_ids = [str(c["id"]) for c in cases]
     # one pass over the file, without the call logs (the bulk of every record); the end of the run reads only what it appended
     known, offset = rundir.latest(drop=CALL_LOG), rundir.size()
@@ -160,6 +159,12 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
 
     limit = resolve_concurrency(settings.concurrency)  # auto: by this machine's device
     async with _open(settings, study, api_key, client, log, limit) as (client, identities):
+        served = {role: n for role in settings.roles if identities.get(role) and not identities[role].get("started_by_run")
+                  and (n := await client.served_context_length(role))}  # a server the run found running, or elsewhere
+        if served and (again := context_check(study, settings, cases, served)) != warning:
+            log(f"[yellow]{escape(again)}[/yellow]" if again else "the servers' own context lengths fit this configuration")
+            warning = again
+        fit = fit_hint(study, settings, cases) if warning else None  # what a case that fails for its length says
         if settings.concurrency == "auto":  # then by what the servers' KV caches hold
             limit = kv_bound(limit, [i.get("kv_cache_tokens") for i in identities.values()], log)
             settings = settings.model_copy(update={"concurrency": limit})
@@ -244,11 +249,11 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     return metrics, finished, failed
 
 
-def context_check(study: Study, settings: RunSettings, cases: list[dict]) -> str | None:
+def context_check(study: Study, settings: RunSettings, cases: list[dict], served: dict[str, int] | None = None) -> str | None:
     """The warning of a configuration whose longest request may exceed a role's model context (experiments/core/plan.py),
     or None; a study whose worst case cannot be computed for these cases is not checked."""
     try:
-        return fit_warning(study, settings, cases)
+        return fit_warning(study, settings, cases, served)
     except Exception:  # noqa: BLE001 - an estimate: never the reason a run does not start
         return None
 

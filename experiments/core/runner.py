@@ -164,7 +164,7 @@ async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *,
         if served and (again := context_check(study, settings, cases, served)) != warning:
             log(f"[yellow]{escape(again)}[/yellow]" if again else "the servers' own context lengths fit this configuration")
             warning = again
-        fit = fit_hint(study, settings, cases) if warning else None  # what a case that fails for its length says
+        fit = context_check(study, settings, cases, served, hint=True) if warning else None  # what a case that fails for its length says
         if settings.concurrency == "auto":  # then by what the servers' KV caches hold
             limit = kv_bound(limit, [i.get("kv_cache_tokens") for i in identities.values()], log)
             settings = settings.model_copy(update={"concurrency": limit})
@@ -249,11 +249,13 @@ def _score(study: Study, settings: RunSettings, rundir: RunDir, known: dict[str,
     return metrics, finished, failed
 
 
-def context_check(study: Study, settings: RunSettings, cases: list[dict], served: dict[str, int] | None = None) -> str | None:
+def context_check(study: Study, settings: RunSettings, cases: list[dict], served: dict[str, int] | None = None,
+                  hint: bool = False) -> str | None:
     """The warning of a configuration whose longest request may exceed a role's model context (experiments/core/plan.py),
-    or None; a study whose worst case cannot be computed for these cases is not checked."""
+    or None; ``hint``: only what fits, in a few words. A study whose worst case cannot be computed for these cases is
+    not checked."""
     try:
-        return fit_warning(study, settings, cases, served)
+        return fit_hint(study, settings, cases) if hint else fit_warning(study, settings, cases, served)
     except Exception:  # noqa: BLE001 - an estimate: never the reason a run does not start
         return None
 

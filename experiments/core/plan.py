@@ -219,7 +219,7 @@ def plan_lines(study, settings, cases: list[dict], *, gpu_memory: int | None = N
     lines = []
     worst = worst_of(study, settings, cases)
     if worst is not None:
-        lines.append(f"plan: {n:,} {noun}; at most {worst.calls} request(s) per {noun[:-1]} ({worst.budget}): at most {n * worst.calls:,} "
+        lines.append(f"plan: {n:,} {noun if n != 1 else noun[:-1]}; at most {worst.calls} request(s) per {noun[:-1]} ({worst.budget}): at most {n * worst.calls:,} "
                      f"requests, {n * worst.prompt_tokens:,} prompt and {n * worst.output_tokens:,} output tokens in all")
     typical = measured(plan_from) if plan_from else study.typical(settings)
     if typical is not None and not plan_from and worst is not None and typical.calls > worst.calls:
@@ -248,7 +248,7 @@ def plan_lines(study, settings, cases: list[dict], *, gpu_memory: int | None = N
         lines.append(f"plan: {ref.alias} alone on one {gb} GB GPU ({p.gpu.example}-class, {p.gpu.gib} GiB): {p.at_once} {noun} at once "
                      f"({p.kv_gib:.1f} GiB of KV cache = {p.kv_tokens:,} tokens / 2,048 a {noun[:-1]}); about {hours(p.hours)}"
                      + (f" ({hours(p.hours_cached)} with prefix caching)" if p.hours_cached is not None else "")
-                     + f" for {n:,} {noun} of the {'typical' if typical else 'worst'} size: prompts at {p.prefill_tok_s:,.0f} tok/s, "
+                     + f" for {n:,} {noun if n != 1 else noun[:-1]} of the {'typical' if typical else 'worst'} size: prompts at {p.prefill_tok_s:,.0f} tok/s, "
                      f"replies at {p.decode_tok_s:,.0f} tok/s")
     lines.append("plan: computed, not measured on a GPU: weights and KV cache from models/registry.yaml; replies at "
                  f"{DECODE_BANDWIDTH:.0%} of the GPU's memory bandwidth per step x {noun} at once, at most the cited H100 figure "

@@ -68,7 +68,7 @@ def test_a_case_that_outgrows_the_context_fails_saying_which_config_fits(tmp_pat
 
 def test_dry_run_plans_a_24_gb_gpu(invoke, tmp_path):  # noqa: F811
     said = _said(invoke(*CRAFTMD, "--gpu-memory", "24", "--dry-run", "--out", str(tmp_path / "d")))
-    assert "plan: 5 case-trials; at most" in said and "typical case-trial: 33.8 requests, 16,811 prompt and 1,472 output tokens" in said
+    assert "request(s) of 5 case-trials written to" in said and "plan: 5 case-trials; at most" in said and "typical case-trial: 33.8 requests, 16,811 prompt and 1,472 output tokens" in said
     assert "llama3-8b-instruct alone on one 24 GB GPU (A10-class, 22.5 GiB): 13 case-trials at once" in said
     assert "48 GB" not in said and "computed, not measured on a GPU" in said
     p = plan.gpu_plan("llama3-8b-instruct", "auto", 24, 500, 16_811, 1_472, 4_648)  # the docs' 100 cases x 5 trials

@@ -137,7 +137,8 @@ async def dry_run(study, settings, cases: list[dict], *, log=print, gpu_memory: 
     for line in study.describe(settings):
         log(line)
     constrained = sum(1 for r in rows if (r.get("constraint") or {}).get("applied"))
-    log(f"dry run: {len(rows)} request(s) of {len(cases)} case(s) written to {path}"
+    unit = getattr(study, "unit_noun", "cases")
+    log(f"dry run: {len(rows)} request(s) of {len(cases)} {unit if len(cases) != 1 else unit[:-1]} written to {path}"
         + (f" ({constrained} with their reply format as structured outputs)" if settings.answers == "constrained" else "")
         + "; nothing was sent")
     for line in protocol_lines(protocol_stats([r for r in records.values() if r.get("status") != "failed"])):

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get
 import typer
 
 from experiments.core.concurrency import run_async
-from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
+from experiments.core.config import ConfigError, Flag, RunSettings, check_keys, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
 from experiments.core import registry
 from experiments.core.scope import check_scope
@@ -325,6 +325,8 @@ def build_settings(study: Study, common: dict, study_overrides: dict, resolve: b
     cli_lora = parse_lora(overrides.pop("lora")) if overrides.get("lora") else {}
     if cli_lora:
         overrides["lora"] = cli_lora
+    for item in common.get("set_") or []:  # a key the settings have no place for, named as typed
+        check_keys(study.settings_cls, parse_set([item]), given=f"--set {item}")
     overrides = deep_merge(overrides, parse_set(common.get("set_") or []))
     settings = load_settings(study.settings_cls, config, overrides)
     given = cli_lora  # --lora items are checked already; the config file's / --set's like them, before anything is written

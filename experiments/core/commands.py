@@ -386,6 +386,8 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
         settings, cases = prepare_run(study, settings)  # every input check happens here, before a server starts
     except UnicodeDecodeError as e:
         raise DataError(f"{settings.data}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
+    if note := (study.scope or {}).get("note"):
+        log(f"[yellow]warning:[/yellow] {escape(note)}")
     execute(study, settings, cases, api_key=common.get("api_key"), dry_run=bool(common.get("dry_run")))
 
 

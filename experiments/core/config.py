@@ -187,11 +187,21 @@ class RunSettings(BaseModel):
     scorers: list[str] = Field([], description="Optional scorers to run too, by name (the study's optional scorers: docs/layout.md, Scorers).")
 
 
+def moved_hint(path: Path) -> str:
+    """Where a config file of the older layout (``experiments/<study>/configs/...``) is now: under ``experiments/studies/``."""
+    parts = path.parts
+    at = next((i for i in range(len(parts) - 2) if parts[i] == "experiments" and parts[i + 2] == "configs" and parts[i + 1] != "studies"), None)
+    if at is None:
+        return ""
+    new = Path(*parts[:at + 1], "studies", *parts[at + 1:])
+    return "; the study configs moved to experiments/studies/: " + (f"use --config {new}" if new.exists() else f"look in {new.parent}/")
+
+
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:
     """A YAML file whose top level is a mapping; ConfigError naming the file otherwise."""
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"config file {p} does not exist{missing_hint}")
+        raise ConfigError(f"config file {p} does not exist{missing_hint or moved_hint(p)}")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as e:

@@ -85,7 +85,14 @@ def load_checked_cases(study: Study, settings: RunSettings) -> list[dict]:
     """The units of work of the cases this run takes: the study's cases, ``--limit`` / ``--sample`` of them (the scope
     goes to ``study.scope``: metrics.json and summary.md say it), expanded by the study (CRAFT-MD: its trials); at
     least one, each id once."""
-    cases, study.scope = take(study.load_cases(settings), settings, study.strata)
+    try:
+        loaded = study.load_cases(settings)
+    except DataError as e:  # a file of another study's format: said what this study reads
+        from experiments.datasets.registry import expected_data
+
+        hint = expected_data(study.name, settings.data) if settings.data else ""
+        raise DataError(f"{e}; {hint}" if hint else str(e)) from None
+    cases, study.scope = take(loaded, settings, study.strata)
     study.scope["noun"] = study.case_noun
     units = study.expand(cases, settings)
     if not units:

@@ -139,8 +139,29 @@ async def run_study(study: Study, settings: RunSettings, cases: list[dict] | Non
                     resume_command: str | None = None, client=None, log=print) -> RunOutcome:
     if cases is None:
         settings, cases = prepare_run(study, settings)
-    with RunLock(settings.out, settings.experiment, study.formerly):  # one process per results directory, of this study's kind (exit 2)
-        return await _run_locked(study, settings, cases, api_key=api_key, resume_command=resume_command, client=client, log=log)
+    fresh = not Path(settings.out).exists()
+    try:
+        with RunLock(settings.out, settings.experiment, study.formerly):  # one process per results directory, of this study's kind (exit 2)
+            return await _run_locked(study, settings, cases, api_key=api_key, resume_command=resume_command, client=client, log=log)
+    except MedstackError:  # refused before it started (a server that will not start, weights missing): no folder left behind
+        if fresh:
+            discard_unstarted(Path(settings.out))
+        raise
+
+
+UNSTARTED = ("config.yaml", "identity.json", ".medstack.lock")  # what a run writes before its first case
+
+
+def discard_unstarted(out: Path) -> None:
+    """Remove a results folder this run made and left before any record: its own files, then the folder if empty."""
+    if (out / "records.jsonl").exists():
+        return
+    for name in UNSTARTED:
+        (out / name).unlink(missing_ok=True)
+    try:
+        out.rmdir()
+    except OSError:  # something else is in it: kept
+        pass
 
 
 async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *, api_key, resume_command, client, log) -> RunOutcome:

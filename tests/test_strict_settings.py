@@ -41,3 +41,8 @@ def test_every_declared_step_is_accepted():
                    "--print-config", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "doctr" not in proc.stdout
+
+
+def test_a_misspelled_role_offers_the_closest_role(tmp_path):
+    err = refused("--role", "graderr=embedded", tmp=tmp_path)
+    assert "graderr" in err and "did you mean grader?" in err

@@ -69,7 +69,11 @@ def resolve_roles(study: Study, settings: RunSettings) -> dict[str, str]:
     fallback = given.pop("default", None)
     unknown = sorted(set(given) - set(study.roles))
     if unknown:
-        raise ConfigError(f"{study.name}: unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(study.roles)}")
+        import difflib
+
+        close = [c for u in unknown for c in difflib.get_close_matches(u, study.roles, n=1, cutoff=0.6)]
+        raise ConfigError(f"{study.name}: unknown role(s) {', '.join(unknown)}" + (f"; did you mean {', '.join(close)}?" if close else "")
+                          + f" (valid roles: {', '.join(study.roles)})")
     roles = {}
     for role in study.roles:
         spec = given.get(role) or fallback or "embedded"

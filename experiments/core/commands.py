@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 from dataclasses import dataclass, replace
 from functools import reduce
-from types import UnionType
-from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Callable, List, Literal, Optional, get_args, get_origin
 
 import typer
 
 from experiments.core.concurrency import run_async
-from experiments.core.config import ConfigError, Flag, RunSettings, check_keys, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
+from experiments.core.config import ConfigError, Flag, RunSettings, arms as _arms, check_keys, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
 from experiments.core import registry
 from experiments.core.scope import check_scope
@@ -53,12 +52,6 @@ class Param:  # one generated parameter of a study command
     required: bool = False
     choices: tuple = ()  # the values a Literal field takes
     metavar: str | None = None  # what --help shows for the value (None: from the type)
-
-
-def _arms(annotation) -> list:
-    """The arms of an annotation (``X | None`` -> [X]), each with its ``Annotated`` metadata dropped."""
-    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
-    return [get_args(a)[0] if get_origin(a) is Annotated else a for a in args]
 
 
 def _kind(annotation) -> type:

@@ -249,7 +249,7 @@ def parse_set(items: list[str]) -> dict:
     return out
 
 
-def _arms(annotation) -> list:
+def arms(annotation) -> list:
     """The arms of an annotation (``X | None`` -> [X]), each with its ``Annotated`` metadata dropped."""
     args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
     return [get_args(a)[0] if get_origin(a) is Annotated else a for a in args]
@@ -272,11 +272,11 @@ def unknown_keys(cls: type[BaseModel], data: Any, prefix: str = "") -> list[tupl
 
 
 def _unknown_in(annotation, value: Any, prefix: str) -> list[tuple[str, list[str]]]:
-    for arm in _arms(annotation):
+    for arm in arms(annotation):
         if isinstance(arm, type) and issubclass(arm, BaseModel) and isinstance(value, dict):
             return unknown_keys(arm, value, prefix)
         if get_origin(arm) is dict and isinstance(value, dict):
-            key_t, value_t = (_arms(a)[0] for a in get_args(arm))
+            key_t, value_t = (arms(a)[0] for a in get_args(arm))
             valid = [str(v) for v in get_args(key_t)] if get_origin(key_t) is Literal else None
             out = []
             for k, v in value.items():

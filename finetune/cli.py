@@ -50,7 +50,8 @@ def _command(task: str):
         recipe_flags: dict | None = None,  # the recipe's own flags (--max-steps, --epochs, ...: recipe_flags()), as overrides
     ) -> None:
         from experiments.core.commands import resolve_data
-        from experiments.core.config import ConfigError, parse_set
+        from experiments.core.config import ConfigError, check_keys, parse_set
+        from finetune.recipe import Recipe
         from finetune.recipe import load_recipe, merge_overrides, strip_none
         from models.prompt_format import default_recipe
 
@@ -61,6 +62,8 @@ def _command(task: str):
             "model": {"base": base},
             "data": {"task": task, "dialogs": str(data), "splits_dir": str(splits_dir) if splits_dir else None, "limit": limit},
         }
+        for item in set_ or []:  # a key the recipe has no place for, named as typed
+            check_keys(Recipe, parse_set([item]), given=f"--set {item}")
         overrides = merge_overrides(merge_overrides(strip_none(overrides), recipe_flags or {}), parse_set(set_))
         recipe = load_recipe(config or default_recipe(base), overrides)
         if dry_run:

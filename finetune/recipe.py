@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from experiments.core.config import ConfigError, cli, load_settings, read_yaml_mapping
+from experiments.core.config import ConfigError, check_keys, cli, load_settings, read_yaml_mapping
 from experiments.core.runlock import RunLock
 from models.errors import MedstackError
 from models.prompt_format import DEFAULT_FORMAT, RECIPE_DIR, PromptFormat
@@ -201,6 +201,7 @@ def load_recipe(path: str | Path | None, overrides: dict | None = None) -> Recip
     if path is not None:
         shipped = ", ".join(sorted(x.name for x in CONFIG_DIR.glob("*.yaml")))
         data = read_yaml_mapping(path, missing_hint=f" (shipped configs: {shipped})", what="sections (model, lora, data, training)")
+        check_keys(Recipe, data, path)  # a key the recipe has no place for, by the file's line
     merged = merge_overrides(data, overrides or {})
     # load_settings validates and formats errors as "<file>: invalid settings\n  key.path: message"
     try:

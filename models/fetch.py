@@ -73,10 +73,9 @@ def fetch(alias: str, *, force: bool = False, log=print, download=None) -> Path:
     try:
         download(repo_id=spec.hf_id, local_dir=str(partial), allow_patterns=PATTERNS)
     except OSError as e:  # no network, disk full, ... (the hub's HTTP errors are OSErrors too)
-        raise FetchError(f"{alias}: downloading {spec.hf_id} failed: {_first_line(e)}; the part fetched is kept in {partial} "
-                         f"and the same command resumes", exit_code=3) from None
+        raise FetchError(f"{alias}: downloading {spec.hf_id} failed: {_first_line(e)}; {_kept(partial)}", exit_code=3) from None
     except Exception as e:  # the hub's gated/not-found/offline errors that are not OSErrors
-        raise FetchError(f"{alias}: downloading {spec.hf_id} failed: {type(e).__name__}: {_first_line(e)}", exit_code=3) from None
+        raise FetchError(f"{alias}: downloading {spec.hf_id} failed: {type(e).__name__}: {_first_line(e)}; {_kept(partial)}", exit_code=3) from None
     if not is_checkpoint(partial):
         raise FetchError(f"{alias}: {spec.hf_id} has no config.json + *.safetensors (got: {', '.join(sorted(p.name for p in partial.iterdir())) or 'nothing'}); "
                          f"convert it to safetensors or set `path:` in models/registry.yaml", exit_code=3)
@@ -89,6 +88,18 @@ def fetch(alias: str, *, force: bool = False, log=print, download=None) -> Path:
         p.chmod(0o700 if p.is_dir() else 0o600)
     log(f"{alias}: weights in {dest}; `medstack serve --model {alias}` finds them while ${WEIGHTS_ENV}={dest.parent}")
     return dest
+
+
+def _kept(partial: Path) -> str:
+    """What a failed download left: the files fetched so far (kept, resumed by the same command), or nothing (no folder)."""
+    files = [p for p in partial.rglob("*") if p.is_file()] if partial.is_dir() else []
+    if files:
+        return f"the {len(files)} file(s) fetched so far are kept in {partial} and the same command resumes"
+    if partial.is_dir():
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)  # only the hub's empty folders
+    return "nothing was fetched; the same command tries again"
 
 
 def _first_line(e: Exception) -> str:

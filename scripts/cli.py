@@ -98,8 +98,16 @@ def _names_never_cut() -> None:
                     [lines[-1] + "|", piece] if lines[-1] else [piece])
             if kind:
                 cell.append("".join("\n " + x for x in lines), style=ru.STYLE_TYPES)
-            table.add_row(cell, ru._get_parameter_help(param=param, ctx=ctx, markup_mode=markup_mode))
+            table.add_row(cell, _folded(ru._get_parameter_help(param=param, ctx=ctx, markup_mode=markup_mode)))
         console.print(ru.Panel(table, border_style=ru.STYLE_OPTIONS_PANEL_BORDER, title=name, title_align=ru.ALIGN_OPTIONS_PANEL))
+
+    def _folded(help):  # typer's Columns of texts cut a long word ("[default: vignette,multiturn,singletu…"): one text, folded
+        from rich.columns import Columns
+
+        if isinstance(help, Columns) and all(isinstance(r, Text) for r in help.renderables):
+            help = Text(" ").join(help.renderables)
+            help.overflow = "fold"
+        return help
 
     ru._print_options_panel = print_panel
 
@@ -288,20 +296,19 @@ def serve_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.
     if not recs:
         console.print("no medstack servers running")
         return
-    table = Table("alias", "url", "pid", "device", "dtype", "GPU share", "adapters", "healthy", "replicas", "log")
-    for r in recs:
-        members = "-"
+    for r in recs:  # one block per server, its URL and log path each on a line of its own: never cut at any width
+        share = r.get("gpu_memory_utilization")  # --gpu-memory-utilization it was started with (None: CPU, or a record from before)
+        facts = [f"pid {r['pid']}", r.get("device", "-"), r.get("dtype") or "dtype unknown", f"GPU share {share:.3f}" if share else "GPU share -",
+                 "adapters " + (",".join(r.get("adapters", {})) or "-"),
+                 "healthy" if healthy(r["base_url"], key) else "NOT healthy", *(["keyed"] if r.get("api_key_sha256") else [])]
+        lines = [f"{r['alias']}: {', '.join(facts)}", f"  url: {r['base_url']}", f"  log: {r['log']}"]
         if r.get("replica_status"):
             ms = r["replica_status"]
-            each = "; ".join(f"{m['base_url']}: " + ("up" if m["healthy"] else "DOWN")
-                             + (f", {m['requests_finished']} done, {m['running']} running, {m['waiting']} waiting" if m["requests_finished"] is not None else "")
-                             for m in ms)
-            members = f"{sum(m['healthy'] for m in ms)}/{len(ms)} healthy, {r['router']['policy']} ({each})"
-        share = r.get("gpu_memory_utilization")  # --gpu-memory-utilization it was started with (None: CPU, or a record from before)
-        table.add_row(r["alias"], r["base_url"], str(r["pid"]), r.get("device", "-"), r.get("dtype") or "unknown", f"{share:.3f}" if share else "-",
-                      ",".join(r.get("adapters", {})) or "-",
-                      str(healthy(r["base_url"], key)) + (" (keyed)" if r.get("api_key_sha256") else ""), members, r["log"])
-    out.print(table)
+            lines.append(f"  replicas: {sum(m['healthy'] for m in ms)}/{len(ms)} healthy, {r['router']['policy']}")
+            lines += [f"    {m['base_url']}: " + ("up" if m["healthy"] else "DOWN")
+                      + (f", {m['requests_finished']} done, {m['running']} running, {m['waiting']} waiting" if m["requests_finished"] is not None else "")
+                      for m in ms]
+        typer.echo("\n".join(lines))
 
 
 @serve_app.command("router")
@@ -433,7 +440,11 @@ INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 def _interrupted() -> None:
-    console.print("interrupted: finished results are kept; run the same command again to resume", highlight=False, soft_wrap=True)
+    if "--dry-run" in sys.argv[1:]:  # a dry run calls no model and writes dry-run.jsonl at its end: no results to keep
+        said = "interrupted: the dry run stopped before writing dry-run.jsonl; run the same command again for the whole dry run"
+    else:
+        said = "interrupted: finished results are kept; run the same command again to resume"
+    console.print(said, highlight=False, soft_wrap=True)
     sys.exit(INTERRUPTED)
 
 

@@ -231,7 +231,8 @@ def test_one_quantity_has_one_interval_in_every_table_of_a_compare(fixtures_dir,
     interval, resampled by case (a case's five trials are one unit), as the import's own summary.md does."""
     runner = CliRunner()
     app = _app()
-    r = runner.invoke(app, ["import", "craftmd", str(fixtures_dir / "craftmd" / "published_release"), "--name", "rel", "--out", str(tmp_path / "imp")])
+    r = runner.invoke(app, ["import", "craftmd", str(fixtures_dir / "craftmd" / "published_release"), "--name", "rel", "--out", str(tmp_path / "imp"),
+                                 "--cases", str(fixtures_dir / "craftmd" / "cases.csv")])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["compare", str(tmp_path / "imp"), "--out", str(tmp_path / "cmp")])
     assert r.exit_code == 0, r.output

@@ -57,7 +57,7 @@ def test_unknown_base_alias_lists_the_known_ones():
 
 
 def test_unknown_key_and_bad_batch_are_rejected():
-    with pytest.raises(ConfigError, match=r"lora\.rank: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"lora\.rank: unknown setting .rank. in lora \(valid in lora: r, alpha"):
         load_recipe(None, {"lora": {"rank": 8}})
     with pytest.raises(ConfigError, match="not a multiple of per_device_train_batch_size"):
         load_recipe(None, {"training": {"batch_size": 16, "per_device_train_batch_size": 3}})

@@ -83,7 +83,10 @@ def test_config_yaml_overrides_and_errors(tmp_path):
         load_settings(RunSettings, bad)
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("concurrency: many\nbogus: 1\n")
-    with pytest.raises(ConfigError, match=r"invalid settings in .*wrong.yaml[\s\S]*concurrency[\s\S]*bogus"):
+    with pytest.raises(ConfigError, match=r"wrong.yaml:2: bogus: unknown setting 'bogus' at the top level"):
+        load_settings(RunSettings, wrong)  # an unknown key first, by its file and line
+    wrong.write_text("concurrency: many\n")
+    with pytest.raises(ConfigError, match=r"invalid settings in .*wrong.yaml[\s\S]*concurrency"):
         load_settings(RunSettings, wrong)
 
 

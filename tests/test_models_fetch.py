@@ -72,7 +72,18 @@ def test_hub_failures_are_environment_errors(monkeypatch, tmp_path):
 
     with pytest.raises(FetchError) as e:
         fetch(ALIAS, log=lambda m: None, download=offline)
-    assert e.value.exit_code == 3 and "no network" in str(e.value) and "\n" not in str(e.value) and "resumes" in str(e.value)
+    assert e.value.exit_code == 3 and "no network" in str(e.value) and "\n" not in str(e.value) and "nothing was fetched" in str(e.value)
+
+    def cut_off(*, repo_id, local_dir, allow_patterns):  # a part fetched, then the network went
+        from pathlib import Path
+
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+        (Path(local_dir) / "config.json").write_text("{}")
+        raise OSError("connection reset")
+
+    with pytest.raises(FetchError) as e:
+        fetch(ALIAS, log=lambda m: None, download=cut_off)
+    assert "1 file(s) fetched so far are kept in" in str(e.value) and "resumes" in str(e.value)
     with pytest.raises(FetchError) as e:  # no safetensors: not taken for weights, nothing moved into place
         fetch(ALIAS, log=lambda m: None, download=fake_hub([], files=("config.json", "pytorch_model.bin")))
     assert e.value.exit_code == 3 and "no config.json + *.safetensors" in str(e.value) and not (tmp_path / ALIAS).exists()

@@ -13,6 +13,11 @@ def num(x, nd: int = 3, none: str = "–") -> str:
     return none if x is None or x != x else f"{x:.{nd}f}"
 
 
+def pct(x, nd: int = 1, none: str = "–") -> str:
+    """A share as a percentage with ``nd`` decimals (0.163 -> '16.3 %'); ``none`` for a missing value or NaN."""
+    return none if x is None or x != x else f"{100 * x:.{nd}f} %"
+
+
 def md_table(columns, rows) -> list[str]:
     """A markdown table's lines: the header, the ``| --- |`` rule, one line per row (each cell as ``str``)."""
     line = lambda cells: "| " + " | ".join(map(str, cells)) + " |"  # noqa: E731

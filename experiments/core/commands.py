@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 from dataclasses import dataclass, replace
 from functools import reduce
-from types import UnionType
-from typing import Annotated, Any, Callable, List, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Callable, List, Literal, Optional, get_args, get_origin
 
 import typer
 
 from experiments.core.concurrency import run_async
-from experiments.core.config import ConfigError, Flag, RunSettings, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
+from experiments.core.config import ConfigError, Flag, RunSettings, arms as _arms, check_keys, deep_merge, is_flag, load_settings, parse_set, read_yaml_mapping, role_flag
 from experiments.core.deviations import protocol_lines
 from experiments.core import registry
 from experiments.core.scope import check_scope
@@ -58,12 +57,6 @@ class Param:  # one generated parameter of a study command
     required: bool = False
     choices: tuple = ()  # the values a Literal field takes
     metavar: str | None = None  # what --help shows for the value (None: from the type)
-
-
-def _arms(annotation) -> list:
-    """The arms of an annotation (``X | None`` -> [X]), each with its ``Annotated`` metadata dropped."""
-    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
-    return [get_args(a)[0] if get_origin(a) is Annotated else a for a in args]
 
 
 def _kind(annotation) -> type:
@@ -330,6 +323,8 @@ def build_settings(study: Study, common: dict, study_overrides: dict, resolve: b
     cli_lora = parse_lora(overrides.pop("lora")) if overrides.get("lora") else {}
     if cli_lora:
         overrides["lora"] = cli_lora
+    for item in common.get("set_") or []:  # a key the settings have no place for, named as typed
+        check_keys(study.settings_cls, parse_set([item]), given=f"--set {item}")
     overrides = deep_merge(overrides, parse_set(common.get("set_") or []))
     settings = load_settings(study.settings_cls, config, overrides)
     given = cli_lora  # --lora items are checked already; the config file's / --set's like them, before anything is written
@@ -391,6 +386,8 @@ def run_command(study: Study, common: dict, study_overrides: dict) -> None:
         raise DataError(f"{settings.data}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
     if (common.get("gpu_memory") or common.get("plan_from")) and not common.get("dry_run"):
         raise ConfigError("--gpu-memory and --plan-from plan a run: give them with --dry-run")
+    if note := (study.scope or {}).get("note"):
+        log(f"[yellow]warning:[/yellow] {escape(note)}")
     execute(study, settings, cases, api_key=common.get("api_key"), dry_run=bool(common.get("dry_run")),
             plan={"gpu_memory": common.get("gpu_memory"), "plan_from": str(common["plan_from"]) if common.get("plan_from") else None})
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
@@ -185,11 +187,21 @@ class RunSettings(BaseModel):
     scorers: list[str] = Field([], description="Optional scorers to run too, by name (the study's optional scorers: docs/layout.md, Scorers).")
 
 
+def moved_hint(path: Path) -> str:
+    """Where a config file of the older layout (``experiments/<study>/configs/...``) is now: under ``experiments/studies/``."""
+    parts = path.parts
+    at = next((i for i in range(len(parts) - 2) if parts[i] == "experiments" and parts[i + 2] == "configs" and parts[i + 1] != "studies"), None)
+    if at is None:
+        return ""
+    new = Path(*parts[:at + 1], "studies", *parts[at + 1:])
+    return "; the study configs moved to experiments/studies/: " + (f"use --config {new}" if new.exists() else f"look in {new.parent}/")
+
+
 def read_yaml_mapping(path: str | Path, *, missing_hint: str = "", what: str = "settings") -> dict:
     """A YAML file whose top level is a mapping; ConfigError naming the file otherwise."""
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"config file {p} does not exist{missing_hint}")
+        raise ConfigError(f"config file {p} does not exist{missing_hint or moved_hint(p)}")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as e:
@@ -237,8 +249,80 @@ def parse_set(items: list[str]) -> dict:
     return out
 
 
+def arms(annotation) -> list:
+    """The arms of an annotation (``X | None`` -> [X]), each with its ``Annotated`` metadata dropped."""
+    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else [annotation]
+    return [get_args(a)[0] if get_origin(a) is Annotated else a for a in args]
+
+
+def unknown_keys(cls: type[BaseModel], data: Any, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Each dotted key of ``data`` that the settings model ``cls`` has no place for, with the names valid there: a
+    field of a model that forbids extras, or a key of a mapping whose keys are declared (``dict[Literal[...], X]``:
+    CRAFT-MD's sampling steps). Older spellings (``moved_keys``) are known."""
+    if not isinstance(data, dict):
+        return []
+    data = move_keys(data, getattr(cls, "moved_keys", None) or {})
+    fields, out = cls.model_fields, []
+    for key, value in data.items():
+        if key in fields:
+            out += _unknown_in(fields[key].annotation, value, f"{prefix}{key}.")
+        elif cls.model_config.get("extra") == "forbid":
+            out.append((prefix + str(key), list(fields)))
+    return out
+
+
+def _unknown_in(annotation, value: Any, prefix: str) -> list[tuple[str, list[str]]]:
+    for arm in arms(annotation):
+        if isinstance(arm, type) and issubclass(arm, BaseModel) and isinstance(value, dict):
+            return unknown_keys(arm, value, prefix)
+        if get_origin(arm) is dict and isinstance(value, dict):
+            key_t, value_t = (arms(a)[0] for a in get_args(arm))
+            valid = [str(v) for v in get_args(key_t)] if get_origin(key_t) is Literal else None
+            out = []
+            for k, v in value.items():
+                if valid is not None and str(k) not in valid:
+                    out.append((prefix + str(k), valid))
+                else:
+                    out += _unknown_in(value_t, v, f"{prefix}{k}.")
+            return out
+    return []
+
+
+def key_line(path: str | Path, dotted: str) -> int | None:
+    """The line of a YAML file where the dotted key is written (None: not found)."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    line = None
+    for key in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return line
+        hit = next(((k, v) for k, v in node.value if str(k.value) == key), None)
+        if hit is None:
+            return line
+        line, node = hit[0].start_mark.line + 1, hit[1]
+    return line
+
+
+def check_keys(cls: type[BaseModel], data: Any, path: str | Path | None = None, given: str | None = None) -> None:
+    """Refuse (ConfigError, one line) a key ``data`` gives that ``cls`` has no place for, naming where it was written
+    (the config file ``path`` and its line, else ``given``: ``--set KEY=VALUE``), with the closest valid names."""
+    for dotted, valid in unknown_keys(cls, data):
+        *head, last = dotted.split(".")
+        close = difflib.get_close_matches(last, valid, n=3, cutoff=0.6)
+        line = key_line(path, dotted) if path is not None else None
+        src = f"{path}{f':{line}' if line else ''}: {dotted}" if path is not None else given or f"the options given: {dotted}"
+        place = f"in {'.'.join(head)}" if head else "at the top level"
+        hint = f"; did you mean {' or '.join('.'.join([*head, c]) for c in close)}?" if close else ""
+        names = f" (valid {place}: {', '.join(valid)})" if len(valid) <= 12 else " (--help and --print-config show the settings)"
+        raise ConfigError(f"{src}: unknown setting {last!r} {place}{hint}{names}")
+
+
 def load_settings(cls: type[T], path: str | Path | None, overrides: dict | None = None) -> T:
     data: dict = read_yaml_mapping(path) if path is not None else {}
+    check_keys(cls, data, path)
+    check_keys(cls, overrides)
     data = deep_merge(data, overrides or {})
     try:
         return cls.model_validate(data)

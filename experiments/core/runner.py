@@ -70,7 +70,11 @@ def resolve_roles(study: Study, settings: RunSettings) -> dict[str, str]:
     fallback = given.pop("default", None)
     unknown = sorted(set(given) - set(study.roles))
     if unknown:
-        raise ConfigError(f"{study.name}: unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(study.roles)}")
+        import difflib
+
+        close = [c for u in unknown for c in difflib.get_close_matches(u, study.roles, n=1, cutoff=0.6)]
+        raise ConfigError(f"{study.name}: unknown role(s) {', '.join(unknown)}" + (f"; did you mean {', '.join(close)}?" if close else "")
+                          + f" (valid roles: {', '.join(study.roles)})")
     roles = {}
     for role in study.roles:
         spec = given.get(role) or fallback or "embedded"
@@ -86,7 +90,14 @@ def load_checked_cases(study: Study, settings: RunSettings) -> list[dict]:
     """The units of work of the cases this run takes: the study's cases, ``--limit`` / ``--sample`` of them (the scope
     goes to ``study.scope``: metrics.json and summary.md say it), expanded by the study (CRAFT-MD: its trials); at
     least one, each id once."""
-    cases, study.scope = take(study.load_cases(settings), settings, study.strata)
+    try:
+        loaded = study.load_cases(settings)
+    except DataError as e:  # a file of another study's format: said what this study reads
+        from experiments.datasets.registry import expected_data
+
+        hint = expected_data(study.name, settings.data) if settings.data else ""
+        raise DataError(f"{e}; {hint}" if hint else str(e)) from None
+    cases, study.scope = take(loaded, settings, study.strata)
     study.scope["noun"] = study.case_noun
     units = study.expand(cases, settings)
     if not units:
@@ -133,8 +144,29 @@ async def run_study(study: Study, settings: RunSettings, cases: list[dict] | Non
                     resume_command: str | None = None, client=None, log=print) -> RunOutcome:
     if cases is None:
         settings, cases = prepare_run(study, settings)
-    with RunLock(settings.out, settings.experiment, study.formerly):  # one process per results directory, of this study's kind (exit 2)
-        return await _run_locked(study, settings, cases, api_key=api_key, resume_command=resume_command, client=client, log=log)
+    fresh = not Path(settings.out).exists()
+    try:
+        with RunLock(settings.out, settings.experiment, study.formerly):  # one process per results directory, of this study's kind (exit 2)
+            return await _run_locked(study, settings, cases, api_key=api_key, resume_command=resume_command, client=client, log=log)
+    except MedstackError:  # refused before it started (a server that will not start, weights missing): no folder left behind
+        if fresh:
+            discard_unstarted(Path(settings.out))
+        raise
+
+
+UNSTARTED = ("config.yaml", "identity.json", ".medstack.lock")  # what a run writes before its first case
+
+
+def discard_unstarted(out: Path) -> None:
+    """Remove a results folder this run made and left before any record: its own files, then the folder if empty."""
+    if (out / "records.jsonl").exists():
+        return
+    for name in UNSTARTED:
+        (out / name).unlink(missing_ok=True)
+    try:
+        out.rmdir()
+    except OSError:  # something else is in it: kept
+        pass
 
 
 async def _run_locked(study: Study, settings: RunSettings, cases: list[dict], *, api_key, resume_command, client, log) -> RunOutcome:

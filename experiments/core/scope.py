@@ -78,6 +78,9 @@ def take(items: list, s, keys: tuple[str, ...] = ()) -> tuple[list, dict]:
     scope = {"how": how, "n": len(chosen), "of": len(items), "strata": list(keys),
              **({"seed": s.seed, "strata_count": len({stratum(i, keys) for i in items})} if how == "sample" else {}),
              "composition": composition(chosen, keys), "whole": composition(items, keys)}
+    asked = sample if sample is not None else limit
+    if asked is not None and asked > len(items):  # taken whole: said, not silently clamped
+        scope["note"] = f"--{how if how == 'sample' else 'limit'} {asked:,} is more than the {len(items):,} cases of the data: all {len(items):,} are taken"
     return chosen, scope
 
 

@@ -151,6 +151,28 @@ def resolve_data(value: str | None, registry: Optional[dict[str, DataSet]] = Non
     raise DataError(f"no such file or registered data set: {value} (registered: {', '.join(registry)})")
 
 
+def _commands(read: str) -> set[str]:
+    """The commands one ``reads`` entry names: 'run meditod-nlu/-pol/-nlg' -> {'run meditod-nlu', 'run meditod-pol', ...}."""
+    head, *rest = read.split()[:2] if read.startswith("run ") else [read.split()[0]]
+    if head != "run":
+        return {head}
+    first, *more = rest[0].split("/")
+    return {f"run {first}", *(f"run {first.rsplit('-', 1)[0]}{m}" for m in more if m.startswith("-"))}
+
+
+def expected_data(study: str, data: str | None = None, registry: Optional[dict[str, DataSet]] = None) -> str:
+    """What `run STUDY --data` reads, said after a data file it could not read: the registered sets it reads and their
+    format, and, where ``data`` is another registered set, what that one is (``''``: nothing registered to say)."""
+    registry = load_registry() if registry is None else registry
+    mine = [ds for ds in registry.values() if any(f"run {study}" in _commands(r) or r == study for r in ds.reads)]
+    given = next((ds for ds in registry.values() if data and ds not in mine and (data == ds.name or Path(data) == main_path(ds))), None)
+    parts = [f"{given.name} is {given.format}, read by {', '.join(given.reads)}"] if given else []
+    if mine:
+        formats = list(dict.fromkeys(ds.format for ds in mine))
+        parts.append(f"run {study} reads {', '.join(ds.name for ds in mine)} ({'; '.join(formats)})")
+    return "; ".join(parts)
+
+
 def fetch_command(ds: DataSet) -> str:
     if all(f.url for f in ds.files):
         return f"medstack data fetch {ds.name}"

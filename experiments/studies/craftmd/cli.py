@@ -21,18 +21,20 @@ def import_craftmd(
     src: str = typer.Argument(..., help="Folder of the CRAFT-MD authors' per-case result JSON files, or a registered name (craftmd-published-gpt3_1106, ...)."),
     name: str = typer.Option(..., "--name", help="Run name, e.g. gpt-4 (shown by `compare`)."),
     out: Path = typer.Option(..., "--out", help="Results directory to write."),
-    cases: Optional[str] = typer.Option(None, "--cases", help="Case CSV (or craftmd-cases) to take MCQ choices and specialties from (by case_id) when the files lack them."),
+    cases: Optional[str] = typer.Option(None, "--cases", help="Case CSV (or craftmd-cases) to take MCQ choices and specialties from (by case_id) when the files lack them [default: craftmd-cases once fetched]."),
 ) -> None:
     """Import published CRAFT-MD per-case results as a results directory (same record shape as a local run).
 
     MCQ free-text answers are mapped to choices by the one rule every model's answers go through (unmapped = wrong,
     listed); FRQ uses the published grades (-1 = wrong), recorded as grades: published, concurrent rule: any."""
     from experiments.datasets.registry import resolve_data
-    from experiments.studies.craftmd.importer import import_folder
+    from experiments.studies.craftmd.importer import CASES_SET, default_cases, import_folder, import_lines
 
-    metrics = import_folder(Path(resolve_data(src)), name, out, resolve_data(cases))
-    _print((Path(out) / "summary.md").read_text())
-    log(f"imported {metrics['records']} records into {out}")
+    cases_csv = resolve_data(cases) if cases else default_cases()
+    if not cases and cases_csv:
+        log(f"MCQ choices and specialties from the fetched {CASES_SET} ({cases_csv}); --cases names another case file")
+    metrics = import_folder(Path(resolve_data(src)), name, out, cases_csv, need_cases=True)
+    typer.echo("\n".join(import_lines(metrics, out, cases_csv)))
 
 
 def import_experts_cmd(

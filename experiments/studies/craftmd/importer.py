@@ -13,18 +13,21 @@ from pathlib import Path
 
 from experiments.common.choice import MCQ_RULES, map_choice
 from experiments.common.grade import Grade, score_name, to_disk
+from experiments.common.markdown import pct
 from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
 from experiments.core.record import record
 from experiments.core.results import ConfigView, Run, RunDir
 from experiments.core.scorers import figures, scores_markdown
 from experiments.studies.craftmd import grading
 from experiments.studies.craftmd.data import answer_index, load_cases
-from experiments.studies.craftmd.metrics import grades, per_specialty, run_metrics, summary_markdown
+from experiments.studies.craftmd.metrics import figure_of, grades, per_specialty, run_metrics, summary_markdown
 from experiments.studies.craftmd.protocol import stop_reason_for
 from experiments.studies.craftmd.scorers import MCQ_RULE, PATIENT, SCORERS, frq_grade, mcq_grade
 from experiments.studies.craftmd.settings import FORMATS
 from experiments.tables.render import run_paper_tables
 from models.errors import DataError, MedstackError
+
+CASES_SET = "craftmd-cases"  # the registered case set whose choices and specialties an import takes by default
 
 ROLE_TO_AGENT = {"user": "patient", "patient": "patient", "human": "patient", "assistant": "doctor", "doctor": "doctor", "clinician": "doctor", "model": "doctor"}
 
@@ -213,7 +216,22 @@ def import_stats(records: list[dict]) -> dict:
     }
 
 
-def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | None = None) -> dict:
+def default_cases() -> str | None:
+    """The registered case set's file when it is fetched (an import takes choices and specialties from it), else None."""
+    from experiments.datasets.registry import is_fetched, load_registry, main_path
+
+    ds = load_registry().get(CASES_SET)
+    return str(main_path(ds)) if ds is not None and is_fetched(ds) else None
+
+
+def lacks_case_fields(records: list[dict]) -> bool:
+    """Whether some record has no MCQ choices or no specialty: what a case file gives an import."""
+    return any(not (r.get("inputs") or {}).get("choices") or (r.get("inputs") or {}).get("specialty") == "unknown" for r in records)
+
+
+def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | None = None, *, need_cases: bool = False) -> dict:
+    """The release folder ``src`` as a results folder ``out``. ``need_cases``: without ``cases_csv``, a release whose files
+    lack MCQ choices or specialties is refused (DataError naming --cases) instead of imported with them unknown."""
     src = Path(src)
     if not src.is_dir():
         raise MedstackError(f"{src} is not a folder of CRAFT-MD result files")
@@ -225,6 +243,11 @@ def import_folder(src: str | Path, name: str, out: str | Path, cases_csv: str | 
               "mcq_mapping": "experiments.studies.craftmd.grading.map_choice: " + " > ".join(MCQ_RULES),
               "grades": "published", "concurrent_rule": "any"}
     converted = [rec for f in files for rec in convert_file(f, name, cases_by_id)]  # all files valid before anything is written
+    if need_cases and not cases_csv and lacks_case_fields(converted):
+        from experiments.datasets.registry import fetch_hint, load_registry
+
+        raise DataError(f"{src}: the result files hold no MCQ choices or specialties and {CASES_SET} is not fetched: pass --cases "
+                        f"CASES.csv, or fetch it and the import reads it: {fetch_hint(load_registry()[CASES_SET])}")
     cap = infer_cap([rec["transcript"] for rec in converted])  # the turn cap is a property of the whole release
     for rec in converted:
         rec["metadata"]["stop_reason"] = infer_stop(rec["transcript"], cap)
@@ -250,3 +273,20 @@ def importing_study():
     from experiments.core.registry import study_for
 
     return study_for("craftmd")
+
+
+def import_lines(metrics: dict, out: str | Path, cases_csv: str | None) -> list[str]:
+    """What the terminal says of an import: a few lines and where summary.md is (never the summary itself)."""
+    acc = lambda mode: ", ".join(f"{f} {pct(fig['value'])}" for f in FORMATS if (fig := figure_of(metrics, f, mode)))  # noqa: E731
+    mapping = metrics.get("mcq_mapping") or {}
+    n_mcq = sum((mapping.get("counts") or {}).values())
+    specialties = [s for s in metrics.get("per_specialty") or {} if s != "unknown"]
+    lines = [f"imported {metrics['records']} records ({metrics['cases']} cases) into {out}",
+             *([f"MCQ accuracy: {a}"] if (a := acc("mcq")) else []), *([f"FRQ accuracy (published grades): {a}"] if (a := acc("frq")) else [])]
+    if n_mcq:
+        lines.append(f"MCQ answers mapped to a choice: {pct(1 - mapping.get('unmapped', 0) / n_mcq)} "
+                     f"({mapping.get('unmapped', 0)} of {n_mcq} unmapped, scored wrong)")
+    lines.append(f"specialties: {len(specialties)}" + (f" (cases from {cases_csv})" if cases_csv else " (no case file)")
+                 + ("; some unknown" if "unknown" in (metrics.get("per_specialty") or {}) else ""))
+    lines.append(f"summary: {Path(out) / 'summary.md'}")
+    return lines

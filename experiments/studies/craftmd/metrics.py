@@ -9,7 +9,7 @@ import re
 from collections import Counter, defaultdict
 
 from experiments.common.grade import Grade, aggregate, grades as typed_grades, split_name
-from experiments.common.markdown import md_table
+from experiments.common.markdown import md_table, num, pct
 from experiments.studies.craftmd.assess import LABELS, QUESTIONS
 from experiments.studies.craftmd.settings import FORMATS, MODES
 
@@ -92,9 +92,9 @@ def summary_markdown(name: str, metrics: dict) -> str:
              *md_table(["format", "MCQ accuracy [95% CI]", "FRQ accuracy [95% CI]"], rows)]
     cap = f"; turn cap inferred from the release: {metrics['turn_cap_inferred']} doctor turns" if metrics.get("turn_cap_inferred") else ""
     n_conv = sum(metrics["stop_reasons"].values())
-    lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {metrics['mean_doctor_turns']}{cap}",
+    lines += ["", f"stop reasons: {metrics['stop_reasons']}; mean doctor turns: {num(metrics['mean_doctor_turns'], 2)}{cap}",
               *([f"doctor: reached the turn cap in {metrics['stop_reasons'].get('turn_cap', 0)} of {n_conv} conversation(s)"] if n_conv else []),
-              f"parse errors: {metrics['parse_errors']} (rate {metrics['parse_error_rate']}); FRQ extraction: {metrics['frq_extraction_status']}; "
+              f"parse errors: {metrics['parse_errors']} ({pct(metrics['parse_error_rate'])} of answers); FRQ extraction: {metrics['frq_extraction_status']}; "
               f"FRQ grade source: {metrics['frq_grade_source']}"]
     if metrics.get("grader_reasks", {}).get("total"):
         r = metrics["grader_reasks"]
@@ -115,7 +115,8 @@ def summary_markdown(name: str, metrics: dict) -> str:
             ["id", "format", "answer"], [[u["id"], u["format"], t[:160] + ("…" if len(t) > 160 else "")] for u, t in zip(unmapped, texts)])]
     run = metrics.get("run")
     if run:
-        lines.append(f"wall time: {run.get('wall_seconds')} s; output tokens/s: {run.get('output_tokens_per_s')}; requests: {run.get('requests')}; cache hits: {run.get('cache_hits')}")
+        lines.append(f"wall time: {num(run.get('wall_seconds'), 1)} s; output tokens/s: {num(run.get('output_tokens_per_s'), 1)}; "
+                     f"requests: {run.get('requests')}; cache hits: {run.get('cache_hits')}")
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,7 @@ from experiments.common.patient_checks import DEFAULT_SPAN_WORDS
 
 FORMATS = ("vignette", "multiturn", "singleturn", "summarized")
 MODES = ("mcq", "frq")
+STEPS = ("doctor", "patient", "answer", "summarizer", "grader", "assessor")  # the protocol's steps, each with its sampling
 
 # The authors' request settings (github.com/rajpurkarlab/craft-md, src/models.py, src/utils.py): max_tokens per
 # step (open models: generate(max_new_tokens=250); GPT calls: 150; the summary: 500) and, for GPT calls, the API's
@@ -117,7 +118,7 @@ class CraftSettings(RunSettings):
                                  "an unsupported confirmation, a character break, vignette copied, an empty turn.")
     copy_span_words: int = Field(DEFAULT_SPAN_WORDS, ge=2, description="Patient check: consecutive vignette words a patient turn must share to count as copied.")
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
-    sampling: dict[str, Sampling] = Field({
+    sampling: dict[Literal[STEPS], Sampling] = Field({
         "doctor": Sampling(temperature=1.0, max_tokens=250),
         "patient": Sampling(temperature=1.0, max_tokens=150),
         "answer": Sampling(temperature=1.0, max_tokens=250),

@@ -250,9 +250,9 @@ class CraftmdStudy(Study):
     def import_published(self, name: str, dest: Path, cases: str | None) -> dict:
         """One of the authors' released runs (a registered data set name) into ``dest``, named ``<release>-published``."""
         from experiments.datasets.registry import resolve_data
-        from experiments.studies.craftmd.importer import import_folder
+        from experiments.studies.craftmd.importer import default_cases, import_folder
 
-        return import_folder(Path(resolve_data(name)), f"{name.removeprefix('craftmd-published-')}-published", dest, cases)
+        return import_folder(Path(resolve_data(name)), f"{name.removeprefix('craftmd-published-')}-published", dest, cases or default_cases())
 
 
 class ExpertsImport(Study):

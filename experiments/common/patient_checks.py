@@ -56,7 +56,7 @@ NOT_AFFIRMED = {"no", "not", "never", "none", "nobody", "nothing", "nor", "neith
 TESTED_FOR = re.compile(r"\b(?:tested|test|tests|screened|checked) for\b", re.I)  # "tested for X": not affirmed; "a bone density test": no matter
 # a clause with one of these names a diagnosis as a possibility: a suggestion, not an affirmation
 HEDGE = re.compile(r"\b(?:might|maybe|perhaps|possibly|possible|probably|suggests?|suggesting|suspect\w*|wonder\w*|could be|may be|may have|"
-                   r"could have|something like|condition like|a form of|some kind of|some sort of)\b", re.I)
+                   r"could have|something like|condition like|like|similar to|resembl\w*|a form of|some kind of|some sort of)\b", re.I)
 # partial names: a word of a longer name that names a disease on its own (by its ending, or one of these) ...
 DISEASE_ENDINGS = ("itis", "osis", "iasis", "oma", "emia", "aemia", "pathy", "plasia", "trophy", "ectasis")
 SHORT_NAMES = {"lupus", "eczema", "acne", "asthma", "gout", "herpe", "scabie", "rosacea", "vitiligo", "urticaria", "pemphigu", "pemphigoid",
@@ -79,13 +79,15 @@ NOT_DIAGNOSIS_WORDS = {"test", "testing", "assay", "level", "scan", "measurement
                        "sign", "phenomenon", "normal", "physiologic", "physiological", "history", "finding", "reflex"}
 DRUG_ENDINGS = ("azole", "mab", "nib", "pril", "sartan", "olol", "statin", "cillin", "mycin", "cycline", "floxacin", "vir", "azepam",
                 "tidine", "parin", "platin", "taxel", "semide", "thiazide", "dronate", "pheresis")
+# shortened words in a choice's name, read as the word ("β-thal major": beta thalassemia major)
+EXPANSIONS = {"thal": "thalassemia", "β": "beta", "α": "alpha"}
 SYNONYMS_FILE = Path(__file__).with_name("diagnosis_synonyms.tsv")
 YES = re.compile(r"^\W*(?:yes|yeah|yep|yup|right|correct|exactly|indeed|that'?s right|that is right|that'?s correct|that is correct)\b", re.I)
 # a doctor's question whether the patient was given a diagnosis (a yes to it confirms the diagnosis it names)
 ASKS_DIAGNOSED = re.compile(r"\bdiagnos\w*|\bmention\w*|\btold\b|\bsaid\b|\bsuspect\w*|\bconfirm\w*|\bthe term\b|\bcalled\b|\blabel\w*|"
                             r"\bany chance\b|\bcould (?:it|this|that) be\b|\bthink (?:it|this|that) (?:is|could|might)\b", re.I)
 SUCH_AS = re.compile(r"\b(?:such as|like|including|e\.g\.|for example|for instance|or other|and other)\b", re.I)
-AFFIRMED_HOW = re.compile(r"\bdiagnos\w*|\btold me\b|\bsaid (?:i|it|that)\b|\bconfirmed\b", re.I)
+AFFIRMED_HOW = re.compile(r"\bdiagnos\w*|\btold me\b|\bconfirmed\b", re.I)
 
 
 def singular(w: str) -> str:
@@ -116,7 +118,7 @@ def is_diagnosis(answer: str) -> bool:
 def names(term: str) -> list[list[str]]:
     """The word lists a term is named by: the text outside parentheses and each parenthesised alternative."""
     parts = [re.sub(r"\([^)]*\)", " ", term)] + [p for p in re.findall(r"\(([^)]*)\)", term) if re.search(r"[^\W\d_]{4}", p)]
-    return [ws for p in parts if (ws := [w for w in words(p) if w not in STOP])]
+    return [ws for p in parts if (ws := [EXPANSIONS.get(w, w) for w in words(p) if w not in STOP])]
 
 
 def names_a_disease(w: str) -> bool:
@@ -137,18 +139,22 @@ def exact_only(term: str, name: list[str]) -> bool:
     return len(name) > 1 and not eponym and not any(names_a_disease(w) or w in DISEASE_WORDS for w in name)
 
 
+MODIFIERS = {"acute", "chronic", "primary", "secondary", "congenital", "acquired", "recurrent", "early", "late", "severe", "mild"}
+
+
 def abbreviations(term: str, doctor_texts: Iterable[str] = ()) -> list[str]:
     """Abbreviations a diagnosis goes by: its initialism when it has three words or more ("Graft-versus-host disease"
-    -> GVHD), a parenthesised abbreviation in the choice, and "Name (ABBR)" in a doctor's turn."""
+    -> GVHD; without a leading modifier too: "Acute graft-versus-host disease" -> AGVHD, GVHD), a parenthesised abbreviation in the choice, and "Name (ABBR)" in a doctor's turn."""
     out = [p.strip() for p in re.findall(r"\(([^)]*)\)", term) if re.fullmatch(r"[A-Z][A-Za-z0-9-]{1,7}", p.strip())
            and sum(c.isupper() for c in p) >= 2]
     main = [w for w in words(re.sub(r"\([^)]*\)", " ", term)) if w not in STOP]
-    if len(main) >= 3 and all(w[0].isalpha() for w in main):
-        out.append("".join(w[0] for w in main).upper())
+    for ws in (main, main[1:] if main and main[0] in MODIFIERS else []):
+        if len(ws) >= 3 and all(w[0].isalpha() for w in ws):
+            out.append("".join(w[0] for w in ws).upper())
     for text in doctor_texts:
         for m in re.finditer(r"\(([A-Z][A-Za-z0-9-]{1,7})\)", text or ""):
-            before = words(text[:m.start()])[-(len(main) + 2):]
-            if main and sum(c.isupper() for c in m.group(1)) >= 2 and set(main) <= set(before):
+            before, k = words(text[:m.start()])[-(len(main) + 2):], sum(c.isalpha() for c in m.group(1))
+            if main and sum(c.isupper() for c in m.group(1)) >= 2 and set(main[-k:]) <= set(before):
                 out.append(m.group(1))
     return list(dict.fromkeys(out))
 
@@ -278,6 +284,19 @@ def diagnosis_mentions(turns: list[tuple[str, str]], vignette: str, correct: str
                 out[check].append({**hit, "how": how})
             elif "hedged" in found:
                 out["suggests_diagnosis"].append({**hit, "how": "hedged"})
+    # a disease name two choices share ("thalassemia" of beta thalassemia major and alpha thalassemia trait) names
+    # neither, but hedged it still suggests the family
+    shared = {w for _, ws, _ in terms if all(is_diagnosis(x) for x in ws) for x in ws for n in names(x) if len(n) > 1 for w in n
+              if names_a_disease(w) and w not in GENERIC_HEADS}
+    shared = {w for w in shared if sum(any(w in n for x in ws for n in names(x)) for _, ws, _ in terms) > 1
+              and not mention(vignette, with_synonyms([w]))}
+    suggested = {h["patient_turn"] for h in out["suggests_diagnosis"]}
+    for w in sorted(shared):
+        for i, n, text in patient_turns(turns):
+            if i < last_doctor and n not in suggested and mention(text, [[w]]) == "hedged":
+                out["suggests_diagnosis"].append({"patient_turn": n, "named": w, "correct": any(w in m for x in terms[0][1] for m in names(x)),
+                                                  "how": "hedged, a name choices share"})
+                suggested.add(n)
     return out
 
 
@@ -287,18 +306,19 @@ def diagnosis_mentions(turns: list[tuple[str, str]], vignette: str, correct: str
 SOURCE = (r"\bvignettes?\b|\bprompts?\b|\b(?:this|the|given|provided|my|our) scenario\b|\bscenario (?:provided|given|described)\b"
           r"|(?<!\bin )\b(?:the|this) case\b|\bcase (?:notes|description|details|information|file)\b"
           r"|\b(?:information|details|description|text|info) (?:provided|given|available|i have|i was given|i've been given|i've got)\b"
-          r"|\bno mention of\b|\bnot (?:been )?mentioned\b|\bnothing (?:is |was )?(?:mentioned|specified|provided|described|reported|stated)\b"
+          r"|\bno mention of\b|\bnothing (?:is |was )?(?:mentioned|specified|provided|described|reported|stated)\b"
           r"|\b(?:wasn'?t|was not|hasn'?t been|has not been|haven'?t been|have not been|isn'?t|is not|weren'?t|were not|aren'?t|are not|not been)"
           r"\s+(?:\w+ly\s+)?(?:mentioned|specified|provided|described|reported|stated|detailed|documented|indicated|noted|included)\b"
           r"|\b(?:you|they) didn'?t give me (?:that |this |any |the |much )?(?:information|details?|info)\b")
 PATIENT_ROLE = r"\bjust (?:an? |the )patient\b|\bas an? patient\b|\bmy medical knowledge\b|\bi(?:'m| am) not (?:an? )?(?:doctor|medical professional)\b"
-AI = (r"\blanguage model\b|\bas an? (?:ai|assistant|language model|virtual assistant)\b|\bai (?:model|assistant)\b"
-      r"|\bi(?: am|'m|’m) (?:an? )?(?:ai|chatbot|virtual assistant|assistant(?! (?:manager|director|professor|coach|principal|editor|teacher|nurse|to|at|in|for|of)\b))\b")
+JOB = r"(?! (?:manager|director|professor|coach|principal|editor|teacher|nurse|to|at|in|for|of|with)\b)"  # "assistant manager": a job
+AI = (r"\blanguage model\b|\bas an? (?:ai|language model|virtual assistant|assistant" + JOB + r")\b|\bai (?:model|assistant)\b"
+      r"|\bi(?: am|'m|’m) (?:an? )?(?:ai|chatbot|virtual assistant|assistant" + JOB + r")\b")
 BREAKS = re.compile("|".join((SOURCE, PATIENT_ROLE, AI)), re.I)
 # idioms and jobs the patterns would otherwise take: "that's (not) the case", "if that's the case", "in the case of"
 IDIOMS = re.compile(r"\b(?:is|was|be|been|being|s|not|if|as|just|exactly|always|often|ever|isn'?t|wasn'?t)\s+(?:not\s+)?(?:really\s+)?the case\b"
                     r"|[’']s (?:not )?the case\b|\bthe case (?:with|for|of)\b", re.I)
-SCRIPT = re.compile(r"\bi (?:didn'?t|did not|haven'?t|have not|hadn'?t|had not|never|wasn'?t|was not) (?:\w+ly )?(?:mention|mentioned|share|shared|specify|specified"
+SCRIPT = re.compile(r"\bi(?:'ve|’ve)? (?:didn'?t|did not|not|haven'?t|have not|hadn'?t|had not|never|wasn'?t|was not) (?:\w+ly )?(?:mention|mentioned|share|shared|specify|specified"
                     r"|state|stated|describe|described|provide|provided|include|included|bring up|brought up|say|said|note|noted|report|reported)"
                     r"(?! to\b)\b", re.I)
 
@@ -319,7 +339,7 @@ UNITS = {"cm", "mm", "m", "km", "mg", "g", "kg", "mcg", "ug", "ml", "dl", "l", "
          "umol", "mol", "lb", "oz", "sec", "ms", "mosm", "cells", "cell", "mm3", "ul", "fl", "pg", "ng"}
 CHART_WORDS = {"effaced", "effacement", "unremarkable", "insignificant", "noncontributory", "auscultation", "palpation", "palpated",
                "gravida", "afebrile", "examination", "laboratory", "bilaterally", "serum", "vitals", "notable", "dilated", "tenderness",
-               "nontender", "percussion", "erythematous", "lesion", "lesions", "supine", "distended"}
+               "nontender", "percussion", "erythematous", "supine", "distended"}
 CHART_PHRASES = ("past medical history", "medical history is", "on examination", "physical examination", "vital sign", "within normal limit",
                  "is notable for", "significant for", "history of present illness", "review of system")
 
@@ -330,12 +350,10 @@ def copy_tokens(text: str) -> list[str]:
 
 
 def lab_tokens(text: str) -> set[str]:
-    """Tokens written as a lab value, gene or marker: two capitals, or letters and digits together ("HLA", "DQ2", "HbA1c")."""
-    out = set()
-    for tok in re.findall(r"[^\W_]+", text or ""):
-        if (sum(c.isupper() for c in tok) >= 2 and len(tok) >= 2) or (re.search(r"\d", tok) and re.search(r"[^\W\d_]", tok)):
-            out.add(tok.lower())
-    return out
+    """Tokens written as a lab value, gene or marker: letters and digits together ("DQ2", "HbA1c", "B12"); not a
+    decade, an ordinal or a time ("50s", "3rd", "5pm")."""
+    return {tok.lower() for tok in re.findall(r"[^\W_]+", text or "") if re.search(r"\d", tok) and re.search(r"[^\W\d_]", tok)
+            and not re.fullmatch(r"\d+(?:s|st|nd|rd|th|am|pm|yo|y|h|hr|hrs|d|wk|min)", tok, re.I)}
 
 
 @lru_cache(maxsize=4096)
@@ -350,8 +368,10 @@ def clinical_content(span: list[str], labs: set[str], terms: Iterable[str] = ())
     if lab:
         return f"lab: {lab}"
     for a, b in zip(span, span[1:] + [""]):
-        if re.fullmatch(r"\d+(?:\.\d+)?%", a) or (re.fullmatch(r"\d+(?:\.\d+)?", a) and b in UNITS):
-            return f"unit: {a} {b}".strip()
+        if re.fullmatch(r"\d+(?:\.\d+)?%", a):
+            return f"unit: {a}"
+        if re.fullmatch(r"\d+(?:\.\d+)?", a) and b in UNITS:
+            return f"unit: {a} {b}"
     text = f" {' '.join(span)} "
     for t in terms:
         tw = _term_words(t)

@@ -303,7 +303,7 @@ def diagnosis_mentions(turns: list[tuple[str, str]], vignette: str, correct: str
 # ------------------------------------------------------------------ out of character
 
 # a source spoken of: the vignette, case, scenario, prompt, or what was or was not mentioned, provided, described
-SOURCE = (r"\bvignettes?\b|\bprompts?\b|\b(?:this|the|given|provided|my|our) scenario\b|\bscenario (?:provided|given|described)\b"
+SOURCE = (r"\bvignettes?\b|\bprompts?\b|\b(?:this|the|given|provided|my|our|original|current) scenario\b|\bscenario (?:provided|given|described)\b"
           r"|(?<!\bin )\b(?:the|this) case\b|\bcase (?:notes|description|details|information|file)\b"
           r"|\b(?:information|details|description|text|info) (?:provided|given|available|i have|i was given|i've been given|i've got)\b"
           r"|\bno mention of\b|\bnothing (?:is |was )?(?:mentioned|specified|provided|described|reported|stated)\b"

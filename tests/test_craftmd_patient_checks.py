@@ -125,14 +125,16 @@ def test_generic_words_lay_synonyms_and_the_answer_by_its_index():
 
 
 @pytest.mark.parametrize("answer", ["70%", "0.25", "BRAF", "CA-125", "Urine porphyrin levels", "Genetic testing", "Itraconazole",
-                                    "MRI of the brain", "He grew up in Ecuador, where he worked outdoors as a farmer for 30 years"])
+                                    "MRI of the brain", "He grew up in Ecuador, where he worked outdoors as a farmer for 30 years",
+                                    "Normal pregnancy", "Raynaud phenomenon", "Family history of colon cancer", "Babinski sign"])
 def test_an_answer_that_is_not_a_diagnosis_is_not_checkable_never_matched(answer):
     assert not is_diagnosis(answer)
     m = mentions(f"It is {answer}.", answer, [answer, "Eczema", "Lichen planus", "Plaque psoriasis"])
     assert m["leaks_diagnosis"] is None and m["names_other_choice"] == m["confirms_unsupported"] == m["suggests_diagnosis"] == []
 
 
-@pytest.mark.parametrize("answer", ["Plaque psoriasis", "Neurofibromatosis type 1", "G6PD deficiency", "Crohn's disease", "Eczema"])
+@pytest.mark.parametrize("answer", ["Plaque psoriasis", "Neurofibromatosis type 1", "G6PD deficiency", "Crohn's disease", "Eczema",
+                                    "Normal pressure hydrocephalus", "Reflex sympathetic dystrophy"])
 def test_diagnoses_are_checkable(answer):
     assert is_diagnosis(answer)
 

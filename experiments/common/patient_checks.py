@@ -43,7 +43,6 @@ DESCRIPTIONS = {
     "copies_vignette": "a patient turn copies a run of vignette wording with clinical content ({n}+ words; 4+ with a lab value or gene)",
     "empty_turn": "no reply: a patient turn missing from the transcript (empty), not a patient behaviour",
 }
-LABELS = {"empty_turn": "no reply"}  # how a table names a check that is no behaviour of the patient
 # a copied run counts from this many words when it carries clinical content (docs/protocols.md, patient checks) ...
 DEFAULT_SPAN_WORDS = 6
 # ... and from this many when it holds a lab value, gene or number with a unit ("the HLA-DQ2 allele")
@@ -74,9 +73,9 @@ DISEASE_WORDS = GENERIC_HEADS | {"palsy", "fever", "pox", "poisoning", "injury",
 NOT_DIAGNOSIS_WORDS = {"test", "testing", "assay", "level", "scan", "measurement", "biopsy", "ultrasound", "ultrasonography", "imaging",
                        "mri", "ct", "radiograph", "radiography", "esophagram", "endoscopy", "colonoscopy", "study", "studie", "serie",
                        "administration", "therapy", "treatment", "medication", "perform", "intake", "culture", "count", "staining", "urine", "serum",
-                       "echocardiography", "electrocardiogram", "transfusion", "resection", "repair", "injection", "dose", "mg",
-                       # ... and symptom-type answers: a sign or finding, a normal state, a history
-                       "sign", "phenomenon", "normal", "physiologic", "physiological", "history", "finding", "reflex"}
+                       "echocardiography", "electrocardiogram", "transfusion", "resection", "repair", "injection", "dose", "mg"}
+# ... nor symptom-type answers: a sign or finding, a normal state, a history ("Raynaud phenomenon", "Normal pregnancy")
+SYMPTOM_TYPE = re.compile(r"^\W*(?:normal|physiologic(?:al)?)\b(?! pressure)|\bsigns?\b|\bphenomenon\b|\bhistory\b|\bfindings?\b", re.I)
 DRUG_ENDINGS = ("azole", "mab", "nib", "pril", "sartan", "olol", "statin", "cillin", "mycin", "cycline", "floxacin", "vir", "azepam",
                 "tidine", "parin", "platin", "taxel", "semide", "thiazide", "dronate", "pheresis")
 # shortened words in a choice's name, read as the word ("β-thal major": beta thalassemia major)
@@ -112,7 +111,7 @@ def is_diagnosis(answer: str) -> bool:
     return bool(w) and not (
         not re.search(r"[^\W\d_]{2}", a)
         or (" " not in a and (sum(c.isupper() for c in a) >= 2 or any(c.isdigit() for c in a)))
-        or NOT_DIAGNOSIS_WORDS & set(w) or any(x.endswith(DRUG_ENDINGS) for x in w) or len(w) > 8)
+        or NOT_DIAGNOSIS_WORDS & set(w) or SYMPTOM_TYPE.search(a) or any(x.endswith(DRUG_ENDINGS) for x in w) or len(w) > 8)
 
 
 def names(term: str) -> list[list[str]]:

@@ -75,6 +75,9 @@ def test_confirmation_by_a_yes_reply_an_abbreviation_or_diagnosed_with_and_test_
                  ["Fragile X syndrome", "Down syndrome", "Rett syndrome", "Autism"], "Was Fragile X syndrome mentioned in the diagnosis?",
                  "A 3-year-old boy has a long face and speech delay.", 0)
     assert hit("confirms_unsupported", m) == [(1, "Fragile X syndrome", True, "yes-reply")] and m["suggests_diagnosis"] == []
+    # a yes that asks confirms nothing
+    assert mentions("Yes, could you tell me what causes it?", "Fragile X syndrome", ["Fragile X syndrome", "Down syndrome", "Rett syndrome", "Autism"],
+                    "Could it be Fragile X syndrome?", "A 3-year-old boy has a long face and speech delay.", 0) == NONE
     # a yes to a question that lists the disease as an example confirms nothing named
     m = mentions("Yes, my uncle had bleeding problems.", "Hemophilia A", [], "Has anyone been diagnosed with bleeding disorders such as hemophilia?",
                  "A boy bleeds.")

@@ -223,11 +223,12 @@ def patient_turns(turns: list[tuple[str, str]]) -> list[tuple[int, int, str]]:
 def yes_reply(doctor: str, patient: str, term_names: list[list[str]], abbrs: Iterable[str] = (), exact=()) -> bool:
     """The patient's turn opens with a yes to a doctor's question whether the diagnosis was given (diagnosed,
     mentioned, told, suspected, "the term", "could it be") that names it before any "such as"/"like" (a listed
-    example is no question about it); the yes stands unless its first sentence holds a negation or "tested for"."""
+    example is no question about it); the yes stands unless its first sentence holds a negation or "tested for" or
+    is a question ("Yes, could you tell me what causes it?" asks; it confirms nothing)."""
     if not YES.match(patient or ""):
         return False
     first = re.split(r"(?<=[.!?])\s", patient.strip(), maxsplit=1)[0]
-    if NOT_AFFIRMED & set(words(first)) or TESTED_FOR.search(first):
+    if NOT_AFFIRMED & set(words(first)) or TESTED_FOR.search(first) or first.endswith("?"):
         return False
     for clause in _clauses(doctor):
         head = SUCH_AS.split(clause, maxsplit=1)[0]

@@ -85,8 +85,9 @@ def test_import_computes_every_patient_check_with_rates_and_the_span_distributio
     pc = [{k.removeprefix("patient-check/"): g for k, g in typed(r).items() if k.startswith("patient-check/")} for r in recs]
     assert [p["leaks_diagnosis"].value for p in pc] == [1, 0, 0, 0]  # the negated choices are no mention
     assert [p["breaks_character"].value for p in pc] == [0, 0, 1, 0]
-    # "fever", "had", "a" alone; then "a fine sandpaper like red rash appeared", 7 of the vignette's words in a row
-    assert [p["copies_vignette"].metadata["longest_span"] for p in pc] == [1, 1, 1, 7] and [p["copies_vignette"].value for p in pc] == [0, 0, 0, 1]
+    # "fever", "had", "a" alone; then "a fine sandpaper like red rash appeared", 7 of the vignette's words in a row: the
+    # longest run, a descriptive figure; no failure, as the run holds no clinical content (no listed term, unit, lab or chart word)
+    assert [p["copies_vignette"].metadata["longest_span"] for p in pc] == [1, 1, 1, 7] and [p["copies_vignette"].value for p in pc] == [0, 0, 0, 0]
     assert not any(p["names_other_choice"].value for p in pc)
     x = {(f["score"], f["metric"]): f for f in m["scores"]}[("patient-check/leaks_diagnosis", "per conversation")]
     assert (x["values"], x["value"], x["n"]) == (4, 0.25, 1)  # one case, four trials: 1 of 4, its interval over the one case

@@ -3,14 +3,14 @@
 A study whose records hold a doctor-patient conversation adds :func:`patient_checks` to its scorers. It reads only the
 typed record (experiments/core/record.py): the transcript's ``doctor`` and ``patient`` turns, ``inputs["facts"]``
 (what the patient was given), ``target`` (the correct diagnosis), ``inputs["choices"]`` and ``inputs["answer_index"]``
-where the doctor chooses from a list. One grade per check (``patient-check/<check>``): 1 when the conversation was
+where the doctor chooses from a list (the correct answer is found by its index, not by its wording). One grade per check (``patient-check/<check>``): 1 when the conversation was
 flagged, with the flagged and the checked patient turns in its metadata, so every check has a rate per conversation
 and a rate per patient turn; a check that cannot apply (no choices, an answer that is no diagnosis) is not checkable.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from experiments.common.grade import FLAG, Grade, Metric
 from experiments.common.patient_checks import CHECKS, DESCRIPTIONS, DEFAULT_SPAN_WORDS, check_conversation
@@ -45,8 +45,11 @@ def check_grades(found: dict, choices: list | None) -> dict[str, Grade]:
 
 
 def patient_checks(span_words: Callable[[Any], int] = lambda s: DEFAULT_SPAN_WORDS, applies: Callable[[Any], bool] = always,
-                   reference: Callable[[], Mapping] | None = None, validation: Mapping | None = None) -> Scorer:
-    """The scorer; ``span_words(settings)``: the copied run that flags a turn."""
+                   reference: Callable[[], Mapping] | None = None, validation: Mapping | None = None,
+                   terms: Callable[[], Iterable[str]] = lambda: ()) -> Scorer:
+    """The scorer; ``span_words(settings)``: the copied run with clinical content that flags a turn; ``terms()``: the
+    clinical terms whose copying counts (a study's term list; the common rules know numbers with units, lab and gene
+    tokens and chart wording without it)."""
 
     def decide(ctx, record: dict, settings, role) -> dict[str, Grade]:
         said = turns(record)
@@ -55,7 +58,7 @@ def patient_checks(span_words: Callable[[Any], int] = lambda s: DEFAULT_SPAN_WOR
         inputs = record.get("inputs") or {}
         choices = inputs.get("choices") or None
         found = check_conversation(said, vignette=str(inputs.get("facts") or ""), correct=str(record.get("target") or ""),
-                                   choices=choices, n_words=span_words(settings))
+                                   choices=choices, answer_index=inputs.get("answer_index"), n_words=span_words(settings), terms=terms())
         return check_grades(found, choices)
 
     return Scorer(NAME, FLAG, "Did the simulated patient do this?", decide=decide, parts={c: DESCRIPTIONS[c].format(n="N") for c in CHECKS},

@@ -19,7 +19,7 @@ from experiments.common.grade import BINARY, YES_NO, Grade, count_scale, grades,
 from experiments.core.patient import PER_CONVERSATION, patient_checks
 from experiments.core.record import turns
 from experiments.core.scorers import Scorer
-from experiments.studies.craftmd import grading
+from experiments.studies.craftmd import grading, terminology
 from experiments.studies.craftmd.assess import QUESTIONS, assess_conversation, conversation_text
 from experiments.studies.craftmd.prompts import PROMPTS, TEMPLATES, render
 from experiments.studies.craftmd.protocol import ask, single
@@ -212,7 +212,7 @@ def released_reference() -> dict[str, dict[str, dict]]:
 
 
 PATIENT = patient_checks(span_words=lambda s: s.copy_span_words, applies=lambda s: bool(getattr(s, "patient_checks", False)),
-                         reference=released_reference)
+                         reference=released_reference, terms=lambda: tuple(terminology.terms()))
 SCORERS = (Scorer("mcq", BINARY, MCQ_QUESTION, decide=decide_mcq, parts={f: f"format {f}" for f in FORMATS},
                   applies=lambda s: bool(getattr(s, "mcq", False))),
            Scorer("frq", BINARY, FRQ_QUESTION, decide=decide_frq, role="grader", show=show_frq, parts={f: f"format {f}" for f in FORMATS},

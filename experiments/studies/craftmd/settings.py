@@ -115,8 +115,10 @@ class CraftSettings(RunSettings):
     assess_conversations: bool = Field(False, description="Conversation assessors (an addition to the paper's protocol): the assessor model "
                                        "answers Q1-Q3 and two patient-AI questions (grounded, complete) of each conversation, yes/no.")
     patient_checks: bool = Field(True, description="Deterministic patient checks, no model: the diagnosis leaked, another choice named, "
-                                 "an unsupported confirmation, a character break, vignette copied, an empty turn.")
-    copy_span_words: int = Field(DEFAULT_SPAN_WORDS, ge=2, description="Patient check: consecutive vignette words a patient turn must share to count as copied.")
+                                 "an unsupported confirmation, a hedged suggestion, a character break, script talk, clinical vignette wording "
+                                 "copied, no reply (an empty turn).")
+    copy_span_words: int = Field(DEFAULT_SPAN_WORDS, ge=2, description="Patient check: consecutive vignette words with clinical content a patient "
+                                 "turn must share to count as copied (4 suffice with a lab value, gene or number with a unit).")
     roles: dict[str, str] = {"clinical": "embedded", "patient": "embedded", "grader": "embedded", "summarizer": "embedded"}
     sampling: dict[Literal[STEPS], Sampling] = Field({
         "doctor": Sampling(temperature=1.0, max_tokens=250),

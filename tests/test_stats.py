@@ -84,3 +84,15 @@ def test_cluster_bootstrap_of_singletons_is_the_plain_bootstrap():
     y = [0.1, 0.9, 0.4, 0.3, 0.7]
     mean = lambda idx: {"mean": sum(y[i] for i in idx) / len(idx)}
     assert cluster_bootstrap(mean, range(5), n_boot=500) == stratified_bootstrap(mean, ["all"] * 5, n_boot=500)
+
+
+def test_weighted_precision_recall_by_hand():
+    from experiments.common.stats import weighted_precision_recall
+    # 4 items: flagged positive (weight 1), flagged negative (weight 3), unflagged positive (weight 2), unflagged negative (weight 10)
+    got = weighted_precision_recall([1, 1, 0, 0], [1, 0, 1, 0], [1, 3, 2, 10])
+    assert got["precision"] == 1 / 4 and got["recall"] == 1 / 3
+    # equal weights: the plain sample figures
+    assert weighted_precision_recall([1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]) == {"precision": 0.5, "recall": 0.5}
+    # nothing flagged: precision is undefined (NaN), recall 0
+    nothing = weighted_precision_recall([0, 0], [1, 0], [1, 1])
+    assert nothing["precision"] != nothing["precision"] and nothing["recall"] == 0.0

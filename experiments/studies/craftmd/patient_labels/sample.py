@@ -3,8 +3,9 @@
     python -m experiments.studies.craftmd.patient_labels.sample --releases DIR --cases CSV --out FOLDER
 
 DIR holds the authors' four released runs unpacked, one folder each (gpt4_1106, gpt3_1106, mistral-v2, llama2-7b), of
-case_<id>.json files. Writes ``items.jsonl`` (what a labeller sees: no stratum, no check verdict) and ``strata.json``
-(each item's stratum and every stratum's size in the releases: the sampling weights). The strata are defined here,
+case_<id>.json files. Writes ``items.jsonl`` (what a labeller sees: the texts, no stratum, no check verdict; drawn again from the releases,
+never committed) and ``strata.json`` (each item's place in the releases, its stratum and part, and every stratum's
+size in the releases: the sampling weights). The strata are defined here,
 fixed, by wide nets that do not depend on any check's rule, so that a changed rule is judged on the same set.
 """
 
@@ -99,7 +100,7 @@ def main(argv=None) -> None:
                 for j, ((rel, cid, trial, turn), doctor_before, text, conv) in enumerate(drawn):
                     item_id = f"{check}-{len(items):04d}"
                     part = "dev" if rng.random() < 0.5 else "held-out"
-                    strata["items"][item_id] = {"stratum": stratum, "release": rel, "part": part}
+                    strata["items"][item_id] = {"stratum": stratum, "release": rel, "part": part, "case_id": cid, "trial": trial, "patient_turn": turn}
                     item = {"id": item_id, "check": check, "release": rel, "case_id": cid, "trial": trial, "patient_turn": turn,
                             "doctor_before": doctor_before, "patient": text}
                     if check in ("copying", "confirmation"):

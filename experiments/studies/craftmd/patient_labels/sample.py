@@ -27,7 +27,10 @@ SEED = 58
 # patient turns drawn per (check, stratum); every stratum is drawn evenly over the four releases
 SIZES = {"character": {"narrow": 50, "wide": 70, "rest": 40},
          "copying": {"run>=6": 60, "run4-5": 50, "run<4": 30},
-         "confirmation": {"narrow": 70, "wide": 60, "rest": 20}}
+         "confirmation": {"narrow": 70, "wide": 60, "rest": 20},
+         # a second draw for confirmations, which the first found none of (they are rare): a reply that agrees, or speaks
+         # of a diagnosis given, after a doctor's turn that names a disease-like word; the rest of such replies
+         "affirmation": {"agrees": 90, "diagnosed": 60, "rest": 10}}
 # character: narrow, words that name a source or a role; wide, any word that could start one
 CHAR_NARROW = re.compile(r"\b(?:vignettes?|scenarios?|prompts?|script|role|(?:the|this) case|mention(?:s|ed)?|specified|provided|described|reported"
                          r"|(?:information|details?) (?:given|provided)|just (?:a|the) patient|as a patient|medical knowledge|ai|language model|assistant|chatbot)\b", re.I)
@@ -35,6 +38,9 @@ CHAR_WIDE = re.compile(r"\b(?:case|details?|information|given|told|patient|model
 # confirmation: narrow, a diagnosis-like statement about oneself; wide, a word of the answer or a choice
 CONF_NARROW = re.compile(r"\bdiagnos\w*|\btold (?:me )?(?:that )?i (?:have|had)\b|\b(?:condition|disease|disorder) (?:like|such as|called)\b"
                          r"|\bthat'?s what\b|\b(?:might|could|may) (?:be|have|suggest)\b|\bi (?:have|had) (?:been )?(?:a history of|history of)\b", re.I)
+AGREES = re.compile(r"^\W*(?:yes|yeah|yep|right|correct|exactly|indeed|that'?s (?:right|correct|what))\b", re.I)
+DIAGNOSED = re.compile(r"\bdiagnos\w*|\btold (?:me )?(?:that )?(?:i|it) (?:have|had|has|was|is|might|may|could)\b|\b(?:mentioned|said|thought) (?:it|that) (?:might|may|could)\b", re.I)
+DISEASE_LIKE = re.compile(r"\b\w+(?:itis|osis|iasis|oma|emia|aemia|pathy|plasia)\b|\b(?:syndrome|disease|disorder|deficiency|infection|cancer|palsy|fever|allergy)\b", re.I)
 GENERIC = {"disease", "syndrome", "disorder", "infection", "deficiency", "acute", "chronic", "primary", "secondary", "type", "normal",
            "history", "family", "benign", "malignant", "cell", "left", "right", "cancer"}
 
@@ -58,6 +64,13 @@ def answer_words(conv: dict) -> set[str]:
     return {w for t in [conv["correct"], *conv["choices"]] for w in words(t) if len(w) >= 5 and w not in GENERIC}
 
 
+def new_name(conv: dict, doctor_turn: str) -> bool:
+    """The doctor's turn names a disease-like word, or a word of the answer or a choice, that the vignette does not hold."""
+    said = {m.group(0).lower() for m in DISEASE_LIKE.finditer(doctor_turn)} | (answer_words(conv) & set(words(doctor_turn)))
+    held = set(words(conv["vignette"])) | {w.lower() for w in re.findall(r"\w+", conv["vignette"])}
+    return bool(said - held)
+
+
 def strata_of(conv: dict, doctor_before: str, text: str, n: int) -> dict[str, str]:
     run = longest_copied_run(text, conv["vignette"])[0]
     named = answer_words(conv) & set(words(text))
@@ -65,6 +78,7 @@ def strata_of(conv: dict, doctor_before: str, text: str, n: int) -> dict[str, st
         "character": "narrow" if CHAR_NARROW.search(text) else "wide" if CHAR_WIDE.search(text) else "rest",
         "copying": "run>=6" if run >= 6 else "run4-5" if run >= 4 else "run<4",
         "confirmation": "narrow" if CONF_NARROW.search(text) or (named and named & set(words(doctor_before))) else "wide" if named else "rest",
+        "affirmation": ("agrees" if AGREES.search(text) else "diagnosed" if DIAGNOSED.search(text) else "rest") if new_name(conv, doctor_before) else "rest",
     }
 
 
@@ -103,9 +117,9 @@ def main(argv=None) -> None:
                     strata["items"][item_id] = {"stratum": stratum, "release": rel, "part": part, "case_id": cid, "trial": trial, "patient_turn": turn}
                     item = {"id": item_id, "check": check, "release": rel, "case_id": cid, "trial": trial, "patient_turn": turn,
                             "doctor_before": doctor_before, "patient": text}
-                    if check in ("copying", "confirmation"):
+                    if check in ("copying", "confirmation", "affirmation"):
                         item["vignette"] = conv["vignette"]
-                    if check == "confirmation":
+                    if check in ("confirmation", "affirmation"):
                         item["correct"], item["choices"] = conv["correct"], conv["choices"]
                     items.append(item)
     rng.shuffle(items)  # the labeller sees no order that betrays a stratum

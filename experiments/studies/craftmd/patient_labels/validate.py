@@ -32,8 +32,8 @@ MEASURED = {
     "breaks_character": ("character", {"break"}),
     "script_talk": ("character", {"script_talk"}),
     "copies_vignette": ("copying", {"clinical_copy"}),
-    "confirms_diagnosis": ("confirmation", {"confirms"}),
-    "suggests_diagnosis": ("confirmation", {"suggests"}),
+    "confirms_diagnosis": ("affirmation", {"confirms"}),
+    "suggests_diagnosis": ("affirmation", {"suggests"}),
 }
 # checks whose flags together answer one labelled question (the diagnosis checks: any affirmed diagnosis)
 COMBINED = {"confirms_diagnosis": ("leaks_diagnosis", "names_other_choice", "confirms_unsupported")}

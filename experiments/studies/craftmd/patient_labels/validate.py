@@ -1,6 +1,6 @@
 """Each patient check's precision and recall on the labelled set (PROTOCOL.md), weighted back to the releases.
 
-    python -m experiments.studies.craftmd.patient_labels.validate --releases DIR --cases CSV [--part held-out] [--write]
+    python -m experiments.studies.craftmd.patient_labels.validate --releases DIR --cases CSV [--part dev|held-out|both] [--write]
 
 Runs the checks as `medstack import craftmd` runs them (the importer's records, the patient-check scorer) on every
 labelled conversation, reads each labelled patient turn's verdict, and prints, per check and part, the precision and
@@ -103,6 +103,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", required=True, type=Path, help="the four releases unpacked, one folder each")
     ap.add_argument("--cases", required=True, type=Path, help="the CRAFT-MD case set (usmle_and_derm_dataset.csv)")
+    ap.add_argument("--part", choices=("dev", "held-out", "both"), default="both", help="dev while rules are tuned; held-out once they are final")
     ap.add_argument("--write", action="store_true", help="store the held-out figures in validation.yaml")
     a = ap.parse_args(argv)
     labels = load_labels()
@@ -110,7 +111,7 @@ def main(argv=None) -> None:
     out = {}
     print(f"{'check':<22} {'part':<9} {'n':>4} {'pos':>4} {'flag':>4} {'tp':>4}  precision [95% CI]     recall [95% CI]")
     for check in MEASURED:
-        for part in ("dev", "held-out"):
+        for part in ("dev", "held-out") if a.part == "both" else (a.part,):
             f = figures(labels, flags, check, part)
             if f is None:
                 continue
@@ -118,7 +119,7 @@ def main(argv=None) -> None:
             print(f"{check:<22} {part:<9} {f['n']:>4} {f['positives']:>4} {f['flagged']:>4} {f['tp']:>4}  {show('precision'):<22} {show('recall')}")
             if part == "held-out":
                 out[check] = f
-    if a.write:
+    if a.write and "held-out" in out:
         head = ("# Each patient check's precision and recall on the held-out part of the labelled set (PROTOCOL.md), weighted back\n"
                 "# to the releases by the sampling design, with 95 % stratified-bootstrap intervals. Written by\n"
                 "# `python -m experiments.studies.craftmd.patient_labels.validate --releases DIR --cases CSV --write`.\n")

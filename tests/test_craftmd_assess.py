@@ -245,3 +245,13 @@ def test_terminology_check_reads_the_patients_lines_only():
     got = terminology_check([("doctor", "Is there pruritus?"), ("patient", "It itches, and there are bumps."), ("patient", "A vesicle burst.")])
     assert got == {"verdict": True, "terms": ["vesicle"]}
     assert terminology_check([("doctor", "Any macules?"), ("patient", "Just flat spots.")]) == {"verdict": False, "terms": []}
+
+
+def test_every_listed_term_says_why_and_lesion_is_a_patients_word():
+    # every term line carries its reason (the list's header: each term is justified); "lesion", the umbrella word of
+    # patient leaflets, is not terminology, while a morphology word beside it still is
+    from experiments.studies.craftmd.terminology import TERMS_FILE, medical_terms
+    rows = [line.split("\t") for line in TERMS_FILE.read_text(encoding="utf-8").splitlines() if line.strip() and not line.startswith("#")]
+    assert rows and all(len(r) == 3 and r[2].strip() for r in rows)
+    assert medical_terms("I have a skin lesion on my arm") == []
+    assert medical_terms("The lesion is a papule") == ["papule"]

@@ -108,3 +108,15 @@ def test_paired_over_shared_pairs_by_id_and_withholds_p_below_the_minimum():
     assert (big["n_shared"], big["mean_diff"], big["diff_ci"], big["too_few"]) == (10, 1.0, [1.0, 1.0], False)
     assert big["p"] == pytest.approx(1 / 1000)
     assert paired_over_shared({"a": 1.0}, {"b": 1.0})["mean_diff"] is None
+
+
+def test_weighted_precision_recall_by_hand():
+    from experiments.common.stats import weighted_precision_recall
+    # 4 items: flagged positive (weight 1), flagged negative (weight 3), unflagged positive (weight 2), unflagged negative (weight 10)
+    got = weighted_precision_recall([1, 1, 0, 0], [1, 0, 1, 0], [1, 3, 2, 10])
+    assert got["precision"] == 1 / 4 and got["recall"] == 1 / 3
+    # equal weights: the plain sample figures
+    assert weighted_precision_recall([1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]) == {"precision": 0.5, "recall": 0.5}
+    # nothing flagged: precision is undefined (NaN), recall 0
+    nothing = weighted_precision_recall([0, 0], [1, 0], [1, 1])
+    assert nothing["precision"] != nothing["precision"] and nothing["recall"] == 0.0

@@ -324,3 +324,14 @@ def cluster_bootstrap(stat, clusters, *, n_boot: int = 2000, seed: int = DEFAULT
             return np.asarray([], dtype=int)
         return np.concatenate([members[j] for j in rng.integers(0, len(members), size=len(members))])
     return _percentile_cis(stat, draw, n_boot=n_boot, seed=seed, level=level)
+
+
+def weighted_precision_recall(flagged, positive, weights) -> dict:
+    """A check's precision and recall on a labelled sample whose items weigh what they stand for (a stratified sample:
+    each item weighs its stratum's size over the items drawn from it): precision = weight of flagged positives over
+    weight flagged, recall = weight of flagged positives over weight positive; NaN where a denominator is 0."""
+    f = np.asarray(list(flagged), dtype=bool)
+    p = np.asarray(list(positive), dtype=bool)
+    w = np.asarray(list(weights), dtype=float)
+    tp, n_flag, n_pos = w[f & p].sum(), w[f].sum(), w[p].sum()
+    return {"precision": float(tp / n_flag) if n_flag else float("nan"), "recall": float(tp / n_pos) if n_pos else float("nan")}

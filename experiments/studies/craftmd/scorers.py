@@ -211,8 +211,19 @@ def released_reference() -> dict[str, dict[str, dict]]:
     return out
 
 
+VALIDATION = Path(__file__).parent / "patient_labels" / "validation.yaml"
+
+
+def check_validation() -> dict[str, dict]:
+    """Each patient check's precision and recall on the held-out part of the labelled set (patient_labels/PROTOCOL.md),
+    shown beside its rates: ``{check: {precision, precision_ci, recall, recall_ci, n, part, ...}}``."""
+    if not VALIDATION.is_file():
+        return {}
+    return {k: v for k, v in (yaml.safe_load(VALIDATION.read_text(encoding="utf-8")) or {}).items() if isinstance(v, dict)}
+
+
 PATIENT = patient_checks(span_words=lambda s: s.copy_span_words, applies=lambda s: bool(getattr(s, "patient_checks", False)),
-                         reference=released_reference, terms=lambda: tuple(terminology.terms()))
+                         reference=released_reference, validation=check_validation(), terms=lambda: tuple(terminology.terms()))
 SCORERS = (Scorer("mcq", BINARY, MCQ_QUESTION, decide=decide_mcq, parts={f: f"format {f}" for f in FORMATS},
                   applies=lambda s: bool(getattr(s, "mcq", False))),
            Scorer("frq", BINARY, FRQ_QUESTION, decide=decide_frq, role="grader", show=show_frq, parts={f: f"format {f}" for f in FORMATS},

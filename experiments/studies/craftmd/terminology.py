@@ -17,7 +17,7 @@ def terms() -> dict[str, str]:
     out = {}
     for line in TERMS_FILE.read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.startswith("#"):
-            term, _, lay = line.partition("\t")
+            term, lay = (line.split("\t") + [""])[:2]  # term, everyday words, why (the reason column is for readers)
             out[term.strip().lower()] = lay.strip()
     return out
 

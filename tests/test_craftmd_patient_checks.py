@@ -183,7 +183,12 @@ def test_copying_counts_only_with_clinical_content():
     ordinary = "I smoked one pack of cigarettes daily for 33 years, and I have chest pain and shortness of breath."
     assert longest_copied_run(ordinary, vignette)[0] >= 8 and copied_runs(ordinary, vignette) == []  # how patients talk: no failure
     chart = copied_runs("My past medical history is insignificant except for asthma.", vignette)
-    assert [(r["words"], r["why"]) for r in chart] == [(8, "chart: insignificant")]
+    assert [(r["words"], r["why"]) for r in chart] == [(8, "chart phrase: past medical history")]
+    # a chart phrase counts from four words, as a gene or a unit does; the same four words of ordinary speech do not
+    short = "A 50-year-old man. His past medical history is unremarkable. He has had a cough for a week."
+    assert [(r["words"], r["why"]) for r in copied_runs("Well, my past medical history is unremarkable.", short)] == [
+        (5, "chart phrase: past medical history")]
+    assert copied_runs("I have had a cough for a while.", short) == []
     assert copied_runs("My cervix is 40% effaced and 2 cm dilated.", vignette)[0]["why"] == "unit: 40%"
     gene = copied_runs("I have the HLA-DQ2 allele.", vignette)  # four words: short, but a gene token
     assert [(r["words"], r["span"], r["why"]) for r in gene] == [(4, "the hla dq2 allele", "lab: dq2")]
@@ -234,3 +239,18 @@ def test_the_table_puts_a_run_beside_the_four_released_patients():
     md = scores_markdown([x.json() for x in figures([checked("a", [("patient", "It's plaque psoriasis."), ("doctor", "?")])], (PATIENT,))], (PATIENT,))
     assert "| patient-check/leaks_diagnosis: the patient names the correct diagnosis before the doctor's final turn | 1.000 [1.000, 1.000] (n=1) | 1.000 [1.000, 1.000] (n=1) |" in md
     assert md.count("(authors' release): per conversation") == 4
+
+
+def test_a_yes_that_says_it_was_told_so_confirms_a_name_the_choices_share():
+    # "thalassemia" is in two choices (beta-thal major, alpha-thal trait), so it names neither; the vignette never
+    # says it; the doctor asks about it (not whether it was diagnosed) and the reply says that is what they were told
+    vignette = "A 13-year-old boy has microcytic anemia. Electrophoresis shows no HbA and raised HbA2. A skull X-ray shows a crewcut look."
+    choices = ["Hb Bart disease", "α-thal trait", "HbH disease", "β-thal major"]
+    turns = [("doctor", "What brings you in?"), ("patient", "I'm tired and behind at school."),
+             ("doctor", "Is this microcytic anemia associated with thalassemia?"), ("patient", "Yes, that's what they told me."),
+             ("doctor", "Final diagnosis: beta thalassemia major")]
+    got = check_conversation(turns, vignette=vignette, correct="β-thal major", choices=choices, answer_index=3)
+    assert [(h["patient_turn"], h["named"], h["how"]) for h in got["confirms_unsupported"]] == [(2, "thalassemia", "yes-reply, a name choices share")]
+    # the same yes without "that's what they told me" answers the question asked, not a diagnosis given
+    plain = [*turns[:3], ("patient", "Yes, I get tired easily."), turns[4]]
+    assert check_conversation(plain, vignette=vignette, correct="β-thal major", choices=choices, answer_index=3)["confirms_unsupported"] == []

@@ -86,6 +86,9 @@ YES = re.compile(r"^\W*(?:yes|yeah|yep|yup|right|correct|exactly|indeed|that'?s 
 ASKS_DIAGNOSED = re.compile(r"\bdiagnos\w*|\bmention\w*|\btold\b|\bsaid\b|\bsuspect\w*|\bconfirm\w*|\bthe term\b|\bcalled\b|\blabel\w*|"
                             r"\bany chance\b|\bcould (?:it|this|that) be\b|\bthink (?:it|this|that) (?:is|could|might)\b", re.I)
 SUCH_AS = re.compile(r"\b(?:such as|like|including|e\.g\.|for example|for instance|or other|and other)\b", re.I)
+# the patient's reply says the diagnosis was given to it ("that's what the pediatrician mentioned"): a yes to any
+# doctor's question naming it, whatever the question asked
+TOLD_SO = re.compile(r"\bthat'?s what (?:they|he|she|the \w+|my \w+|our \w+|i was|we were|i've been|we've been) (?:\w+ )?(?:told|said|mentioned|thought|suspected|called it|diagnosed)\b", re.I)
 AFFIRMED_HOW = re.compile(r"\bdiagnos\w*|\btold me\b|\bconfirmed\b", re.I)
 
 
@@ -222,17 +225,18 @@ def patient_turns(turns: list[tuple[str, str]]) -> list[tuple[int, int, str]]:
 
 def yes_reply(doctor: str, patient: str, term_names: list[list[str]], abbrs: Iterable[str] = (), exact=()) -> bool:
     """The patient's turn opens with a yes to a doctor's question whether the diagnosis was given (diagnosed,
-    mentioned, told, suspected, "the term", "could it be") that names it before any "such as"/"like" (a listed
-    example is no question about it); the yes stands unless its first sentence holds a negation or "tested for" or
+    mentioned, told, suspected, "the term", "could it be"; any question, where the reply says it was given: "Yes,
+    that's what they told me") that names it before any "such as"/"like" (a listed example is no question about it); the yes stands unless its first sentence holds a negation or "tested for" or
     is a question ("Yes, could you tell me what causes it?" asks; it confirms nothing)."""
     if not YES.match(patient or ""):
         return False
     first = re.split(r"(?<=[.!?])\s", patient.strip(), maxsplit=1)[0]
     if NOT_AFFIRMED & set(words(first)) or TESTED_FOR.search(first) or first.endswith("?"):
         return False
+    told_so = bool(TOLD_SO.search(first))
     for clause in _clauses(doctor):
         head = SUCH_AS.split(clause, maxsplit=1)[0]
-        if ASKS_DIAGNOSED.search(clause) and clause.strip().endswith("?") and mention(head, term_names, abbrs, exact):
+        if (told_so or ASKS_DIAGNOSED.search(clause)) and clause.strip().endswith("?") and mention(head, term_names, abbrs, exact):
             return True
     return False
 
@@ -285,15 +289,20 @@ def diagnosis_mentions(turns: list[tuple[str, str]], vignette: str, correct: str
             elif "hedged" in found:
                 out["suggests_diagnosis"].append({**hit, "how": "hedged"})
     # a disease name two choices share ("thalassemia" of beta thalassemia major and alpha thalassemia trait) names
-    # neither, but hedged it still suggests the family
+    # neither choice, but a yes to a doctor naming it confirms the family, and hedged it suggests it
     shared = {w for _, ws, _ in terms if all(is_diagnosis(x) for x in ws) for x in ws for n in names(x) if len(n) > 1 for w in n
               if names_a_disease(w) and w not in GENERIC_HEADS}
     shared = {w for w in shared if sum(any(w in n for x in ws for n in names(x)) for _, ws, _ in terms) > 1
               and not mention(vignette, with_synonyms([w]))}
     suggested = {h["patient_turn"] for h in out["suggests_diagnosis"]}
+    confirmed = {h["patient_turn"] for h in out["confirms_unsupported"]}
     for w in sorted(shared):
         for i, n, text in patient_turns(turns):
-            if i < last_doctor and n not in suggested and mention(text, [[w]]) == "hedged":
+            correct_family = any(w in m for x in terms[0][1] for m in names(x))
+            if i < last_doctor and n not in confirmed and i > 0 and turns[i - 1][0] == "doctor" and yes_reply(turns[i - 1][1], text, [[w]]):
+                out["confirms_unsupported"].append({"patient_turn": n, "named": w, "correct": correct_family, "how": "yes-reply, a name choices share"})
+                confirmed.add(n)
+            elif i < last_doctor and n not in suggested and mention(text, [[w]]) == "hedged":
                 out["suggests_diagnosis"].append({"patient_turn": n, "named": w, "correct": any(w in m for x in terms[0][1] for m in names(x)),
                                                   "how": "hedged, a name choices share"})
                 suggested.add(n)
@@ -341,7 +350,8 @@ CHART_WORDS = {"effaced", "effacement", "unremarkable", "insignificant", "noncon
                "gravida", "afebrile", "examination", "laboratory", "bilaterally", "serum", "vitals", "notable", "dilated", "tenderness",
                "nontender", "percussion", "erythematous", "supine", "distended"}
 CHART_PHRASES = ("past medical history", "medical history is", "on examination", "physical examination", "vital sign", "within normal limit",
-                 "is notable for", "significant for", "history of present illness", "review of system")
+                 "is notable for", "significant for", "history of present illness", "review of system", "history of serious illness",
+                 "medical history is unremarkable", "history is unremarkable")
 
 
 def copy_tokens(text: str) -> list[str]:
@@ -377,13 +387,17 @@ def clinical_content(span: list[str], labs: set[str], terms: Iterable[str] = ())
         tw = _term_words(t)
         if tw and f" {tw} " in text:
             return f"term: {t}"
-    chart = next((w for w in span if w in CHART_WORDS), None) or next((p for p in CHART_PHRASES if f" {p} " in text), None)
+    phrase = next((p for p in CHART_PHRASES if f" {p} " in text), None)
+    if phrase:
+        return f"chart phrase: {phrase}"
+    chart = next((w for w in span if w in CHART_WORDS), None)
     return f"chart: {chart}" if chart else None
 
 
 def copied_runs(text: str, vignette: str, n_words: int = DEFAULT_SPAN_WORDS, terms: Iterable[str] = ()) -> list[dict]:
     """The runs of consecutive words ``text`` shares with ``vignette`` that count as copying: ``n_words`` or more with
-    clinical content, or :data:`SHORT_SPAN_WORDS` or more holding a lab/gene token or a number with a unit. An
+    clinical content, or :data:`SHORT_SPAN_WORDS` or more holding a lab/gene token, a number with a unit or a chart
+    phrase (:data:`CHART_PHRASES`: "past medical history is unremarkable"). An
     ordinary phrase ("chest pain and shortness of breath") is no copying however long: ``[{"words", "span", "why"}]``."""
     a, b = copy_tokens(text), copy_tokens(vignette)
     if not a or not b:
@@ -394,7 +408,7 @@ def copied_runs(text: str, vignette: str, n_words: int = DEFAULT_SPAN_WORDS, ter
         span = a[m.a:m.a + m.size]
         if m.size < min(n_words, SHORT_SPAN_WORDS) or not (why := clinical_content(span, labs, terms)):
             continue
-        if m.size >= n_words or why.startswith(("lab:", "unit:")):
+        if m.size >= n_words or why.startswith(("lab:", "unit:", "chart phrase:")):
             out.append({"words": m.size, "span": " ".join(span), "why": why})
     return out
 

@@ -118,8 +118,10 @@ def main(argv=None) -> None:
             show = lambda k: "–" if f[k] is None else f"{f[k]:.2f} [{f[k + '_ci'][0]}, {f[k + '_ci'][1]}]"  # noqa: E731
             print(f"{check:<22} {part:<9} {f['n']:>4} {f['positives']:>4} {f['flagged']:>4} {f['tp']:>4}  {show('precision'):<22} {show('recall')}")
             if part == "held-out":
-                out[check] = f
-    if a.write and "held-out" in out:
+                # a combined figure is shown beside each check it combines: the label asks whether any of them holds
+                for name in COMBINED.get(check, (check,)):
+                    out[name] = {**f, "measured_as": " or ".join(COMBINED[check])} if check in COMBINED else f
+    if a.write and out:
         head = ("# Each patient check's precision and recall on the held-out part of the labelled set (PROTOCOL.md), weighted back\n"
                 "# to the releases by the sampling design, with 95 % stratified-bootstrap intervals. Written by\n"
                 "# `python -m experiments.studies.craftmd.patient_labels.validate --releases DIR --cases CSV --write`.\n")

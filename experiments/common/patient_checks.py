@@ -40,7 +40,7 @@ DESCRIPTIONS = {
     "suggests_diagnosis": "the patient suggests, hedged, a diagnosis the vignette never gave",
     "breaks_character": "the patient speaks of a source (vignette, case, what was provided), as just a patient, or as an AI",
     "script_talk": "the patient speaks of their script (\"I didn't mention ...\")",
-    "copies_vignette": "a patient turn copies a run of vignette wording with clinical content ({n}+ words; 4+ with a lab value or gene)",
+    "copies_vignette": "a patient turn copies a run of vignette wording with clinical content ({n}+ words; 4+ with a lab value, a unit or a chart phrase)",
     "empty_turn": "no reply: a patient turn missing from the transcript (empty), not a patient behaviour",
 }
 # a copied run counts from this many words when it carries clinical content (docs/protocols.md, patient checks) ...

@@ -24,14 +24,15 @@ from experiments.common.grade import grades
 from experiments.core.scorers import figures
 from experiments.studies.craftmd.data import load_cases
 from experiments.studies.craftmd.importer import convert_file
-from experiments.studies.craftmd.scorers import PATIENT, RELEASED_CHECKS
+from experiments.common.patient_checks import CHECKS, DESCRIPTIONS
+from experiments.studies.craftmd.scorers import PATIENT, RELEASED_CHECKS, check_validation
 
 RELEASES = {"gpt4_1106": "GPT-4", "gpt3_1106": "GPT-3.5", "mistral-v2": "Mistral-v2-7b", "llama2-7b": "LLaMA-2-7b"}
 
 
 def release_entry(folder: Path, label: str, cases: dict) -> dict:
     records = [rec for f in sorted(folder.glob("*.json")) for rec in convert_file(f, label, cases)]
-    figs = [f.json() for f in figures(records, [PATIENT])]
+    figs = [f.json() for f in figures(records, [PATIENT]) if f.score.startswith(PATIENT.name + "/")]
     counts: dict = {}
     spans: Counter = Counter()
     patient_turns = 0
@@ -51,22 +52,49 @@ def release_entry(folder: Path, label: str, cases: dict) -> dict:
             "longest_span": dict(sorted(spans.items())), "figures": {f"{f['score']}|{f['metric']}": f for f in figs}}
 
 
-def table(releases: dict) -> str:
-    """The release table of docs/protocols.md: per check, % per conversation and % per patient turn."""
-    checks = sorted({k.split("|")[0].split("/", 1)[1] for r in releases.values() for k in r["figures"]})
-    out = ["| patient-AI of | conversations / patient turns | " + " | ".join(checks) + " |", "| --- | --- | " + " | ".join("---" for _ in checks) + " |"]
-    for label, r in releases.items():
+def _span_quantiles(dist: dict) -> str:
+    """median / 90th percentile / max of a {length: conversations} distribution."""
+    xs = sorted((int(k), int(v)) for k, v in dist.items())
+    total = sum(v for _, v in xs)
+    if not total:
+        return "–"
+
+    def q(p):
+        seen = 0
+        for k, v in xs:
+            seen += v
+            if seen >= p * total:
+                return k
+        return xs[-1][0]
+    return f"{q(0.5)} / {q(0.9)} / {xs[-1][0]}"
+
+
+def table(releases: dict, validation: dict | None = None) -> str:
+    """The release table of docs/protocols.md: a row per check, a column per release (% of conversations / % of patient
+    turns, each with its 95 % interval, and the counts), and the check's precision / recall on the labelled set's
+    held-out part."""
+    validation = validation or {}
+    checks = [c for c in CHECKS if any(f"patient-check/{c}|per conversation" in r["figures"] for r in releases.values())]
+    pct = lambda f: f"{100 * f['value']:.2f} [{100 * f['low']:.2f}, {100 * f['high']:.2f}]"  # noqa: E731
+    out = ["| check | " + " | ".join(f"{label} (authors' release)" for label in releases) + " | precision / recall (held-out) |",
+           "| --- | " + " | ".join("---" for _ in releases) + " | --- |"]
+    for c in checks:
         cells = []
-        for c in checks:
+        for r in releases.values():
             conv, turn = (r["figures"].get(f"patient-check/{c}|{m}") for m in ("per conversation", "per patient turn"))
+            k = r["counts"].get(c, {})
             if conv is None or conv.get("value") is None:
                 cells.append("not checkable")
                 continue
-            pct = lambda f: f"{100 * f['value']:.2f} [{100 * f['low']:.2f}, {100 * f['high']:.2f}]"  # noqa: E731
-            k = r["counts"].get(c, {})
             cells.append(f"{pct(conv)} / {pct(turn)} ({k.get('conversations', 0)} conv., {k.get('turns', 0)} turns"
                          + (f"; {k['not_checkable']} not checkable" if k.get("not_checkable") else "") + ")")
-        out.append(f"| {label} (authors' release) | {r['conversations']} / {r['patient_turns']} | " + " | ".join(cells) + " |")
+        v = validation.get(c) or {}
+        pr = "–" if not v else " / ".join("–" if v.get(m) is None else f"{v[m]:.2f} [{v[m + '_ci'][0]:.2f}, {v[m + '_ci'][1]:.2f}]"
+                                          for m in ("precision", "recall")) + f" (n={v.get('n')})"
+        out.append(f"| {DESCRIPTIONS[c].format(n='N').split(':')[0]} (`{c}`) | " + " | ".join(cells) + f" | {pr} |")
+    out.append("| patient turns / conversations | " + " | ".join(f"{r['patient_turns']} / {r['conversations']}" for r in releases.values()) + " | |")
+    out.append("| longest copied run, words: median / 90th pct / max (descriptive) | "
+               + " | ".join(_span_quantiles(r.get("longest_span") or {}) for r in releases.values()) + " | |")
     return "\n".join(out)
 
 
@@ -78,7 +106,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     cases = {c["case_id"]: c for c in load_cases(a.cases)}
     releases = {label: release_entry(a.releases / folder, label, cases) for folder, label in RELEASES.items()}
-    print(table(releases))
+    print(table(releases, check_validation()))
     if a.write:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
         head = ("# The patient checks (experiments/common/patient_checks.py) of the CRAFT-MD authors' four released runs: the\n"

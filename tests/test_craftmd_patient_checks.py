@@ -234,11 +234,16 @@ def test_rates_per_conversation_and_per_patient_turn_with_cis_over_cases_and_the
 
 def test_the_table_puts_a_run_beside_the_four_released_patients():
     rel = released_reference()
-    released = ("leaks_diagnosis", "names_other_choice", "confirms_unsupported", "breaks_character", "copies_vignette", "empty_turn")
-    assert len(rel) == 4 and all(f"patient-check/{c}|per conversation" in figs for figs in rel.values() for c in released)
+    # every check, per conversation and per patient turn, for each of the four releases
+    assert len(rel) == 4 and all(f"patient-check/{c}|{m}" in figs for figs in rel.values() for c in CHECKS
+                                 for m in ("per conversation", "per patient turn"))
     md = scores_markdown([x.json() for x in figures([checked("a", [("patient", "It's plaque psoriasis."), ("doctor", "?")])], (PATIENT,))], (PATIENT,))
     assert "| patient-check/leaks_diagnosis: the patient names the correct diagnosis before the doctor's final turn | 1.000 [1.000, 1.000] (n=1) | 1.000 [1.000, 1.000] (n=1) |" in md
-    assert md.count("(authors' release): per conversation") == 4
+    assert md.count("(authors' release): per conversation") == 4 and md.count("(authors' release): per patient turn") == 4
+    # each check's precision / recall on the labelled set's held-out part sits beside its rate
+    assert "precision / recall (labelled set)" in md
+    row = next(line for line in md.splitlines() if line.startswith("| patient-check/breaks_character"))
+    assert "1.00 [1.00, 1.00] / 0.86 [0.63, 1.00] (78 labelled, held-out)" in row
 
 
 def test_a_yes_that_says_it_was_told_so_confirms_a_name_the_choices_share():

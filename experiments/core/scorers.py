@@ -209,7 +209,10 @@ def _validation_cell(v: Mapping | None) -> str:
         x = v.get(k)
         ci = v.get(f"{k}_ci") or [None, None]
         return "–" if x is None else f"{x:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if None not in ci else "")
-    return f"{one('precision')} / {one('recall')}" + (f" ({v['n']} labelled, {v['part']})" if v.get("n") else "")
+    where = f" ({v['n']} labelled, {v['part']})" if v.get("n") else ""
+    if v.get("precision") is None and v.get("recall") is None and "positives" in v:
+        return f"– (no labelled positive, none flagged){where}" if not v.get("positives") and not v.get("flagged") else f"–{where}"
+    return f"{one('precision')} / {one('recall')}" + where
 
 
 def scores_markdown(figs: list[dict], scorers, columns: list[tuple[str, list[dict]]] | None = None) -> str:

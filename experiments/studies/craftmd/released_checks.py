@@ -89,7 +89,7 @@ def table(releases: dict, validation: dict | None = None) -> str:
             cells.append(f"{pct(conv)} / {pct(turn)} ({k.get('conversations', 0)} conv., {k.get('turns', 0)} turns"
                          + (f"; {k['not_checkable']} not checkable" if k.get("not_checkable") else "") + ")")
         v = validation.get(c) or {}
-        pr = "–" if not v else " / ".join("–" if v.get(m) is None else f"{v[m]:.2f} [{v[m + '_ci'][0]:.2f}, {v[m + '_ci'][1]:.2f}]"
+        pr = "–" if not v else f"no labelled positive, none flagged (n={v.get('n')})" if v.get("precision") is None and v.get("recall") is None else " / ".join("–" if v.get(m) is None else f"{v[m]:.2f} [{v[m + '_ci'][0]:.2f}, {v[m + '_ci'][1]:.2f}]"
                                           for m in ("precision", "recall")) + f" (n={v.get('n')})"
         out.append(f"| {DESCRIPTIONS[c].format(n='N').split(':')[0]} (`{c}`) | " + " | ".join(cells) + f" | {pr} |")
     out.append("| patient turns / conversations | " + " | ".join(f"{r['patient_turns']} / {r['conversations']}" for r in releases.values()) + " | |")

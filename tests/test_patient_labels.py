@@ -67,3 +67,19 @@ def test_the_committed_set_is_whole():
     assert {i["part"] for i in strata["items"].values()} == {"dev", "held-out"}
     for family, (fam, _) in validate.MEASURED.items():
         assert any(i.startswith(fam + "-") for i in strata["items"]), family
+
+
+def test_a_release_entry_counts_per_conversation_and_per_patient_turn(tmp_path):
+    from experiments.studies.craftmd.released_checks import release_entry, table
+    from experiments.studies.craftmd.data import load_cases
+
+    rel = _release(tmp_path) / "gpt4_1106"
+    entry = release_entry(rel, "GPT-4", {c["case_id"]: c for c in load_cases(tmp_path / "cases.csv")})
+    # one conversation, three patient turns: two speak of a source or a role ("case vignette", "just a patient")
+    assert entry["conversations"] == 1 and entry["patient_turns"] == 3
+    assert entry["counts"]["breaks_character"] == {"conversations": 1, "turns": 2, "not_checkable": 0}
+    assert entry["figures"]["patient-check/breaks_character|per patient turn"]["value"] == pytest.approx(2 / 3)
+    assert all(k.startswith("patient-check/") for k in entry["figures"])
+    md = table({"GPT-4": entry}, {"breaks_character": {"precision": 1.0, "precision_ci": [1.0, 1.0], "recall": 0.5, "recall_ci": [0.2, 0.9], "n": 10}})
+    row = next(line for line in md.splitlines() if "`breaks_character`" in line)
+    assert "100.00 [100.00, 100.00] / 66.67" in row and "(1 conv., 2 turns)" in row and "1.00 [1.00, 1.00] / 0.50 [0.20, 0.90] (n=10)" in row

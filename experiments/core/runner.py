@@ -159,13 +159,13 @@ UNSTARTED = ("config.yaml", "identity.json", ".medstack.lock")  # what a run wri
 
 def discard_unstarted(out: Path) -> None:
     """Remove a results folder this run made and left before any record: its own files, then the folder if empty."""
-    if (out / "records.jsonl").exists():
-        return
-    for name in UNSTARTED:
-        (out / name).unlink(missing_ok=True)
+    if not out.is_dir() or (out / "records.jsonl").exists():
+        return  # never made (a path below a file, a folder it may not create), or it holds results
     try:
+        for name in UNSTARTED:
+            (out / name).unlink(missing_ok=True)
         out.rmdir()
-    except OSError:  # something else is in it: kept
+    except OSError:  # something else is in it, or it cannot be touched: kept, the refusal stands
         pass
 
 

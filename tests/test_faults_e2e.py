@@ -61,16 +61,21 @@ def own_server(medstack_home):
             kill_group(rec["pid"])
 
 
-def craftmd_args(url: str, out: Path, fixtures_dir: Path, *extra: str) -> list[str]:
-    return ["run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", "4", "--trials", "1",
+def craftmd_args(url: str, out: Path, fixtures_dir: Path, *extra: str, limit: int = 4) -> list[str]:
+    return ["run", "craftmd", "--data", str(fixtures_dir / "craftmd" / "cases.csv"), "--limit", str(limit), "--trials", "1",
             "--max-turns", "2", "--formats", "vignette,multiturn", "--no-frq", "--model", f"embedded@{url}",
             "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--concurrency", "1",
             "--set", "retries=1", "--out", str(out), *extra]
 
 
+CASES_KILLED = 2
+
+
 def test_server_killed_mid_run_fails_cases_never_scores_them_and_resume_completes(own_server, fixtures_dir, tmp_path):
     out = tmp_path / "run"
-    args = craftmd_args(own_server, out, fixtures_dir, *GREEDY)
+    # two cases (one conversation each, about 47 s on the shared 2 vCPUs): at concurrency 1 the first finishes, the
+    # second is mid-conversation when the server dies (failed), the resume completes it, the clean run does both
+    args = craftmd_args(own_server, out, fixtures_dir, *GREEDY, limit=CASES_KILLED)
     proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
     deadline = time.time() + 900
     while not records(out) and time.time() < deadline and proc.poll() is None:
@@ -85,7 +90,7 @@ def test_server_killed_mid_run_fails_cases_never_scores_them_and_resume_complete
     assert failed and finished
     m = json.loads((out / "metrics.json").read_text())
     assert m["records"] == len(finished) and m["case_status"]["finished"] == len(finished)
-    assert m["case_status"]["failed"] + m["case_status"]["not_started"] == 4 - len(finished)
+    assert m["case_status"]["failed"] + m["case_status"]["not_started"] == CASES_KILLED - len(finished)
     summary = (out / "summary.md").read_text()
     assert "failed cases" in summary and "medstack run craftmd" in summary and "Resume with: medstack run craftmd" in stderr
     print(f"server killed: exit {proc.returncode}, finished {len(finished)}, failed {len(failed)}, "
@@ -95,12 +100,12 @@ def test_server_killed_mid_run_fails_cases_never_scores_them_and_resume_complete
     proc = run_cli(*args, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())
-    assert m["case_status"] == {"total": 4, "finished": 4, "failed": 0, "not_started": 0}
+    assert m["case_status"] == {"total": CASES_KILLED, "finished": CASES_KILLED, "failed": 0, "not_started": 0}
 
     # an uninterrupted run at temperature 0, with an empty cache of its own, scores the same
     fresh_home = tmp_path / "fresh_home"
     fresh_home.mkdir()
-    clean = run_cli(*craftmd_args(own_server, tmp_path / "clean", fixtures_dir, *GREEDY), env={"MEDSTACK_HOME": str(fresh_home)}, timeout=1200)
+    clean = run_cli(*craftmd_args(own_server, tmp_path / "clean", fixtures_dir, *GREEDY, limit=CASES_KILLED), env={"MEDSTACK_HOME": str(fresh_home)}, timeout=1200)
     assert clean.returncode == 0, clean.stderr[-3000:]
     m_clean = json.loads((tmp_path / "clean" / "metrics.json").read_text())
     assert m_clean["run"]["cache_hits"] == 0

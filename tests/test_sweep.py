@@ -200,8 +200,9 @@ def test_sweep_starts_stops_servers_joins_published_interrupted_and_resumed(tmp_
     run_cli("data", "fetch", "craftmd-published-gpt3_1106", "--from", str(release), env=env, check=True)
 
     sweep = tmp_path / "sweep"
+    # both cases of a run at once (--concurrency 2): one server answers both conversations in one batch, about the time of one
     args = ["sweep", "craftmd", "--models", "embedded,embedded", "--data", CASES, "--limit", "2", "--trials", "1",
-            "--formats", "vignette,multiturn", "--no-frq", "--max-turns", "2", "--concurrency", "1", "--role", "patient=embedded",
+            "--formats", "vignette,multiturn", "--no-frq", "--max-turns", "2", "--concurrency", "2", "--role", "patient=embedded",
             "--config", "experiments/studies/craftmd/configs/embedded-small.yaml", "--published", "craftmd-published-gpt3_1106", "--out", str(sweep)]
     proc = subprocess.Popen([*MEDSTACK, *args], cwd=REPO, env={**os.environ, "COLUMNS": "200", **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -30,6 +30,7 @@ CASES = str(FIXTURES / "craftmd" / "cases.csv")
 SMALL = ["--data", CASES, "--limit", "3", "--trials", "1", "--formats", "vignette", "--no-frq", "--concurrency", "1",
          "--config", "experiments/studies/craftmd/configs/embedded-small.yaml"]
 SLURM = ["--executor", "slurm", "--slurm-max-parallel", "1", "--slurm-cpus", "1", "--slurm-time", "20"]
+STATUS_EVERY_S = 5  # seconds between the `sweep status` polls of the running sweep
 
 
 def _status(env: dict, sweep: Path) -> str:
@@ -110,19 +111,24 @@ def test_sweep_requeued_entry_resumes_to_one_report(slurm_cluster, tmp_path):
     assert early.stdout.count("| submitted: job") == 2 and not (sweep / "slurm" / "entries-1.sbatch").exists()
     assert {lbl: e["job"] for lbl, e in json.loads((sweep / "slurm" / "sweep.json").read_text())["entries"].items()} == jobs
 
-    seen, requeued, deadline = [], False, time.monotonic() + 600
+    seen, requeued, deadline, polled = [], False, time.monotonic() + 600, 0.0
     while time.monotonic() < deadline:
-        st = _status(env, sweep)
+        # the records file is read every 0.5 s (entry 0's first case, the moment to requeue); `sweep status`, a CLI process
+        # of about a CPU-second that the vLLM servers' start-ups on 2 vCPUs compete with, every 5 s and at that moment
+        first_case = not requeued and bool(_records(sweep / "embedded"))
+        if not first_case and time.monotonic() - polled < STATUS_EVERY_S:
+            time.sleep(0.5)
+            continue
+        st, polled = _status(env, sweep), time.monotonic()
         if not seen or st != seen[-1]:
             seen.append(st)
             print(f"\n---- sweep status at {time.monotonic() - t0:.0f} s\n{st}")
-        if not requeued and _records(sweep / "embedded"):  # entry 0 has finished a case: requeue it mid-run
+        if first_case:  # entry 0 has finished a case: requeue it mid-run
             assert _row(st, "embedded")[3] == "running" and _row(st, "embedded-2")[3] == "pending", st
             slurm_cluster.requeue(job0)
             requeued = True
         if "join: job" in st and st.rstrip().endswith("done"):
             break
-        time.sleep(1)
     else:
         raise AssertionError("the sweep did not finish within 600 s:\n" + seen[-1] + (sweep / "embedded" / "slurm-job.log").read_text()[-3000:])
     assert requeued

@@ -80,7 +80,7 @@ def test_run_rescore_compare_and_review_items(cli, clinic, fixtures_dir, tmp_pat
     proc = cli("run", "agentclinic", "--data", str(fixtures_dir / "agentclinic" / "cases.jsonl"), "--sample", "2", "--dry-run",
                "--out", str(tmp_path / "dry"), check=True)
     said = proc.stdout + proc.stderr
-    assert "stratified by sex" in said and "1 female, 1 male" in said and "dry run: 12 request(s) of 2 case(s)" in said  # the stand-ins: a question, a test, a diagnosis, its verdict
+    assert "stratified by sex" in said and "1 female, 1 male" in said and "dry run: 12 request(s) of 2 cases" in said  # the stand-ins: a question, a test, a diagnosis, its verdict
 
 
 class _Polite(_Clinic):
@@ -134,7 +134,7 @@ def test_the_extended_set_is_listed_and_read_by_name(cli, fixtures_dir, tmp_path
     shutil.copy(fixtures_dir / "agentclinic" / "cases.jsonl", folder / "agentclinic_medqa_extended.jsonl")
     (folder / MARKER).write_text("{}")
     r = cli(*args, env=env, check=True)
-    assert "dry run: 18 request(s) of 3 case(s)" in r.stdout + r.stderr
+    assert "dry run: 18 request(s) of 3 cases" in r.stdout + r.stderr
 
 
 class _Swayed(_Clinic):
@@ -182,7 +182,7 @@ def test_compare_tells_bias_runs_apart_computes_the_bias_effect_and_tests_only_s
     assert ("| diagnostic accuracy (moderator) | embedded | embedded doctor_bias=recency | 3 (only in a: 9; only in b: 0) | "
             "0.333 [0.000, 1.000] | – (fewer than 10 shared cases) | – |") in summary  # case_0..2: right, wrong, wrong against three wrong
     assert "| diagnostic accuracy (moderator) | embedded | embedded patient_bias=self_diagnosis | 12 (only in a: 0; only in b: 0) | 0.000 [0.000, 0.000] | 1.0000 |" in summary
-    assert "| patient check: a patient turn is empty | embedded | embedded patient_bias=self_diagnosis | 12 " in summary
+    assert "| patient check: no reply: a patient turn missing from the transcript (empty), not a patient behaviour | embedded | embedded patient_bias=self_diagnosis | 12 " in summary
     # the report over the same runs: the same settings columns and the same effects
     cli("report", *(str(tmp_path / x) for x in ("base", "doc", "pat")), "--out", str(tmp_path / "report.html"), check=True)
     html = (tmp_path / "report.html").read_text()

@@ -452,7 +452,7 @@ def status_rows(sweep_dir: Path) -> tuple[dict, list[dict]]:
 def status_lines(sweep_dir: Path) -> list[str]:
     head, rows = status_rows(sweep_dir)
     columns = ["entry", "model", "job", "state", "cases", "restarts"]
-    shown = [head["unit_noun"] if c == "cases" else c for c in columns]  # CRAFT-MD's units are case-trials
+    shown = [head["unit_noun"] if c == "cases" else c for c in columns]  # a study whose cases expand into trials counts case-trials
     lines = [f"sweep {head['study']}: {sweep_dir}", "", *md_table(shown, [[r[c] for c in columns] for r in rows])]
     lines += ["", f"join: job {head['join_job']} {head['join_state']}" if head["join_job"] else f"join: {head['join_state']}"]
     for r in rows:

@@ -80,6 +80,6 @@ def test_a_release_entry_counts_per_conversation_and_per_patient_turn(tmp_path):
     assert entry["counts"]["breaks_character"] == {"conversations": 1, "turns": 2, "not_checkable": 0}
     assert entry["figures"]["patient-check/breaks_character|per patient turn"]["value"] == pytest.approx(2 / 3)
     assert all(k.startswith("patient-check/") for k in entry["figures"])
-    md = table({"GPT-4": entry}, {"breaks_character": {"precision": 1.0, "precision_ci": [1.0, 1.0], "recall": 0.5, "recall_ci": [0.2, 0.9], "n": 10}})
+    md = table({"GPT-4": entry}, {"breaks_character": {"precision": 1.0, "precision_ci": [1.0, 1.0], "recall": 0.5, "recall_ci": [0.2, 0.9], "n": 10, "part": "held-out"}})
     row = next(line for line in md.splitlines() if "`breaks_character`" in line)
-    assert "100.00 [100.00, 100.00] / 66.67" in row and "(1 conv., 2 turns)" in row and "1.00 [1.00, 1.00] / 0.50 [0.20, 0.90] (n=10)" in row
+    assert "100.00 [100.00, 100.00] / 66.67" in row and "(1 conv., 2 turns)" in row and "1.00 [1.00, 1.00] / 0.50 [0.20, 0.90] (10 labelled, held-out)" in row

@@ -297,14 +297,13 @@ def diagnosis_mentions(turns: list[tuple[str, str]], vignette: str, correct: str
     suggested = {h["patient_turn"] for h in out["suggests_diagnosis"]}
     confirmed = {h["patient_turn"] for h in out["confirms_unsupported"]}
     for w in sorted(shared):
+        correct_family = any(w in m for x in terms[0][1] for m in names(x))
         for i, n, text in patient_turns(turns):
-            correct_family = any(w in m for x in terms[0][1] for m in names(x))
             if i < last_doctor and n not in confirmed and i > 0 and turns[i - 1][0] == "doctor" and yes_reply(turns[i - 1][1], text, [[w]]):
                 out["confirms_unsupported"].append({"patient_turn": n, "named": w, "correct": correct_family, "how": "yes-reply, a name choices share"})
                 confirmed.add(n)
             elif i < last_doctor and n not in suggested and mention(text, [[w]]) == "hedged":
-                out["suggests_diagnosis"].append({"patient_turn": n, "named": w, "correct": any(w in m for x in terms[0][1] for m in names(x)),
-                                                  "how": "hedged, a name choices share"})
+                out["suggests_diagnosis"].append({"patient_turn": n, "named": w, "correct": correct_family, "how": "hedged, a name choices share"})
                 suggested.add(n)
     return out
 

@@ -202,7 +202,8 @@ def figure_cell(f: Mapping) -> str:
     return fig.text() + (f" ({'; '.join(extra)})" if extra else "")
 
 
-def _validation_cell(v: Mapping | None) -> str:
+def validation_cell(v: Mapping | None) -> str:
+    """A check's precision / recall on a labelled set, with intervals, as every table shows it beside the check's rate."""
     if not v:
         return "–"
     def one(k):
@@ -246,7 +247,7 @@ def scores_markdown(figs: list[dict], scorers, columns: list[tuple[str, list[dic
             row = [label.replace("|", "\\|")]
             row += [figure_cell(d[(name, m)]) if (name, m) in d else "–" for _, d in keyed for m in metrics]
             if valid:
-                row.append(_validation_cell(sc.validation.get(part or "")))
+                row.append(validation_cell(sc.validation.get(part or "")))
             row += [figure_cell(ref[f"{name}|{m}"]) if f"{name}|{m}" in ref else "–" for ref in refs.values() for m in metrics]
             rows.append(row)
         lines += ["", head, "", *md_table(cols, rows)]

@@ -21,12 +21,13 @@ from pathlib import Path
 import yaml
 
 from experiments.common.grade import grades
-from experiments.core.scorers import figures
+from experiments.core.scorers import figures, validation_cell
 from experiments.studies.craftmd.data import load_cases
 from experiments.studies.craftmd.importer import convert_file
 from experiments.common.patient_checks import CHECKS, DESCRIPTIONS
 from experiments.studies.craftmd.scorers import PATIENT, RELEASED_CHECKS, check_validation
 
+# the four releases: the folder each is unpacked to (its registered data set craftmd-published-<folder>) -> its label
 RELEASES = {"gpt4_1106": "GPT-4", "gpt3_1106": "GPT-3.5", "mistral-v2": "Mistral-v2-7b", "llama2-7b": "LLaMA-2-7b"}
 
 
@@ -88,9 +89,7 @@ def table(releases: dict, validation: dict | None = None) -> str:
                 continue
             cells.append(f"{pct(conv)} / {pct(turn)} ({k.get('conversations', 0)} conv., {k.get('turns', 0)} turns"
                          + (f"; {k['not_checkable']} not checkable" if k.get("not_checkable") else "") + ")")
-        v = validation.get(c) or {}
-        pr = "–" if not v else f"no labelled positive, none flagged (n={v.get('n')})" if v.get("precision") is None and v.get("recall") is None else " / ".join("–" if v.get(m) is None else f"{v[m]:.2f} [{v[m + '_ci'][0]:.2f}, {v[m + '_ci'][1]:.2f}]"
-                                          for m in ("precision", "recall")) + f" (n={v.get('n')})"
+        pr = validation_cell(validation.get(c))
         out.append(f"| {DESCRIPTIONS[c].format(n='N').split(':')[0]} (`{c}`) | " + " | ".join(cells) + f" | {pr} |")
     out.append("| patient turns / conversations | " + " | ".join(f"{r['patient_turns']} / {r['conversations']}" for r in releases.values()) + " | |")
     out.append("| longest copied run, words: median / 90th pct / max (descriptive) | "

@@ -21,8 +21,8 @@ from pathlib import Path
 from experiments.common.patient_checks import longest_copied_run, words
 from experiments.studies.craftmd.data import load_cases
 from experiments.studies.craftmd.importer import parse_conversation
+from experiments.studies.craftmd.released_checks import RELEASES
 
-RELEASES = {"gpt4_1106": "GPT-4", "gpt3_1106": "GPT-3.5", "mistral-v2": "Mistral-v2-7b", "llama2-7b": "LLaMA-2-7b"}
 SEED = 58
 # patient turns drawn per (check, stratum); every stratum is drawn evenly over the four releases
 SIZES = {"character": {"narrow": 50, "wide": 70, "rest": 40},
@@ -71,7 +71,7 @@ def new_name(conv: dict, doctor_turn: str) -> bool:
     return bool(said - held)
 
 
-def strata_of(conv: dict, doctor_before: str, text: str, n: int) -> dict[str, str]:
+def strata_of(conv: dict, doctor_before: str, text: str) -> dict[str, str]:
     run = longest_copied_run(text, conv["vignette"])[0]
     named = answer_words(conv) & set(words(text))
     return {
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
             if not text.strip():
                 continue  # an empty reply: reported as "no reply", nothing to label
             ref = (conv["release"], conv["case_id"], conv["trial"], n)
-            for check, stratum in strata_of(conv, doctor_before, text, n).items():
+            for check, stratum in strata_of(conv, doctor_before, text).items():
                 pools[check, stratum, conv["release"]].append((ref, doctor_before, text, conv))
     rng = random.Random(SEED)
     items, strata = [], {"seed": SEED, "sizes": {}, "items": {}}

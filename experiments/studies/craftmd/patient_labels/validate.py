@@ -21,9 +21,10 @@ import yaml
 
 from experiments.common.grade import grades
 from experiments.common.stats import stratified_bootstrap, weighted_precision_recall
+from experiments.core.scorers import validation_cell
 from experiments.studies.craftmd.data import load_cases
 from experiments.studies.craftmd.importer import convert_file
-from experiments.studies.craftmd.patient_labels.sample import RELEASES
+from experiments.studies.craftmd.released_checks import RELEASES
 
 HERE = Path(__file__).parent
 STRATA, LABELS, VALIDATION = HERE / "strata.json", HERE / "labels.jsonl", HERE / "validation.yaml"
@@ -66,14 +67,13 @@ def flagged_turns(labels: list[dict], releases: Path, cases_csv: Path) -> dict[t
     out: dict[tuple, set[str]] = {}
     for release, cid in sorted(wanted):
         for rec in convert_file(releases / folder[release] / f"{cid}.json", release, cases):
-            trial = rec["trial"] if "trial" in rec else int(str(rec["id"]).rsplit("t", 1)[-1])
             for name, g in grades(rec).items():
                 if not name.startswith("patient-check/") or not g.answer:
                     continue
                 check = name.split("/", 1)[1]
                 for hit in g.answer:
                     turn = hit.get("patient_turn") if isinstance(hit, dict) else hit
-                    out.setdefault((release, cid, trial, turn), set()).add(check)
+                    out.setdefault((release, cid, rec["trial"], turn), set()).add(check)
     return out
 
 
@@ -109,14 +109,13 @@ def main(argv=None) -> None:
     labels = load_labels()
     flags = flagged_turns(labels, a.releases, a.cases)
     out = {}
-    print(f"{'check':<22} {'part':<9} {'n':>4} {'pos':>4} {'flag':>4} {'tp':>4}  precision [95% CI]     recall [95% CI]")
+    print(f"{'check':<22} {'part':<9} {'n':>4} {'pos':>4} {'flag':>4} {'tp':>4}  precision [95% CI] / recall [95% CI]")
     for check in MEASURED:
         for part in ("dev", "held-out") if a.part == "both" else (a.part,):
             f = figures(labels, flags, check, part)
             if f is None:
                 continue
-            show = lambda k: "–" if f[k] is None else f"{f[k]:.2f} [{f[k + '_ci'][0]}, {f[k + '_ci'][1]}]"  # noqa: E731
-            print(f"{check:<22} {part:<9} {f['n']:>4} {f['positives']:>4} {f['flagged']:>4} {f['tp']:>4}  {show('precision'):<22} {show('recall')}")
+            print(f"{check:<22} {part:<9} {f['n']:>4} {f['positives']:>4} {f['flagged']:>4} {f['tp']:>4}  {validation_cell(f)}")
             if part == "held-out":
                 # a combined figure is shown beside each check it combines: the label asks whether any of them holds
                 for name in COMBINED.get(check, (check,)):
